@@ -1,0 +1,44 @@
+"""Where the shipped data (model cards, suites) lives: the source checkout or the installed wheel.
+
+The repository keeps ``models/`` and ``suites/`` at its top level (the design card fixes that layout); the
+wheel carries copies under ``pytest_flashckpt/_data/`` so an installed plugin works from any folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def data_dir(kind: str) -> Path:
+    """Folder of shipped ``kind`` files (``"models"`` or ``"suites"``)."""
+    installed = _PACKAGE / "_data" / kind
+    if installed.is_dir():
+        return installed
+    checkout = _PACKAGE.parent / kind
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError(f"pytest-flashckpt data folder {kind!r} is missing from {installed} and {checkout}")
+
+
+def shipped_names(kind: str) -> list[str]:
+    """Names (file stems) of the shipped YAML files of one kind, sorted."""
+    return sorted(p.stem for p in data_dir(kind).glob("*.yaml"))
+
+
+def resolve(kind: str, name_or_path: str) -> Path:
+    """A shipped name (``tiny``) or a path to a YAML file, to an existing path; a clear error otherwise."""
+    from pytest_flashckpt.config.errors import ConfigError
+
+    candidate = Path(name_or_path)
+    if candidate.suffix in {".yaml", ".yml"} or candidate.parent != Path("."):
+        if candidate.is_file():
+            return candidate
+        raise ConfigError(str(candidate), f"{kind[:-1]} file not found", f"shipped {kind}: {', '.join(shipped_names(kind))}")
+    shipped = data_dir(kind) / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(
+        "", f"unknown {kind[:-1]} {name_or_path!r}", f"valid names: {', '.join(shipped_names(kind))}, or a path to a .yaml file"
+    )

@@ -1,0 +1,14 @@
+"""The one error type for bad configuration: it names the file, the key path and what would be valid."""
+
+
+class ConfigError(ValueError):
+    """A model card, suite file, option or scenario that cannot be used as written."""
+
+    def __init__(self, where: str, problem: str, fix: str = "") -> None:
+        self.where = where
+        self.problem = problem
+        self.fix = fix
+        message = f"{where}: {problem}" if where else problem
+        if fix:
+            message += f" ({fix})"
+        super().__init__(message)

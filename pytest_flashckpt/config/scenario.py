@@ -1,0 +1,167 @@
+"""A scenario: one model x attention kernel x activation strategy x save strategy to measure.
+
+Suite files and the ``flashckpt`` fixture build these; the runner measures them. The article's YAML keys are
+accepted as written there (``gradient_checkpointing``, ``checkpoint_level: layer``, ``layer_checkpoint_dir``,
+``async_save``, ``select_params``, ``save_interval``, ``mem_threshold``, ``max_keep``) and folded into the typed
+strategy fields, so every scenario has exactly one activation strategy and one save strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+ActivationStrategy = Literal["none", "full", "every_k", "selective_op", "offload"]
+SaveStrategy = Literal["none", "sync", "async", "dcp", "selective", "layerwise", "scheduled"]
+Measurement = Literal["memory", "timing", "flops", "checkpoint"]
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _set(obj, **values) -> None:
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True)
+class ActivationConfig:
+    """How activations are kept for the backward pass."""
+
+    strategy: ActivationStrategy = "none"  # none | full (every block recomputed) | every_k | selective_op | offload
+    k: int = 2  # every_k: checkpoint blocks 0, k, 2k, ...
+    save_ops: tuple[str, ...] | None = None  # selective_op: aten overloads whose outputs are saved (None = matmuls + attention)
+
+    ALIASES = {"gradient_checkpointing": ("strategy", lambda on: {"strategy": "full" if _flag(on) else "none"})}
+
+    def __post_init__(self) -> None:
+        if self.k <= 0:
+            raise ValueError(f"activation.k must be a positive number of blocks, got {self.k}")
+
+
+@dataclass(frozen=True)
+class SaveConfig:
+    """How training state is saved; ``strategy`` is derived from the article's keys when not given."""
+
+    strategy: SaveStrategy = "none"
+    format: Literal["torch", "safetensors"] = "torch"  # file format of sync/async/selective/layerwise saves
+    save_interval: int = 1  # steps between saves
+    async_save: bool = False  # article key: snapshot, then write in the background (dcp: torch's async_save)
+    max_keep: int | None = None  # keep the newest N complete checkpoints
+    select_params: bool | str | list[str] | None = None  # true = non-embedding (article); "trainable"; glob patterns
+    mem_threshold: float | None = None  # scheduled: save only while memory in use is under this fraction of capacity
+    max_defer_steps: int = 10  # scheduled: a deferred save is forced after this many steps
+    layer_checkpoint_dir: str | None = None  # layerwise: folder (relative to the checkpoint) for per-block files
+    saves: int = 3  # how many saves the checkpoint pass measures
+
+    def __post_init__(self) -> None:
+        implied = []
+        if self.async_save and self.strategy in ("none", "sync"):
+            implied.append("async")
+        if self.select_params not in (None, False) and self.strategy in ("none", "sync"):
+            implied.append("selective")
+        if self.mem_threshold is not None and self.strategy in ("none", "sync"):
+            implied.append("scheduled")
+        if self.layer_checkpoint_dir is not None and self.strategy in ("none", "sync"):
+            implied.append("layerwise")
+        if len(implied) > 1:
+            raise ValueError(
+                f"checkpoint keys imply several save strategies ({', '.join(implied)}); set 'strategy' to one of them"
+            )
+        if implied:
+            _set(self, strategy=implied[0])
+        if self.strategy == "selective" and self.select_params in (None, False):
+            _set(self, select_params=True)
+        if self.save_interval <= 0:
+            raise ValueError(f"save_interval must be a positive number of steps, got {self.save_interval}")
+        if self.max_keep is not None and self.max_keep <= 0:
+            raise ValueError(f"max_keep must be at least 1 (the newest checkpoint is always kept), got {self.max_keep}")
+        if self.mem_threshold is not None and not 0.0 < self.mem_threshold <= 1.0:
+            raise ValueError(f"mem_threshold is a fraction of memory capacity in (0, 1], got {self.mem_threshold}")
+        if self.max_defer_steps < 0:
+            raise ValueError(f"max_defer_steps must be >= 0, got {self.max_defer_steps}")
+        if self.saves <= 0:
+            raise ValueError(f"saves must be positive, got {self.saves}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model card, plus the article's model-level keys."""
+
+    card: str = "tiny"  # shipped card name or path to a card file
+    type: Literal["GPT"] = "GPT"  # article key; GPT is the only architecture
+    dropout: float | None = None  # overrides the card's dropout
+    gradient_checkpointing: bool | None = None  # article key -> activation.strategy full
+    checkpoint_level: Literal["layer", "model"] | None = None  # article key: 'layer' -> layer-wise save files
+    layer_checkpoint_dir: str | None = None  # article key: folder for per-layer files
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One measured configuration; every ratio is against its reference (see ``reference()``)."""
+
+    name: str
+    model: ModelSpec | str = "tiny"
+    suite: str = ""
+    attention: Literal["auto", "flash_attn", "sdpa", "eager"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    batch_size: int = 4
+    seq_len: int = 512
+    activation: ActivationConfig = field(default_factory=ActivationConfig)
+    checkpoint: SaveConfig = field(default_factory=SaveConfig)
+    measure: tuple[Measurement, ...] = ("memory", "timing")
+    rounds: int = 5  # interleaved timing rounds (reference, strategy, reference, strategy, ...)
+    steps: int = 1  # timed training steps per round
+    warmup: int = 1  # untimed steps before measuring (optimizer state exists after it)
+    seed: int = 0
+    article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.claims)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        model = ModelSpec(card=self.model) if isinstance(self.model, str) else self.model
+        activation, checkpoint = self.activation, self.checkpoint
+        if model.gradient_checkpointing is not None:
+            wanted = "full" if model.gradient_checkpointing else "none"
+            if activation.strategy not in ("none", wanted):
+                raise ValueError(
+                    f"model.gradient_checkpointing: {model.gradient_checkpointing} contradicts activation.strategy "
+                    f"{activation.strategy!r}; keep one of them"
+                )
+            activation = dataclasses.replace(activation, strategy=wanted)
+        if model.checkpoint_level == "layer" or model.layer_checkpoint_dir is not None:
+            if checkpoint.strategy not in ("none", "sync", "layerwise"):
+                raise ValueError(
+                    f"model.checkpoint_level: layer asks for layer-wise save files, but checkpoint.strategy is "
+                    f"{checkpoint.strategy!r}; keep one of them"
+                )
+            checkpoint = dataclasses.replace(
+                checkpoint, strategy="layerwise", layer_checkpoint_dir=model.layer_checkpoint_dir or checkpoint.layer_checkpoint_dir
+            )
+        _set(self, model=model, activation=activation, checkpoint=checkpoint)
+        for key in ("batch_size", "seq_len", "rounds", "steps"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if "checkpoint" in self.measure and checkpoint.strategy == "none":
+            raise ValueError("measure includes 'checkpoint' but checkpoint.strategy is 'none'; name a save strategy")
+        if checkpoint.strategy != "none" and "checkpoint" not in self.measure:
+            _set(self, measure=(*self.measure, "checkpoint"))
+
+    @property
+    def card(self) -> str:
+        return self.model.card  # type: ignore[union-attr]
+
+    @property
+    def is_reference(self) -> bool:
+        return self.activation.strategy == "none"
+
+    def reference(self) -> "Scenario":
+        """The same model, kernel, batch and sequence with no activation checkpointing and a plain sync save."""
+        save = SaveConfig(strategy="sync", format=self.checkpoint.format, saves=self.checkpoint.saves) if self.checkpoint.strategy != "none" else SaveConfig()
+        return dataclasses.replace(self, name=f"{self.name}.reference", activation=ActivationConfig(), checkpoint=save, article=None)
+
+
+def _flag(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value

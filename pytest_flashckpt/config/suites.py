@@ -1,0 +1,113 @@
+"""Suite files (``suites/<name>.yaml``): named lists of scenarios, with shared defaults, matrices and includes.
+
+    name: attention
+    description: ...
+    defaults: {model: tiny, batch_size: 4}        # merged under every scenario (nested mappings deep-merged)
+    include: [other-suite]                          # scenarios of other suites, run as part of this one
+    scenarios:
+      - name: reference
+      - name: "{attention}-s{seq_len}"              # a template filled from each matrix combination
+        matrix: {attention: [eager, sdpa], seq_len: [512, 1024]}   # dotted keys reach nested fields
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_flashckpt.config.data import resolve
+from pytest_flashckpt.config.errors import ConfigError
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.typed import build, load_yaml
+
+_SUITE_KEYS = ("name", "description", "defaults", "include", "scenarios")
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    path: Path
+    scenarios: tuple[Scenario, ...]
+
+
+def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
+    """Load and validate a suite by shipped name or path; every scenario is fully typed and checked."""
+    path = resolve("suites", name_or_path)
+    where = str(path)
+    if path.resolve().as_posix() in _seen:
+        raise ConfigError(where, f"include cycle: {' -> '.join(_seen)} -> {path}")
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(where, "a suite file must be a mapping with 'scenarios' (and optionally name, defaults, include)")
+    unknown = sorted(set(data) - set(_SUITE_KEYS))
+    if unknown:
+        raise ConfigError(where, f"unknown key {unknown[0]!r}", f"valid keys: {', '.join(_SUITE_KEYS)}")
+    suite_name = data.get("name", path.stem)
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(where, "defaults must be a mapping of scenario fields")
+    scenarios: list[Scenario] = []
+    for included in data.get("include") or []:
+        scenarios.extend(load_suite(str(included), (*_seen, path.resolve().as_posix())).scenarios)
+    entries = data.get("scenarios") or []
+    if not isinstance(entries, list):
+        raise ConfigError(where, "scenarios must be a list of mappings")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(where, f"scenarios[{index}] must be a mapping, got {type(entry).__name__}")
+        for expanded in _expand(entry, where, index):
+            merged = _deep_merge(defaults, expanded)
+            merged.setdefault("suite", suite_name)
+            scenarios.append(build(Scenario, merged, where, f"scenarios[{index}]"))
+    if not scenarios:
+        raise ConfigError(where, "the suite has no scenarios")
+    seen: dict[str, int] = {}
+    for i, scenario in enumerate(scenarios):
+        key = f"{scenario.suite}::{scenario.name}"
+        if key in seen:
+            raise ConfigError(where, f"scenario name {key!r} is used twice", "give each scenario (or matrix template) a unique name")
+        seen[key] = i
+    return Suite(suite_name, data.get("description", ""), path, tuple(scenarios))
+
+
+def _expand(entry: dict[str, Any], where: str, index: int) -> list[dict[str, Any]]:
+    """One scenario per combination of the entry's ``matrix``; ``name`` is formatted with the combination."""
+    matrix = entry.get("matrix")
+    base = {k: v for k, v in entry.items() if k != "matrix"}
+    if "name" not in base:
+        raise ConfigError(where, f"scenarios[{index}] has no name", "add name: <id> (a template such as '{attention}-s{seq_len}' with a matrix)")
+    if matrix is None:
+        return [base]
+    if not isinstance(matrix, dict) or not all(isinstance(v, list) and v for v in matrix.values()):
+        raise ConfigError(where, f"scenarios[{index}].matrix must map keys to non-empty lists of values")
+    out = []
+    for combo in itertools.product(*matrix.values()):
+        values = dict(zip(matrix, combo))
+        scenario = dict(base)
+        for dotted, value in values.items():
+            scenario = _deep_merge(scenario, _nest(dotted, value))
+        fill = {k.rsplit(".", 1)[-1]: v for k, v in values.items()} | {k.replace(".", "_"): v for k, v in values.items()}
+        try:
+            scenario["name"] = str(base["name"]).format(**fill)
+        except (KeyError, IndexError) as exc:
+            raise ConfigError(where, f"scenarios[{index}].name template uses {exc} which is not a matrix key", f"matrix keys: {', '.join(fill)}") from None
+        out.append(scenario)
+    return out
+
+
+def _nest(dotted: str, value: Any) -> dict[str, Any]:
+    head, _, rest = dotted.partition(".")
+    return {head: _nest(rest, value) if rest else value}
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

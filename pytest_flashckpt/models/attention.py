@@ -1,0 +1,93 @@
+"""Causal self-attention kernels: ``flash_attn`` (the flash-attn package), ``sdpa`` (PyTorch's fused kernels)
+and ``eager`` (materialises the T x T score matrix: the O(T^2) reference).
+
+Which kernel *actually* ran is not assumed from the request: ``detect_kernel`` classifies the aten / custom op
+names seen while the model ran (``aten::_scaled_dot_product_flash_attention_for_cpu`` is PyTorch's CPU flash
+kernel; SDPA with dropout on a CPU falls back to the math path, which this records as ``sdpa-math``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+Backend = Literal["auto", "flash_attn", "sdpa", "eager"]
+BACKENDS: tuple[str, ...] = ("auto", "flash_attn", "sdpa", "eager")
+
+# op name fragment -> kernel label, checked in order (first match wins)
+_KERNEL_SIGNATURES: tuple[tuple[str, str], ...] = (
+    ("flash_attn::", "flash_attn"),
+    ("flash_attn_", "flash_attn"),
+    ("_scaled_dot_product_flash_attention_for_cpu", "sdpa-flash-cpu"),
+    ("_scaled_dot_product_flash_attention", "sdpa-flash"),
+    ("_scaled_dot_product_cudnn_attention", "sdpa-cudnn"),
+    ("_scaled_dot_product_efficient_attention", "sdpa-mem-efficient"),
+)
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested attention kernel cannot run here; the message says why (used as a skip reason)."""
+
+
+def flash_attn_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the flash-attn package cannot run on ``device``/``dtype``, or None if it can."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash-attn is not installed (pip install 'pytest-flashckpt[gpu]' on a CUDA machine)"
+    if device.type != "cuda":
+        return f"flash-attn runs on CUDA GPUs only, this run is on {device.type}"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"flash-attn needs float16 or bfloat16, this run uses {str(dtype).removeprefix('torch.')}"
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"flash-attn 2 needs an sm80+ GPU (Ampere or newer), this one is sm{major}x"
+    return None
+
+
+def resolve_backend(requested: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The concrete backend for ``requested``: ``auto`` prefers flash-attn, then SDPA."""
+    if requested not in BACKENDS:
+        raise ValueError(f"unknown attention backend {requested!r}; valid: {', '.join(BACKENDS)}")
+    if requested == "auto":
+        return "flash_attn" if flash_attn_unavailable_reason(device, dtype) is None else "sdpa"
+    if requested == "flash_attn":
+        reason = flash_attn_unavailable_reason(device, dtype)
+        if reason is not None:
+            raise BackendUnavailable(reason)
+    return requested
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, dropout_p: float) -> torch.Tensor:
+    """Causal attention on (B, nh, T, hs) tensors with a concrete backend; returns (B, nh, T, hs)."""
+    if backend == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    if backend == "eager":
+        T = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        att = att.masked_fill(~mask, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = F.dropout(att, p=dropout_p, training=dropout_p > 0)
+        return att @ v  # (B, nh, T, hs)
+    if backend == "flash_attn":
+        from flash_attn import flash_attn_func
+
+        # flash-attn wants (B, T, nh, hs)
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True)
+        return out.transpose(1, 2)
+    raise ValueError(f"attention backend {backend!r} must be resolved first (see resolve_backend)")
+
+
+def detect_kernel(op_names: set[str], backend: str) -> str:
+    """Label of the attention kernel that ran, from the op names recorded during a forward/backward."""
+    for fragment, label in _KERNEL_SIGNATURES:
+        if any(fragment in name for name in op_names):
+            return label
+    if backend == "sdpa":
+        return "sdpa-math"
+    if backend == "eager":
+        return "eager"
+    return f"unknown ({backend})"

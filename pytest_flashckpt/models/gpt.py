@@ -1,0 +1,146 @@
+"""A readable GPT: token + position embedding, pre-LN blocks (causal self-attention, MLP), tied LM head.
+
+Parameter names are stable and used by the checkpoint strategies: ``wte``, ``wpe``, ``blocks.<i>.*``, ``ln_f``
+(the head shares ``wte.weight``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pytest_flashckpt.models.attention import causal_attention
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT; a model card (``models/<name>.yaml``) is one of these."""
+
+    name: str = "custom"
+    description: str = ""
+    vocab_size: int = 2048  # tokens; small for tiny so the logits do not dominate memory
+    block_size: int = 2048  # longest sequence (learned position table)
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block
+    n_embd: int = 256  # width; head size is n_embd / n_head
+    dropout: float = 0.0  # residual, attention and embedding dropout
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
+    allocate_on_cpu: bool = True  # false for cards too big to allocate on a CPU (built on the meta device)
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def num_params(self) -> int:
+        """Parameter count (tied head counted once), computed without building the model."""
+        d, b = self.n_embd, int(self.bias)
+        layer_norms = 2 * (d + d * b)
+        attention = (3 * d * d + 3 * d * b) + (d * d + d * b)
+        mlp = (4 * d * d + 4 * d * b) + (4 * d * d + d * b)
+        final_ln = d + d * b
+        per_block = layer_norms + attention + mlp
+        return self.vocab_size * d + self.block_size * d + self.n_layer * per_block + final_ln
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, backend: str) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.backend = backend
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = causal_attention(q, k, v, self.backend, self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig, backend: str) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config, backend)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT with a concrete attention backend (``sdpa``, ``eager`` or ``flash_attn``; see attention.resolve_backend)."""
+
+    def __init__(self, config: GPTConfig, backend: Literal["flash_attn", "sdpa", "eager"] = "sdpa") -> None:
+        super().__init__()
+        self.config = config
+        self.backend = backend
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, backend) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2: scale residual projections by depth
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) without targets; the mean cross-entropy loss with them."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size} of {self.config.name}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
