@@ -91,3 +91,27 @@ def detect_kernel(op_names: set[str], backend: str) -> str:
     if backend == "eager":
         return "eager"
     return f"unknown ({backend})"
+
+
+class OpNameRecorder:
+    """Records the aten/custom op names that run inside it (for ``detect_kernel``); cheap enough for one step."""
+
+    def __init__(self) -> None:
+        self.op_names: set[str] = set()
+
+    def __enter__(self) -> "OpNameRecorder":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        names = self.op_names
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                names.add(str(func.name()))
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)

@@ -1,0 +1,46 @@
+"""Step timing, interleaved with the reference: A B A B ... so slow drifts (thermal, other tenants, caches)
+hit both sides alike and their ratio stays honest. Absolute times are recorded, ratios are what we judge."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+
+def time_steps(step: Callable[[], object], steps: int, device: torch.device) -> float:
+    """Mean wall time of ``steps`` calls of ``step``; synchronised with CUDA events on a GPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0 / steps
+    begin = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - begin) / steps
+
+
+def interleaved(
+    variants: Sequence[Callable[[], object]], rounds: int, steps: int, device: torch.device
+) -> list[list[float]]:
+    """Per-variant lists of per-round mean step times; each round runs every variant once, alternating which
+    goes first (A B, B A, A B, ...) so neither side always runs right after the other."""
+    samples: list[list[float]] = [[] for _ in variants]
+    order = list(range(len(variants)))
+    for r in range(rounds):
+        for i in order if r % 2 == 0 else reversed(order):
+            samples[i].append(time_steps(variants[i], steps, device))
+    return samples
+
+
+def summarise_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
+    """Median, min and max of the per-round ratios numerator/denominator."""
+    ratios = [n / d for n, d in zip(numerator, denominator)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}

@@ -1,0 +1,194 @@
+"""A suite run inside pytest: scenarios become test items; results become ``results.json`` and the report.
+
+``SuiteSession`` holds the run's state; its methods are the hooks. Configuration problems are found before
+anything runs (every scenario validated, every model card read), so a run that fails to configure writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from pytest_flashckpt import __version__
+from pytest_flashckpt.config.errors import ConfigError
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.options import Options
+from pytest_flashckpt.result import Result, RunRecord
+
+
+class ScenarioItem(pytest.Item):
+    """One scenario as a test item: passes when measured, skips with the reason, fails on a regression."""
+
+    def __init__(self, *, scenario: Scenario, session_state: "SuiteSession", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scenario = scenario
+        self.state = session_state
+        self.result: Result | None = None
+        for keyword in (scenario.attention, scenario.activation.strategy, scenario.checkpoint.strategy, scenario.card):
+            self.keywords[keyword] = True
+
+    def runtest(self) -> None:
+        self.result = self.state.run(self.scenario)
+        if self.result.status == "skipped":
+            pytest.skip(self.result.reason or "skipped")
+        self.state.check(self, self.result)
+
+    def reportinfo(self):
+        return self.path, None, f"flashckpt scenario {self.nodeid}"
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, (ConfigError, RegressionFailure)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class RegressionFailure(AssertionError):
+    """A metric regressed against the stored baseline; the message lists each one."""
+
+
+class SuiteCollector(pytest.Collector):
+    def __init__(self, *, scenarios: list[Scenario], session_state: "SuiteSession", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scenarios = scenarios
+        self.state = session_state
+
+    def collect(self):
+        return [ScenarioItem.from_parent(self, name=s.name, scenario=s, session_state=self.state) for s in self.scenarios]
+
+
+class SuiteSession:
+    def __init__(self, config: pytest.Config, options: Options, suite) -> None:
+        self.config = config
+        self.options = options
+        self.suite = suite
+        self.results: list[Result] = []
+        self.started = datetime.now(timezone.utc)
+        self.report_dir = Path(config.invocation_params.dir) / options.report
+        self._ctx = None
+        self.report_path: Path | None = None
+
+    @classmethod
+    def start(cls, config: pytest.Config, options: Options) -> "SuiteSession":
+        """Load and validate the suite (every scenario and model card); a problem is a usage error."""
+        from pytest_flashckpt.config.suites import load_suite
+        from pytest_flashckpt.runner.run import preflight
+
+        suite_arg = options.suite
+        if os.path.isdir(suite_arg) or suite_arg.endswith(".py"):
+            raise pytest.UsageError(
+                f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"
+            )
+        try:
+            suite = load_suite(suite_arg)
+            for scenario in suite.scenarios:
+                preflight(scenario)
+        except ConfigError as exc:
+            raise pytest.UsageError(f"flashckpt: {exc}") from None
+        return cls(config, options, suite)
+
+    # -- collection -----------------------------------------------------------------------------------
+    def _collectors(self, session: pytest.Session) -> list[SuiteCollector]:
+        by_suite: dict[str, list[Scenario]] = {}
+        for scenario in self.suite.scenarios:
+            by_suite.setdefault(scenario.suite, []).append(scenario)
+        return [
+            SuiteCollector.from_parent(session, name=name, scenarios=scenarios, session_state=self)
+            for name, scenarios in by_suite.items()
+        ]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session):
+        """With no test paths on the command line, the suite is the whole collection."""
+        if self.config.args_source == pytest.Config.ArgsSource.ARGS:
+            return None  # explicit paths: collect them normally; suite items are added in modifyitems
+        hook = self.config.hook
+        session.items = []
+        for collector in self._collectors(session):
+            items = collector.collect()
+            hook.pytest_collectreport(report=pytest.CollectReport(collector.nodeid, "passed", None, items))
+            for item in items:
+                hook.pytest_itemcollected(item=item)
+            session.items.extend(items)
+        hook.pytest_collection_modifyitems(session=session, config=self.config, items=session.items)
+        hook.pytest_collection_finish(session=session)
+        session.testscollected = len(session.items)
+        return True
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list) -> None:
+        if self.config.args_source == pytest.Config.ArgsSource.ARGS and not any(isinstance(i, ScenarioItem) for i in items):
+            for collector in self._collectors(session):
+                items.extend(collector.collect())
+
+    # -- running --------------------------------------------------------------------------------------
+    def _context(self):
+        if self._ctx is None:
+            from pytest_flashckpt.runner.run import RunContext, resolve_device
+
+            device = resolve_device(self.options.device)
+            probe = self.options.probe if self.options.probe != "auto" else ("cuda" if device.type == "cuda" else "cpu")
+            workdir = Path(self.options.workdir) if self.options.workdir else None
+            self._ctx = RunContext(device=device, probe=probe, workdir=workdir)
+        return self._ctx
+
+    def run(self, scenario: Scenario) -> Result:
+        import dataclasses
+
+        from pytest_flashckpt.runner.run import run_scenario
+
+        if self.options.rounds:
+            scenario = dataclasses.replace(scenario, rounds=self.options.rounds)
+        result = run_scenario(scenario, self._context())
+        self.results.append(result)
+        return result
+
+    def check(self, item: ScenarioItem, result: Result) -> None:
+        """Attach metrics to the test report (JUnit properties) and fail on a baseline regression."""
+        for key, value in sorted(result.metrics.items()):
+            if isinstance(value, (int, float)):
+                item.user_properties.append((key, value))
+
+    # -- reporting ------------------------------------------------------------------------------------
+    def record(self) -> RunRecord:
+        from pytest_flashckpt.profile import current_profile, git_commit, profile_id
+        from pytest_flashckpt.models.attention import resolve_backend
+
+        import torch
+
+        ctx = self._context()
+        profile = current_profile(str(ctx.device), resolve_backend("auto", ctx.device, torch.float32))
+        return RunRecord(
+            profile=profile,
+            profile_id=profile_id(profile),
+            created=self.started.isoformat(timespec="seconds"),
+            commit=git_commit(str(self.config.invocation_params.dir)),
+            suite=self.suite.name,
+            device=str(ctx.device),
+            probe=ctx.probe,
+            results=self.results,
+            tool_version=__version__,
+        )
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.results:
+            return
+        from pytest_flashckpt.report import write_report
+
+        record = self.record()
+        record.write_json(self.report_dir / "results.json")
+        self.report_path = write_report(record, self.report_dir)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.results:
+            return
+        from pytest_flashckpt.report import summary_lines
+
+        terminalreporter.section("flashckpt")
+        for line in summary_lines(self.results):
+            terminalreporter.write_line(line)
+        if self.report_path is not None:
+            terminalreporter.write_line(f"report: {self.report_path}")
