@@ -1,5 +1,7 @@
-"""Reports: results -> markdown (and plots). ``write_report`` is what a suite run calls."""
+"""Reports: results -> markdown and plots. ``write_report`` is what a suite run calls; ``render`` is the pure
+text; ``compare_markdown`` sets two runs side by side (``flashckpt compare``)."""
 
-from pytest_flashckpt.report.markdown import summary_lines, write_report
+from pytest_flashckpt.report.compare import compare_markdown
+from pytest_flashckpt.report.markdown import REPORT_NAME, render, summary_lines, write_report
 
-__all__ = ["summary_lines", "write_report"]
+__all__ = ["REPORT_NAME", "compare_markdown", "render", "summary_lines", "write_report"]

@@ -1,92 +1,79 @@
-"""The markdown report written by every suite run."""
+"""The markdown report written by every suite run: sections in reading order, plots beside the file.
+
+``write_report(record, out_dir)`` is what the suite session and ``flashckpt report`` call; ``render`` is pure
+(record -> text) so tests and ``flashckpt compare`` need no files. Every section says in one line when this run
+has no data for it, so a missing table is never a silent omission.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tabulate import tabulate
-
-from pytest_flashckpt.report.format import MISSING, mib, ms, pct, ratio
+from pytest_flashckpt.claims import CLAIMS
+from pytest_flashckpt.report import select
+from pytest_flashckpt.report.activation import activation_section
+from pytest_flashckpt.report.article import article_table, single_claim
+from pytest_flashckpt.report.attention import attention_section
+from pytest_flashckpt.report.checkpoint_io import checkpoint_section
+from pytest_flashckpt.report.format import mib, ms, pct, ratio
+from pytest_flashckpt.report.header import header
+from pytest_flashckpt.report.plots import Plot, write_plots
+from pytest_flashckpt.report.regression import regression_section
+from pytest_flashckpt.report.scenarios import scenarios_section
+from pytest_flashckpt.report.verdicts import judge
 from pytest_flashckpt.result import Result, RunRecord
 
 REPORT_NAME = "flashckpt-report.md"
 
 
-def _scenario_row(r: Result) -> list[str]:
-    m = r.metrics
-    if r.status != "measured":
-        return [r.id, r.config.get("attention", ""), MISSING, MISSING, MISSING, MISSING, f"{r.status}: {r.reason}"]
-    spread = ""
-    if m.get("overhead") is not None:
-        spread = f"{ratio(m['overhead'])} ({m['overhead_min']:.2f}-{m['overhead_max']:.2f})"
-    return [r.id, r.kernel or MISSING, mib(m.get("peak_bytes")), pct(m.get("memory_saving")), ms(m.get("step_time_s")), spread or MISSING, "measured"]
+def _plot(plots: dict[str, Plot] | None, key: str) -> list[str]:
+    if plots is None:
+        return ["", "_Plots are drawn only when the report is written to a folder._"]
+    return ["", plots[key].markdown()]
 
 
-def _attention_table(results: list[Result]) -> str:
-    """Peak memory per attention kernel and sequence length (reference scenarios only), with eager/flash ratio."""
-    rows: dict[tuple[str, int], dict[str, Result]] = {}
-    for r in results:
-        if r.status != "measured" or r.config["activation"]["strategy"] != "none" or "peak_bytes" not in r.metrics:
-            continue
-        if r.config["checkpoint"]["strategy"] != "none":
-            continue
-        key = (r.config["model"]["card"], r.config["seq_len"])
-        rows.setdefault(key, {})[r.backend or ""] = r
-    table = []
-    for (card, seq), by_backend in sorted(rows.items()):
-        eager, sdpa = by_backend.get("eager"), by_backend.get("sdpa") or by_backend.get("flash_attn")
-        if eager is None or sdpa is None:
-            continue
-        table.append([
-            card, seq, mib(eager.metrics["peak_bytes"]), f"{mib(sdpa.metrics['peak_bytes'])} ({sdpa.kernel})",
-            ratio(eager.metrics["peak_bytes"] / sdpa.metrics["peak_bytes"]),
-            ms(eager.metrics.get("step_time_s")), ms(sdpa.metrics.get("step_time_s")),
-        ])
-    if not table:
-        return "_No eager/flash pair was measured in this run._"
-    return tabulate(
-        table,
-        headers=["model", "seq", "eager peak", "flash peak (kernel)", "eager / flash", "eager step", "flash step"],
-        tablefmt="github",
-    )
-
-
-def render(record: RunRecord) -> str:
-    p = record.profile
-    lines = [
-        "# pytest-flashckpt report",
-        "",
-        f"- suite: `{record.suite}`; device `{record.device}` ({p.get('device_name')}); memory probe `{record.probe}`",
-        f"- profile `{record.profile_id}`: torch {p.get('torch')}, CUDA {p.get('cuda') or 'none'}, flash-attn {p.get('flash_attn') or 'not installed'}, {p.get('cpu_threads')} CPU threads",
-        f"- run {record.created}, commit `{record.commit or 'unknown'}`, pytest-flashckpt {record.tool_version}",
-        "",
-        "## Attention kernels: peak training-step memory vs sequence length",
-        "",
-        _attention_table(record.results),
-        "",
-        "## All scenarios",
-        "",
-        tabulate(
-            [_scenario_row(r) for r in record.results],
-            headers=["scenario", "kernel", "peak memory", "memory saving", "step time", "overhead (min-max)", "status"],
-            tablefmt="github",
-        ),
-        "",
+def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
+    results = record.results
+    sections = [
+        header(record),
+        article_table(record),
+        single_claim(record),
+        activation_section(results) + _plot(plots, "pareto"),
+        attention_section(results) + _plot(plots, "attention"),
+        checkpoint_section(results) + _plot(plots, "saves"),
+        regression_section(record.comparison),
+        scenarios_section(results),
     ]
-    return "\n".join(lines)
+    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
 
 
 def write_report(record: RunRecord, out_dir: Path) -> Path:
+    """Write ``flashckpt-report.md`` and its PNGs into ``out_dir`` (atomically: a reader never sees half a file)."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(record, out_dir)
     path = out_dir / REPORT_NAME
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(record), encoding="utf-8")
+    tmp.write_text(render(record, plots), encoding="utf-8")
     tmp.replace(path)
     return path
 
 
+def _article_lines(results: list[Result]) -> list[str]:
+    out = []
+    for tag, tagged in select.by_article(results).items():
+        claim = CLAIMS.get(tag)
+        for r in tagged:
+            if claim is None:
+                out.append(f"article {tag!r} ({r.id}): no such claim; known: {', '.join(CLAIMS)}")
+                continue
+            verdict = judge(claim, r)
+            out.append(f"article {claim.title} ({r.id}): {verdict.word} ({verdict.reason})")
+    return out
+
+
 def summary_lines(results: list[Result]) -> list[str]:
-    """Short terminal summary: one line per scenario."""
+    """Short terminal summary: one line per scenario, then one per article claim tested."""
     out = []
     for r in results:
         if r.status != "measured":
@@ -94,15 +81,15 @@ def summary_lines(results: list[Result]) -> list[str]:
             continue
         m = r.metrics
         parts = [f"kernel {r.kernel}"]
-        if "peak_bytes" in m:
-            parts.append(f"peak {mib(m['peak_bytes'])}")
-        if m.get("memory_saving") is not None:
-            parts.append(f"saving {pct(m['memory_saving'])}")
-        if m.get("step_time_s") is not None:
-            parts.append(f"step {ms(m['step_time_s'])}")
-        if m.get("overhead") is not None:
-            parts.append(f"overhead {ratio(m['overhead'])}")
-        if m.get("save_stall_s") is not None:
-            parts.append(f"stall {ms(m['save_stall_s'])}")
+        if isinstance(m.get("peak_bytes"), (int, float)):
+            parts.append(f"peak {mib(m['peak_bytes'])}")  # type: ignore[arg-type]
+        if isinstance(m.get("memory_saving"), (int, float)):
+            parts.append(f"saving {pct(m['memory_saving'])}")  # type: ignore[arg-type]
+        if isinstance(m.get("step_time_s"), (int, float)):
+            parts.append(f"step {ms(m['step_time_s'])}")  # type: ignore[arg-type]
+        if isinstance(m.get("overhead"), (int, float)):
+            parts.append(f"overhead {ratio(m['overhead'])}")  # type: ignore[arg-type]
+        if isinstance(m.get("save_stall_s"), (int, float)):
+            parts.append(f"stall {ms(m['save_stall_s'])}")  # type: ignore[arg-type]
         out.append(f"{r.id}: " + ", ".join(parts))
-    return out
+    return out + _article_lines(results)

@@ -1,0 +1,57 @@
+"""Checkpoint I/O: how long a save blocks training (stall) beside how long until it is durable (total), the
+write throughput beside the raw disk bandwidth and memory-copy bandwidth measured in the same run and folder
+(so a slow save can be told from a slow disk), load time, files, and the memory a save adds."""
+
+from __future__ import annotations
+
+from pytest_flashckpt.report import select
+from pytest_flashckpt.report.format import MISSING, count, gbps, mbps, mib, ms, pct
+from pytest_flashckpt.report.tables import Footnotes, table
+from pytest_flashckpt.result import Result
+
+TIMING_HEADERS = ["scenario", "save strategy", "stall", "total", "stall / sync save", "reference sync total", "load"]
+IO_HEADERS = ["scenario", "written", "files", "write", "raw disk write", "write / raw", "memory copy", "extra memory during save"]
+
+
+def _num(r: Result, key: str) -> float | None:
+    value = r.metrics.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _rows(r: Result, notes: Footnotes) -> tuple[list[str], list[str]]:
+    name = f"`{r.id}`"
+    if r.status != "measured":
+        skipped = notes.skipped(r.status, r.reason)
+        return [name, select.describe_save(r), skipped, *[MISSING] * 4], [name, skipped, *[MISSING] * 6]
+    timing = [
+        name, select.describe_save(r), ms(_num(r, "save_stall_s")), ms(_num(r, "save_total_s")),
+        pct(_num(r, "stall_vs_sync")), ms(_num(r, "reference_save_total_s")), ms(_num(r, "load_s")),
+    ]
+    io = [
+        name, mib(_num(r, "bytes_written")), count(_num(r, "files")), mbps(_num(r, "write_MBps")),
+        mbps(_num(r, "raw_write_MBps")), pct(_num(r, "write_vs_raw")), gbps(_num(r, "copy_GBps")),
+        mib(_num(r, "save_extra_peak_bytes")),
+    ]
+    return timing, io
+
+
+def checkpoint_section(results: list[Result]) -> list[str]:
+    lines = ["## Checkpoint I/O", ""]
+    chosen = select.checkpoint_results(results)
+    if not chosen:
+        lines.append("_No scenario with a save strategy (checkpoint strategy other than `none`) ran in this suite._")
+        return lines
+    notes = Footnotes()
+    pairs = [_rows(r, notes) for r in chosen]
+    lines += [
+        table([p[0] for p in pairs], TIMING_HEADERS),
+        "",
+        table([p[1] for p in pairs], IO_HEADERS),
+        *notes.lines(),
+        "",
+        "Stall = time the training loop was blocked by a save (incl. waiting for the previous async save); total = "
+        "until the checkpoint is durable and committed; medians over the scenario's saves. Stall / sync save = "
+        "stall against the total of a plain synchronous save of the reference. Raw disk write (fdatasync'd) and "
+        "memory copy are this machine's limits, measured in the same run and folder.",
+    ]
+    return lines

@@ -1,0 +1,55 @@
+"""The report's header: what was measured, where, with what, how often. A reader decides from these lines whether
+two reports can be compared at all (same profile, same probe, same kernel)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pytest_flashckpt.result import RunRecord
+
+PROBES = {
+    "cpu": "exact live-tensor accounting (TorchDispatchMode), deterministic to the byte",
+    "cuda": "CUDA caching-allocator peak after reset_peak_memory_stats",
+    "nvml": "device memory sampled with NVML in a thread (a lower bound; CUDA context reported apart)",
+    "rss": "process resident set size (a sanity check, not tensor memory)",
+}
+
+
+def kernels_line(record: RunRecord) -> str:
+    """Which attention kernel really ran, per backend asked for: ``sdpa -> cpu_flash (4 scenarios)``."""
+    counts = Counter((r.backend or "?", r.kernel or "?") for r in record.results if r.status == "measured")
+    if not counts:
+        return "no scenario was measured"
+    return "; ".join(f"`{backend}` -> `{kernel}` ({n} scenario{'s' if n != 1 else ''})" for (backend, kernel), n in sorted(counts.items()))
+
+
+def rounds_line(record: RunRecord) -> str:
+    rounds = sorted({int(r.config["rounds"]) for r in record.results if isinstance(r.config.get("rounds"), int)})
+    if not rounds:
+        return "unknown"
+    if len(rounds) == 1:
+        return f"{rounds[0]} interleaved timing round{'s' if rounds[0] != 1 else ''} per scenario"
+    return f"{rounds[0]}-{rounds[-1]} interleaved timing rounds per scenario"
+
+
+def status_line(record: RunRecord) -> str:
+    counts = Counter(r.status for r in record.results)
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no scenarios"
+
+
+def header(record: RunRecord) -> list[str]:
+    p = record.profile
+    probe = f"`{record.probe}`: {PROBES.get(record.probe, 'unknown probe')}"
+    return [
+        "# pytest-flashckpt report",
+        "",
+        f"- **suite** `{record.suite}`: {status_line(record)}",
+        f"- **profile** `{record.profile_id}`: {p.get('device_name', '?')} x{p.get('device_count', 1)}, "
+        f"{p.get('cpu_threads', '?')} CPU threads",
+        f"- **versions**: torch {p.get('torch', '?')}, CUDA {p.get('cuda') or 'none'}, "
+        f"flash-attn {p.get('flash_attn') or 'not installed'}, pytest-flashckpt {record.tool_version or '?'}",
+        f"- **attention kernel that ran**: {kernels_line(record)}",
+        f"- **memory probe** {probe}",
+        f"- **timing**: {rounds_line(record)}; ratios are medians of per-round strategy / reference step times",
+        f"- **run** {record.created}, commit `{record.commit or 'unknown'}`",
+    ]

@@ -1,0 +1,207 @@
+"""The report's plots, PNGs beside the markdown: memory saving vs overhead (the Pareto view, with the article's
+claims drawn as target boxes), peak memory vs sequence length per attention backend, save stall vs total per
+save strategy.
+
+matplotlib is imported only when a plot is drawn, and through its object API (``Figure`` + the Agg canvas), so
+importing the plugin stays cheap and no global pyplot backend is switched under a user's feet. A plot whose
+data is absent is not drawn; ``Plot.reason`` says why and the report prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from pytest_flashckpt.claims import CLAIMS
+from pytest_flashckpt.report import select
+from pytest_flashckpt.result import Result, RunRecord
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+PARETO = "flashckpt-pareto.png"
+ATTENTION = "flashckpt-attention-memory.png"
+SAVES = "flashckpt-save-stall.png"
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A plot drawn (``file``, relative to the report) or skipped (``reason``)."""
+
+    key: str
+    title: str
+    file: str | None = None
+    reason: str | None = None
+
+    def markdown(self) -> str:
+        if self.file is not None:
+            return f"![{self.title}]({self.file})"
+        return f"_Plot \"{self.title}\" not drawn: {self.reason}._"
+
+
+def _num(r: Result, key: str) -> float | None:
+    value = r.metrics.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _save(draw: Callable[["Axes"], None], path: Path, size: tuple[float, float] = (7.5, 4.8)) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    draw(fig.add_subplot())
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png")
+    tmp.replace(path)
+
+
+# -- memory saving vs overhead -----------------------------------------------------------------------------
+def pareto_points(results: list[Result]) -> list[Result]:
+    return [
+        r for r in select.activation_results(results)
+        if r.status == "measured" and _num(r, "memory_saving") is not None and _num(r, "overhead") is not None
+    ]
+
+
+def _frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Non-dominated (overhead, saving) points: nothing else is both cheaper and saves more."""
+    best: list[tuple[float, float]] = []
+    for x, y in sorted(points):
+        if not best or y > best[-1][1]:
+            best.append((x, y))
+    return best
+
+
+def draw_pareto(results: list[Result], path: Path) -> None:
+    chosen = pareto_points(results)
+
+    def draw(ax: "Axes") -> None:
+        xs = [_num(r, "overhead") or 1.0 for r in chosen]
+        right = max([*xs, *(_num(r, "overhead_max") or 1.0 for r in chosen), 1.5]) + 0.1
+        colors = {"prototype": "tab:green", "medium": "tab:orange", "large": "tab:red", "gradient_checkpointing": "tab:purple"}
+        for claim in CLAIMS.values():
+            band = claim.overhead
+            x0, x1 = max(band.low, 0.9), band.high if band.high is not None else right
+            y0, y1 = (claim.saving - claim.saving_tolerance) * 100, (claim.saving + claim.saving_tolerance) * 100
+            ax.fill_between([x0, x1], y0, y1, alpha=0.12, color=colors.get(claim.id, "grey"), linewidth=0,
+                            label=f"article: {claim.title} ({claim.describe_saving()}, {claim.overhead_text})")
+        several_seqs = len({r.config.get("seq_len") for r in chosen}) > 1
+        labels: dict[tuple[float, float], list[str]] = {}
+        for r in chosen:
+            x, y = _num(r, "overhead") or 1.0, (_num(r, "memory_saving") or 0.0) * 100
+            lo, hi = _num(r, "overhead_min") or x, _num(r, "overhead_max") or x
+            ax.errorbar([x], [y], xerr=[[x - lo], [hi - x]], fmt="o", color="tab:blue", capsize=3)
+            label = select.describe_activation(r)
+            if select.save_strategy(r) != "none":
+                label += f" + {select.save_strategy(r)} save"
+            if several_seqs:
+                label += f", seq {r.config.get('seq_len', '?')}"
+            labels.setdefault((round(x, 3), round(y, 1)), []).append(label)
+        for (x, y), names in labels.items():  # one label per point: same-looking strategies stack, not overprint
+            ax.annotate("\n".join(dict.fromkeys(names)), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        front = _frontier([(_num(r, "overhead") or 1.0, (_num(r, "memory_saving") or 0.0) * 100) for r in chosen])
+        ax.plot([1.0, *(p[0] for p in front)], [0.0, *(p[1] for p in front)], "--", color="tab:blue", alpha=0.5,
+                label="measured Pareto front (from the reference)")
+        ax.plot([1.0], [0.0], "s", color="black", label="reference (no checkpointing)")
+        ax.set_xlim(0.9, right)
+        ax.set_ylim(-5, 90)
+        ax.set_xlabel("overhead: step time / reference step time (median, min-max bars)")
+        ax.set_ylabel("memory saving: 1 - peak / reference peak (%)")
+        ax.set_title("Activation strategies: memory saved vs time paid")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+
+    _save(draw, path, (8.5, 5.5))
+
+
+# -- peak memory vs sequence length ------------------------------------------------------------------------
+def draw_attention(results: list[Result], path: Path) -> None:
+    points = select.attention_points(results)
+    backends = select.attention_backends(points)
+    cards = sorted({p.card for p in points})
+
+    def draw(ax: "Axes") -> None:
+        for card in cards:
+            mine = [p for p in points if p.card == card]
+            for backend in backends:
+                xy = [(p.seq_len, p.peak(backend)) for p in mine if p.peak(backend) is not None]
+                if not xy:
+                    continue
+                kernel = next(p.by_backend[backend].kernel for p in mine if p.peak(backend) is not None)
+                name = f"{backend} ({kernel})" + (f", {card}" if len(cards) > 1 else "")
+                ax.plot([x for x, _ in xy], [y / 2**20 for _, y in xy], "o-", label=name)  # type: ignore[operator]
+            states = [(p.seq_len, p.by_backend[b].metrics.get("state_bytes")) for p in mine for b in backends
+                      if p.peak(b) is not None and isinstance(p.by_backend[b].metrics.get("state_bytes"), int)]
+            if states:
+                state = states[0][1] / 2**20  # type: ignore[operator]
+                ax.axhline(state, linestyle=":", color="grey",
+                           label=f"state before the step (params, grads, optimizer){', ' + card if len(cards) > 1 else ''}")
+        seqs = sorted({p.seq_len for p in points})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(seqs, [str(s) for s in seqs])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel("peak training-step memory (MiB)")
+        ax.set_title("Peak memory vs sequence length per attention kernel")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+
+    _save(draw, path)
+
+
+# -- save stall vs total -----------------------------------------------------------------------------------
+def save_points(results: list[Result]) -> list[Result]:
+    return [r for r in select.checkpoint_results(results) if r.status == "measured" and _num(r, "save_total_s") is not None]
+
+
+def draw_saves(results: list[Result], path: Path) -> None:
+    chosen = save_points(results)
+
+    def draw(ax: "Axes") -> None:
+        labels = [f"{select.describe_save(r)}\n{r.scenario}" for r in chosen]
+        ys = list(range(len(chosen)))
+        totals = [(_num(r, "save_total_s") or 0.0) * 1000 for r in chosen]
+        stalls = [(_num(r, "save_stall_s") or 0.0) * 1000 for r in chosen]
+        ax.barh([y + 0.2 for y in ys], totals, height=0.4, color="tab:gray", label="total (until durable)")
+        ax.barh([y - 0.2 for y in ys], stalls, height=0.4, color="tab:red", label="stall (training blocked)")
+        for y, stall, total in zip(ys, stalls, totals):
+            if total:
+                ax.annotate(f"stall = {stall / total * 100:.0f}% of total", (max(stall, total), y), xytext=(4, -3),
+                            textcoords="offset points", fontsize=8)
+        ax.set_yticks(ys, labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("time per save (ms, median over saves)")
+        ax.set_title("Checkpoint saves: time training is blocked vs time until durable")
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+        ax.set_xlim(right=max([*totals, *stalls, 1.0]) * 1.25)
+
+    _save(draw, path, (7.5, 2.2 + 0.7 * len(chosen)))
+
+
+# -- all of them ---------------------------------------------------------------------------------------------
+def write_plots(record: RunRecord, out_dir: Path) -> dict[str, Plot]:
+    """Draw every plot whose data exists into ``out_dir``; the rest come back with the reason."""
+    results = record.results
+    points = select.attention_points(results)
+    plotted = [p for p in points if any(p.peak(b) is not None for b in p.by_backend)]
+    specs = [
+        ("pareto", "Memory saving vs overhead per activation strategy", PARETO, draw_pareto,
+         None if pareto_points(results) else "no activation-checkpointing scenario measured both memory saving and overhead"),
+        ("attention", "Peak memory vs sequence length per attention kernel", ATTENTION, draw_attention,
+         None if plotted else "no reference-configuration scenario (no activation strategy, no save) measured peak memory"),
+        ("saves", "Save stall vs total per save strategy", SAVES, draw_saves,
+         None if save_points(results) else "no scenario with a save strategy was measured"),
+    ]
+    out: dict[str, Plot] = {}
+    for key, title, name, draw, missing in specs:
+        path = out_dir / name
+        if missing is not None:
+            path.unlink(missing_ok=True)  # a stale PNG from an earlier run would contradict this report
+            out[key] = Plot(key, title, reason=missing)
+            continue
+        draw(results, path)
+        out[key] = Plot(key, title, file=name)
+    return out

@@ -1,0 +1,36 @@
+"""Every scenario of the run in one table, including those skipped (with the reason, in full)."""
+
+from __future__ import annotations
+
+from pytest_flashckpt.report import select
+from pytest_flashckpt.report.format import MISSING, mib, ms, pct, spread
+from pytest_flashckpt.report.tables import escape, table
+from pytest_flashckpt.result import Result
+
+HEADERS = ["scenario", "strategies", "kernel", "seq", "peak memory", "memory saving", "step time", "overhead (min-max)", "save stall", "status"]
+
+
+def _num(r: Result, key: str) -> float | None:
+    value = r.metrics.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _row(r: Result) -> list[str]:
+    head = [f"`{r.id}`", select.describe_strategies(r)]
+    if r.status != "measured":
+        return [*head, MISSING, str(r.config.get("seq_len", MISSING)), *[MISSING] * 5, escape(f"{r.status}: {r.reason or 'no reason given'}")]
+    return [
+        *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.get("seq_len", MISSING)),
+        mib(_num(r, "peak_bytes")), pct(_num(r, "memory_saving")), ms(_num(r, "step_time_s")),
+        spread(_num(r, "overhead"), _num(r, "overhead_min"), _num(r, "overhead_max")), ms(_num(r, "save_stall_s")),
+        "measured",
+    ]
+
+
+def scenarios_section(results: list[Result]) -> list[str]:
+    lines = ["## All scenarios", ""]
+    if not results:
+        lines.append("_No scenario ran._")
+        return lines
+    lines.append(table([_row(r) for r in results], HEADERS))
+    return lines

@@ -1,0 +1,135 @@
+"""Which results feed which part of the report. Sections and plots read the same selections, so a table and
+its plot always show the same scenarios.
+
+Everything here reads ``Result.config`` as plain data (what ``results.json`` holds), never the typed config: a
+report renders from a results file alone, on a machine without the suite files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_flashckpt.result import Result
+
+FLASH_BACKENDS = ("sdpa", "flash_attn")
+
+
+def activation_strategy(r: Result) -> str:
+    return str(_get(r.config, "activation", "strategy", default="none"))
+
+
+def save_strategy(r: Result) -> str:
+    return str(_get(r.config, "checkpoint", "strategy", default="none"))
+
+
+def card(r: Result) -> str:
+    return str(_get(r.config, "model", "card", default=r.config.get("model", "?")))
+
+
+def describe_activation(r: Result) -> str:
+    """``every_k (k=2)``, ``full``, ``selective_op``... as a reader wants to see it."""
+    strategy = activation_strategy(r)
+    if strategy == "every_k":
+        return f"every_k (k={_get(r.config, 'activation', 'k', default='?')})"
+    return strategy
+
+
+def describe_save(r: Result) -> str:
+    strategy = save_strategy(r)
+    if strategy == "none":
+        return "none"
+    fmt = r.metrics.get("format") or _get(r.config, "checkpoint", "format", default=None)
+    return f"{strategy} ({fmt})" if fmt else strategy
+
+
+def describe_strategies(r: Result) -> str:
+    """Both sides of a scenario: ``recompute full; save selective (torch)``."""
+    save = describe_save(r)
+    return f"recompute {describe_activation(r)}; " + ("no save" if save == "none" else f"save {save}")
+
+
+def measured(r: Result) -> bool:
+    return r.status == "measured"
+
+
+def by_article(results: list[Result]) -> dict[str, list[Result]]:
+    """Results grouped by the article claim their scenario tests (config ``article``)."""
+    out: dict[str, list[Result]] = {}
+    for r in results:
+        tag = r.config.get("article")
+        if tag:
+            out.setdefault(str(tag), []).append(r)
+    return out
+
+
+def activation_results(results: list[Result]) -> list[Result]:
+    """Scenarios with an activation strategy (measured or not): the activation section and the Pareto plot."""
+    return [r for r in results if activation_strategy(r) != "none"]
+
+
+def checkpoint_results(results: list[Result]) -> list[Result]:
+    """Scenarios with a save strategy: the checkpoint I/O section and the stall plot."""
+    return [r for r in results if save_strategy(r) != "none"]
+
+
+@dataclass
+class AttentionPoint:
+    """One (model, batch, dtype, sequence length) with its reference-configuration result per backend."""
+
+    card: str
+    batch_size: int
+    dtype: str
+    seq_len: int
+    by_backend: dict[str, Result] = field(default_factory=dict)
+
+    def peak(self, backend: str) -> int | None:
+        r = self.by_backend.get(backend)
+        value = r.metrics.get("peak_bytes") if r is not None and measured(r) else None
+        return value if isinstance(value, int) else None
+
+    def activations(self, backend: str) -> int | None:
+        """Peak minus the memory alive before the step (parameters, gradients, optimizer state)."""
+        r = self.by_backend.get(backend)
+        peak = self.peak(backend)
+        state = r.metrics.get("state_bytes") if r is not None else None
+        return peak - state if peak is not None and isinstance(state, int) else None
+
+
+def attention_points(results: list[Result]) -> list[AttentionPoint]:
+    """Reference-configuration scenarios (no activation strategy, no save) grouped so backends line up.
+
+    The attention backend is the one that ran (``Result.backend``, after ``auto`` was resolved); a skipped scenario
+    has no resolved backend, so its asked-for ``attention`` is used. When two scenarios share a slot (the suite's
+    ``reference`` with ``auto`` and the explicit ``sdpa-s512``), the one that asked for that backend by name wins.
+    """
+    points: dict[tuple[str, int, str, int], AttentionPoint] = {}
+    for r in results:
+        if activation_strategy(r) != "none" or save_strategy(r) != "none":
+            continue
+        if measured(r) and "peak_bytes" not in r.metrics:
+            continue
+        backend = r.backend or str(r.config.get("attention", "?"))
+        key = (card(r), int(r.config.get("batch_size", 0)), str(r.config.get("dtype", "?")), int(r.config.get("seq_len", 0)))
+        point = points.setdefault(key, AttentionPoint(*key))
+        current = point.by_backend.get(backend)
+        if current is None or (r.config.get("attention") == backend and current.config.get("attention") != backend):
+            point.by_backend[backend] = r
+    return [points[k] for k in sorted(points)]
+
+
+def attention_backends(points: list[AttentionPoint]) -> list[str]:
+    """Backends present, eager first (the O(N^2) reference), then the flash kernels."""
+    seen = {b for p in points for b in p.by_backend}
+    order = ["eager", *FLASH_BACKENDS]
+    return [b for b in order if b in seen] + sorted(seen - set(order))
+
+
+def _get(data: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    """Nested lookup in plain config data; a scenario config from an older results file may lack a key."""
+    value: Any = data
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return default
+        value = value[key]
+    return value

@@ -1,0 +1,127 @@
+"""The markdown report renders from recorded results: every section, skip reasons, no raw floats."""
+
+from __future__ import annotations
+
+import re
+
+import report_synthetic as syn
+
+from pytest_flashckpt.report import render, summary_lines
+from pytest_flashckpt.result import RunRecord
+
+SECTIONS = [
+    "## The article's scenario table, measured",
+    "## The article's single claim: gradient checkpointing",
+    "## Activation checkpointing strategies",
+    "## Attention backends vs sequence length",
+    "## Checkpoint I/O",
+    "## Regressions against the baseline",
+    "## All scenarios",
+]
+
+
+def _table_rows(text: str, heading: str) -> list[str]:
+    """The data rows of the first table in the section that starts with ``heading``."""
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return rows[2:]  # skip header and separator
+
+
+def test_every_section_in_order(record: RunRecord) -> None:
+    text = render(record)
+    positions = [text.index(s) for s in SECTIONS]
+    assert positions == sorted(positions)
+
+
+def test_header_names_profile_commit_versions_kernel_probe_rounds(record: RunRecord) -> None:
+    head = render(record).split("## ", 1)[0]
+    for expected in ("cpu-2t-synthetic", "abc123", "2000-01-01", "torch 0.0.0", "CUDA none", "flash-attn not installed",
+                     "`eager` -> `eager`", "`sdpa` -> `sdpa-flash-cpu`", "memory probe** `cpu`", "5 interleaved timing rounds"):
+        assert expected in head, expected
+
+
+def test_article_table_has_one_row_per_claim_with_verdicts(record: RunRecord) -> None:
+    rows = _table_rows(render(record), "## The article's scenario table, measured")
+    assert [r.split("|")[1].strip() for r in rows] == ["quick prototype", "medium-scale training", "very large models"]
+    assert "**holds**" in rows[0] and "**holds**" in rows[1] and "**does not hold**" in rows[2]
+    assert "5.0% of a sync save" in rows[0]  # the measured save stall column
+    assert "~30%" in rows[0] and "low (<= 1.10x)" in rows[0]
+
+
+def test_article_table_says_why_a_claim_was_not_measured() -> None:
+    results = [r for r in syn.results() if r.config.get("article") != "large"]
+    text = render(syn.record(results))
+    row = [r for r in _table_rows(text, "## The article's scenario table") if "very large models" in r][0]
+    assert "**not measurable**: no scenario with article: large ran in this suite" in row
+
+
+def test_skipped_article_scenario_shows_its_reason() -> None:
+    results = syn.results()
+    medium = next(r for r in results if r.scenario == "medium")
+    medium.status, medium.reason, medium.metrics = "skipped", "SYNTHETIC-SKIP needs a GPU", {}
+    row = [r for r in _table_rows(render(syn.record(results)), "## The article's scenario table") if "medium-scale" in r][0]
+    assert "**not measurable**: skipped on this hardware: SYNTHETIC-SKIP needs a GPU" in row
+
+
+def test_unknown_article_tag_is_reported() -> None:
+    results = syn.results()
+    results[0].config["article"] = "no-such-claim"
+    assert "`no-such-claim`" in render(syn.record(results))
+
+
+def test_single_claim_beside_our_number(record: RunRecord) -> None:
+    text = render(record)
+    part = text.split("## The article's single claim", 1)[1].split("## ", 1)[0]
+    assert "40%" in part and "15%-20%" in part  # the quote
+    assert "`synthetic::gc`" in part and "**holds**" in part
+
+
+def test_skipped_scenarios_show_reasons_not_empty_cells(record: RunRecord) -> None:
+    text = render(record)
+    assert "skipped: SYNTHETIC-SKIP offload needs a CUDA device" in text  # all-scenarios table
+    assert "[1] SYNTHETIC-SKIP offload needs a CUDA device" in text  # footnote in the activation table
+    assert "[1] SYNTHETIC-SKIP flash-attn is not installed" in text  # footnote in the attention table
+    for line in text.splitlines():
+        if line.startswith("|"):
+            assert "||" not in line.replace(" ", ""), line  # no empty cell
+
+
+def test_no_raw_long_floats(record: RunRecord) -> None:
+    assert not re.search(r"\d\.\d{5,}", render(record))
+
+
+def test_attention_section_ratios_and_published_numbers(record: RunRecord) -> None:
+    part = render(record).split("## Attention backends", 1)[1].split("## ", 1)[0]
+    assert "4.00x step" in part  # 400 MiB eager / 100 MiB sdpa
+    assert "10x (attention only)" in part
+    assert "not attention" in part  # why whole-step ratios are smaller
+
+
+def test_regression_verdicts_rendered(record: RunRecord) -> None:
+    part = render(record).split("## Regressions", 1)[1].split("## ", 1)[0]
+    assert "**regressed**" in part and "+12.5%" in part and "baselines/synthetic.json" in part
+
+
+def test_comparison_statuses() -> None:
+    assert "No baseline comparison was recorded" in render(syn.record(comparison_=None))
+    other = {"status": "other-profile", "baseline_path": "b.json", "baseline_profile_id": "gpu-x", "message": None, "verdicts": []}
+    assert "another hardware/software profile" in render(syn.record(comparison_=other))
+    none = {"status": "no-baseline", "baseline_path": None, "baseline_profile_id": None, "message": "run with --flashckpt-save-baseline", "verdicts": []}
+    text = render(syn.record(comparison_=none))
+    assert "no stored baseline" in text and "--flashckpt-save-baseline" in text
+
+
+def test_sections_without_data_say_so_in_one_line() -> None:
+    text = render(syn.record([]))
+    for section in SECTIONS:
+        assert section in text
+    assert "No activation-checkpointing scenario" in text
+    assert "No attention-kernel comparison" in text
+    assert "No scenario with a save strategy" in text
+    assert "No scenario ran" in text
+
+
+def test_summary_lines_include_article_verdicts(record: RunRecord) -> None:
+    lines = summary_lines(record.results)
+    assert any(line.startswith("article quick prototype (synthetic::prototype): holds") for line in lines)
+    assert any("skipped (SYNTHETIC-SKIP offload" in line for line in lines)
