@@ -72,7 +72,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("flashckpt-no-compare", "do not compare with the stored baseline", False, lambda t: t.lower() in ("1", "true", "yes")),
     OptionSpec("flashckpt-timing-tolerance", "timing ratio change tolerated before a regression (fraction)", 0.05, _fraction),
     OptionSpec("flashckpt-memory-tolerance", "peak-memory change tolerated for sampled probes (nvml, rss) (fraction)", 0.02, _fraction),
-    OptionSpec("flashckpt-alpha", "significance level of the timing regression test", 0.01, _probability),
+    OptionSpec("flashckpt-alpha", "significance level of the timing regression test (one-sided Mann-Whitney U)", 0.01, _probability),
+    OptionSpec(
+        "flashckpt-gate-times",
+        "also gate absolute times (step_time_s, save_*_s, load_s), not only ratios; only for a quiet, dedicated machine",
+        False, lambda t: t.lower() in ("1", "true", "yes"),
+    ),
 )
 
 
@@ -96,7 +101,7 @@ def add_options(parser: pytest.Parser) -> None:
 
 @dataclass(frozen=True)
 class Options:
-    suite: str
+    suite: str | None
     device: str
     probe: str
     report: str
@@ -108,6 +113,7 @@ class Options:
     timing_tolerance: float
     memory_tolerance: float
     alpha: float
+    gate_times: bool
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "Options":

@@ -1,14 +1,19 @@
 """The pytest plugin (entry point ``pytest11: flashckpt``): a thin layer of hooks.
 
-Without ``--flashckpt-suite`` it only adds its options and markers; it imports neither torch nor the
-measurement library, so a project that merely has the plugin installed pays nothing for it.
+Without ``--flashckpt-suite`` it only adds its options, the ``flashckpt`` marker and the ``flashckpt`` fixture;
+it imports neither torch nor the measurement library (the fixture imports torch when ``measure`` is called), so
+a project that merely has the plugin installed pays nothing for it.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from pytest_flashckpt.budgets import SPECS, BudgetError, parse_budgets, violations
+from pytest_flashckpt.fixture import flashckpt  # noqa: F401  (the fixture, registered with the plugin)
 from pytest_flashckpt.options import Options, add_options
+
+MARKER = "flashckpt"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -16,10 +21,44 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "flashckpt(**budgets): measurement budgets for the flashckpt fixture")
-    if config.getoption("flashckpt_suite") is None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}({'=..., '.join(SPECS)}=...): budgets checked against what the flashckpt fixture measured, "
+        "e.g. @pytest.mark.flashckpt(max_peak_memory='2 GiB', max_overhead=1.3, max_save_stall='50 ms')",
+    )
+    options = Options.from_config(config)  # validated on every run: a bad value is a usage error
+    if options.suite is None:
         return
-    options = Options.from_config(config)
     from pytest_flashckpt.suite_session import SuiteSession  # imports torch: only when a suite is asked for
 
     config.pluginmanager.register(SuiteSession.start(config, options), "flashckpt-suite-session")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A marker's budgets are validated before the test runs, and need the fixture that measures them."""
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    try:
+        parse_budgets(marker.args, marker.kwargs)
+    except BudgetError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if MARKER not in getattr(item, "fixturenames", ()):
+        pytest.fail(
+            "@pytest.mark.flashckpt budgets are checked against the flashckpt fixture: add `flashckpt` to the test's "
+            "arguments and call flashckpt.measure(step, ...)",
+            pytrace=False,
+        )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """After a passing test body, fail the test when a measurement broke one of the marker's budgets."""
+    result = yield
+    marker = item.get_closest_marker(MARKER)
+    fixture = getattr(item, "funcargs", {}).get(MARKER) if marker is not None else None
+    if fixture is not None:
+        problems = violations(parse_budgets(marker.args, marker.kwargs), [m.as_dict() for m in fixture.measurements])
+        if problems:
+            pytest.fail("flashckpt budget exceeded:\n  " + "\n  ".join(problems), pytrace=False)
+    return result

@@ -69,7 +69,12 @@ class SuiteSession:
         self.started = datetime.now(timezone.utc)
         self.report_dir = Path(config.invocation_params.dir) / options.report
         self._ctx = None
+        self._profile: tuple[dict, str] | None = None
+        self._gate = None  # baselines.Gate, made at the first check (needs the profile, hence torch)
+        self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.report_path: Path | None = None
+        self.saved_baseline: Path | None = None
+        self.step_summary: Path | None = None
 
     @classmethod
     def start(cls, config: pytest.Config, options: Options) -> "SuiteSession":
@@ -96,7 +101,7 @@ class SuiteSession:
         for scenario in self.suite.scenarios:
             by_suite.setdefault(scenario.suite, []).append(scenario)
         return [
-            SuiteCollector.from_parent(session, name=name, scenarios=scenarios, session_state=self)
+            SuiteCollector.from_parent(session, name=name, nodeid=name, scenarios=scenarios, session_state=self)
             for name, scenarios in by_suite.items()
         ]
 
@@ -147,23 +152,91 @@ class SuiteSession:
         return result
 
     def check(self, item: ScenarioItem, result: Result) -> None:
-        """Attach metrics to the test report (JUnit properties) and fail on a baseline regression."""
+        """Attach metrics to the test report (JUnit properties), feed pytest-benchmark, and fail on a baseline
+        regression (not while ``--flashckpt-save-baseline`` refreshes the baseline: then it is reported only)."""
         for key, value in sorted(result.metrics.items()):
             if isinstance(value, (int, float)):
                 item.user_properties.append((key, value))
+        if self._bench is None:
+            from pytest_flashckpt.benchmark_bridge import BenchmarkBridge
+
+            self._bench = BenchmarkBridge(self.config)
+        self._bench.add(item, result)
+        from pytest_flashckpt.baselines import BaselineError, failure_text
+
+        try:
+            gate = self.gate()
+        except BaselineError as exc:
+            raise RegressionFailure(str(exc)) from None
+        rows = gate.judge(result)
+        for row in rows:
+            item.user_properties.append((f"verdict:{row['metric']}", row["verdict"]))
+        text = failure_text(rows, gate.lookup.path, gate.thresholds)
+        if text is not None and not self.options.save_baseline:
+            raise RegressionFailure(text)
+
+    # -- baselines ------------------------------------------------------------------------------------
+    def profile(self) -> tuple[dict, str]:
+        """This run's hardware/software profile and its id (computed once)."""
+        if self._profile is None:
+            import torch
+
+            from pytest_flashckpt.models.attention import resolve_backend
+            from pytest_flashckpt.profile import current_profile, profile_id
+
+            ctx = self._context()
+            profile = current_profile(str(ctx.device), resolve_backend("auto", ctx.device, torch.float32))
+            self._profile = (profile, profile_id(profile))
+        return self._profile
+
+    def baseline_dir(self) -> Path:
+        """``--flashckpt-baseline-dir`` (relative to the invocation folder), default ``./baselines``."""
+        return Path(self.config.invocation_params.dir) / (self.options.baseline_dir or "baselines")
+
+    def gate(self):
+        if self._gate is None:
+            from pytest_flashckpt.baselines import Gate, Thresholds
+
+            thresholds = Thresholds(
+                timing_tolerance=self.options.timing_tolerance,
+                memory_tolerance=self.options.memory_tolerance,
+                alpha=self.options.alpha,
+                gate_times=self.options.gate_times,
+            )
+            self._gate = Gate(self.baseline_dir(), self.profile()[1], thresholds, enabled=not self.options.no_compare)
+        return self._gate
+
+    def comparison(self) -> dict | None:
+        from pytest_flashckpt.baselines import BaselineError
+
+        try:
+            return self.gate().comparison()
+        except BaselineError as exc:
+            return {"status": "compared", "baseline_path": None, "baseline_profile_id": None, "message": str(exc), "verdicts": []}
+
+    def save_baseline(self, record: RunRecord) -> Path:
+        """Write or update this profile's baseline with the scenarios that ran (others in the file untouched)."""
+        from pytest_flashckpt.baselines import Baseline, BaselineError, locate
+
+        lookup = locate(self.baseline_dir(), record.profile_id)
+        try:
+            baseline = Baseline.read(lookup.path) if lookup.exists else Baseline(record.profile_id, record.profile)
+        except BaselineError:
+            baseline = Baseline(record.profile_id, record.profile)  # unreadable: replaced by this run's
+        baseline.profile = record.profile
+        baseline.update(record.results, record.commit, record.created)
+        baseline.write(lookup.path)
+        return lookup.path
 
     # -- reporting ------------------------------------------------------------------------------------
     def record(self) -> RunRecord:
-        from pytest_flashckpt.profile import current_profile, git_commit, profile_id
-        from pytest_flashckpt.models.attention import resolve_backend
-
-        import torch
+        from pytest_flashckpt.profile import git_commit
 
         ctx = self._context()
-        profile = current_profile(str(ctx.device), resolve_backend("auto", ctx.device, torch.float32))
+        profile, pid = self.profile()
         return RunRecord(
             profile=profile,
-            profile_id=profile_id(profile),
+            profile_id=pid,
             created=self.started.isoformat(timespec="seconds"),
             commit=git_commit(str(self.config.invocation_params.dir)),
             suite=self.suite.name,
@@ -171,6 +244,7 @@ class SuiteSession:
             probe=ctx.probe,
             results=self.results,
             tool_version=__version__,
+            comparison=self.comparison(),
         )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -179,8 +253,14 @@ class SuiteSession:
         from pytest_flashckpt.report import write_report
 
         record = self.record()
+        if self.options.save_baseline:
+            self.saved_baseline = self.save_baseline(record)
         record.write_json(self.report_dir / "results.json")
         self.report_path = write_report(record, self.report_dir)
+        if record.comparison is not None:
+            from pytest_flashckpt.baselines.summary import append_step_summary
+
+            self.step_summary = append_step_summary(record.comparison)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.results:
@@ -192,3 +272,15 @@ class SuiteSession:
             terminalreporter.write_line(line)
         if self.report_path is not None:
             terminalreporter.write_line(f"report: {self.report_path}")
+        comparison = self.comparison()
+        if comparison is not None:
+            from pytest_flashckpt.baselines.summary import terminal_lines
+
+            for line in terminal_lines(comparison):
+                terminalreporter.write_line(line)
+        if self.saved_baseline is not None:
+            terminalreporter.write_line(f"baseline saved: {self.saved_baseline}")
+        if self.step_summary is not None:
+            terminalreporter.write_line(f"verdicts appended to $GITHUB_STEP_SUMMARY ({self.step_summary})")
+        if self._bench is not None and self._bench.note:
+            terminalreporter.write_line(f"pytest-benchmark: {self._bench.note}")

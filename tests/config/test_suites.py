@@ -1,0 +1,103 @@
+"""Suite files: the shipped suites validate; bad input names the file, the key path and the valid choices;
+the article's keys are accepted as written there."""
+
+import textwrap
+
+import pytest
+
+from pytest_flashckpt.config.data import shipped_names
+from pytest_flashckpt.config.errors import ConfigError
+from pytest_flashckpt.config.suites import load_suite
+from pytest_flashckpt.runner.run import preflight
+
+
+def _suite(tmp_path, text, name="s.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", shipped_names("suites"))
+def test_every_shipped_suite_validates(name):
+    suite = load_suite(name)
+    assert suite.scenarios
+    for scenario in suite.scenarios:
+        preflight(scenario)
+
+
+def test_matrix_expands_with_name_templates(tmp_path):
+    suite = load_suite(_suite(tmp_path, """
+        name: m
+        defaults: {model: tiny, seq_len: 128}
+        scenarios:
+          - name: "{attention}-s{seq_len}-{strategy}"
+            matrix: {attention: [eager, sdpa], seq_len: [64, 128], activation.strategy: [none, full]}
+    """))
+    names = [s.name for s in suite.scenarios]
+    assert len(names) == 8 and "eager-s64-full" in names
+    full = next(s for s in suite.scenarios if s.name == "sdpa-s128-full")
+    assert full.activation.strategy == "full" and full.seq_len == 128 and full.suite == "m"
+
+
+def test_article_keys_are_accepted_as_written(tmp_path):
+    suite = load_suite(_suite(tmp_path, """
+        scenarios:
+          - name: article-model
+            model: {card: tiny, type: GPT, gradient_checkpointing: true, checkpoint_level: layer, layer_checkpoint_dir: ./checkpoints/layers}
+          - name: article-checkpoint
+            checkpoint: {save_interval: 1000, async_save: true, max_keep: 5}
+          - name: article-selective
+            checkpoint: {select_params: true}
+          - name: article-dynamic
+            checkpoint: {mem_threshold: 0.8, save_interval: 2}
+          - name: activation-alias
+            activation: {gradient_checkpointing: true}
+    """))
+    s = {x.name: x for x in suite.scenarios}
+    assert s["article-model"].activation.strategy == "full"
+    assert s["article-model"].checkpoint.strategy == "layerwise"
+    assert s["article-model"].checkpoint.layer_checkpoint_dir == "./checkpoints/layers"
+    assert s["article-checkpoint"].checkpoint.strategy == "async" and s["article-checkpoint"].checkpoint.max_keep == 5
+    assert "checkpoint" in s["article-checkpoint"].measure
+    assert s["article-selective"].checkpoint.strategy == "selective"
+    assert s["article-dynamic"].checkpoint.strategy == "scheduled"
+    assert s["activation-alias"].activation.strategy == "full"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("scenarios:\n  - name: a\n    sequence: 5\n", r"unknown key 'scenarios\[0\].sequence' \(valid keys: .*seq_len"),
+        ("scenarios:\n  - name: a\n    seq_len: long\n", r"scenarios\[0\].seq_len: expected an integer, got str 'long'"),
+        ("scenarios:\n  - name: a\n    attention: xformers\n", r"'xformers' is not a valid choice \(valid: auto, flash_attn, sdpa, eager\)"),
+        ("scenarios:\n  - name: a\n    activation: {strategy: magic}\n", r"activation.strategy: 'magic' is not a valid choice \(valid: none, full, every_k"),
+        ("scenarios:\n  - name: a\n    activation: {strategy: every_k, k: 0}\n", r"activation.k must be a positive number of blocks, got 0"),
+        ("scenarios:\n  - name: a\n    batch_size: -1\n", r"batch_size must be positive, got -1"),
+        ("scenarios:\n  - name: a\n    checkpoint: {mem_threshold: 80}\n", r"mem_threshold is a fraction of memory capacity in \(0, 1\], got 80"),
+        ("scenarios:\n  - name: a\n    checkpoint: {async_save: true, select_params: true}\n", r"imply several save strategies \(async, selective\)"),
+        ("scenarios:\n  - name: a\n  - name: a\n", r"scenario name '.*::a' is used twice"),
+        ("scenarios:\n  - name: '{nope}'\n    matrix: {seq_len: [1]}\n", r"name template uses 'nope' which is not a matrix key"),
+        ("scenarios:\n  - seq_len: 5\n", r"scenarios\[0\] has no name"),
+        ("scenario: []\n", r"unknown key 'scenario' \(valid keys: name, description, defaults, include, scenarios\)"),
+        ("scenarios: [\n", r"not valid YAML"),
+        ("include: [no-such-suite]\nscenarios: []\n", r"unknown suite 'no-such-suite'.*valid names: .*default"),
+    ],
+)
+def test_bad_suites_name_the_file_key_and_fix(tmp_path, text, message):
+    path = _suite(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_suite(path)
+    if "no-such-suite" not in text:
+        assert str(info.value).startswith(path)
+
+
+def test_preflight_checks_the_model_card(tmp_path):
+    suite = load_suite(_suite(tmp_path, """
+        scenarios:
+          - {name: too-long, model: tiny, seq_len: 4096}
+          - {name: k-too-big, model: tiny, activation: {strategy: every_k, k: 9}}
+    """))
+    with pytest.raises(ConfigError, match="seq_len 4096 exceeds block_size 2048"):
+        preflight(suite.scenarios[0])
+    with pytest.raises(ConfigError, match="activation.k 9 is larger than the 4 blocks of 'tiny' \\(valid: 1..4\\)"):
+        preflight(suite.scenarios[1])

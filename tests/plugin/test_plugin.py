@@ -1,0 +1,112 @@
+"""The plugin as a user meets it, through pytester: options, collection and -k, skip reasons, written
+results, bad configuration, and zero cost when no suite is asked for."""
+
+import json
+import textwrap
+
+import pytest
+
+TINY_SUITE = """
+name: mini
+defaults: {model: tiny, batch_size: 1, seq_len: 32, rounds: 2, measure: [memory, timing]}
+scenarios:
+  - name: "{attention}-s{seq_len}"
+    matrix: {attention: [eager, sdpa, flash_attn], seq_len: [32]}
+  - name: too-big
+    model: gpt3-2.7b
+    seq_len: 32
+"""
+
+
+@pytest.fixture
+def suite_file(pytester):
+    return pytester.makefile(".yaml", mini=TINY_SUITE)
+
+
+def test_help_lists_the_options_group_with_defaults(pytester):
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(
+        [
+            "*pytest-flashckpt: measure checkpointing strategies*",
+            "*--flashckpt-suite=*NAME|PATH*",
+            "*--flashckpt-device=DEVICE*",
+            "*cuda:N (default: auto)*",
+            "*--flashckpt-report=*",
+            "*flashckpt_device (string):*",
+        ]
+    )
+
+
+def test_suite_runs_skips_with_reasons_and_writes_results(pytester, suite_file):
+    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "-rs", "--flashckpt-report=out")
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*mini::eager-s32: kernel eager, peak *MiB*",
+            "*mini::sdpa-s32: kernel sdpa-flash-cpu*",
+            "*flash-attn is not installed*",
+            "*gpt3-2.7b* is only built on the meta device on a CPU; run it on a GPU*",
+        ]
+    )
+    data = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert data["schema_version"] == 1 and data["suite"] == "mini"
+    by_id = {f"{r['suite']}::{r['scenario']}": r for r in data["results"]}
+    assert by_id["mini::sdpa-s32"]["status"] == "measured"
+    assert by_id["mini::sdpa-s32"]["metrics"]["peak_bytes"] > by_id["mini::sdpa-s32"]["metrics"]["state_bytes"] > 0
+    assert len(by_id["mini::sdpa-s32"]["samples"]["step_time_s"]) == 2
+    assert by_id["mini::flash_attn-s32"]["status"] == "skipped"
+    assert "flash-attn" in by_id["mini::flash_attn-s32"]["reason"]
+    report = (pytester.path / "out" / "flashckpt-report.md").read_text()
+    assert "mini::too-big" in report and "only built on the meta device" in report
+
+
+def test_k_selects_scenarios_and_collect_only_lists_ids(pytester, suite_file):
+    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--collect-only", "-q", "-k", "sdpa")
+    result.stdout.fnmatch_lines(["mini::sdpa-s32", "*1/4 tests collected (3 deselected)*"])
+    assert not (pytester.path / "reports").exists()
+
+
+def test_ini_twin_sets_the_report_folder(pytester, suite_file):
+    pytester.makeini("[pytest]\nflashckpt_report = from-ini\n")
+    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "-k", "sdpa")
+    result.assert_outcomes(passed=1, deselected=3)
+    assert (pytester.path / "from-ini" / "results.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--flashckpt-device=tpu"], "*--flashckpt-device: 'tpu' is not valid: valid: auto, cpu, cuda, cuda:N*"),
+        (["--flashckpt-probe=gpu"], "*--flashckpt-probe: 'gpu' is not valid; valid: auto, cpu, cuda, nvml, rss*"),
+        (["--flashckpt-suite=nope"], "*unknown suite 'nope'*valid names:*default*"),
+    ],
+)
+def test_bad_options_are_usage_errors(pytester, args, message):
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_bad_suite_is_a_usage_error_and_writes_nothing(pytester):
+    bad = pytester.makefile(".yaml", bad="scenarios:\n  - name: a\n    model: tiny\n  - name: b\n    model: tiny\n    activation: {strategy: every_k, k: 7}\n")
+    result = pytester.runpytest(f"--flashckpt-suite={bad}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*flashckpt: *::b: activation.k 7 is larger than the 4 blocks of 'tiny' (valid: 1..4)*"])
+    assert not (pytester.path / "reports").exists()
+
+
+def test_plugin_costs_nothing_without_a_suite(pytester):
+    """A project with the plugin installed but no suite asked for never imports torch."""
+    pytester.makepyfile(
+        test_plain=textwrap.dedent(
+            """
+            import sys
+
+            def test_plain():
+                assert "torch" not in sys.modules
+                assert "pytest_flashckpt.plugin" in sys.modules
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
