@@ -51,9 +51,10 @@ def definitions() -> list[str]:
     return [
         f"How to read the verdicts: a claimed saving holds when the measured saving (1 - peak / reference peak) is "
         f"within ±{SAVING_TOLERANCE * 100:.0f} percentage points of it. Overhead is the median over interleaved "
-        f"rounds of strategy step time / reference step time; the article's words mean: {bands}. A claim **holds** "
+        f"rounds of strategy step time / reference step time (the training step only: a save's cost is the stall column, "
+        f"not folded in, since it depends on how often one saves); the article's words mean: {bands}. A claim **holds** "
         f"when both parts hold, **does not hold** when a measured part misses, and is **not measurable** when a part "
-        f"could not be measured here (the reason says why).",
+        f"could not be measured here or its timing rounds straddle the band (the reason says why).",
     ]
 
 

@@ -3,7 +3,9 @@
 A claim has two parts, a memory saving ("~30%") and an overhead ("low"). Each part is judged on its own:
 
 - saving: holds when ``|measured - claimed| <= tolerance`` (10 percentage points, ``claims.SAVING_TOLERANCE``);
-- overhead: holds when the measured median step-time ratio lies in the claim's band (``claims.OVERHEAD_BANDS``).
+- overhead: holds when the measured median step-time ratio lies in the claim's band (``claims.OVERHEAD_BANDS``);
+  misses when the median and the whole min-max range over the timing rounds lie outside it; when the median is
+  outside but the range reaches into the band, the timing is too noisy to judge (not measurable).
 
 The verdict on the claim: **does not hold** when any measured part misses; **not measurable** when nothing
 misses but a part could not be measured (scenario skipped, metric absent: the reason says which); **holds**
@@ -15,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_flashckpt.claims import Claim
+from pytest_flashckpt.claims import Claim, OverheadBand
 from pytest_flashckpt.report.format import pct, ratio
 from pytest_flashckpt.result import Result
 
@@ -67,7 +69,18 @@ def judge_overhead(claim: Claim, result: Result) -> PartVerdict:
     if band.contains(value):
         return PartVerdict(True, f"overhead {ratio(value)} is {claim.overhead_text} ({band.describe()})")
     side = "above" if band.high is not None and value > band.high else "below"
+    low, high = result.metrics.get("overhead_min"), result.metrics.get("overhead_max")
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and _overlaps(band, low, high):
+        return PartVerdict(None, (
+            f"overhead {ratio(value)} is {side} {claim.overhead_text} ({band.describe()}), but its rounds "
+            f"({low:.2f}-{high:.2f}) reach into it: too noisy to judge"
+        ))
     return PartVerdict(False, f"overhead {ratio(value)} is {side} {claim.overhead_text} ({band.describe()})")
+
+
+def _overlaps(band: OverheadBand, low: float, high: float) -> bool:
+    """Does the min-max range of the rounds reach into the band?"""
+    return high > band.low and (band.high is None or low <= band.high)
 
 
 def judge(claim: Claim, result: Result | None, missing: str | None = None) -> Verdict:

@@ -47,3 +47,15 @@ def test_matplotlib_is_not_imported_with_the_report_package() -> None:
     code = "import sys, pytest_flashckpt.report, pytest_flashckpt.cli; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_single_points_and_zero_times_draw(tmp_path: Path) -> None:
+    """Degenerate data (one sequence length, one strategy, an instant save) draws without warnings."""
+    from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig
+
+    one = [
+        syn.attention("sdpa", 512, 60),
+        syn.strategy("p", 0.3, 1.0, ActivationConfig("full"), SaveConfig(strategy="async"), **syn.save_metrics(0.0, 0.0)),
+    ]
+    write_report(syn.record(one), tmp_path)
+    assert all((tmp_path / name).exists() for name in (PARETO, ATTENTION, SAVES))

@@ -71,3 +71,12 @@ def test_claims_cover_the_article_table() -> None:
     assert [c.saving for c in TABLE] == [0.30, 0.50, 0.70]
     assert set(CLAIMS) == {"prototype", "medium", "large", "gradient_checkpointing"}
     assert all(c.quote for c in CLAIMS.values())
+
+
+def test_noisy_overhead_is_not_judged() -> None:
+    r = _measured(0.70, 1.30)
+    r.metrics["overhead_min"], r.metrics["overhead_max"] = 1.10, 1.60  # the rounds reach into "high"
+    verdict = judge(LARGE, r)
+    assert verdict.word == "not measurable" and "too noisy to judge" in verdict.reason
+    r.metrics["overhead_max"] = 1.34  # entirely below "high": a miss
+    assert judge(LARGE, r).word == "does not hold"
