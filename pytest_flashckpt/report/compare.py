@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_flashckpt.claims import CLAIMS
+from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import change, metric
 from pytest_flashckpt.report.tables import escape, table
+from pytest_flashckpt.report.verdicts import judge
 from pytest_flashckpt.result import Result, RunRecord
 
 DEFAULT_METRICS = (
@@ -65,5 +68,20 @@ def compare_markdown(
         lines.append("_No scenario was measured in both runs._")
     if unmatched:
         lines += ["", "Not compared (missing or not measured in one run):", "", table(unmatched, ["scenario", "A", "B"])]
+    lines += _claims(a, b)
     return "\n".join(lines) + "\n"
+
+
+def _verdict(record: RunRecord, claim_id: str) -> str:
+    tagged = select.by_article(record.results).get(claim_id, [])
+    verdicts = [judge(CLAIMS[claim_id], r).word for r in tagged] or [judge(CLAIMS[claim_id], None).word]
+    return ", ".join(verdicts)
+
+
+def _claims(a: RunRecord, b: RunRecord) -> list[str]:
+    """The article's claims, verdict in A vs in B: a pull request that flips one is worth a look."""
+    rows = [[CLAIMS[c].title, _verdict(a, c), _verdict(b, c)] for c in CLAIMS]
+    if all(row[1] == row[2] == "not measurable" for row in rows):
+        return []
+    return ["", "The article's claims:", "", table(rows, ["claim", "verdict in A", "verdict in B"])]
 

@@ -22,6 +22,7 @@ def test_compare_rows_and_changes() -> None:
     saving = [line for line in text.splitlines() if "`synthetic::medium`" in line and "memory_saving" in line][0]
     assert "+5.0 pp" in saving
     assert "Profiles differ" not in text
+    assert "| quick prototype" in text and "verdict in B" in text
 
 
 def test_compare_lists_scenarios_not_in_both_and_profile_mismatch() -> None:
