@@ -204,6 +204,8 @@ class SuiteSession:
                 gate_times=self.options.gate_times,
             )
             self._gate = Gate(self.baseline_dir(), self.profile()[1], thresholds, enabled=not self.options.no_compare)
+            if self.options.save_baseline and self._gate.status == "compared":
+                self._gate.notes.append("--flashckpt-save-baseline: regressions are reported, not failed; the baseline is refreshed")
         return self._gate
 
     def comparison(self) -> dict | None:

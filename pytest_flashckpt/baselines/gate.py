@@ -1,0 +1,113 @@
+"""The regression gate of one suite run: find this profile's baseline, judge each scenario as it finishes,
+and produce ``RunRecord.comparison``.
+
+Statuses: ``compared`` (this profile's baseline was read), ``no-baseline`` (none in the folder),
+``other-profile`` (baselines exist, but only for other profiles: reported and skipped, never a failure:
+another machine's numbers say nothing about this one), ``disabled`` (``--flashckpt-no-compare``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pytest_flashckpt.baselines.store import Baseline, locate
+from pytest_flashckpt.baselines.verdicts import Thresholds, compare_scenario
+from pytest_flashckpt.result import Result
+
+
+class Gate:
+    def __init__(self, directory: Path, profile_id: str, thresholds: Thresholds, enabled: bool = True) -> None:
+        self.thresholds = thresholds
+        self.lookup = locate(directory, profile_id)
+        self.profile_id = profile_id
+        self.baseline: Baseline | None = None
+        self.verdicts: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.not_in_baseline: list[str] = []
+        if not enabled:
+            self.status = "disabled"
+        elif self.lookup.exists:
+            self.baseline = Baseline.read(self.lookup.path)  # BaselineError names the file
+            self.status = "compared"
+        elif self.lookup.others:
+            self.status = "other-profile"
+        else:
+            self.status = "no-baseline"
+
+    def judge(self, result: Result) -> list[dict[str, Any]]:
+        """Verdict rows for one measured result (none for skipped results or scenarios the baseline lacks)."""
+        if self.baseline is None or result.status != "measured":
+            return []
+        stored = self.baseline.scenarios.get(result.id)
+        if stored is None:
+            self.not_in_baseline.append(result.id)
+            return []
+        rows, notes = compare_scenario(result.id, stored, result.metrics, result.samples, result.probe, self.thresholds)
+        self.verdicts.extend(rows)
+        self.notes.extend(notes)
+        return rows
+
+    def message(self) -> str:
+        if self.status == "disabled":
+            return "baseline comparison disabled (--flashckpt-no-compare)"
+        if self.status == "no-baseline":
+            return f"no baseline for profile {self.profile_id} in {self.lookup.directory}; create one with --flashckpt-save-baseline"
+        if self.status == "other-profile":
+            names = ", ".join(p.stem for p in self.lookup.others)
+            return (
+                f"baselines in {self.lookup.directory} are for other profiles ({names}), not this one ({self.profile_id}); "
+                "comparison skipped; create this profile's with --flashckpt-save-baseline"
+            )
+        counts = {v: sum(r["verdict"] == v for r in self.verdicts) for v in ("regressed", "improved", "~", "ok")}
+        text = (
+            f"compared with {self.lookup.path}: {counts['regressed']} regressed, {counts['improved']} improved, "
+            f"{counts['~']} within noise (~), {counts['ok']} ok"
+        )
+        if self.not_in_baseline:
+            text += f"; not in the baseline: {', '.join(self.not_in_baseline)}"
+        return text
+
+    def _baseline_profile_id(self) -> str | None:
+        if self.baseline is not None:
+            return self.baseline.profile_id
+        if self.status == "other-profile":
+            return ", ".join(p.stem for p in self.lookup.others)
+        return None
+
+    def comparison(self) -> dict[str, Any]:
+        """The structure stored as ``RunRecord.comparison`` (the report renders it; keep these keys)."""
+        return {
+            "status": self.status,
+            "baseline_path": str(self.lookup.path) if self.status == "compared" else None,
+            "baseline_profile_id": self._baseline_profile_id(),
+            "message": "; ".join([self.message(), *self.notes]),
+            "verdicts": list(self.verdicts),
+        }
+
+
+def failure_text(rows: list[dict[str, Any]], baseline_path: Path, thresholds: Thresholds) -> str | None:
+    """The failure message of a scenario with regressed metrics, or None when nothing regressed."""
+    bad = [r for r in rows if r["verdict"] == "regressed"]
+    if not bad:
+        return None
+    lines = [f"performance regression against {baseline_path}:"]
+    for r in bad:
+        change = fmt_change(r["change"]) or "n/a"
+        p = "" if r["p_value"] is None else f", p = {r['p_value']:.3g} (alpha {thresholds.alpha})"
+        lines.append(f"  {r['metric']}: baseline {fmt(r['baseline'])}, current {fmt(r['current'])}, change {change}{p}")
+    lines.append("if the change is intended, refresh the baseline: pytest --flashckpt-suite=... --flashckpt-save-baseline")
+    return "\n".join(lines)
+
+
+def fmt_change(change: float | None) -> str:
+    """``+12.3%``; small exact-count changes keep their digits (``+0.0056%``) instead of showing ``+0.0%``."""
+    if change is None:
+        return ""
+    return f"{change:+.4%}" if 0 < abs(change) < 0.001 else f"{change:+.1%}"
+
+
+def fmt(value: float) -> str:
+    if float(value).is_integer() and abs(value) >= 1000:
+        return f"{int(value):,}"
+    return f"{value:.4g}"

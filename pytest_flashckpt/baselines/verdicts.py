@@ -1,0 +1,165 @@
+"""Verdicts: one metric of one scenario, baseline vs current -> ``ok`` | ``improved`` | ``regressed`` | ``~``.
+
+How each kind of metric is judged, and why:
+
+- **exact** counts (``peak_bytes`` and ``state_bytes`` from the exact ``cpu`` probe, ``step_flops``,
+  ``bytes_written``, ``files``): the program is deterministic, so the same code gives the same count to the
+  byte. Any increase is a real change in what the program keeps alive or writes, so they are compared exactly
+  (no tolerance: a single extra 1 KiB LayerNorm copy in the tiny model is 4e-6 of its peak, below any relative
+  tolerance worth having).
+- **memory** read by a sampled or allocator probe (``nvml``, ``rss``, ``cuda``): compared with the memory
+  tolerance (``--flashckpt-memory-tolerance``); no test, there is one reading per run.
+- **ratio** timings (``overhead``, ``stall_vs_sync``): the strategy and its reference ran interleaved in the
+  same run, so machine-wide slowness cancels. A regression needs BOTH a median change beyond the timing
+  tolerance AND a one-sided Mann-Whitney p-value below alpha on the per-round samples. The tolerance is the
+  effect size we care about (and absorbs run-to-run drift the within-run samples cannot see); the test says the
+  shift is more than round-to-round noise. Beyond the tolerance but not significant is ``~`` (within noise).
+- **time** (absolute seconds: ``step_time_s``...) depends on who else uses the machine; recorded in baselines,
+  judged like ratios only when ``--flashckpt-gate-times`` asks for it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+from pytest_flashckpt.baselines.stats import mann_whitney_greater, smallest_p
+
+Verdict = Literal["ok", "improved", "regressed", "~"]
+Kind = Literal["exact", "memory", "ratio", "time"]
+
+EXACT_PROBES = ("cpu",)  # probes whose byte counts are deterministic
+MEMORY_METRICS = ("peak_bytes", "state_bytes", "save_extra_peak_bytes")
+COUNT_METRICS = ("step_flops", "bytes_written", "files")
+RATIO_METRICS = ("overhead", "stall_vs_sync")
+TIME_METRICS = ("step_time_s", "save_stall_s", "save_total_s", "load_s")
+# every metric is "lower is better"; a baseline stores exactly these (plus their per-round samples)
+GUARDED = MEMORY_METRICS + COUNT_METRICS + RATIO_METRICS + TIME_METRICS
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    timing_tolerance: float = 0.05
+    memory_tolerance: float = 0.02
+    alpha: float = 0.01
+    gate_times: bool = False
+
+
+def metric_kind(name: str, probe: str | None) -> Kind | None:
+    """How ``name`` is judged for a result measured with ``probe``; None = not a guarded metric."""
+    if name in MEMORY_METRICS:
+        return "exact" if probe in EXACT_PROBES else "memory"
+    if name in COUNT_METRICS:
+        return "exact"
+    if name in RATIO_METRICS:
+        return "ratio"
+    if name in TIME_METRICS:
+        return "time"
+    return None
+
+
+def ratio_samples(name: str, metrics: dict[str, Any], samples: dict[str, list[float]]) -> list[float] | None:
+    """Per-round samples behind a ratio: stored ones, or ``stall_vs_sync`` rebuilt from the per-save stalls
+    over the (single) reference save total."""
+    if samples.get(name):
+        return [float(v) for v in samples[name]]
+    if name == "stall_vs_sync" and samples.get("save_stall_s") and metrics.get("reference_save_total_s"):
+        total = float(metrics["reference_save_total_s"])
+        return [float(v) / total for v in samples["save_stall_s"]] if total > 0 else None
+    return None
+
+
+def _change(baseline: float, current: float) -> float | None:
+    return None if baseline == 0 else current / baseline - 1.0
+
+
+def _row(scenario: str, metric: str, baseline: float, current: float, change: float | None, p: float | None, verdict: Verdict) -> dict[str, Any]:
+    return {"scenario": scenario, "metric": metric, "baseline": baseline, "current": current, "change": change, "p_value": p, "verdict": verdict}
+
+
+def judge_exact(scenario: str, metric: str, baseline: float, current: float) -> dict[str, Any]:
+    verdict: Verdict = "ok" if current == baseline else ("regressed" if current > baseline else "improved")
+    return _row(scenario, metric, baseline, current, _change(baseline, current), None, verdict)
+
+
+def judge_tolerance(scenario: str, metric: str, baseline: float, current: float, tolerance: float) -> dict[str, Any]:
+    change = _change(baseline, current)
+    if change is None or abs(change) <= tolerance:
+        verdict: Verdict = "ok" if change is not None or current == baseline else "regressed"
+    else:
+        verdict = "regressed" if change > 0 else "improved"
+    return _row(scenario, metric, baseline, current, change, None, verdict)
+
+
+def judge_sampled(
+    scenario: str, metric: str, baseline: Sequence[float], current: Sequence[float], tolerance: float, alpha: float
+) -> dict[str, Any]:
+    """Median change beyond ``tolerance`` AND one-sided Mann-Whitney p < ``alpha`` -> regressed / improved;
+    beyond the tolerance without significance -> ``~``; within the tolerance -> ``ok`` (p still reported)."""
+    base_median, cur_median = statistics.median(baseline), statistics.median(current)
+    change = _change(base_median, cur_median)
+    if change is None:
+        return _row(scenario, metric, base_median, cur_median, None, None, "~")
+    if change >= 0:
+        p = mann_whitney_greater(current, baseline)
+    else:
+        p = mann_whitney_greater(baseline, current)
+    if abs(change) <= tolerance:
+        verdict: Verdict = "ok"
+    elif p < alpha:
+        verdict = "regressed" if change > 0 else "improved"
+    else:
+        verdict = "~"
+    return _row(scenario, metric, base_median, cur_median, change, p, verdict)
+
+
+def underpowered(n_baseline: int, n_current: int, alpha: float) -> bool:
+    """True when even complete separation of the samples cannot reach ``alpha``: the test can never flag."""
+    return smallest_p(n_current, n_baseline) >= alpha
+
+
+def compare_scenario(
+    scenario: str,
+    baseline: dict[str, Any],
+    metrics: dict[str, Any],
+    samples: dict[str, list[float]],
+    probe: str | None,
+    thresholds: Thresholds,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Verdict rows for every guarded metric both sides have, and notes (probe changed, too few rounds...)."""
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    base_metrics: dict[str, Any] = baseline.get("metrics", {})
+    base_samples: dict[str, list[float]] = baseline.get("samples", {})
+    base_probe = baseline.get("probe")
+    for name in GUARDED:
+        if not isinstance(base_metrics.get(name), (int, float)) or not isinstance(metrics.get(name), (int, float)):
+            continue
+        kind = metric_kind(name, probe)
+        base_value, value = float(base_metrics[name]), float(metrics[name])
+        if name in MEMORY_METRICS and base_probe != probe:
+            notes.append(f"{scenario}: {name} not compared: baseline probe {base_probe!r}, this run {probe!r}")
+            continue
+        if kind == "exact":
+            rows.append(judge_exact(scenario, name, base_value, value))
+        elif kind == "memory":
+            rows.append(judge_tolerance(scenario, name, base_value, value, thresholds.memory_tolerance))
+        elif kind == "ratio" or (kind == "time" and thresholds.gate_times):
+            cur = ratio_samples(name, metrics, samples)
+            base = ratio_samples(name, base_metrics, base_samples)
+            if not cur or not base:
+                row = judge_tolerance(scenario, name, base_value, value, thresholds.timing_tolerance)
+                if row["verdict"] in ("regressed", "improved"):
+                    row["verdict"] = "~"  # no per-round samples: a breach cannot be told from noise
+                    notes.append(f"{scenario}: {name} has no per-round samples; a change cannot be tested, shown as ~")
+                rows.append(row)
+                continue
+            row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
+            if row["verdict"] == "~" and underpowered(len(base), len(cur), thresholds.alpha):
+                notes.append(
+                    f"{scenario}: {name} changed {row['change']:+.1%} but {len(cur)} vs {len(base)} rounds cannot reach "
+                    f"p < {thresholds.alpha} (smallest possible p = {smallest_p(len(cur), len(base)):.3g}); time more rounds"
+                )
+            rows.append(row)
+    return rows, notes

@@ -1,0 +1,165 @@
+"""The ``flashckpt`` fixture: measure your own model's training step with the suite's probes and timing.
+
+    def test_my_model(flashckpt):
+        m = flashckpt.measure(step, resident=model, reference=plain_step, rounds=5)
+        assert m.overhead < 1.5            # or declare it: @pytest.mark.flashckpt(max_overhead=1.5)
+
+``measure`` runs: warm-up calls, one step under a memory probe (peak bytes, exact on the CPU), interleaved
+timing rounds against ``reference`` (the same step without the strategy under test; ratios cancel machine
+noise), and optionally ``saves`` timed calls of ``save`` (stall = how long the call blocks; total = until the
+handle it returns, a future or anything with ``wait()``/``result()``, is done). Torch is imported inside
+``measure``, so merely having the plugin installed stays free.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable
+
+import pytest
+
+
+@dataclass
+class Measurement:
+    """What one ``flashckpt.measure`` call measured (metric names as in DESIGN.md); None = not measured."""
+
+    name: str | None
+    probe: str
+    device: str
+    peak_bytes: int | None = None
+    state_bytes: int | None = None
+    reference_peak_bytes: int | None = None
+    memory_saving: float | None = None
+    step_time_s: float | None = None
+    reference_step_time_s: float | None = None
+    overhead: float | None = None
+    save_stall_s: float | None = None
+    save_total_s: float | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _tensors(resident: Any) -> list:
+    """Tensors alive across steps from a module, optimizer, tensor, or an iterable of those."""
+    import torch
+
+    if resident is None:
+        return []
+    if isinstance(resident, torch.Tensor):
+        return [resident]
+    if isinstance(resident, torch.nn.Module):
+        return list(resident.parameters()) + list(resident.buffers())
+    if isinstance(resident, torch.optim.Optimizer):
+        out = [p for group in resident.param_groups for p in group["params"]]
+        for state in resident.state.values():
+            out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        return out
+    if isinstance(resident, Iterable) and not isinstance(resident, (str, bytes)):
+        return [t for item in resident for t in _tensors(item)]
+    raise TypeError(f"resident must be tensors, a module, an optimizer or an iterable of them, got {type(resident).__name__}")
+
+
+def _wait(handle: Any) -> None:
+    for method in ("result", "wait"):
+        if callable(getattr(handle, method, None)):
+            getattr(handle, method)()
+            return
+
+
+def measure(
+    step: Callable[[], object],
+    *,
+    resident: Any = None,
+    reference: Callable[[], object] | None = None,
+    reference_resident: Any = None,
+    rounds: int = 5,
+    steps: int = 1,
+    warmup: int = 1,
+    save: Callable[[], object] | None = None,
+    saves: int = 3,
+    probe: str = "auto",
+    device: str = "auto",
+    name: str | None = None,
+) -> Measurement:
+    """Measure ``step`` (and ``reference``, ``save`` when given); pytest-free, usable from plain Python too."""
+    if rounds <= 0 or steps <= 0 or warmup < 0 or saves <= 0:
+        raise ValueError(f"rounds, steps and saves must be positive and warmup >= 0 (got {rounds}, {steps}, {saves}, {warmup})")
+    import torch
+
+    from pytest_flashckpt.probes import default_probe_name
+    from pytest_flashckpt.runner.timing import interleaved
+
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    probe_name = default_probe_name(dev.type) if probe == "auto" else probe
+    out = Measurement(name=name, probe=probe_name, device=str(dev))
+    for _ in range(warmup):
+        step()
+        if reference is not None:
+            reference()
+    out.peak_bytes, out.state_bytes = _peak(step, _tensors(resident), probe_name, dev)
+    if reference is not None:
+        out.reference_peak_bytes, _ = _peak(reference, _tensors(reference_resident), probe_name, dev)
+        if out.reference_peak_bytes:
+            out.memory_saving = 1.0 - out.peak_bytes / out.reference_peak_bytes
+    variants = [step] if reference is None else [reference, step]
+    times = interleaved(variants, rounds, steps, dev)
+    out.samples["step_time_s"] = times[-1]
+    out.step_time_s = statistics.median(times[-1])
+    if reference is not None:
+        out.samples["reference_step_time_s"] = times[0]
+        out.samples["overhead"] = [s / r for s, r in zip(times[1], times[0])]
+        out.reference_step_time_s = statistics.median(times[0])
+        out.overhead = statistics.median(out.samples["overhead"])
+    if save is not None:
+        stalls, totals = [], []
+        for _ in range(saves):
+            begin = time.perf_counter()
+            handle = save()
+            stalls.append(time.perf_counter() - begin)
+            _wait(handle)
+            totals.append(time.perf_counter() - begin)
+        out.samples["save_stall_s"], out.samples["save_total_s"] = stalls, totals
+        out.save_stall_s, out.save_total_s = statistics.median(stalls), statistics.median(totals)
+    return out
+
+
+def _peak(step: Callable[[], object], resident: list, probe_name: str, dev) -> tuple[int, int]:
+    import torch
+
+    from pytest_flashckpt.probes import make_probe
+
+    probe = make_probe(probe_name, dev)
+    with probe.track(resident=resident) as reading:
+        step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    return reading.peak_bytes, reading.start_bytes
+
+
+class FlashckptFixture:
+    """The object the ``flashckpt`` fixture yields; keeps every measurement for the marker's budget check."""
+
+    def __init__(self, node: pytest.Item) -> None:
+        self.node = node
+        self.measurements: list[Measurement] = []
+
+    def measure(self, step: Callable[[], object], **kwargs: Any) -> Measurement:
+        """See ``pytest_flashckpt.fixture.measure``; numeric results also become JUnit properties."""
+        result = measure(step, **kwargs)
+        self.measurements.append(result)
+        prefix = f"{result.name}." if result.name else ""
+        for key, value in result.as_dict().items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.node.user_properties.append((f"flashckpt.{prefix}{key}", value))
+        return result
+
+
+@pytest.fixture
+def flashckpt(request: pytest.FixtureRequest) -> FlashckptFixture:
+    """Measure your own training step: ``flashckpt.measure(step, resident=model, reference=plain_step)``; budgets
+    from ``@pytest.mark.flashckpt(...)`` are checked after the test body."""
+    return FlashckptFixture(request.node)

@@ -1,0 +1,98 @@
+"""The gate through pytest (pytester, tiny scenarios): save a baseline, compare against it, flag a regression
+with the numbers, skip another profile's baseline, and stay quiet with --flashckpt-no-compare."""
+
+import json
+
+import pytest
+
+SUITE = """
+name: mini
+defaults: {model: tiny, batch_size: 1, seq_len: 32, rounds: 2, measure: [memory, timing]}
+scenarios:
+  - name: reference
+  - name: eager
+    attention: eager
+  - name: gone
+    attention: flash_attn
+"""
+
+
+@pytest.fixture
+def suite(pytester):
+    return pytester.makefile(".yaml", mini=SUITE)
+
+
+def _run(pytester, suite, *args):
+    return pytester.runpytest(f"--flashckpt-suite={suite}", "-p", "no:benchmark", "--flashckpt-report=out", *args)
+
+
+def _baseline(pytester):
+    (path,) = (pytester.path / "baselines").glob("*.json")
+    return path, json.loads(path.read_text())
+
+
+def test_save_then_compare_then_flag_a_regression(pytester, suite, monkeypatch):
+    result = _run(pytester, suite, "--flashckpt-save-baseline")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*baseline: no baseline for profile cpu-*", "*baseline saved: *baselines*cpu-*.json"])
+    path, data = _baseline(pytester)
+    assert sorted(data["scenarios"]) == ["mini::eager", "mini::reference"]  # the skipped one is not stored
+    assert len(data["scenarios"]["mini::eager"]["samples"]["step_time_s"]) == 2
+
+    # the same code again: exact bytes match; absolute times are recorded, not gated
+    result = _run(pytester, suite)
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*baseline: compared with *: 0 regressed*"])
+    comparison = json.loads((pytester.path / "out" / "results.json").read_text())["comparison"]
+    assert comparison["status"] == "compared" and comparison["baseline_path"] == str(path)
+    verdicts = {(v["scenario"], v["metric"]): v["verdict"] for v in comparison["verdicts"]}
+    assert verdicts[("mini::eager", "peak_bytes")] == "ok" and verdicts[("mini::reference", "state_bytes")] == "ok"
+    assert ("mini::eager", "step_time_s") not in verdicts
+    assert ("mini::gone", "peak_bytes") not in verdicts
+
+    # a baseline that says the step used to need less memory: the item fails with the numbers, CI gets the table
+    data["scenarios"]["mini::eager"]["metrics"]["peak_bytes"] -= 4096
+    path.write_text(json.dumps(data))
+    summary = pytester.path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = _run(pytester, suite)
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(
+        [
+            "*peak_bytes: baseline *, current *, change +0.00*%",
+            "*  regressed mini::eager peak_bytes: * -> * (+0.00*%)",
+            "*FAILED mini::eager*",
+        ]
+    )
+    text = result.stdout.str()
+    assert "performance regression against" in text and "peak_bytes: baseline" in text and "--flashckpt-save-baseline" in text
+    assert "| mini::eager | peak_bytes |" in summary.read_text()
+
+
+def test_another_profiles_baseline_is_reported_and_skipped(pytester, suite):
+    (pytester.path / "baselines").mkdir()
+    (pytester.path / "baselines" / "gpu-h100-x8-torch2.13.0-00000000.json").write_text('{"schema_version": 1, "scenarios": {}}')
+    result = _run(pytester, suite, "-k", "reference")
+    result.assert_outcomes(passed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*baseline: baselines in * are for other profiles (gpu-h100-x8-torch2.13.0-00000000)*comparison skipped*"])
+    comparison = json.loads((pytester.path / "out" / "results.json").read_text())["comparison"]
+    assert comparison["status"] == "other-profile" and comparison["verdicts"] == []
+
+
+def test_no_compare_and_baseline_dir_option(pytester, suite):
+    result = _run(pytester, suite, "-k", "reference", "--flashckpt-save-baseline", "--flashckpt-baseline-dir=elsewhere")
+    result.assert_outcomes(passed=1, deselected=2)
+    assert len(list((pytester.path / "elsewhere").glob("cpu-*.json"))) == 1
+    result = _run(pytester, suite, "-k", "reference", "--flashckpt-no-compare", "--flashckpt-baseline-dir=elsewhere")
+    result.stdout.fnmatch_lines(["*baseline: baseline comparison disabled (--flashckpt-no-compare)*"])
+    assert json.loads((pytester.path / "out" / "results.json").read_text())["comparison"]["status"] == "disabled"
+
+
+def test_benchmark_plugin_receives_the_step_timings(pytester, suite):
+    result = pytester.runpytest(f"--flashckpt-suite={suite}", "-k", "reference", "--benchmark-json=bench.json", "--flashckpt-report=out")
+    result.assert_outcomes(passed=1, deselected=2)
+    bench = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]
+    assert [b["fullname"] for b in bench] == ["mini/reference"] or len(bench) == 1
+    assert bench[0]["group"] == "flashckpt:mini" and len(bench[0]["stats"]["data"]) == 2
+    assert bench[0]["extra_info"]["peak_bytes"] > 0 and bench[0]["extra_info"]["kernel"]
