@@ -92,3 +92,18 @@ def test_threshold_defaults_match_the_option_defaults():
     assert Thresholds().timing_tolerance == defaults["flashckpt-timing-tolerance"]
     assert Thresholds().memory_tolerance == defaults["flashckpt-memory-tolerance"]
     assert Thresholds().alpha == defaults["flashckpt-alpha"]
+
+
+def test_bytes_written_has_a_tiny_slack_and_save_extra_memory_the_memory_tolerance():
+    base = _base(bytes_written=150_000_000, save_extra_peak_bytes=1000)
+    rows, _ = compare_scenario("s::a", base, {"bytes_written": 150_000_900, "save_extra_peak_bytes": 1010}, {}, "cpu", Thresholds())
+    assert {r["metric"]: r["verdict"] for r in rows} == {"bytes_written": "ok", "save_extra_peak_bytes": "ok"}
+    rows, _ = compare_scenario("s::a", base, {"bytes_written": 151_000_000}, {}, "cpu", Thresholds())
+    assert rows[0]["verdict"] == "regressed"
+
+
+def test_checkpoint_pass_sample_lists_are_found():
+    base = {"metrics": {"stall_vs_sync": 0.1}, "samples": {"stall_vs_sync": [0.1] * 10}, "probe": "cpu"}
+    metrics = {"stall_vs_sync": 0.5, "reference_save_total_s": 2.0}
+    rows, _ = compare_scenario("s::a", base, metrics, {"save_stall_s_samples": [1.0, 1.0, 1.0]}, "cpu", Thresholds())
+    assert rows[0]["verdict"] == "regressed"
