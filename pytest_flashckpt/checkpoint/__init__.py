@@ -1,0 +1,45 @@
+"""Checkpoint save strategies with safe commits, I/O metrics and a verified load path.
+
+    with Checkpointer(root, SaveConfig(strategy="async", max_keep=2)) as ckpt:
+        for _ in range(steps):
+            trainer.train_step()
+            ckpt.maybe_save(trainer)
+    resume_latest(fresh_trainer, root)
+
+``run_checkpoint_pass`` is the scenario runner's entry point. Modules: ``state`` (what is saved), ``treeflat``
+(nested state <-> JSON + flat tensors), ``formats`` (torch / safetensors files), ``payload`` (one checkpoint's files),
+``manifest`` (sha256 list, verification), ``store`` (commit protocol, ``latest``), ``rotation`` (``max_keep``),
+``selection`` (``select_params``, per-block files), ``staging`` (async snapshot buffers), ``dcp_io`` (torch DCP),
+``scheduling`` (memory-aware interval), ``checkpointer`` (the strategies), ``loading``, ``metrics``, ``bandwidth``,
+``measure``.
+"""
+
+from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
+from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
+from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, StrictLoadError
+from pytest_flashckpt.checkpoint.loading import KeyReport, LoadedCheckpoint, load_blocks, load_into, load_model_tensors, read_checkpoint, resume_latest
+from pytest_flashckpt.checkpoint.measure import run_checkpoint_pass
+from pytest_flashckpt.checkpoint.metrics import METRICS, SaveRecord
+from pytest_flashckpt.checkpoint.scheduling import Deferral, process_memory
+
+__all__ = [
+    "METRICS",
+    "CheckpointError",
+    "CheckpointFallbackWarning",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "Deferral",
+    "KeyReport",
+    "LoadedCheckpoint",
+    "SaveRecord",
+    "StrictLoadError",
+    "copy_bandwidth_GBps",
+    "load_blocks",
+    "load_into",
+    "load_model_tensors",
+    "process_memory",
+    "read_checkpoint",
+    "resume_latest",
+    "run_checkpoint_pass",
+    "write_bandwidth_MBps",
+]

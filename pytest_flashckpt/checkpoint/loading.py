@@ -1,0 +1,160 @@
+"""Reading checkpoints back: verified full restores, resume from ``latest`` with fallback, partial loads.
+
+Every load verifies the manifest first (sizes and sha256 of every file), so a corrupt, truncated or partial checkpoint
+is an error naming the file before any tensor is used. Selective checkpoints are read on top of the base their
+manifest names.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+import torch.nn as nn
+
+from pytest_flashckpt.checkpoint import dcp_io, formats
+from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, StrictLoadError
+from pytest_flashckpt.checkpoint.manifest import Manifest, verify
+from pytest_flashckpt.checkpoint.payload import read_meta
+from pytest_flashckpt.checkpoint.state import restore
+from pytest_flashckpt.checkpoint.store import CheckpointStore
+from pytest_flashckpt.runner.training import Trainer
+
+
+@dataclass
+class LoadedCheckpoint:
+    folder: Path
+    manifest: Manifest
+    meta: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    from_base: set[str] = field(default_factory=set)  # keys taken from the base of a selective checkpoint
+    load_s: float = 0.0
+
+
+@dataclass
+class KeyReport:
+    """A model-only load: ``missing_keys`` the model has but neither the checkpoint nor its base provides,
+    ``unexpected_keys`` the checkpoint holds but the model lacks."""
+
+    loaded: list[str]
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def _read_files(folder: Path, meta: dict[str, Any], files: Iterable[str]) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    fmt = meta["format"]
+    for rel in files:
+        if fmt == "dcp":
+            spec = {k: v for k, v in meta["tensors"].items() if v["file"] == rel}
+            tensors.update(dcp_io.load(folder / rel, spec))
+        else:
+            tensors.update(formats.read_tensor_file(folder / rel, fmt))
+    return tensors
+
+
+def read_checkpoint(folder: Path, *, with_base: bool = True) -> LoadedCheckpoint:
+    """Verify and read every tensor of a checkpoint (and of its base, for a selective one)."""
+    start = time.perf_counter()
+    folder = Path(folder)
+    manifest = verify(folder)
+    meta = read_meta(folder)
+    files = sorted({v["file"] for v in meta["tensors"].values()})
+    tensors = _read_files(folder, meta, files)
+    from_base: set[str] = set()
+    if with_base and manifest.base:
+        base_folder = folder.parent / manifest.base
+        if not base_folder.is_dir():
+            raise CorruptCheckpointError(f"{folder}: its base checkpoint {base_folder} is gone; a selective checkpoint needs its base")
+        base = read_checkpoint(base_folder)
+        from_base = set(base.tensors) - set(tensors)
+        tensors = {**base.tensors, **tensors}
+    return LoadedCheckpoint(folder, manifest, meta, tensors, from_base, time.perf_counter() - start)
+
+
+def load_into(trainer: Trainer, folder: Path) -> LoadedCheckpoint:
+    """Restore the full training state saved in ``folder`` into ``trainer``."""
+    start = time.perf_counter()
+    loaded = read_checkpoint(folder)
+    restore(trainer, loaded.tensors, loaded.meta["tree"], str(folder))
+    loaded.load_s = time.perf_counter() - start
+    return loaded
+
+
+def resume_latest(trainer: Trainer, root: Path) -> LoadedCheckpoint | None:
+    """Restore from what ``root/latest`` names; if it fails verification, warn (``CheckpointFallbackWarning``) and
+    use the newest valid checkpoint. None when the folder holds no checkpoint at all."""
+    store = CheckpointStore(Path(root))
+    complete = store.complete()
+    latest = store.latest_name()
+    candidates = ([root / latest] if latest else []) + [p for p in reversed(complete) if p.name != latest]
+    if not candidates:
+        return None
+    problems: list[str] = []
+    for folder in candidates:
+        try:
+            loaded = load_into(trainer, folder)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+            continue
+        if problems:
+            warnings.warn(
+                f"resumed from {folder} because newer checkpoints failed verification: {'; '.join(problems)}",
+                CheckpointFallbackWarning,
+                stacklevel=2,
+            )
+        return loaded
+    raise CheckpointError(f"no valid checkpoint in {root}: {'; '.join(problems)}")
+
+
+def _model_keys(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {k.removeprefix("model/"): t for k, t in tensors.items() if k.startswith("model/")}
+    for alias, target in meta["tree"]["model_aliases"].items():
+        if target in out:
+            out[alias] = out[target]
+    return out
+
+
+def load_model_tensors(model: nn.Module, folder: Path, *, strict: bool = True, with_base: bool = True) -> KeyReport:
+    """Load only model weights (any layout); a selective checkpoint goes on top of its base unless ``with_base``
+    is False, in which case it goes on top of what ``model`` holds. Strict: missing or unexpected keys raise."""
+    loaded = read_checkpoint(folder, with_base=with_base)
+    weights = _model_keys(loaded.meta, loaded.tensors)
+    return _apply(model, weights, folder, strict, require_all=with_base)
+
+
+def load_blocks(model: nn.Module, folder: Path, blocks: Iterable[int]) -> KeyReport:
+    """Load the weights of the given transformer blocks from a layer-wise checkpoint (only their files are read)."""
+    folder = Path(folder)
+    manifest = verify(folder)
+    meta = read_meta(folder)
+    wanted = sorted(set(blocks))
+    files = {v["file"] for k, v in meta["tensors"].items() if any(k.startswith(f"model/blocks.{b}.") for b in wanted)}
+    if len(files) == 0 or any("block_" not in f for f in files):
+        raise CheckpointError(f"{folder} ({manifest.strategy}) has no per-block files for blocks {wanted}; save with strategy layerwise")
+    tensors = _read_files(folder, meta, sorted(files))
+    weights = {k.removeprefix("model/"): t for k, t in tensors.items() if k.startswith("model/") and any(k.startswith(f"model/blocks.{b}.") for b in wanted)}
+    return _apply(model, weights, folder, strict=True, require_all=False)
+
+
+def _apply(model: nn.Module, weights: dict[str, torch.Tensor], folder: Path, strict: bool, require_all: bool) -> KeyReport:
+    own = model.state_dict()
+    unexpected = sorted(set(weights) - set(own))
+    missing = sorted(set(own) - set(weights)) if require_all else []
+    if strict and (missing or unexpected):
+        raise StrictLoadError(
+            f"{folder}: missing keys {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected keys "
+            f"{unexpected[:8]}{'...' if len(unexpected) > 8 else ''}; build the model from the card it was saved with, "
+            "or pass strict=False to load the matching part"
+        )
+    matching = {k: v for k, v in weights.items() if k in own}
+    with torch.no_grad():
+        for k, v in matching.items():
+            if own[k].shape != v.shape:
+                raise CheckpointError(f"{folder}: {k} has shape {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} in the model")
+            own[k].copy_(v)
+    return KeyReport(sorted(matching), missing, unexpected)

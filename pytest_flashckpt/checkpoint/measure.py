@@ -1,0 +1,84 @@
+"""The checkpoint pass of a scenario: train, save ``config.saves`` times, load back, verify, report metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
+from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
+from pytest_flashckpt.checkpoint.errors import CheckpointError
+from pytest_flashckpt.checkpoint.loading import load_into
+from pytest_flashckpt.checkpoint.metrics import median
+from pytest_flashckpt.checkpoint.state import capture
+from pytest_flashckpt.config.scenario import SaveConfig
+from pytest_flashckpt.probes import make_probe
+from pytest_flashckpt.runner.training import Trainer
+
+Metrics = dict[str, "float | int | str | None | list[float]"]
+
+
+def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu") -> Metrics:
+    """Train ``trainer`` and save it ``config.saves`` times with ``config``'s strategy under ``workdir/checkpoints``,
+    then load the newest checkpoint back into ``trainer`` and check it bit for bit against the state it saved.
+
+    Returns medians over the saves of ``save_stall_s``, ``save_total_s``, ``bytes_written``, ``write_MBps``,
+    ``save_extra_peak_bytes``, ``files`` (plus ``<metric>_samples`` lists), ``load_s`` (one verified load),
+    ``raw_write_MBps`` and ``copy_GBps`` (this machine's limits, measured in the same folder in the same run),
+    ``snapshot_bytes`` (training state bytes), ``copy_bound_s`` (= snapshot_bytes / copy bandwidth, the least an
+    in-memory snapshot can stall), ``write_vs_raw`` (= write_MBps / raw_write_MBps), ``saves``, ``steps``,
+    ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise").
+    The trainer ends in the state of the last save. Raises ``CheckpointError`` if the round trip is not exact.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    raw_write = write_bandwidth_MBps(workdir)
+    copy_gbps = copy_bandwidth_GBps()
+    probe = make_probe(probe_name) if probe_name else None
+    ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe)
+    max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
+    steps = 0
+    try:
+        while len(ckpt.records) < config.saves and steps < max_steps:
+            trainer.train_step()
+            steps += 1
+            ckpt.maybe_save(trainer)
+    finally:
+        ckpt.close()
+    records = ckpt.records
+    if not records:
+        raise CheckpointError(f"no save happened in {steps} steps with {config}")
+    expected = {k: t.clone() for k, t in capture(trainer).tensors.items()}
+    last = ckpt.store.root / records[-1].name
+    loaded = load_into(trainer, last)
+    saved_keys = {k for k in loaded.tensors if k not in loaded.from_base}
+    mismatched = [k for k in sorted(saved_keys) if not torch.equal(loaded.tensors[k], expected[k])]
+    if mismatched:
+        raise CheckpointError(f"{last}: {len(mismatched)} tensors differ from the saved state after loading, e.g. {mismatched[:3]}")
+    out: Metrics = {"strategy": config.strategy, "format": "dcp" if config.strategy == "dcp" else config.format}
+    samples = {
+        "save_stall_s": [r.save_stall_s for r in records],
+        "save_total_s": [r.save_total_s for r in records],
+        "bytes_written": [r.bytes_written for r in records],
+        "write_MBps": [r.write_MBps for r in records],
+        "save_extra_peak_bytes": [r.save_extra_peak_bytes for r in records],
+        "files": [r.files for r in records],
+    }
+    for name, values in samples.items():
+        out[name] = median(values)
+        out[f"{name}_samples"] = values  # type: ignore[assignment]
+    for name in ("bytes_written", "save_extra_peak_bytes", "files"):
+        out[name] = int(out[name]) if out[name] is not None else None  # type: ignore[arg-type]
+    out["load_s"] = loaded.load_s
+    out["raw_write_MBps"] = raw_write
+    out["copy_GBps"] = copy_gbps
+    out["snapshot_bytes"] = records[-1].snapshot_bytes
+    out["copy_bound_s"] = records[-1].snapshot_bytes / (copy_gbps * 1e9)
+    out["write_vs_raw"] = out["write_MBps"] / raw_write if out["write_MBps"] else None  # type: ignore[operator]
+    out["saves"] = len(records)
+    out["steps"] = steps
+    out["deferrals"] = len(ckpt.schedule.deferrals)
+    out["forced_saves"] = len(ckpt.schedule.forced)
+    out["verified"] = "bitwise"
+    return out

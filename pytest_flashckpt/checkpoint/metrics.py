@@ -1,0 +1,42 @@
+"""Per-save measurements, named as in DESIGN.md, and their medians."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+METRICS = ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "load_s", "save_extra_peak_bytes", "files")
+
+
+@dataclass
+class SaveRecord:
+    """One save. ``save_stall_s``: the training loop was blocked (incl. waiting for a previous async save);
+    ``save_total_s``: until durable and committed; ``write_s``: tensor files written and fsynced;
+    ``write_MBps`` = bytes_written / write_s; ``save_extra_peak_bytes``: memory the save adds (staging buffers,
+    exact, plus the transient peak the probe sees in the blocking part)."""
+
+    step: int
+    name: str
+    strategy: str
+    save_stall_s: float = 0.0
+    wait_s: float = 0.0
+    snapshot_s: float = 0.0
+    save_total_s: float | None = None
+    write_s: float | None = None
+    bytes_written: int = 0
+    snapshot_bytes: int = 0
+    save_extra_peak_bytes: int = 0
+    files: int = 0
+    forced: bool = False
+    base: str | None = None  # selective: the full checkpoint this one is restored on top of
+    error: str | None = None
+    done: bool = False
+
+    @property
+    def write_MBps(self) -> float | None:
+        return self.bytes_written / 1e6 / self.write_s if self.write_s else None
+
+
+def median(values: list[float | int | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
