@@ -79,8 +79,8 @@ class Checkpointer:
         state = capture(trainer)
         name = self.store.reserve_name(trainer.step)
         record = SaveRecord(trainer.step, name, self.config.strategy, wait_s=waited, snapshot_bytes=state.nbytes)
-        self.records.append(record)
         tmp = self.store.begin(name)
+        self.records.append(record)
         staged_before = self.staging.nbytes
         try:
             with self._track(trainer) as reading:
@@ -123,7 +123,7 @@ class Checkpointer:
 
     # -- internals ----------------------------------------------------------------------------------------------
     def _track(self, trainer: Trainer):
-        if self.probe is None or len(self.records) > self.probe_saves:
+        if self.probe is None or len(self.records) > self.probe_saves:  # records already holds this save
             return contextlib.nullcontext(None)
         return self.probe.track(resident=[*trainer.state_tensors(), *self.staging._buffers.values()])
 

@@ -23,7 +23,7 @@ class StagingArea:
         """Copy ``tensors`` into the staging buffers; returns the staged tensors under the same keys."""
         out: dict[str, torch.Tensor] = {}
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # see _why_one_thread
+        torch.set_num_threads(1)  # why: see _copy_all
         try:
             self._copy_all(tensors, out)
         finally:
@@ -37,7 +37,7 @@ class StagingArea:
     def _copy_all(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
         """Copy tensor by tensor on the calling thread.
 
-        _why_one_thread: a copy is memory-bound, one core already saturates it; with the intra-op pool every one of
+        One thread: a copy is memory-bound, one core already saturates it; with the intra-op pool every one of
         the ~300 tensors waits for a pool thread to be scheduled, about 10 ms each on a busy 2-core machine
         (measured: 0.9 s vs 0.03 s for the 170 MB ``small`` state)."""
         for key, src in tensors.items():
