@@ -1,0 +1,143 @@
+"""Recomputation made visible without a clock: FLOPs of one training step (forward + backward).
+
+``measure_step_flops`` runs a step under ``torch.utils.flop_counter.FlopCounterMode``, which counts matmuls and
+attention kernels (2 FLOPs per multiply-add). PyTorch's registry has no formula for the CPU flash kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), so SDPA on a CPU would silently count
+zero attention FLOPs; this module registers the same formulas PyTorch uses for the CUDA flash kernel (forward:
+two batched matmuls; backward: five, because the kernel recomputes the score matrix). FlopCounterMode ignores
+pointwise ops, which is exactly the work op-level selective checkpointing recomputes, so the step also records
+``pointwise_elements`` (output elements of ops tagged pointwise) and per-op call counts.
+
+``expected_matmul_flops`` is the closed form for our GPT, so tests compare measurement with arithmetic rather
+than with a tolerance: full recompute adds one forward of every block but not of the embeddings, head and loss,
+which puts it a little under the textbook 4/3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from pytest_flashckpt.models.gpt import GPTConfig
+from pytest_flashckpt.runner.training import Trainer, make_batch
+
+_aten = torch.ops.aten
+
+
+def _cpu_flash_forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_flash_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+CPU_FLASH_FORMULAS = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_forward,
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
+}
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """One forward + backward. ``matmul_flops``: FlopCounterMode's total (matmuls and attention kernels);
+    ``pointwise_elements``: elements written by pointwise ops (what FlopCounterMode does not count);
+    ``op_calls``: how often each aten op ran (recomputed ops run twice)."""
+
+    matmul_flops: int
+    pointwise_elements: int
+    op_calls: Counter
+
+    def ratio(self, reference: "StepFlops") -> float:
+        return self.matmul_flops / reference.matmul_flops
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+        self.pointwise_elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls[str(func.overloadpacket)] += 1
+        if torch.Tag.pointwise in func.tags:
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            if isinstance(first, torch.Tensor):
+                self.pointwise_elements += first.numel()
+        return out
+
+
+def measure_step_flops(model: nn.Module, batch_size: int, seq_len: int, seed: int = 0) -> StepFlops:
+    """Count one training forward + backward of ``model`` (a GPT, strategy already applied) on batch 0 of
+    ``seed``; gradients are left in ``model``. The op counter sits inside FlopCounterMode, so ops that selective
+    checkpointing serves from its cache during recomputation are (correctly) counted by neither."""
+    model.train()
+    device = next(model.parameters()).device
+    x, y = make_batch(model.config.vocab_size, batch_size, seq_len, seed, 0, device)
+    counter = FlopCounterMode(display=False, custom_mapping=CPU_FLASH_FORMULAS)
+    ops = _OpCounter()
+    with counter, ops:
+        torch.manual_seed(seed)
+        model(x, y).backward()
+    return StepFlops(counter.get_total_flops(), ops.pointwise_elements, ops.calls)
+
+
+def count_step_flops(trainer: Trainer) -> int:
+    """Matmul + attention FLOPs of one forward + backward of ``trainer``'s model at its batch shape (what the
+    runner records as ``step_flops``). No optimizer step is taken and the gradients are cleared afterwards, so
+    the trainer's state is as before (only the global RNG has advanced)."""
+    flops = measure_step_flops(trainer.model, trainer.batch_size, trainer.seq_len, trainer.seed)
+    trainer.model.zero_grad(set_to_none=True)
+    return flops.matmul_flops
+
+
+def expected_matmul_flops(
+    config: GPTConfig,
+    batch_size: int,
+    seq_len: int,
+    strategy: str = "none",
+    k: int = 2,
+    fused_attention: bool = True,
+    dropout: float = 0.0,
+    recompute_linears: tuple[int, ...] = (),
+) -> int:
+    """FlopCounterMode's count of one step, in closed form (2 FLOPs per multiply-add, attention counted
+    without the causal half, as PyTorch's formulas do).
+
+    Per block forward: 24 * B*T*C^2 for the four Linears (3C + C + 4C + 4C outputs of width C, C, C, 4C inputs)
+    and 4 * B*T^2*C for the two attention matmuls. Backward: 2x forward for Linears and for plain matmul
+    attention (``fused_attention=False``: eager, or SDPA's math path), 2.5x for a fused kernel (it recomputes
+    the scores). Head: 2*B*T*C*V forward. Recomputation adds one block forward per checkpointed block (``full``,
+    ``every_k``); ``selective_op`` adds only the Linears listed in ``recompute_linears`` (their outputs are not
+    saved) because every other matmul and attention output is served from the selective-checkpoint cache.
+
+    Without dropout a recomputed block stops *before* its last matmul: autograd saves an op's inputs before
+    running it, non-reentrant checkpointing stops the replay at the last saved tensor, and mlp.c_proj's input is
+    that tensor (the residual add after it saves nothing). With dropout the mask after mlp.c_proj is saved too,
+    so the whole block forward is replayed.
+    """
+    B, T, C, V, L = batch_size, seq_len, config.n_embd, config.vocab_size, config.n_layer
+    linear_widths = (3 * C * C, C * C, 4 * C * C, 4 * C * C)  # c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
+    linear_fwd = 2 * B * T * sum(linear_widths)
+    attn_fwd = 4 * B * T * T * C
+    block_fwd = linear_fwd + attn_fwd
+    block_bwd = 2 * linear_fwd + (attn_fwd * 5 // 2 if fused_attention else 2 * attn_fwd)
+    head_fwd = 2 * B * T * C * V
+    total = L * (block_fwd + block_bwd) + 3 * head_fwd
+    replay = block_fwd if dropout > 0 else block_fwd - 2 * B * T * linear_widths[3]
+    if strategy == "full":
+        total += L * replay
+    elif strategy == "every_k":
+        total += math.ceil(L / k) * replay
+    elif strategy == "selective_op":
+        total += L * sum(2 * B * T * linear_widths[i] for i in recompute_linears)
+    elif strategy not in ("none", "offload"):
+        raise ValueError(f"unknown activation strategy {strategy!r}")
+    return total
