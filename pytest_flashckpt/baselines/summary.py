@@ -46,7 +46,8 @@ def append_step_summary(comparison: dict[str, Any], environ: dict[str, str] | No
 
 def terminal_lines(comparison: dict[str, Any]) -> list[str]:
     """Status, then every verdict that is not ``ok``; improvements suggest refreshing the baseline."""
-    lines = [f"baseline: {comparison['message']}"]
+    warning = "WARNING: " if comparison["status"] == "other-profile" else ""
+    lines = [f"baseline: {warning}{comparison['message']}"]
     for row in comparison["verdicts"]:
         if row["verdict"] == "ok":
             continue

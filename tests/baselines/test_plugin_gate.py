@@ -75,7 +75,7 @@ def test_another_profiles_baseline_is_reported_and_skipped(pytester, suite):
     (pytester.path / "baselines" / "gpu-h100-x8-torch2.13.0-00000000.json").write_text('{"schema_version": 1, "scenarios": {}}')
     result = _run(pytester, suite, "-k", "reference")
     result.assert_outcomes(passed=1, deselected=2)
-    result.stdout.fnmatch_lines(["*baseline: baselines in * are for other profiles (gpu-h100-x8-torch2.13.0-00000000)*comparison skipped*"])
+    result.stdout.fnmatch_lines(["*baseline: WARNING: baselines in * are for other profiles (gpu-h100-x8-torch2.13.0-00000000)*comparison skipped*"])
     comparison = json.loads((pytester.path / "out" / "results.json").read_text())["comparison"]
     assert comparison["status"] == "other-profile" and comparison["verdicts"] == []
 
@@ -93,6 +93,6 @@ def test_benchmark_plugin_receives_the_step_timings(pytester, suite):
     result = pytester.runpytest(f"--flashckpt-suite={suite}", "-k", "reference", "--benchmark-json=bench.json", "--flashckpt-report=out")
     result.assert_outcomes(passed=1, deselected=2)
     bench = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]
-    assert [b["fullname"] for b in bench] == ["mini/reference"] or len(bench) == 1
+    assert len(bench) == 1 and bench[0]["fullname"].endswith("reference")
     assert bench[0]["group"] == "flashckpt:mini" and len(bench[0]["stats"]["data"]) == 2
     assert bench[0]["extra_info"]["peak_bytes"] > 0 and bench[0]["extra_info"]["kernel"]
