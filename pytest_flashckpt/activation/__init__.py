@@ -42,7 +42,8 @@ class StrategyUnavailable(RuntimeError):
 @dataclass
 class AppliedActivation:
     """What ``apply_ac`` did: the strategy, which blocks it wraps, and (selective_op) the save list and its
-    matches in the most recent training forward (op name -> times its output was saved)."""
+    matches in the most recent training forward (listed op name -> times it ran there; with the default list
+    this includes the attention output projections, which are listed but recomputed)."""
 
     strategy: str
     blocks: tuple[int, ...] = ()
