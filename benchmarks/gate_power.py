@@ -2,7 +2,7 @@
 
 A tiny GPT step (seq 256, batch 2) is timed interleaved against an identical reference step, as a suite run does.
 A baseline of per-round overhead samples comes from a separate process (a separate run). Then, >= 20 times
-each, the step is re-timed with no change and with an injected extra matmul sized to cost ~10% of the step,
+each, the step is re-timed with no change and with an injected extra forward pass sized to cost ~10% of the step,
 and each re-timing is judged against the baseline by the gate (``judge_sampled``: median change beyond the
 timing tolerance AND Mann-Whitney p < alpha). Reported: detection rate (10% flagged) and false-alarm rate (0%
 flagged), for the rounds asked for and for fewer rounds (a prefix of the same samples), in
@@ -41,34 +41,42 @@ def make_trainer(seq_len: int, batch: int, seed: int = 0) -> Trainer:
     return trainer
 
 
-def slow_step(trainer: Trainer, size: int):
-    """The trainer's step plus one ``size`` x ``size`` matmul: a synthetic slowdown inside the timed step."""
-    a = torch.randn(size, size, generator=torch.Generator().manual_seed(1))
+def slow_step(trainer: Trainer, tokens: int):
+    """The trainer's step plus an extra no-grad forward over ``tokens`` positions of its batch: a synthetic
+    slowdown inside the timed step made of the same kind of work as the step (what recomputation adds).
+
+    A standalone matmul (the first design) was not a stable fraction of the step on a shared CPU: with another
+    tenant on one of the 2 cores its 2-thread BLAS call slowed ~15x while the step slowed ~1.3x, so "10%"
+    measured +140%. A forward of the same model degrades with load the way the step does."""
+    x, _ = trainer.batch(0)
+    x = x[:1, :tokens].contiguous()
 
     def step():
         trainer.train_step()
-        (a @ a).sum().item()
+        with torch.no_grad():
+            trainer.model(x)
 
     return step
 
 
 def calibrate(trainer: Trainer, fraction: float) -> tuple[int, float, float]:
-    """Matmul size costing ``fraction`` of the step: (size, step seconds, matmul seconds). Minimum times over
-    repeats, alternating step and matmul: the least-disturbed repeat is the best estimate of the cost itself on a
-    shared CPU. The scale per iteration is clamped, so one disturbed repeat cannot blow the size up."""
-    size = 512
+    """Tokens of the extra forward costing ``fraction`` of the step: (tokens, step seconds, extra seconds).
+    Minimum times over alternating repeats (the least-disturbed repeat is the best estimate of the cost on a
+    shared CPU); the scale per iteration is clamped so one disturbed repeat cannot blow the size up."""
+    tokens = max(8, trainer.seq_len // 4)
     for _ in range(4):
-        a = torch.randn(size, size)
-        steps, mms = [], []
+        x = trainer.batch(0)[0][:1, :tokens].contiguous()
+        steps, extras = [], []
         for _ in range(5):
             steps.append(time_steps(trainer.train_step, 1, CPU))
-            mms.append(time_steps(lambda: (a @ a).sum().item(), 1, CPU))
-        step_s, mm_s = min(steps), min(mms)
-        scale = min(2.0, max(0.5, (fraction * step_s / mm_s) ** (1 / 3)))
-        size = max(32, int(size * scale))
-    a = torch.randn(size, size)
-    mm_s = min(time_steps(lambda: (a @ a).sum().item(), 1, CPU) for _ in range(5))
-    return size, step_s, mm_s
+            with torch.no_grad():
+                extras.append(time_steps(lambda: trainer.model(x), 1, CPU))
+        step_s, extra_s = min(steps), min(extras)
+        tokens = max(8, min(trainer.seq_len, int(tokens * min(2.0, max(0.5, fraction * step_s / extra_s)))))
+    x = trainer.batch(0)[0][:1, :tokens].contiguous()
+    with torch.no_grad():
+        extra_s = min(time_steps(lambda: trainer.model(x), 1, CPU) for _ in range(5))
+    return tokens, step_s, extra_s
 
 
 def overhead_samples(reference: Trainer, step, rounds: int) -> list[float]:
@@ -123,7 +131,7 @@ def main() -> None:
         print(f"trial {trial + 1}/{args.trials}: " + ", ".join(f"{n}: {outcomes[n][args.rounds][-1]['verdict']} ({outcomes[n][args.rounds][-1]['change']:+.1%})" for n in cases), flush=True)
     elapsed, load_after = time.time() - began, os.getloadavg()
     write_report(Path(args.out), args, baseline, size, step_s, mm_s, outcomes, prefixes, elapsed, load_before, load_after)
-    raw = {"baseline": baseline, "matmul_size": size, "overhead_samples": raw_samples, "verdicts": outcomes}
+    raw = {"baseline": baseline, "extra_forward_tokens": size, "overhead_samples": raw_samples, "verdicts": outcomes}
     Path(args.out).with_suffix(".json").write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
 
@@ -137,7 +145,7 @@ def write_report(out: Path, args, baseline, size, step_s, mm_s, outcomes, prefix
         f"{args.baseline_rounds} --seq-len {args.seq_len} --batch {args.batch}`  ",
         f"Machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads; load average "
         f"before {load_before[0]:.2f}, after {load_after[0]:.2f} (other work shared the CPU); {elapsed / 60:.1f} min.  ",
-        f"Step: tiny GPT, seq {args.seq_len}, batch {args.batch}: {step_s * 1e3:.0f} ms; injected matmul {size}x{size}: "
+        f"Step: tiny GPT, seq {args.seq_len}, batch {args.batch}: {step_s * 1e3:.0f} ms; injected: a no-grad forward over {size} tokens (batch 1): "
         f"{mm_s * 1e3:.0f} ms at calibration ({mm_s / step_s:.0%} of the step; minimum times).  ",
         f"Gate: regressed = median overhead change > {args.tolerance:.0%} AND one-sided Mann-Whitney p < {args.alpha}; "
         f"baseline: {len(baseline)} rounds from a separate process (median overhead {statistics.median(baseline):.3f}, "

@@ -109,11 +109,32 @@ def judge_tolerance(scenario: str, metric: str, baseline: float, current: float,
     return _row(scenario, metric, baseline, current, change, None, verdict)
 
 
+NOISE_LIMIT = 3.0  # a run whose rounds scatter > 3x more than the baseline's is not judged (see too_noisy)
+NOISE_FLOOR = 0.01  # relative scatter below 1% counts as 1%: a very quiet baseline must not make every run "noisy"
+
+
+def relative_mad(values: Sequence[float]) -> float:
+    """Median absolute deviation over the median: the round-to-round scatter, robust to one wild round."""
+    middle = statistics.median(values)
+    return statistics.median(abs(v - middle) for v in values) / middle if middle else 0.0
+
+
+def too_noisy(baseline: Sequence[float], current: Sequence[float]) -> bool:
+    """True when this run's rounds scatter more than NOISE_LIMIT times the baseline's.
+
+    The rank test assumes both samples have the same shape. On a shared CPU a burst of other work can shift and
+    widen every round of one run at once; against a quiet baseline three such rounds are "completely separated"
+    and p = 1/286 (gate-power: 3 of 20 unchanged 3-round runs were flagged that way, none once this guard was
+    added, while quiet 10% slowdowns, whose rounds scatter like the baseline's, stayed flagged)."""
+    return relative_mad(current) > NOISE_LIMIT * max(relative_mad(baseline), NOISE_FLOOR)
+
+
 def judge_sampled(
     scenario: str, metric: str, baseline: Sequence[float], current: Sequence[float], tolerance: float, alpha: float
 ) -> dict[str, Any]:
-    """Median change beyond ``tolerance`` AND one-sided Mann-Whitney p < ``alpha`` -> regressed / improved;
-    beyond the tolerance without significance -> ``~``; within the tolerance -> ``ok`` (p still reported)."""
+    """Median change beyond ``tolerance`` AND one-sided Mann-Whitney p < ``alpha`` AND this run no noisier than
+    ``NOISE_LIMIT`` x the baseline -> regressed / improved; beyond the tolerance otherwise -> ``~``; within the
+    tolerance -> ``ok`` (p still reported)."""
     base_median, cur_median = statistics.median(baseline), statistics.median(current)
     change = _change(base_median, cur_median)
     if change is None:
@@ -124,7 +145,7 @@ def judge_sampled(
         p = mann_whitney_greater(baseline, current)
     if abs(change) <= tolerance:
         verdict: Verdict = "ok"
-    elif p < alpha:
+    elif p < alpha and not too_noisy(baseline, current):
         verdict = "regressed" if change > 0 else "improved"
     else:
         verdict = "~"
@@ -173,7 +194,12 @@ def compare_scenario(
                 rows.append(row)
                 continue
             row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
-            if row["verdict"] == "~" and underpowered(len(base), len(cur), thresholds.alpha):
+            if row["verdict"] == "~" and row["p_value"] is not None and row["p_value"] < thresholds.alpha:
+                notes.append(
+                    f"{scenario}: {name} changed {row['change']:+.1%} (p = {row['p_value']:.3g}) but this run's rounds "
+                    f"scatter {relative_mad(cur):.1%} vs the baseline's {relative_mad(base):.1%}: too noisy to judge; rerun on a quieter machine"
+                )
+            elif row["verdict"] == "~" and underpowered(len(base), len(cur), thresholds.alpha):
                 notes.append(
                     f"{scenario}: {name} changed {row['change']:+.1%} but {len(cur)} vs {len(base)} rounds cannot reach "
                     f"p < {thresholds.alpha} (smallest possible p = {smallest_p(len(cur), len(base)):.3g}); time more rounds"

@@ -107,3 +107,17 @@ def test_checkpoint_pass_sample_lists_are_found():
     metrics = {"stall_vs_sync": 0.5, "reference_save_total_s": 2.0}
     rows, _ = compare_scenario("s::a", base, metrics, {"save_stall_s_samples": [1.0, 1.0, 1.0]}, "cpu", Thresholds())
     assert rows[0]["verdict"] == "regressed"
+
+
+def test_a_run_much_noisier_than_the_baseline_is_not_judged():
+    quiet = [1.001, 0.999, 1.006, 1.008, 1.016, 0.989, 0.981, 0.997, 0.928, 0.972]  # gate-power baseline
+    burst = [1.4, 1.204, 1.511]  # an unchanged step during a burst of other work: p = 1/286, +40%
+    row = judge_sampled("s::a", "overhead", quiet, burst, 0.05, 0.01)
+    assert row["p_value"] < 0.01 and row["verdict"] == "~"
+    rows, notes = compare_scenario(
+        "s::a", {"metrics": {"overhead": 1.0}, "samples": {"overhead": quiet}, "probe": "cpu"},
+        {"overhead": 1.4}, {"overhead": burst}, "cpu", Thresholds(),
+    )
+    assert rows[0]["verdict"] == "~" and "too noisy to judge" in notes[0]
+    slower = [1.131, 1.117, 1.107]  # a real 10% slowdown in a quiet run
+    assert judge_sampled("s::a", "overhead", quiet, slower, 0.05, 0.01)["verdict"] == "regressed"
