@@ -70,7 +70,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("flashckpt-baseline-dir", "folder of baselines/<profile>.json (default: ./baselines, else the shipped ones)", ""),
     OptionSpec("flashckpt-save-baseline", "write/update this profile's baseline with the scenarios that ran", False, lambda t: t.lower() in ("1", "true", "yes")),
     OptionSpec("flashckpt-no-compare", "do not compare with the stored baseline", False, lambda t: t.lower() in ("1", "true", "yes")),
-    OptionSpec("flashckpt-timing-tolerance", "timing ratio change tolerated before a regression (fraction)", 0.05, _fraction),
+    # 0.15: two identical steps timed in separate processes on the shared 2-core runner gave overhead ratios up to
+    # 11% apart (benchmarks/gate_power.py, reports/gate-power.md); a tighter default fails CI on noise
+    OptionSpec("flashckpt-timing-tolerance", "timing ratio change tolerated before a regression (fraction)", 0.15, _fraction),
     OptionSpec("flashckpt-memory-tolerance", "peak-memory change tolerated for sampled probes (nvml, rss) (fraction)", 0.02, _fraction),
     OptionSpec("flashckpt-alpha", "significance level of the timing regression test (one-sided Mann-Whitney U)", 0.01, _probability),
     OptionSpec(
