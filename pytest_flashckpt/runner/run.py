@@ -105,6 +105,19 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
     result.notes.append(f"activation: {applied.describe()}")
 
 
+def _reference_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer:
+    """The reference's trainer, built and warmed once per run and shared by every scenario with that reference
+    (its weights move on as it is timed; a step's time and memory do not depend on the weights' values)."""
+    reference = scenario.reference()
+
+    def build() -> Trainer:
+        trainer = _build_trainer(reference, ctx, backend)
+        _warmup(trainer, max(reference.warmup, 1))
+        return trainer
+
+    return ctx.cached("trainer", reference, build)
+
+
 def _warmup(trainer: Trainer, steps: int) -> set[str]:
     """Untimed steps (AdamW state exists afterwards); returns the op names of the first one."""
     with OpNameRecorder() as recorder:
@@ -123,6 +136,21 @@ def _peak(trainer: Trainer, probe_name: str, device: torch.device) -> dict[str, 
     return {"peak_bytes": reading.peak_bytes, "state_bytes": reading.start_bytes, **reading.extra}
 
 
+def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> dict[str, float | int]:
+    """The analytic model's peak and saving for this scenario, to read each measured number against."""
+    from pytest_flashckpt.activation import analytic
+
+    config = trainer.model.config
+    work = analytic.Workload(
+        scenario.batch_size, scenario.seq_len, trainer.model.backend, DTYPES[scenario.dtype].itemsize, device.type
+    )
+    strategy, k = scenario.activation.strategy, scenario.activation.k
+    out: dict[str, float | int] = {"analytic_peak_bytes": analytic.estimate(config, work, strategy, k).peak_bytes}
+    if strategy != "none":
+        out["analytic_memory_saving"] = analytic.saving(config, work, strategy, k)
+    return out
+
+
 def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     dtype = DTYPES[scenario.dtype]
     backend = resolve_backend(scenario.attention, ctx.device, dtype)
@@ -131,10 +159,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     _apply_activation(trainer, scenario, result)
     op_names = _warmup(trainer, max(scenario.warmup, 1))
     result.kernel = detect_kernel(op_names, backend)
-    reference = None
-    if not scenario.is_reference:
-        reference = _build_trainer(scenario.reference(), ctx, backend)
-        _warmup(reference, max(scenario.warmup, 1))
+    reference = None if scenario.is_reference else _reference_trainer(scenario, ctx, backend)
     metrics, samples = result.metrics, result.samples
 
     if "memory" in scenario.measure:
@@ -143,6 +168,9 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
             ref = ctx.cached("memory", scenario.reference(), lambda: _peak(reference, ctx.probe, ctx.device))
             metrics["reference_peak_bytes"] = ref["peak_bytes"]
             metrics["memory_saving"] = 1.0 - metrics["peak_bytes"] / ref["peak_bytes"]
+
+    if "memory" in scenario.measure:
+        metrics.update(_analytic(scenario, trainer, ctx.device))
 
     if "timing" in scenario.measure:
         variants = [trainer.train_step] if reference is None else [reference.train_step, trainer.train_step]
@@ -186,8 +214,7 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
             ref_scenario = scenario.reference()
 
             def reference_save() -> dict[str, Any]:
-                ref_trainer = _build_trainer(ref_scenario, ctx, result.backend or "sdpa")
-                _warmup(ref_trainer, 1)
+                ref_trainer = _reference_trainer(scenario, ctx, result.backend or "sdpa")
                 return run_checkpoint_pass(ref_trainer, ref_scenario.checkpoint, root / "reference", ctx.probe)
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
