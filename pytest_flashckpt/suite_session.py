@@ -35,19 +35,25 @@ class ScenarioItem(pytest.Item):
         self.result = self.state.run(self.scenario)
         if self.result.status == "skipped":
             pytest.skip(self.result.reason or "skipped")
+        if self.result.status == "error":
+            raise ScenarioError(f"{self.nodeid}: {self.result.reason}\n{''.join(self.result.notes[-1:])}")
         self.state.check(self, self.result)
 
     def reportinfo(self):
         return self.path, None, f"flashckpt scenario {self.nodeid}"
 
     def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, (ConfigError, RegressionFailure)):
+        if isinstance(excinfo.value, (ConfigError, RegressionFailure, ScenarioError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
 
 
 class RegressionFailure(AssertionError):
     """A metric regressed against the stored baseline; the message lists each one."""
+
+
+class ScenarioError(RuntimeError):
+    """The scenario broke while running; the message carries the exception and its traceback."""
 
 
 class SuiteCollector(pytest.Collector):

@@ -45,7 +45,7 @@ GUARDED = MEMORY_METRICS + COUNT_METRICS + RATIO_METRICS + TIME_METRICS
 
 @dataclass(frozen=True)
 class Thresholds:
-    timing_tolerance: float = 0.15  # = the option's default; see options.py for why
+    timing_tolerance: float = 0.05  # = the option's default; see options.py for why
     memory_tolerance: float = 0.02
     alpha: float = 0.01
     gate_times: bool = False

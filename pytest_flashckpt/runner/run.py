@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,8 @@ def scenario_key(scenario: Scenario) -> str:
 
 
 def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
-    """Measure one scenario; a scenario this hardware cannot run comes back ``skipped`` with the reason."""
+    """Measure one scenario; a scenario this hardware cannot run comes back ``skipped`` with the reason, one
+    that broke comes back ``error`` with the exception (its traceback in ``notes``), so a run's record is whole."""
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
     try:
         _measure(scenario, ctx, result)
@@ -76,6 +78,9 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
         result.status, result.reason = "skipped", str(exc)
     except BackendUnavailable as exc:
         result.status, result.reason = "skipped", str(exc)
+    except Exception as exc:  # recorded (the report shows the row), then the plugin fails the item with it
+        result.status, result.reason = "error", f"{type(exc).__name__}: {exc}"
+        result.notes.append("".join(traceback.format_exception(exc)))
     return result
 
 

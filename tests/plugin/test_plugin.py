@@ -110,3 +110,24 @@ def test_plugin_costs_nothing_without_a_suite(pytester):
     )
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(passed=1)
+
+
+def test_a_scenario_that_breaks_fails_its_item_and_keeps_its_row(pytester):
+    """A strategy that cannot work on this model (a save op that never runs) fails with the reason; the other
+    scenarios still run and the results file records the error."""
+    suite = pytester.makefile(
+        ".yaml",
+        broken="""
+defaults: {model: tiny, batch_size: 1, seq_len: 32, rounds: 1, attention: sdpa}
+scenarios:
+  - name: fine
+  - name: broken
+    activation: {strategy: selective_op, save_ops: [aten.cholesky.default]}
+""",
+    )
+    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-report=out")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*broken::broken: RuntimeError: *"])
+    data = json.loads((pytester.path / "out" / "results.json").read_text())
+    statuses = {r["scenario"]: r["status"] for r in data["results"]}
+    assert statuses == {"fine": "measured", "broken": "error"}
