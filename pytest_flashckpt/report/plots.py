@@ -89,19 +89,47 @@ def draw_pareto(results: list[Result], path: Path) -> None:
             ax.fill_between([x0, x1], y0, y1, alpha=0.12, color=colors.get(claim.id, "grey"), linewidth=0,
                             label=f"article: {claim.title} ({claim.describe_saving()}, {claim.overhead_text})")
         several_seqs = len({r.config.get("seq_len") for r in chosen}) > 1
-        labels: dict[tuple[float, float], list[str]] = {}
+        kernels = sorted({r.kernel or "?" for r in chosen}, key=lambda k: (k != "eager", k))
+        palette = ["tab:blue", "tab:orange", "tab:cyan", "tab:brown", "tab:pink"]
+        kernel_color = {k: palette[i % len(palette)] for i, k in enumerate(kernels)}
+        strategies = list(dict.fromkeys(select.describe_activation(r) for r in chosen))
+        shapes = ["o", "^", "D", "v", "P", "X", "*"]
+        strategy_marker = {s: shapes[i % len(shapes)] for i, s in enumerate(strategies)}
+
+        def identity(r: Result) -> tuple[str, object, str, str]:
+            return (select.describe_activation(r), r.config.get("seq_len"), r.kernel or "?", select.save_strategy(r))
+
+        # A run whose (strategy, seq, kernel, save) another run already shows (the article scenarios re-run a
+        # matrix configuration) is drawn hollow and not labelled again: its label would overprint the first one.
+        seen: set[tuple[str, object, str, str]] = set()
+        to_label: list[tuple[float, float, str]] = []
+        repeats: list[str] = []
         for r in chosen:
             x, y = _num(r, "overhead") or 1.0, (_num(r, "memory_saving") or 0.0) * 100
             lo, hi = _num(r, "overhead_min") or x, _num(r, "overhead_max") or x
-            ax.errorbar([x], [y], xerr=[[x - lo], [hi - x]], fmt="o", color="tab:blue", capsize=3)
-            label = select.describe_activation(r)
-            if select.save_strategy(r) != "none":
-                label += f" + {select.save_strategy(r)} save"
+            strategy, seq, kernel, save = identity(r)
+            color = kernel_color[kernel]
+            repeat = identity(r) in seen
+            seen.add(identity(r))
+            ax.errorbar([x], [y], xerr=[[x - lo], [hi - x]], fmt=strategy_marker[strategy], color=color, capsize=3,
+                        markersize=7, alpha=0.45 if repeat else 1.0, markerfacecolor="white" if repeat else color,
+                        elinewidth=1)
+            if repeat:
+                repeats.append(r.scenario)
+                continue
+            label = strategy.replace(" (k=", " k=").replace(")", "")
+            if save != "none":
+                label += f"+{save}"
             if several_seqs:
-                label += f", seq {r.config.get('seq_len', '?')}"
-            labels.setdefault((round(x, 3), round(y, 1)), []).append(label)
-        for (x, y), names in labels.items():  # one label per point: same-looking strategies stack, not overprint
-            ax.annotate("\n".join(dict.fromkeys(names)), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+                label += f" {seq}"
+            to_label.append((x, y, label))
+        for k in kernels:  # legend entries: kernel = colour, strategy = marker shape
+            ax.plot([], [], "s", color=kernel_color[k], label=f"kernel: {k}")
+        for s_name in strategies:
+            ax.plot([], [], strategy_marker[s_name], color="dimgray", label=f"strategy: {s_name}")
+        if repeats:
+            ax.plot([], [], "o", color="dimgray", markerfacecolor="white", alpha=0.6,
+                    label="same config re-run: " + ", ".join(repeats))
         front = _frontier([(_num(r, "overhead") or 1.0, (_num(r, "memory_saving") or 0.0) * 100) for r in chosen])
         ax.plot([1.0, *(p[0] for p in front)], [0.0, *(p[1] for p in front)], "--", color="tab:blue", alpha=0.5,
                 label="measured Pareto front (from the reference)")
@@ -112,9 +140,44 @@ def draw_pareto(results: list[Result], path: Path) -> None:
         ax.set_ylabel("memory saving: 1 - peak / reference peak (%)")
         ax.set_title("Activation strategies: memory saved vs time paid")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+        _place_labels(ax, to_label)  # last: it measures text against the final limits and layout
 
-    _save(draw, path, (8.5, 5.5))
+    _save(draw, path, (11.5, 6.0))
+
+
+def _place_labels(ax: "Axes", points: list[tuple[float, float, str]]) -> None:
+    """Annotate each point, trying offsets around it until the text box hits no earlier label nor marker."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    fig.draw_without_rendering()  # settle the layout (limits, constrained layout) before measuring
+    pixels = [ax.transData.transform((x, y)) for x, y, _ in points]
+    markers = [(px - 5, py - 5, px + 5, py + 5) for px, py in pixels]
+    taken: list[tuple[float, float, float, float]] = []
+    candidates = [(6, 4, "left"), (6, -11, "left"), (-6, 4, "right"), (-6, -11, "right"), (6, 13, "left"),
+                  (-6, 13, "right"), (6, -20, "left"), (-6, -20, "right"), (0, 22, "center"), (0, -29, "center")]
+
+    def hits(box: tuple[float, float, float, float], others: list[tuple[float, float, float, float]]) -> bool:
+        return any(box[0] < o[2] and o[0] < box[2] and box[1] < o[3] and o[1] < box[3] for o in others)
+
+    for (x, y, text), (px, py) in sorted(zip(points, pixels), key=lambda item: (-item[0][1], item[0][0])):
+        own = (px - 5, py - 5, px + 5, py + 5)
+        others = [m for m in markers if m != own]
+        chosen_note = None
+        for dx, dy, ha in candidates:
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7.5, ha=ha)
+            ext = note.get_window_extent(renderer)
+            box = (ext.x0 - 1, ext.y0 - 1, ext.x1 + 1, ext.y1 + 1)
+            if not hits(box, taken + others):
+                chosen_note = (note, box)
+                break
+            note.remove()
+        if chosen_note is None:  # nowhere free: fall back to the first spot, with a leader line
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(10, 18), fontsize=7.5,
+                               arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.6})
+            ext = note.get_window_extent(renderer)
+            chosen_note = (note, (ext.x0, ext.y0, ext.x1, ext.y1))
+        taken.append(chosen_note[1])
 
 
 # -- peak memory vs sequence length ------------------------------------------------------------------------
@@ -181,7 +244,7 @@ def draw_saves(results: list[Result], path: Path) -> None:
         ax.set_xlabel("time per save (ms, median over saves)")
         ax.set_title("Checkpoint saves: time training is blocked vs time until durable")
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+        ax.figure.legend(fontsize=8, loc="outside lower center", ncol=3)  # under the x label, no gap to guess
         ax.set_xlim(right=max([*totals, *stalls, *(x for _, x in refs), 1.0]) * 1.25)
 
     _save(draw, path, (7.5, 2.2 + 0.7 * len(chosen)))
