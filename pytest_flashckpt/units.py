@@ -30,37 +30,29 @@ def _split(text: str) -> tuple[float, str] | None:
     return number, match.group(3).lower()
 
 
-def parse_size(value: str | int | float) -> int:
-    """Bytes from ``"2 GiB"``, ``"512MB"``, ``1024``; negative, unknown units and junk are ValueErrors."""
+def _parse_quantity(value: str | int | float, kind: str, units: dict[str, float], bare_unit: str, formats: str) -> float:
+    """A non-negative number in ``units`` (a bare number counts in ``bare_unit``); a clear ValueError otherwise."""
     if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a size; expected {SIZE_FORMATS}")
+        raise ValueError(f"{value!r} is not a {kind}; expected {formats}")
     if isinstance(value, (int, float)):
-        number, unit = float(value), "b"
+        number, unit = float(value), bare_unit
     else:
         parsed = _split(str(value))
         if parsed is None:
-            raise ValueError(f"{value!r} is not a size; expected {SIZE_FORMATS}")
-        number, unit = parsed[0], parsed[1] or "b"
-    if unit not in SIZE_UNITS:
-        raise ValueError(f"{value!r}: unknown size unit {unit!r}; expected {SIZE_FORMATS}")
+            raise ValueError(f"{value!r} is not a {kind}; expected {formats}")
+        number, unit = parsed[0], parsed[1] or bare_unit
+    if unit not in units:
+        raise ValueError(f"{value!r}: unknown {kind} unit {unit!r}; expected {formats}")
     if number < 0:
-        raise ValueError(f"{value!r}: a size cannot be negative; expected {SIZE_FORMATS}")
-    return int(round(number * SIZE_UNITS[unit]))
+        raise ValueError(f"{value!r}: a {kind} cannot be negative; expected {formats}")
+    return number * units[unit]
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes from ``"2 GiB"``, ``"512MB"``, ``1024``; negative, unknown units and junk are ValueErrors."""
+    return int(round(_parse_quantity(value, "size", SIZE_UNITS, "b", SIZE_FORMATS)))
 
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds from ``"50 ms"``, ``"1.5s"``, ``0.2``; negative, unknown units and junk are ValueErrors."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration; expected {DURATION_FORMATS}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), "s"
-    else:
-        parsed = _split(str(value))
-        if parsed is None:
-            raise ValueError(f"{value!r} is not a duration; expected {DURATION_FORMATS}")
-        number, unit = parsed[0], parsed[1] or "s"
-    if unit not in DURATION_UNITS:
-        raise ValueError(f"{value!r}: unknown duration unit {unit!r}; expected {DURATION_FORMATS}")
-    if number < 0:
-        raise ValueError(f"{value!r}: a duration cannot be negative; expected {DURATION_FORMATS}")
-    return number * DURATION_UNITS[unit]
+    return _parse_quantity(value, "duration", DURATION_UNITS, "s", DURATION_FORMATS)

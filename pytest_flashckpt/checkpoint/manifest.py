@@ -60,7 +60,7 @@ def versions() -> dict[str, str]:
         "safetensors": safetensors.__version__,
         "numpy": np.__version__,
         "python": platform.python_version(),
-        "pytest_flashckpt": getattr(pytest_flashckpt, "__version__", "unknown"),
+        "pytest_flashckpt": pytest_flashckpt.__version__,
     }
 
 
