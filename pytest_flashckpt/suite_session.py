@@ -138,10 +138,11 @@ class SuiteSession:
     # -- running --------------------------------------------------------------------------------------
     def _context(self):
         if self._ctx is None:
+            from pytest_flashckpt.probes import default_probe_name
             from pytest_flashckpt.runner.run import RunContext, resolve_device
 
             device = resolve_device(self.options.device)
-            probe = self.options.probe if self.options.probe != "auto" else ("cuda" if device.type == "cuda" else "cpu")
+            probe = default_probe_name(device.type) if self.options.probe == "auto" else self.options.probe
             workdir = Path(self.options.workdir) if self.options.workdir else None
             self._ctx = RunContext(device=device, probe=probe, workdir=workdir)
         return self._ctx
@@ -197,7 +198,7 @@ class SuiteSession:
 
     def baseline_dir(self) -> Path:
         """``--flashckpt-baseline-dir`` (relative to the invocation folder), default ``./baselines``."""
-        return Path(self.config.invocation_params.dir) / (self.options.baseline_dir or "baselines")
+        return Path(self.config.invocation_params.dir) / self.options.baseline_dir
 
     def gate(self):
         if self._gate is None:

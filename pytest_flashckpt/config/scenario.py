@@ -15,7 +15,6 @@ from typing import Literal
 ActivationStrategy = Literal["none", "full", "every_k", "selective_op", "offload"]
 SaveStrategy = Literal["none", "sync", "async", "dcp", "selective", "layerwise", "scheduled"]
 Measurement = Literal["memory", "timing", "flops", "checkpoint"]
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _set(obj, **values) -> None:

@@ -25,14 +25,13 @@ from pytest_flashckpt.probes.base import MemoryReading
 
 
 class _LiveStorages(TorchDispatchMode):
-    """Tracks bytes of live storages on one device type; records op names (used for kernel detection)."""
+    """Tracks bytes of live storages on one device type."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
         self.device_type = device_type
         self.live_bytes = 0
         self.peak_bytes = 0
-        self.op_names: set[str] = set()
         self._sizes: dict[int, int] = {}  # id(storage object) -> bytes counted
         self._refs: dict[int, weakref.ref] = {}
 
@@ -59,7 +58,6 @@ class _LiveStorages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.op_names.add(str(func.name()))
         inputs, _ = tree_flatten((args, kwargs))
         for t in inputs:  # tensors made outside the mode (e.g. by a DataLoader) count from first use
             if isinstance(t, torch.Tensor):
@@ -79,7 +77,6 @@ class LiveTensorProbe:
 
     def __init__(self, device_type: str = "cpu") -> None:
         self.device_type = device_type
-        self.last_op_names: set[str] = set()
 
     @contextlib.contextmanager
     def track(self, resident: Iterable[torch.Tensor] = ()) -> Iterator[MemoryReading]:
@@ -93,4 +90,3 @@ class LiveTensorProbe:
         finally:
             reading.peak_bytes = mode.peak_bytes
             reading.end_bytes = mode.live_bytes
-            self.last_op_names = mode.op_names

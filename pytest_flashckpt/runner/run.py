@@ -86,9 +86,7 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
 
 def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer:
     overrides = {} if scenario.model.dropout is None else {"dropout": scenario.model.dropout}
-    card = load_card(scenario.card, **overrides)
-    if scenario.seq_len > card.block_size:
-        raise ValueError(f"{scenario.name}: seq_len {scenario.seq_len} exceeds block_size {card.block_size} of model card {card.name!r}")
+    card = load_card(scenario.card, **overrides)  # seq_len vs block_size: preflight() and GPT.forward check it
     if ctx.device.type == "cpu" and not card.allocate_on_cpu:
         raise SkipScenario(
             f"model card {card.name!r} ({card.num_params() / 1e9:.1f}B parameters) is only built on the meta device "
