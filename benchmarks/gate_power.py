@@ -26,7 +26,7 @@ from pytest_flashckpt.baselines.stats import smallest_p
 from pytest_flashckpt.baselines.verdicts import Thresholds, judge_sampled
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.runner.timing import interleaved, time_steps
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from pytest_flashckpt.models.gpt import GPTConfig
-from pytest_flashckpt.runner.training import Trainer, make_batch
+from pytest_flashckpt.training import Trainer, make_batch
 
 _aten = torch.ops.aten
 

@@ -32,7 +32,7 @@ from pytest_flashckpt.checkpoint.staging import StagingArea
 from pytest_flashckpt.checkpoint.state import CapturedState, capture
 from pytest_flashckpt.checkpoint.store import CheckpointStore, describe_os_error
 from pytest_flashckpt.config.scenario import SaveConfig
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 
 class Checkpointer:

@@ -22,7 +22,7 @@ from pytest_flashckpt.checkpoint.manifest import Manifest, verify
 from pytest_flashckpt.checkpoint.payload import read_meta
 from pytest_flashckpt.checkpoint.state import restore
 from pytest_flashckpt.checkpoint.store import CheckpointStore
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 
 @dataclass

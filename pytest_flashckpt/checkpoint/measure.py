@@ -14,7 +14,7 @@ from pytest_flashckpt.checkpoint.metrics import median
 from pytest_flashckpt.checkpoint.state import capture
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.probes import make_probe
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 Metrics = dict[str, "float | int | str | None | list[float]"]
 

@@ -18,7 +18,7 @@ import torch
 
 from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.treeflat import flatten, unflatten
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 
 @dataclass

@@ -1,1 +1,1 @@
-"""Running scenarios: synthetic data, training steps, the measurement passes, and the Result they produce."""
+"""Running scenarios: the measurement passes (memory, interleaved timing, FLOPs, checkpoint) and the Result they produce."""

@@ -24,7 +24,7 @@ from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.result import Result
 from pytest_flashckpt.runner.timing import interleaved, summarise_ratio
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

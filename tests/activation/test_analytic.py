@@ -9,7 +9,7 @@ from pytest_flashckpt.activation.analytic import Workload, block_bytes, estimate
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models import GPTConfig, build_model, load_card
 from pytest_flashckpt.probes.base import make_probe
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 
 def probe_peak(config: GPTConfig, backend: str, strategy: str, batch: int, seq: int) -> tuple[int, int]:

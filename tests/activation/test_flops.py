@@ -10,7 +10,7 @@ from pytest_flashckpt.activation.flops import measure_step_flops, expected_matmu
 from pytest_flashckpt.activation.selective import DEFAULT_RECOMPUTE_LINEARS
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models import GPTConfig, build_model
-from pytest_flashckpt.runner.training import make_batch
+from pytest_flashckpt.training import make_batch
 
 B, T = 2, 32
 STRATEGIES = ("none", "full", "every_k", "selective_op")

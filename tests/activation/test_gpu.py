@@ -10,7 +10,7 @@ import torch
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models import GPTConfig, build_model
-from pytest_flashckpt.runner.training import make_batch
+from pytest_flashckpt.training import make_batch
 
 pytestmark = [
     pytest.mark.gpu,

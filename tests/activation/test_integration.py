@@ -9,7 +9,7 @@ from pytest_flashckpt.activation.flops import count_step_flops, measure_step_flo
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.models import GPTConfig, build_model
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 SMALL = GPTConfig(vocab_size=64, block_size=64, n_layer=4, n_head=2, n_embd=32)
 

@@ -10,7 +10,7 @@ from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.config.typed import build
 from pytest_flashckpt.models import GPTConfig, build_model
-from pytest_flashckpt.runner.training import make_batch
+from pytest_flashckpt.training import make_batch
 
 CPU_STRATEGIES = ("full", "every_k", "selective_op")
 

@@ -8,7 +8,7 @@ import torch
 from pytest_flashckpt.checkpoint.state import capture
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.models import GPTConfig, build_model
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 TINY = GPTConfig(name="proof", n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=32)
 

@@ -12,7 +12,7 @@ from pytest_flashckpt.models.attention import (
     flash_attn_unavailable_reason,
     resolve_backend,
 )
-from pytest_flashckpt.runner.training import make_batch
+from pytest_flashckpt.training import make_batch
 
 SMALL = GPTConfig(vocab_size=97, block_size=64, n_layer=2, n_head=4, n_embd=64)
 

@@ -6,7 +6,7 @@ import torch
 
 from pytest_flashckpt.models import GPTConfig, build_model, load_card
 from pytest_flashckpt.probes import make_probe
-from pytest_flashckpt.runner.training import Trainer
+from pytest_flashckpt.training import Trainer
 
 
 def test_hand_computable_workload_counts_exact_bytes():
