@@ -1,12 +1,15 @@
 """The ``flashckpt`` command: re-render a report from a results file, or compare two runs for a pull request.
 
+    flashckpt run --suite NAME|PATH [--report DIR] [--device cuda] [--save-baseline] ...
     flashckpt report reports/results.json [--out DIR]
     flashckpt compare main.json branch.json [--metric overhead ...] [--out FILE]
     flashckpt claims
 
-It reads only ``results.json`` files (never torch), so it runs on any machine that has the files. Problems with
-an input file (missing, not JSON, another schema version) are usage errors: a message naming the file on stderr
-and exit status 2, like argparse's own errors.
+``run`` measures a suite without pytest (``runner.suite.run_suite``) and writes the same ``results.json`` and report
+as ``pytest --flashckpt-suite``; its options are the plugin's (``config.run_options``) without the ``flashckpt-``
+prefix. The other commands read only ``results.json`` files (never torch), so they run on any machine that has
+the files. Problems with an input file or option (missing, not JSON, another schema version, a bad value) are
+usage errors: a message on stderr and exit status 2, like argparse's own errors.
 """
 
 from __future__ import annotations
@@ -16,13 +19,17 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
 from pytest_flashckpt.result import SCHEMA_VERSION, RunRecord
 
 USAGE_ERROR = 2
 
 EPILOG = f"""\
 A suite run (pytest --flashckpt-suite=NAME) writes reports/results.json (schema version {SCHEMA_VERSION}) and
-reports/flashckpt-report.md. Exit status: 0 on success, 2 on a usage error or an unreadable results file."""
+reports/flashckpt-report.md (so does flashckpt run). Exit status: 0 on success, 1 when `run` found a regression
+or a scenario broke, 2 on a usage error or an unreadable results file."""
+
+FAILED = 1
 
 
 class InputError(Exception):
@@ -36,6 +43,57 @@ def _read(path: str) -> RunRecord:
         raise InputError(str(exc)) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read results file ({exc})") from None
+
+
+def _option_flag(name: str) -> str:
+    return "--" + name.removeprefix("flashckpt-")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.config.errors import ConfigError
+
+    def lookup(spec):
+        return getattr(args, spec.dest), _option_flag(spec.name)
+
+    try:
+        options = Options.from_lookup(args.suite, lookup)
+    except OptionError as exc:
+        raise InputError(str(exc)) from None
+    from pytest_flashckpt.report import summary_lines
+    from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
+
+    try:
+        suite = load_checked_suite(args.suite)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    run = SuiteRun(suite, options)
+    from pytest_flashckpt.baselines import BaselineError
+
+    for scenario in suite.scenarios:
+        result = run.run(scenario)
+        line = f"{result.id}: {result.status}" + (f" ({result.reason})" if result.reason else "")
+        print(line, flush=True)
+        if result.status == "measured":
+            try:
+                judgement = run.judge(result)
+            except BaselineError as exc:
+                print(f"  baseline: {exc}", flush=True)
+                continue
+            if judgement.failure:
+                print("  " + judgement.failure.replace("\n", "\n  "), flush=True)
+    outputs = run.finish()
+    for line in summary_lines(run.results):
+        print(line)
+    if outputs.record.comparison is not None:
+        from pytest_flashckpt.baselines.summary import terminal_lines
+
+        for line in terminal_lines(outputs.record.comparison):
+            print(line)
+    print(f"results: {outputs.results_path}")
+    print(f"report: {outputs.report_path}")
+    if outputs.baseline_path is not None:
+        print(f"baseline saved: {outputs.baseline_path}")
+    return FAILED if run.failed() else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -81,6 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a scenario suite without pytest; writes results.json and the report",
+                         description="Measure a suite (shipped name or YAML path) as pytest --flashckpt-suite does, "
+                                     "judge it against the baseline and write results.json and the markdown report.")
+    run.add_argument("--suite", default="default", metavar="NAME|PATH", help="suite to run (default: default)")
+    for spec in OPTIONS:
+        flag = _option_flag(spec.name)
+        if isinstance(spec.default, bool):
+            run.add_argument(flag, dest=spec.dest, action="store_true", default=None, help=spec.help)
+        else:
+            run.add_argument(flag, dest=spec.dest, default=None, metavar=flag[2:].split("-")[-1].upper(),
+                             help=f"{spec.help} (default: {spec.default})")
+    run.set_defaults(run=_cmd_run)
 
     report = sub.add_parser("report", help="re-render the markdown report (and plots) from a results file",
                             description="Re-render flashckpt-report.md and its PNG plots from a results.json.")

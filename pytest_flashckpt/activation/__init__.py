@@ -25,10 +25,11 @@ from torch.utils.checkpoint import checkpoint
 
 from pytest_flashckpt.activation.selective import DEFAULT_RECOMPUTE_LINEARS, DEFAULT_SAVE_OPS, SavePolicy, default_save_ops
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.registry import ACTIVATION_STRATEGIES
 
 __all__ = ["DEFAULT_SAVE_OPS", "AppliedActivation", "StrategyUnavailable", "apply_ac"]
 
-STRATEGIES = ("none", "full", "every_k", "selective_op", "offload")
+STRATEGIES = tuple(ACTIVATION_STRATEGIES)  # names and descriptions: pytest_flashckpt.registry
 
 
 class StrategyUnavailable(RuntimeError):

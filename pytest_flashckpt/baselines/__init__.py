@@ -6,7 +6,7 @@ a suite run and builds ``RunRecord.comparison``; ``summary`` renders it for the 
 """
 
 from pytest_flashckpt.baselines.gate import Gate, failure_text
-from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
+from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate, save_run
 from pytest_flashckpt.baselines.verdicts import Thresholds, compare_scenario, judge_sampled
 
-__all__ = ["Baseline", "BaselineError", "Gate", "Thresholds", "compare_scenario", "failure_text", "judge_sampled", "locate"]
+__all__ = ["Baseline", "BaselineError", "Gate", "Thresholds", "compare_scenario", "failure_text", "judge_sampled", "locate", "save_run"]

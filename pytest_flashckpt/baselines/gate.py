@@ -13,6 +13,7 @@ from typing import Any
 
 from pytest_flashckpt.baselines.store import Baseline, locate
 from pytest_flashckpt.baselines.verdicts import Thresholds, compare_scenario
+from pytest_flashckpt.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.result import Result
 
 
@@ -98,16 +99,3 @@ def failure_text(rows: list[dict[str, Any]], baseline_path: Path, thresholds: Th
         lines.append(f"  {r['metric']}: baseline {fmt(r['baseline'])}, current {fmt(r['current'])}, change {change}{p}")
     lines.append("if the change is intended, refresh the baseline: pytest --flashckpt-suite=... --flashckpt-save-baseline")
     return "\n".join(lines)
-
-
-def fmt_change(change: float | None) -> str:
-    """``+12.3%``; small exact-count changes keep their digits (``+0.0056%``) instead of showing ``+0.0%``."""
-    if change is None:
-        return ""
-    return f"{change:+.4%}" if 0 < abs(change) < 0.001 else f"{change:+.1%}"
-
-
-def fmt(value: float) -> str:
-    if float(value).is_integer() and abs(value) >= 1000:
-        return f"{int(value):,}"
-    return f"{value:.4g}"

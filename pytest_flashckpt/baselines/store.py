@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_flashckpt.baselines.verdicts import GUARDED, RATIO_METRICS, TIME_METRICS, ratio_samples
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.baselines.verdicts import GUARDED, SAMPLED, ratio_samples
+from pytest_flashckpt.result import Result, RunRecord
 
 BASELINE_SCHEMA = 1
 
@@ -79,7 +79,7 @@ def entry(result: Result, commit: str | None, updated: str) -> dict[str, Any]:
     """What a baseline keeps of one result: the guarded metrics and the per-round samples behind the timings."""
     metrics = {k: v for k, v in result.metrics.items() if k in GUARDED and isinstance(v, (int, float)) and not isinstance(v, bool)}
     samples = {}
-    for name in RATIO_METRICS + TIME_METRICS:
+    for name in SAMPLED:
         values = ratio_samples(name, result.metrics, result.samples)
         if values:
             samples[name] = [float(v) for v in values]
@@ -104,3 +104,17 @@ def locate(directory: Path, profile_id: str) -> Lookup:
     path = directory / f"{profile_id}.json"
     others = tuple(p for p in sorted(directory.glob("*.json")) if p.name != path.name) if directory.is_dir() else ()
     return Lookup(directory, path, path.is_file(), others)
+
+
+def save_run(directory: Path, record: RunRecord) -> Path:
+    """Write or update ``record``'s profile baseline in ``directory`` with the scenarios that ran (the others in the
+    file are kept as they were); an unreadable file is replaced by this run's. Returns the file written."""
+    lookup = locate(directory, record.profile_id)
+    try:
+        baseline = Baseline.read(lookup.path) if lookup.exists else Baseline(record.profile_id, record.profile)
+    except BaselineError:
+        baseline = Baseline(record.profile_id, record.profile)
+    baseline.profile = record.profile
+    baseline.update(record.results, record.commit, record.created)
+    baseline.write(lookup.path)
+    return lookup.path

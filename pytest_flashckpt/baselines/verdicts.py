@@ -28,19 +28,16 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+from pytest_flashckpt import metrics as vocabulary
 from pytest_flashckpt.baselines.stats import mann_whitney_greater, smallest_p
+from pytest_flashckpt.registry import is_exact_probe
 
 Verdict = Literal["ok", "improved", "regressed", "~"]
 Kind = Literal["exact", "memory", "ratio", "time"]
 
-EXACT_PROBES = ("cpu",)  # probes whose byte counts are deterministic
-EXACT_SLACK = {"bytes_written": 1e-4}  # relative slack of exact counts (see the module docstring)
-MEMORY_METRICS = ("peak_bytes", "state_bytes", "save_extra_peak_bytes")
-COUNT_METRICS = ("step_flops", "bytes_written", "files")
-RATIO_METRICS = ("overhead", "stall_vs_sync")
-TIME_METRICS = ("step_time_s", "save_stall_s", "save_total_s", "load_s")
-# every metric is "lower is better"; a baseline stores exactly these (plus their per-round samples)
-GUARDED = MEMORY_METRICS + COUNT_METRICS + RATIO_METRICS + TIME_METRICS
+# which metrics are gated, their kind and exact slack come from the vocabulary (pytest_flashckpt.metrics)
+GUARDED = vocabulary.GATED
+SAMPLED = vocabulary.SAMPLED  # ratios and times: judged on per-round samples, stored with them
 
 
 @dataclass(frozen=True)
@@ -53,15 +50,7 @@ class Thresholds:
 
 def metric_kind(name: str, probe: str | None) -> Kind | None:
     """How ``name`` is judged for a result measured with ``probe``; None = not a guarded metric."""
-    if name in MEMORY_METRICS:
-        return "exact" if probe in EXACT_PROBES and name != "save_extra_peak_bytes" else "memory"
-    if name in COUNT_METRICS:
-        return "exact"
-    if name in RATIO_METRICS:
-        return "ratio"
-    if name in TIME_METRICS:
-        return "time"
-    return None
+    return vocabulary.judged_as(name, is_exact_probe(probe))
 
 
 def _samples_of(name: str, samples: dict[str, list[float]]) -> list[float] | None:
@@ -176,11 +165,11 @@ def compare_scenario(
             continue
         kind = metric_kind(name, probe)
         base_value, value = float(base_metrics[name]), float(metrics[name])
-        if name in MEMORY_METRICS and base_probe != probe:
+        if vocabulary.METRICS[name].kind in ("memory", "sampled") and base_probe != probe:
             notes.append(f"{scenario}: {name} not compared: baseline probe {base_probe!r}, this run {probe!r}")
             continue
         if kind == "exact":
-            rows.append(judge_exact(scenario, name, base_value, value, EXACT_SLACK.get(name, 0.0)))
+            rows.append(judge_exact(scenario, name, base_value, value, vocabulary.METRICS[name].slack))
         elif kind == "memory":
             rows.append(judge_tolerance(scenario, name, base_value, value, thresholds.memory_tolerance))
         elif kind == "ratio" or (kind == "time" and thresholds.gate_times):

@@ -12,8 +12,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-ActivationStrategy = Literal["none", "full", "every_k", "selective_op", "offload"]
-SaveStrategy = Literal["none", "sync", "async", "dcp", "selective", "layerwise", "scheduled"]
+from pytest_flashckpt.registry import ACTIVATION_STRATEGIES, SAVE_STRATEGIES
+
+# the names live in pytest_flashckpt.registry (with their descriptions); Literal[tuple] is Literal[*names]
+ActivationStrategy = Literal[tuple(ACTIVATION_STRATEGIES)]  # type: ignore[valid-type]
+SaveStrategy = Literal[tuple(SAVE_STRATEGIES)]  # type: ignore[valid-type]
 Measurement = Literal["memory", "timing", "flops", "checkpoint"]
 
 
@@ -26,7 +29,7 @@ def _set(obj, **values) -> None:
 class ActivationConfig:
     """How activations are kept for the backward pass."""
 
-    strategy: ActivationStrategy = "none"  # none | full (every block recomputed) | every_k | selective_op | offload
+    strategy: ActivationStrategy = "none"  # see registry.ACTIVATION_STRATEGIES
     k: int = 2  # every_k: checkpoint blocks 0, k, 2k, ...
     save_ops: tuple[str, ...] | None = None  # selective_op: aten overloads whose outputs are saved (None = matmuls + attention)
 

@@ -8,7 +8,6 @@ memory, the reference save) are cached per run, keyed by the reference's configu
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import tempfile
 import traceback
@@ -17,55 +16,18 @@ from typing import Any
 
 import torch
 
+from pytest_flashckpt.config.preflight import preflight  # noqa: F401  (its old home; config.preflight now)
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.models.attention import BackendUnavailable, OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.result import Result
+from pytest_flashckpt.runner.context import RunContext, SkipScenario, resolve_device, scenario_key  # noqa: F401
 from pytest_flashckpt.runner.timing import interleaved, summarise_ratio
 from pytest_flashckpt.training import Trainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class SkipScenario(Exception):
-    """This hardware cannot run the scenario; the message is the reason shown in reports and pytest."""
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` -> the first CUDA device when there is one, else the CPU; a missing CUDA is a clear error."""
-    if name == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SkipScenario(f"device {name!r} asked for, but torch {torch.__version__} sees no CUDA device")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {name!r}; valid: auto, cpu, cuda, cuda:N")
-    return device
-
-
-@dataclasses.dataclass
-class RunContext:
-    """Per-run settings and caches shared by the scenarios of one suite run."""
-
-    device: torch.device
-    probe: str
-    workdir: Path | None = None
-    cache: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def cached(self, kind: str, scenario: Scenario, compute):
-        key = f"{kind}:{scenario_key(scenario)}"
-        if key not in self.cache:
-            self.cache[key] = compute()
-        return self.cache[key]
-
-
-def scenario_key(scenario: Scenario) -> str:
-    plain = to_plain(scenario)
-    for field in ("name", "suite", "description", "article", "measure", "rounds"):
-        plain.pop(field, None)
-    return repr(sorted(plain.items()))
 
 
 def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
@@ -226,16 +188,3 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
             result.metrics["stall_vs_sync"] = result.metrics["save_stall_s"] / ref["save_total_s"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def preflight(scenario: Scenario) -> None:
-    """Static checks before anything runs (model card readable, sequence fits, strategy fits the model);
-    raises ConfigError naming the scenario and the fix."""
-    from pytest_flashckpt.config.errors import ConfigError
-
-    where = f"{scenario.suite}::{scenario.name}"
-    card = load_card(scenario.card)
-    if scenario.seq_len > card.block_size:
-        raise ConfigError(where, f"seq_len {scenario.seq_len} exceeds block_size {card.block_size} of model card {card.name!r}", "use a shorter seq_len or a card with more positions")
-    if scenario.activation.strategy == "every_k" and scenario.activation.k > card.n_layer:
-        raise ConfigError(where, f"activation.k {scenario.activation.k} is larger than the {card.n_layer} blocks of {card.name!r}", f"valid: 1..{card.n_layer}")

@@ -8,7 +8,7 @@ import pytest
 from pytest_flashckpt.config.data import shipped_names
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.suites import load_suite
-from pytest_flashckpt.runner.run import preflight
+from pytest_flashckpt.config.preflight import preflight
 
 
 def _suite(tmp_path, text, name="s.yaml"):
