@@ -17,7 +17,7 @@ from pytest_flashckpt.registry import ACTIVATION_STRATEGIES, SAVE_STRATEGIES
 # the names live in pytest_flashckpt.registry (with their descriptions); Literal[tuple] is Literal[*names]
 ActivationStrategy = Literal[tuple(ACTIVATION_STRATEGIES)]  # type: ignore[valid-type]
 SaveStrategy = Literal[tuple(SAVE_STRATEGIES)]  # type: ignore[valid-type]
-Measurement = Literal["memory", "timing", "flops", "checkpoint"]
+MeasurePass = Literal["memory", "timing", "flops", "checkpoint"]  # the passes a scenario runs
 
 
 def _set(obj, **values) -> None:
@@ -110,7 +110,7 @@ class Scenario:
     seq_len: int = 512
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     checkpoint: SaveConfig = field(default_factory=SaveConfig)
-    measure: tuple[Measurement, ...] = ("memory", "timing")
+    measure: tuple[MeasurePass, ...] = ("memory", "timing")
     rounds: int = 5  # interleaved timing rounds (reference, strategy, reference, strategy, ...)
     steps: int = 1  # timed training steps per round
     warmup: int = 1  # untimed steps before measuring (optimizer state exists after it)

@@ -21,10 +21,9 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.models.attention import BackendUnavailable, OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
-from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.result import Result
 from pytest_flashckpt.runner.context import RunContext, SkipScenario, resolve_device, scenario_key  # noqa: F401
-from pytest_flashckpt.runner.timing import interleaved, summarise_ratio
+from pytest_flashckpt.runner.passes import peak_pass, timing_pass
 from pytest_flashckpt.training import Trainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -93,11 +92,7 @@ def _warmup(trainer: Trainer, steps: int) -> set[str]:
 
 
 def _peak(trainer: Trainer, probe_name: str, device: torch.device) -> dict[str, int]:
-    probe = make_probe(probe_name, device)
-    with probe.track(resident=trainer.state_tensors()) as reading:
-        trainer.train_step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    reading = peak_pass(trainer.train_step, trainer.state_tensors(), probe_name, device)
     return {"peak_bytes": reading.peak_bytes, "state_bytes": reading.start_bytes, **reading.extra}
 
 
@@ -138,18 +133,10 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
         metrics.update(_analytic(scenario, trainer, ctx.device))
 
     if "timing" in scenario.measure:
-        variants = [trainer.train_step] if reference is None else [reference.train_step, trainer.train_step]
-        times = interleaved(variants, scenario.rounds, scenario.steps, ctx.device)
-        samples["step_time_s"] = times[-1]
-        metrics["step_time_s"] = sorted(times[-1])[len(times[-1]) // 2]
-        if reference is not None:
-            samples["reference_step_time_s"] = times[0]
-            samples["overhead"] = [s / r for s, r in zip(times[1], times[0])]
-            summary = summarise_ratio(times[1], times[0])
-            metrics["reference_step_time_s"] = sorted(times[0])[len(times[0]) // 2]
-            metrics["overhead"] = summary["median"]
-            metrics["overhead_min"] = summary["min"]
-            metrics["overhead_max"] = summary["max"]
+        timing = timing_pass(trainer.train_step, None if reference is None else reference.train_step,
+                             scenario.rounds, scenario.steps, ctx.device)
+        metrics.update(timing.metrics())
+        samples.update(timing.samples())
 
     if "flops" in scenario.measure:
         from pytest_flashckpt.activation.flops import count_step_flops
