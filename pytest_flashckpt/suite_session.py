@@ -27,7 +27,7 @@ class ScenarioItem(pytest.Item):
         self.scenario = scenario
         self.state = session_state
         self.result: Result | None = None
-        for keyword in (scenario.attention, scenario.activation.strategy, scenario.checkpoint.strategy, scenario.card):
+        for keyword in (scenario.attention, scenario.activation.strategy, scenario.save.strategy, scenario.card):
             self.keywords[keyword] = True
 
     def runtest(self) -> None:

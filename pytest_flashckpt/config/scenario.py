@@ -109,7 +109,7 @@ class Scenario:
     batch_size: int = 4
     seq_len: int = 512
     activation: ActivationConfig = field(default_factory=ActivationConfig)
-    checkpoint: SaveConfig = field(default_factory=SaveConfig)
+    save: SaveConfig = field(default_factory=SaveConfig)  # YAML key: checkpoint (the article's word); see ALIASES
     measure: tuple[MeasurePass, ...] = ("memory", "timing")
     rounds: int = 5  # interleaved timing rounds (reference, strategy, reference, strategy, ...)
     steps: int = 1  # timed training steps per round
@@ -118,9 +118,13 @@ class Scenario:
     article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.claims)
     description: str = ""
 
+    # a suite file names the save config ``checkpoint:`` (the article's key); in code it is ``save``, because
+    # "checkpoint" also means activation checkpointing (``activation``)
+    ALIASES = {"checkpoint": ("save", lambda raw: {"save": raw})}
+
     def __post_init__(self) -> None:
         model = ModelSpec(card=self.model) if isinstance(self.model, str) else self.model
-        activation, checkpoint = self.activation, self.checkpoint
+        activation, checkpoint = self.activation, self.save
         if model.gradient_checkpointing is not None:
             wanted = "full" if model.gradient_checkpointing else "none"
             if activation.strategy not in ("none", wanted):
@@ -138,7 +142,7 @@ class Scenario:
             checkpoint = dataclasses.replace(
                 checkpoint, strategy="layerwise", layer_checkpoint_dir=model.layer_checkpoint_dir or checkpoint.layer_checkpoint_dir
             )
-        _set(self, model=model, activation=activation, checkpoint=checkpoint)
+        _set(self, model=model, activation=activation, save=checkpoint)
         for key in ("batch_size", "seq_len", "rounds", "steps"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
@@ -159,8 +163,8 @@ class Scenario:
 
     def reference(self) -> "Scenario":
         """The same model, kernel, batch and sequence with no activation checkpointing and a plain sync save."""
-        save = SaveConfig(strategy="sync", format=self.checkpoint.format, saves=self.checkpoint.saves) if self.checkpoint.strategy != "none" else SaveConfig()
-        return dataclasses.replace(self, name=f"{self.name}.reference", activation=ActivationConfig(), checkpoint=save, article=None)
+        save = SaveConfig(strategy="sync", format=self.save.format, saves=self.save.saves) if self.save.strategy != "none" else SaveConfig()
+        return dataclasses.replace(self, name=f"{self.name}.reference", activation=ActivationConfig(), save=save, article=None)
 
 
 def _flag(value) -> bool:

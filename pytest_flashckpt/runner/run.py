@@ -156,18 +156,18 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
 
     root = Path(tempfile.mkdtemp(prefix="flashckpt-", dir=ctx.workdir))
     try:
-        measured = run_checkpoint_pass(trainer, scenario.checkpoint, root / "strategy", ctx.probe)
+        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe)
         for key, value in measured.items():
             if isinstance(value, list):
                 result.samples[key] = value
             else:
                 result.metrics[key] = value
-        if scenario.checkpoint.strategy != "sync":
+        if scenario.save.strategy != "sync":
             ref_scenario = scenario.reference()
 
             def reference_save() -> dict[str, Any]:
                 ref_trainer = _reference_trainer(scenario, ctx, result.backend or "sdpa")
-                return run_checkpoint_pass(ref_trainer, ref_scenario.checkpoint, root / "reference", ctx.probe)
+                return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe)
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
             result.metrics["reference_save_total_s"] = ref["save_total_s"]

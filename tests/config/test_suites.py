@@ -55,12 +55,12 @@ def test_article_keys_are_accepted_as_written(tmp_path):
     """))
     s = {x.name: x for x in suite.scenarios}
     assert s["article-model"].activation.strategy == "full"
-    assert s["article-model"].checkpoint.strategy == "layerwise"
-    assert s["article-model"].checkpoint.layer_checkpoint_dir == "./checkpoints/layers"
-    assert s["article-checkpoint"].checkpoint.strategy == "async" and s["article-checkpoint"].checkpoint.max_keep == 5
+    assert s["article-model"].save.strategy == "layerwise"
+    assert s["article-model"].save.layer_checkpoint_dir == "./checkpoints/layers"
+    assert s["article-checkpoint"].save.strategy == "async" and s["article-checkpoint"].save.max_keep == 5
     assert "checkpoint" in s["article-checkpoint"].measure
-    assert s["article-selective"].checkpoint.strategy == "selective"
-    assert s["article-dynamic"].checkpoint.strategy == "scheduled"
+    assert s["article-selective"].save.strategy == "selective"
+    assert s["article-dynamic"].save.strategy == "scheduled"
     assert s["activation-alias"].activation.strategy == "full"
 
 

@@ -24,7 +24,7 @@ def result(scenario: Scenario, status: str = "measured", reason: str | None = No
 def strategy(name: str, saving: float, overhead: float, activation: ActivationConfig, save: SaveConfig | None = None,
              article: str | None = None, **extra) -> Result:
     scenario = Scenario(name=name, suite="synthetic", attention="sdpa", activation=activation,
-                        checkpoint=save or SaveConfig(), article=article)
+                        save=save or SaveConfig(), article=article)
     return result(
         scenario,
         peak_bytes=int(REF_PEAK * (1 - saving)), reference_peak_bytes=REF_PEAK, state_bytes=STATE, memory_saving=saving,
