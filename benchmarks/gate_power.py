@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from pytest_flashckpt.baselines.stats import smallest_p
-from pytest_flashckpt.baselines.verdicts import Thresholds, judge_sampled
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, judge_sampled
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.runner.timing import interleaved, time_steps
 from pytest_flashckpt.training import Trainer

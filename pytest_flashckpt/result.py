@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_flashckpt.files import atomic_write_text
+
 SCHEMA_VERSION = 1
 
 Status = Literal["measured", "skipped", "error"]
@@ -16,7 +18,7 @@ Metric = float | int | str | None
 
 @dataclass
 class Result:
-    """Measurements of one scenario. ``metrics`` holds the named metrics of DESIGN.md (``peak_bytes``,
+    """Measurements of one scenario. ``metrics`` holds the named metrics of ``pytest_flashckpt.metrics`` (``peak_bytes``,
     ``memory_saving``, ``overhead``, ``save_stall_s``...); ``samples`` the per-round values behind them."""
 
     suite: str
@@ -67,10 +69,7 @@ class RunRecord:
 
     def write_json(self, path: Path) -> None:
         """Write atomically (temp file + rename): a reader never sees half a results file."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunRecord":

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_flashckpt.baselines.store import Baseline, locate
-from pytest_flashckpt.baselines.verdicts import Thresholds, compare_scenario
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
 from pytest_flashckpt.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.result import Result
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_flashckpt.baselines.verdicts import GUARDED, SAMPLED, ratio_samples
+from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, ratio_samples
+from pytest_flashckpt.files import atomic_write_text
 from pytest_flashckpt.result import Result, RunRecord
 
 BASELINE_SCHEMA = 1
@@ -59,10 +60,7 @@ class Baseline:
         return cls(str(data.get("profile_id", "")), dict(data.get("profile") or {}), dict(data["scenarios"]))
 
     def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     def update(self, results: list[Result], commit: str | None, updated: str) -> list[str]:
         """Replace the entries of the measured results; returns their ids. Skipped / errored ones are not stored."""

@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from pytest_flashckpt.files import PAGE_SIZE, resident_bytes
+
 MemoryGauge = Callable[[], tuple[int, int]]  # () -> (bytes in use, capacity in bytes)
 
 
@@ -22,10 +24,7 @@ def process_memory() -> tuple[int, int]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         device = torch.cuda.current_device()
         return torch.cuda.memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
-    page = os.sysconf("SC_PAGE_SIZE")
-    with open("/proc/self/statm", encoding="ascii") as fh:
-        resident_pages = int(fh.read().split()[1])
-    return resident_pages * page, os.sysconf("SC_PHYS_PAGES") * page
+    return resident_bytes(), os.sysconf("SC_PHYS_PAGES") * PAGE_SIZE
 
 
 @dataclass(frozen=True)

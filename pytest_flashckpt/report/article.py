@@ -7,7 +7,7 @@ from pytest_flashckpt.claims import GRADIENT_CHECKPOINTING, OVERHEAD_BANDS, SAVI
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, ms, pct, ratio, spread
 from pytest_flashckpt.report.tables import escape, table
-from pytest_flashckpt.report.verdicts import judge
+from pytest_flashckpt.report.claim_verdicts import judge
 from pytest_flashckpt.result import Result, RunRecord
 
 HEADERS = [

@@ -13,7 +13,7 @@ from pytest_flashckpt.metrics import COMPARED
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import change, metric
 from pytest_flashckpt.report.tables import escape, table
-from pytest_flashckpt.report.verdicts import judge
+from pytest_flashckpt.report.claim_verdicts import judge
 from pytest_flashckpt.result import Result, RunRecord
 
 DEFAULT_METRICS = COMPARED  # the vocabulary says which metrics a comparison shows by default

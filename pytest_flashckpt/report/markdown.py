@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_flashckpt.claims import CLAIMS
+from pytest_flashckpt.files import atomic_write_text
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.activation import activation_section
 from pytest_flashckpt.report.article import article_table, single_claim
@@ -20,7 +21,7 @@ from pytest_flashckpt.report.header import header
 from pytest_flashckpt.report.plots import Plot, write_plots
 from pytest_flashckpt.report.regression import regression_section
 from pytest_flashckpt.report.scenarios import scenarios_section
-from pytest_flashckpt.report.verdicts import judge
+from pytest_flashckpt.report.claim_verdicts import judge
 from pytest_flashckpt.result import Result, RunRecord
 
 REPORT_NAME = "flashckpt-report.md"
@@ -53,9 +54,7 @@ def write_report(record: RunRecord, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(record, out_dir)
     path = out_dir / REPORT_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(record, plots), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, render(record, plots))
     return path
 
 
