@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_flashckpt.comparison import Comparison
 from pytest_flashckpt.files import atomic_write_text
 
 SCHEMA_VERSION = 1
@@ -60,7 +61,10 @@ class RunRecord:
     results: list[Result]
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
-    comparison: dict[str, Any] | None = None  # baseline verdicts, when a baseline was compared
+    comparison: Comparison | None = None  # regression verdicts, when a baseline was compared
+
+    def __post_init__(self) -> None:
+        self.comparison = Comparison.coerce(self.comparison)  # its JSON form (a mapping) is accepted too
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -9,10 +9,10 @@ another machine's numbers say nothing about this one), ``disabled`` (``--flashck
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pytest_flashckpt.baselines.store import Baseline, locate
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
+from pytest_flashckpt.comparison import Comparison, RegressionVerdict
 from pytest_flashckpt.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.result import Result
 
@@ -23,7 +23,7 @@ class Gate:
         self.lookup = locate(directory, profile_id)
         self.profile_id = profile_id
         self.baseline: Baseline | None = None
-        self.verdicts: list[dict[str, Any]] = []
+        self.verdicts: list[RegressionVerdict] = []
         self.notes: list[str] = []
         self.not_in_baseline: list[str] = []
         if not enabled:
@@ -36,7 +36,7 @@ class Gate:
         else:
             self.status = "no-baseline"
 
-    def judge(self, result: Result) -> list[dict[str, Any]]:
+    def judge(self, result: Result) -> list[RegressionVerdict]:
         """Verdict rows for one measured result (none for skipped results or scenarios the baseline lacks)."""
         if self.baseline is None or result.status != "measured":
             return []
@@ -60,7 +60,7 @@ class Gate:
                 f"baselines in {self.lookup.directory} are for other profiles ({names}), not this one ({self.profile_id}); "
                 "comparison skipped; create this profile's with --flashckpt-save-baseline"
             )
-        counts = {v: sum(r["verdict"] == v for r in self.verdicts) for v in ("regressed", "improved", "~", "ok")}
+        counts = {v: sum(r.verdict == v for r in self.verdicts) for v in ("regressed", "improved", "~", "ok")}
         text = (
             f"compared with {self.lookup.path}: {counts['regressed']} regressed, {counts['improved']} improved, "
             f"{counts['~']} within noise (~), {counts['ok']} ok"
@@ -76,26 +76,31 @@ class Gate:
             return ", ".join(p.stem for p in self.lookup.others)
         return None
 
-    def comparison(self) -> dict[str, Any]:
-        """The structure stored as ``RunRecord.comparison`` (the report renders it; keep these keys)."""
-        return {
-            "status": self.status,
-            "baseline_path": str(self.lookup.path) if self.status == "compared" else None,
-            "baseline_profile_id": self._baseline_profile_id(),
-            "message": "; ".join([self.message(), *self.notes]),
-            "verdicts": list(self.verdicts),
-        }
+    def comparison(self) -> Comparison:
+        """What ``RunRecord.comparison`` holds (the report renders it)."""
+        return Comparison(
+            status=self.status,  # type: ignore[arg-type]
+            baseline_path=str(self.lookup.path) if self.status == "compared" else None,
+            baseline_profile_id=self._baseline_profile_id(),
+            message="; ".join([self.message(), *self.notes]),
+            verdicts=list(self.verdicts),
+        )
 
 
-def failure_text(rows: list[dict[str, Any]], baseline_path: Path, thresholds: Thresholds) -> str | None:
+def unreadable_baseline(message: str) -> Comparison:
+    """The comparison of a run whose baseline file could not be read (the message names the file and the fix)."""
+    return Comparison("compared", None, None, message, [])
+
+
+def failure_text(rows: list[RegressionVerdict], baseline_path: Path, thresholds: Thresholds) -> str | None:
     """The failure message of a scenario with regressed metrics, or None when nothing regressed."""
-    bad = [r for r in rows if r["verdict"] == "regressed"]
+    bad = [r for r in rows if r.verdict == "regressed"]
     if not bad:
         return None
     lines = [f"performance regression against {baseline_path}:"]
     for r in bad:
-        change = fmt_change(r["change"]) or "n/a"
-        p = "" if r["p_value"] is None else f", p = {r['p_value']:.3g} (alpha {thresholds.alpha})"
-        lines.append(f"  {r['metric']}: baseline {fmt(r['baseline'])}, current {fmt(r['current'])}, change {change}{p}")
+        change = fmt_change(r.change) or "n/a"
+        p = "" if r.p_value is None else f", p = {r.p_value:.3g} (alpha {thresholds.alpha})"
+        lines.append(f"  {r.metric}: baseline {fmt(r.baseline)}, current {fmt(r.current)}, change {change}{p}")
     lines.append("if the change is intended, refresh the baseline: pytest --flashckpt-suite=... --flashckpt-save-baseline")
     return "\n".join(lines)

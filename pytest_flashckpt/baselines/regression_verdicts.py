@@ -24,15 +24,17 @@ How each kind of metric is judged, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from pytest_flashckpt import metrics as vocabulary
 from pytest_flashckpt.baselines.stats import mann_whitney_greater, smallest_p
+from pytest_flashckpt.comparison import RegressionVerdict, VerdictWord
 from pytest_flashckpt.registry import is_exact_probe
 
-Verdict = Literal["ok", "improved", "regressed", "~"]
+Verdict = VerdictWord
 Kind = Literal["exact", "memory", "ratio", "time"]
 
 # which metrics are gated, their kind and exact slack come from the vocabulary (pytest_flashckpt.metrics)
@@ -76,11 +78,11 @@ def _change(baseline: float, current: float) -> float | None:
     return None if baseline == 0 else current / baseline - 1.0
 
 
-def _row(scenario: str, metric: str, baseline: float, current: float, change: float | None, p: float | None, verdict: Verdict) -> dict[str, Any]:
-    return {"scenario": scenario, "metric": metric, "baseline": baseline, "current": current, "change": change, "p_value": p, "verdict": verdict}
+def _row(scenario: str, metric: str, baseline: float, current: float, change: float | None, p: float | None, verdict: Verdict) -> RegressionVerdict:
+    return RegressionVerdict(scenario, metric, baseline, current, change, p, verdict)
 
 
-def judge_exact(scenario: str, metric: str, baseline: float, current: float, slack: float = 0.0) -> dict[str, Any]:
+def judge_exact(scenario: str, metric: str, baseline: float, current: float, slack: float = 0.0) -> RegressionVerdict:
     change = _change(baseline, current)
     if current == baseline or (change is not None and abs(change) <= slack):
         verdict: Verdict = "ok"
@@ -89,7 +91,7 @@ def judge_exact(scenario: str, metric: str, baseline: float, current: float, sla
     return _row(scenario, metric, baseline, current, change, None, verdict)
 
 
-def judge_tolerance(scenario: str, metric: str, baseline: float, current: float, tolerance: float) -> dict[str, Any]:
+def judge_tolerance(scenario: str, metric: str, baseline: float, current: float, tolerance: float) -> RegressionVerdict:
     change = _change(baseline, current)
     if change is None or abs(change) <= tolerance:
         verdict: Verdict = "ok" if change is not None or current == baseline else "regressed"
@@ -120,7 +122,7 @@ def too_noisy(baseline: Sequence[float], current: Sequence[float]) -> bool:
 
 def judge_sampled(
     scenario: str, metric: str, baseline: Sequence[float], current: Sequence[float], tolerance: float, alpha: float
-) -> dict[str, Any]:
+) -> RegressionVerdict:
     """Median change beyond ``tolerance`` AND one-sided Mann-Whitney p < ``alpha`` AND this run no noisier than
     ``NOISE_LIMIT`` x the baseline -> regressed / improved; beyond the tolerance otherwise -> ``~``; within the
     tolerance -> ``ok`` (p still reported)."""
@@ -153,9 +155,9 @@ def compare_scenario(
     samples: dict[str, list[float]],
     probe: str | None,
     thresholds: Thresholds,
-) -> tuple[list[dict[str, Any]], list[str]]:
+) -> tuple[list[RegressionVerdict], list[str]]:
     """Verdict rows for every guarded metric both sides have, and notes (probe changed, too few rounds...)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[RegressionVerdict] = []
     notes: list[str] = []
     base_metrics: dict[str, Any] = baseline.get("metrics", {})
     base_samples: dict[str, list[float]] = baseline.get("samples", {})
@@ -177,20 +179,20 @@ def compare_scenario(
             base = ratio_samples(name, base_metrics, base_samples)
             if not cur or not base:
                 row = judge_tolerance(scenario, name, base_value, value, thresholds.timing_tolerance)
-                if row["verdict"] in ("regressed", "improved"):
-                    row["verdict"] = "~"  # no per-round samples: a breach cannot be told from noise
+                if row.verdict in ("regressed", "improved"):
+                    row = dataclasses.replace(row, verdict="~")  # no per-round samples: a breach cannot be told from noise
                     notes.append(f"{scenario}: {name} has no per-round samples; a change cannot be tested, shown as ~")
                 rows.append(row)
                 continue
             row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
-            if row["verdict"] == "~" and row["p_value"] is not None and row["p_value"] < thresholds.alpha:
+            if row.verdict == "~" and row.p_value is not None and row.p_value < thresholds.alpha:
                 notes.append(
-                    f"{scenario}: {name} changed {row['change']:+.1%} (p = {row['p_value']:.3g}) but this run's rounds "
+                    f"{scenario}: {name} changed {row.change:+.1%} (p = {row.p_value:.3g}) but this run's rounds "
                     f"scatter {relative_mad(cur):.1%} vs the baseline's {relative_mad(base):.1%}: too noisy to judge; rerun on a quieter machine"
                 )
-            elif row["verdict"] == "~" and underpowered(len(base), len(cur), thresholds.alpha):
+            elif row.verdict == "~" and underpowered(len(base), len(cur), thresholds.alpha):
                 notes.append(
-                    f"{scenario}: {name} changed {row['change']:+.1%} but {len(cur)} vs {len(base)} rounds cannot reach "
+                    f"{scenario}: {name} changed {row.change:+.1%} but {len(cur)} vs {len(base)} rounds cannot reach "
                     f"p < {thresholds.alpha} (smallest possible p = {smallest_p(len(cur), len(base)):.3g}); time more rounds"
                 )
             rows.append(row)

@@ -4,36 +4,38 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pytest_flashckpt.baselines.gate import fmt, fmt_change
+from pytest_flashckpt.comparison import Comparison, RegressionVerdict
 
 MARK = {"regressed": "❌ regressed", "improved": "✅ improved", "~": "~ within noise", "ok": "ok"}
 
 
-def _change(row: dict[str, Any]) -> str:
-    return fmt_change(row["change"])
+def _change(row: RegressionVerdict) -> str:
+    return fmt_change(row.change)
 
 
-def _p(row: dict[str, Any]) -> str:
-    return "" if row["p_value"] is None else f"{row['p_value']:.3g}"
+def _p(row: RegressionVerdict) -> str:
+    return "" if row.p_value is None else f"{row.p_value:.3g}"
 
 
-def markdown_table(comparison: dict[str, Any]) -> str:
+def markdown_table(comparison: Comparison | Mapping[str, Any]) -> str:
     """The comparison as a markdown section: status line, then one row per verdict (ok rows included)."""
-    lines = ["### pytest-flashckpt baseline comparison", "", comparison["message"], ""]
-    if comparison["verdicts"]:
+    comparison = Comparison.coerce(comparison)
+    lines = ["### pytest-flashckpt baseline comparison", "", comparison.message or "", ""]
+    if comparison.verdicts:
         lines += ["| scenario | metric | baseline | current | change | p | verdict |", "| --- | --- | --- | --- | --- | --- | --- |"]
-        for row in comparison["verdicts"]:
+        for row in comparison.verdicts:
             lines.append(
-                f"| {row['scenario']} | {row['metric']} | {fmt(row['baseline'])} | {fmt(row['current'])} | {_change(row)} | "
-                f"{_p(row)} | {MARK[row['verdict']]} |"
+                f"| {row.scenario} | {row.metric} | {fmt(row.baseline)} | {fmt(row.current)} | {_change(row)} | "
+                f"{_p(row)} | {MARK[row.verdict]} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def append_step_summary(comparison: dict[str, Any], environ: dict[str, str] | None = None) -> Path | None:
+def append_step_summary(comparison: Comparison | Mapping[str, Any], environ: dict[str, str] | None = None) -> Path | None:
     """Append the table to the file named by ``GITHUB_STEP_SUMMARY`` (GitHub Actions); None when unset."""
     target = (environ if environ is not None else os.environ).get("GITHUB_STEP_SUMMARY")
     if not target:
@@ -44,18 +46,19 @@ def append_step_summary(comparison: dict[str, Any], environ: dict[str, str] | No
     return path
 
 
-def terminal_lines(comparison: dict[str, Any]) -> list[str]:
+def terminal_lines(comparison: Comparison | Mapping[str, Any]) -> list[str]:
     """Status, then every verdict that is not ``ok``; improvements suggest refreshing the baseline."""
-    warning = "WARNING: " if comparison["status"] == "other-profile" else ""
+    comparison = Comparison.coerce(comparison)
+    warning = "WARNING: " if comparison.status == "other-profile" else ""
     lines = [f"baseline: {warning}{comparison['message']}"]
-    for row in comparison["verdicts"]:
-        if row["verdict"] == "ok":
+    for row in comparison.verdicts:
+        if row.verdict == "ok":
             continue
-        p = f", p={_p(row)}" if row["p_value"] is not None else ""
+        p = f", p={_p(row)}" if row.p_value is not None else ""
         lines.append(
-            f"  {row['verdict']:>9} {row['scenario']} {row['metric']}: {fmt(row['baseline'])} -> {fmt(row['current'])} "
+            f"  {row.verdict:>9} {row.scenario} {row.metric}: {fmt(row.baseline)} -> {fmt(row.current)} "
             f"({_change(row) or 'n/a'}{p})"
         )
-    if any(row["verdict"] == "improved" for row in comparison["verdicts"]):
+    if any(row.verdict == "improved" for row in comparison.verdicts):
         lines.append("  improvements found: refresh the baseline with --flashckpt-save-baseline to guard them")
     return lines

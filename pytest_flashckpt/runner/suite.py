@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_flashckpt import __version__
+from pytest_flashckpt.comparison import Comparison, RegressionVerdict
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.preflight import preflight
 from pytest_flashckpt.config.run_options import Options
@@ -37,7 +38,7 @@ class Judgement:
     """One scenario's regression verdict rows, and the failure text when a metric regressed (None otherwise;
     also None while ``save_baseline`` refreshes the baseline: then regressions are reported, not failed)."""
 
-    rows: list[Any]
+    rows: list[RegressionVerdict]
     failure: str | None
 
 
@@ -123,13 +124,14 @@ class SuiteRun:
         return Judgement(rows, None if self.options.save_baseline else text)
 
     # -- the whole run ------------------------------------------------------------------------------
-    def comparison(self) -> dict | None:
+    def comparison(self) -> Comparison:
         from pytest_flashckpt.baselines import BaselineError
+        from pytest_flashckpt.baselines.gate import unreadable_baseline
 
         try:
             return self.gate().comparison()
         except BaselineError as exc:
-            return {"status": "compared", "baseline_path": None, "baseline_profile_id": None, "message": str(exc), "verdicts": []}
+            return unreadable_baseline(str(exc))
 
     def record(self) -> RunRecord:
         from pytest_flashckpt.profile import git_commit
@@ -167,8 +169,7 @@ class SuiteRun:
         """A scenario broke, or a metric regressed (not while the baseline is being refreshed)."""
         if any(r.status == "error" for r in self.results):
             return True
-        comparison = self.comparison()
-        return not self.options.save_baseline and any(v["verdict"] == "regressed" for v in (comparison or {}).get("verdicts", []))
+        return not self.options.save_baseline and bool(self.comparison().regressed)
 
 
 def run_suite(suite: Suite | str, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> RunRecord:
