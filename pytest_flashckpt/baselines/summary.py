@@ -1,16 +1,12 @@
-"""Verdicts as text: terminal summary lines and the markdown table appended to ``$GITHUB_STEP_SUMMARY``."""
+"""Regression verdicts as terminal lines (the markdown table, for the report and ``$GITHUB_STEP_SUMMARY``, is
+``report.regression``)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, Mapping
 
 from pytest_flashckpt.baselines.gate import fmt, fmt_change
 from pytest_flashckpt.comparison import Comparison, RegressionVerdict
-
-MARK = {"regressed": "❌ regressed", "improved": "✅ improved", "~": "~ within noise", "ok": "ok"}
-
 
 def _change(row: RegressionVerdict) -> str:
     return fmt_change(row.change)
@@ -18,32 +14,6 @@ def _change(row: RegressionVerdict) -> str:
 
 def _p(row: RegressionVerdict) -> str:
     return "" if row.p_value is None else f"{row.p_value:.3g}"
-
-
-def markdown_table(comparison: Comparison | Mapping[str, Any]) -> str:
-    """The comparison as a markdown section: status line, then one row per verdict (ok rows included)."""
-    comparison = Comparison.coerce(comparison)
-    lines = ["### pytest-flashckpt baseline comparison", "", comparison.message or "", ""]
-    if comparison.verdicts:
-        lines += ["| scenario | metric | baseline | current | change | p | verdict |", "| --- | --- | --- | --- | --- | --- | --- |"]
-        for row in comparison.verdicts:
-            lines.append(
-                f"| {row.scenario} | {row.metric} | {fmt(row.baseline)} | {fmt(row.current)} | {_change(row)} | "
-                f"{_p(row)} | {MARK[row.verdict]} |"
-            )
-        lines.append("")
-    return "\n".join(lines) + "\n"
-
-
-def append_step_summary(comparison: Comparison | Mapping[str, Any], environ: dict[str, str] | None = None) -> Path | None:
-    """Append the table to the file named by ``GITHUB_STEP_SUMMARY`` (GitHub Actions); None when unset."""
-    target = (environ if environ is not None else os.environ).get("GITHUB_STEP_SUMMARY")
-    if not target:
-        return None
-    path = Path(target)
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(markdown_table(comparison))
-    return path
 
 
 def terminal_lines(comparison: Comparison | Mapping[str, Any]) -> list[str]:

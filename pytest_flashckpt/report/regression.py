@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
 from pytest_flashckpt.comparison import VERDICT_ORDER, Comparison, RegressionVerdict
@@ -51,8 +53,34 @@ def regression_section(comparison: Comparison | Mapping[str, Any] | None) -> lis
     summary = ", ".join(f"{n} {word}" for word, n in counts.items()) or "no metrics compared"
     lines.append(f"Compared with the baseline{where}: {summary}.{' ' + escape(str(message)) if message else ''}")
     if verdicts:
-        ordered = sorted(verdicts, key=lambda v: (VERDICT_ORDER.index(v.verdict) if v.verdict in VERDICT_ORDER else 4, v.scenario, v.metric))
-        lines += ["", table([_verdict_row(v) for v in ordered], HEADERS), "",
+        lines += ["", verdict_table(verdicts), "",
                   "Verdicts: **regressed** / **improved** = a significant change beyond the tolerance; ok = within "
                   "it; ~ = too noisy to tell."]
     return lines
+
+
+def verdict_table(verdicts: list[RegressionVerdict]) -> str:
+    """The one rendering of regression verdicts (the report's section and the CI step summary): regressed first."""
+    ordered = sorted(verdicts, key=lambda v: (VERDICT_ORDER.index(v.verdict) if v.verdict in VERDICT_ORDER else 4, v.scenario, v.metric))
+    return table([_verdict_row(v) for v in ordered], HEADERS)
+
+
+def markdown_table(comparison: Comparison | Mapping[str, Any]) -> str:
+    """The comparison as the markdown block appended to ``$GITHUB_STEP_SUMMARY``: status line, then every verdict."""
+    comparison = Comparison.coerce(comparison)
+    assert comparison is not None
+    lines = ["### pytest-flashckpt baseline comparison", "", comparison.message or "", ""]
+    if comparison.verdicts:
+        lines += [verdict_table(comparison.verdicts), ""]
+    return "\n".join(lines) + "\n"
+
+
+def append_step_summary(comparison: Comparison | Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Path | None:
+    """Append the comparison to the file named by ``GITHUB_STEP_SUMMARY`` (GitHub Actions); None when unset."""
+    target = (environ if environ is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    path = Path(target)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(markdown_table(comparison))
+    return path

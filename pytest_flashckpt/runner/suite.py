@@ -154,7 +154,7 @@ class SuiteRun:
     def finish(self) -> RunOutputs:
         """Save the baseline (when asked), write ``results.json``, the report, and the CI step summary."""
         from pytest_flashckpt.baselines import save_run
-        from pytest_flashckpt.baselines.summary import append_step_summary
+        from pytest_flashckpt.report.regression import append_step_summary
         from pytest_flashckpt.report import write_report
 
         record = self.record()
