@@ -32,7 +32,7 @@ Worse = Literal["higher", "lower"]
 @dataclass(frozen=True)
 class Metric:
     name: str
-    unit: str  # "B", "s", "ratio", "fraction", "FLOP", "count", "MB/s", "GB/s"
+    unit: str  # "B", "s", "ratio", "fraction", "FLOP", "count", "MB/s", "GB/s", "text"
     kind: Kind
     description: str
     worse: Worse = "higher"
@@ -91,6 +91,9 @@ _TABLE = (
     Metric("steps", "count", "info", "training steps of the checkpoint pass", fmt="count"),
     Metric("deferrals", "count", "info", "saves a scheduled strategy deferred", fmt="count"),
     Metric("forced_saves", "count", "info", "deferred saves forced after max_defer_steps", fmt="count"),
+    Metric("strategy", "text", "info", "the save strategy that ran"),
+    Metric("format", "text", "info", "the checkpoint file format (torch, safetensors, dcp)"),
+    Metric("verified", "text", "info", "how the loaded checkpoint was checked against the saved state (bitwise)"),
     Metric("cuda_peak_reserved_bytes", "B", "info", "CUDA caching-allocator reserved peak (cuda probe)", fmt="mib"),
     Metric("nvml_peak_used_bytes", "B", "info", "device memory used at its sampled peak (nvml probe)", fmt="mib"),
     Metric("nvml_context_bytes", "B", "info", "device memory outside torch (CUDA context; nvml probe)", fmt="mib"),
