@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from pytest_flashckpt import __version__
 from pytest_flashckpt.comparison import Comparison, RegressionVerdict

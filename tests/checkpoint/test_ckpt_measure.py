@@ -40,17 +40,17 @@ def test_bandwidth_probes(tmp_path) -> None:
 
 def test_checkpoint_suite_covers_every_strategy_and_the_article_rows() -> None:
     suite = load_suite("checkpoint")
-    strategies = {s.checkpoint.strategy for s in suite.scenarios}
+    strategies = {s.save.strategy for s in suite.scenarios}
     assert strategies == {"sync", "async", "dcp", "selective", "layerwise", "scheduled"}
     rows = {s.article: s for s in suite.scenarios if s.article}
     assert set(rows) == {"prototype", "medium", "large"}
-    assert rows["prototype"].checkpoint.strategy == "async" and rows["prototype"].activation.strategy == "full"
-    assert rows["medium"].checkpoint.strategy == "selective"
-    assert rows["large"].checkpoint.layer_checkpoint_dir and rows["large"].checkpoint.mem_threshold
+    assert rows["prototype"].save.strategy == "async" and rows["prototype"].activation.strategy == "full"
+    assert rows["medium"].save.strategy == "selective"
+    assert rows["large"].save.layer_checkpoint_dir and rows["large"].save.mem_threshold
     # every save strategy runs on a card whose training state (model + AdamW) is at least 100 MB
     from pytest_flashckpt.models import load_card
 
     io_rows = [s for s in suite.scenarios if not s.article]
-    assert {s.checkpoint.strategy for s in io_rows} == strategies
+    assert {s.save.strategy for s in io_rows} == strategies
     for scenario in io_rows:
         assert load_card(scenario.card).num_params() * 4 * 3 >= 100e6, scenario.name
