@@ -52,6 +52,7 @@ class Launch:
     threads_per_rank: int = 1
 
     def command(self, module: str, args: Sequence[str]) -> list[str]:
+        """The torchrun command line for ``module`` (a module name, or a script path ending in ``.py``)."""
         port = self.master_port or free_port()
         rendezvous = ["--master-addr", self.master_addr, "--master-port", str(port)]
         if self.nnodes > 1 and not self.prefix:
@@ -60,7 +61,7 @@ class Launch:
             *self.prefix,
             sys.executable, "-m", "torch.distributed.run",
             "--nnodes", str(self.nnodes), "--nproc-per-node", str(self.nproc_per_node), "--max-restarts", "0",
-            *rendezvous, "-m", module, *args,
+            *rendezvous, *([module] if module.endswith(".py") else ["-m", module]), *args,
         ]  # fmt: skip
 
 

@@ -225,10 +225,10 @@ def _verified(folder: Path, group=None) -> dict[str, Any]:
     return answer[1]
 
 
-def _restore(trainer: Trainer, folder: Path, no_dist: bool, group=None) -> dict[str, Any]:
+def _restore(trainer: Trainer, folder: Path, group=None) -> dict[str, Any]:
     train_state = _verified(folder, group)
     state = training_state(trainer)
-    dcp.load(state, checkpoint_id=str(folder / DCP_DIR), no_dist=no_dist, process_group=group)
+    dcp.load(state, checkpoint_id=str(folder / DCP_DIR), process_group=group)
     set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     trainer.scheduler.load_state_dict(train_state["scheduler"])
     trainer.step = int(train_state["step"])
@@ -237,14 +237,15 @@ def _restore(trainer: Trainer, folder: Path, no_dist: bool, group=None) -> dict[
 
 def load(trainer: Trainer, folder: Path, group=None) -> dict[str, Any]:
     """Restore a sharded checkpoint into ``trainer`` at this world size (any: DCP reshards on read). Every rank calls it."""
-    return _restore(trainer, Path(folder), no_dist=False, group=group)
+    return _restore(trainer, Path(folder), group)
 
 
 def load_plain(trainer: Trainer, folder: Path) -> dict[str, Any]:
     """Restore a sharded checkpoint into a plain single-process (non-FSDP) trainer: DCP reads every shard into the
-    full tensors. Runs without torchrun (a one-rank in-memory group stands in when none exists)."""
+    full tensors. Runs without torchrun: a one-rank in-memory group stands in when none exists (``dcp.load`` with
+    ``no_dist=True`` would warn on every call)."""
     with dcp_io.process_group():
-        return _restore(trainer, Path(folder), no_dist=True)
+        return _restore(trainer, Path(folder))
 
 
 def latest(root: Path) -> Path | None:
