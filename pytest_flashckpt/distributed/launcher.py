@@ -1,9 +1,11 @@
 """Start the ranks of a scenario with ``torch.distributed.run`` (torchrun) and end them all, whatever happens.
 
 One machine: ``python -m torch.distributed.run --nnodes 1 --nproc-per-node N --master-addr 127.0.0.1
---master-port <free> -m <module> ...``, with a port found free for this run. Several machines: pass ``nnodes``,
-``node_rank`` and ``master_addr``/``master_port`` (the same on every node), or a ``prefix`` that starts one torchrun
-per node, e.g. ``["srun", "--nodes=2", "--ntasks-per-node=1"]`` or ``["mpirun", "-np", "2"]``.
+--master-port <free> -m <module> ...``, with a port found free for this run. Several machines: pass ``nnodes`` and
+``master_addr``/``master_port`` (the same on every node), and a ``prefix`` that starts one torchrun
+per node, e.g. ``["srun", "--nodes=2", "--ntasks-per-node=1"]`` or ``["mpirun", "-np", "2", "--map-by", "node"]``.
+Several nodes rendezvous through torch's c10d store at ``master_addr:master_port`` (``--rdzv-backend c10d``), so
+every node runs the identical command.
 
 The launch runs in its own session (process group): on a timeout (a rank that hangs), or when the caller is
 interrupted, the whole group is killed, so no rank outlives the scenario. torchrun itself ends every rank when one
@@ -44,7 +46,7 @@ class Launch:
 
     nproc_per_node: int
     nnodes: int = 1
-    node_rank: int = 0
+    run_id: str = "flashckpt"  # several nodes: the rendezvous id, the same on every node
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free port, chosen per run
     prefix: tuple[str, ...] = ()  # srun / mpirun command that starts torchrun on every node
@@ -53,10 +55,14 @@ class Launch:
 
     def command(self, module: str, args: Sequence[str]) -> list[str]:
         """The torchrun command line for ``module`` (a module name, or a script path ending in ``.py``)."""
-        port = self.master_port or free_port()
-        rendezvous = ["--master-addr", self.master_addr, "--master-port", str(port)]
-        if self.nnodes > 1 and not self.prefix:
-            rendezvous += ["--node-rank", str(self.node_rank)]
+        if self.nnodes > 1:
+            if not self.master_port:
+                raise ValueError("a launch over several nodes needs master_port: the same free port on the master node for every node")
+            # c10d rendezvous: every node runs the same command (no node rank), as srun/mpirun start it
+            rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.master_addr}:{self.master_port}", "--rdzv-id", self.run_id]
+        else:
+            port = self.master_port or free_port()
+            rendezvous = ["--master-addr", self.master_addr, "--master-port", str(port)]
         return [
             *self.prefix,
             sys.executable, "-m", "torch.distributed.run",
