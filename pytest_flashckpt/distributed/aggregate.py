@@ -38,6 +38,9 @@ def aggregate(result: Result, ranks: list[dict[str, Any]]) -> None:
         metrics["peak_bytes"] = max(peaks)
         metrics["peak_bytes_min_rank"] = min(peaks)
         metrics["state_bytes"] = max(samples["state_bytes_per_rank"])
+        samples["fwd_bwd_peak_bytes_per_rank"] = [r["fwd_bwd_peak_bytes"] for r in ranks]
+        metrics["fwd_bwd_peak_bytes"] = max(samples["fwd_bwd_peak_bytes_per_rank"])
+        metrics["optimizer_peak_bytes"] = max(r["optimizer_peak_bytes"] for r in ranks)
     if "step_time_s" in first:
         per_round = [max(r["step_time_s"][i] for r in ranks) for i in range(len(first["step_time_s"]))]
         samples["step_time_s"] = per_round
@@ -52,9 +55,12 @@ def aggregate(result: Result, ranks: list[dict[str, Any]]) -> None:
         per_rank_bytes = [int(_median([s["bytes"] for s in r["saves"]])) for r in ranks]
         samples["bytes_written_per_rank"] = per_rank_bytes
         metrics["bytes_written"] = sum(per_rank_bytes)
-        host = [max(s["host_bytes_added"] for s in r["saves"]) for r in ranks]
-        samples["async_host_bytes_per_rank"] = host
-        metrics["async_host_bytes"] = sum(host)  # staging copies on every rank add up on a shared host
+        staged = [max(s["staged_bytes"] for s in r["saves"]) for r in ranks]
+        samples["async_staged_bytes_per_rank"] = staged
+        metrics["async_staged_bytes"] = sum(staged)  # staging copies on every rank add up on a shared host
+        rss = [max(s["host_bytes_added"] for s in r["saves"]) for r in ranks]
+        samples["async_rss_added_bytes_per_rank"] = rss
+        metrics["async_rss_added_bytes"] = sum(rss)
         metrics["load_s"] = max(r["load_s"] for r in ranks)
         metrics["roundtrip_differences"] = first["roundtrip_differences"]
         if first["roundtrip_differences"]:

@@ -2,10 +2,12 @@
 started by torchrun (``launcher``). Writes ``DIR/rank-<r>.json`` with this rank's measurements:
 
 - ``peak_bytes`` / ``state_bytes``: the memory probe around one training step (this rank's shards, gathered
-  parameters and activations; the ``cpu`` probe counts live tensor bytes exactly);
+  parameters and activations; the ``cpu`` probe counts live tensor bytes exactly, FSDP2's in-place frees
+  included), split into ``fwd_bwd_peak_bytes`` (where activation strategies act) and ``optimizer_peak_bytes``;
 - ``step_time_s``: every timed step (ranks enter each round together, after a barrier);
 - ``saves``: per save this rank's ``stall_s`` (training blocked), ``total_s`` (until committed), ``bytes`` (the
-  shard files it wrote) and ``host_bytes_added`` (resident memory an async save's staging added);
+  shard files it wrote), ``staged_bytes`` (the host copy an async save stages: this rank's state) and
+  ``host_bytes_added`` (resident memory measured around the staging; the allocator may reuse freed pages);
 - ``roundtrip_differences``: rank 0, after the last save: tensors of the state loaded back into a fresh sharded
   trainer that differ in any bit from the gathered original (0 for a correct save).
 """
@@ -27,6 +29,7 @@ from pytest_flashckpt.activation import StrategyUnavailable
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build
 from pytest_flashckpt.distributed import fsdp, sharded_store
+from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.probes import make_probe
@@ -52,6 +55,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _probe(name: str, device: torch.device):
+    return ShardedLiveTensorProbe(device.type) if name == "cpu" else make_probe(name, device)
+
+
+def _memory_step(trainer, probe_name: str, device: torch.device) -> dict[str, int]:
+    """One training step measured in two parts: forward + backward (where activation strategies act) and the
+    optimizer step (AdamW on the DTensor shards, whose temporaries can set the step's peak)."""
+    trainer.model.train()
+    x, y = trainer.batch()
+    with _probe(probe_name, device).track(resident=_local(trainer.state_tensors())) as fwd_bwd:
+        trainer.model(x, y).backward()
+    _sync(device)
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    with _probe(probe_name, device).track(resident=_local(trainer.state_tensors() + grads)) as opt:
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    trainer.step += 1
+    return {
+        "peak_bytes": max(fwd_bwd.peak_bytes, opt.peak_bytes),
+        "fwd_bwd_peak_bytes": fwd_bwd.peak_bytes,
+        "optimizer_peak_bytes": opt.peak_bytes,
+        "state_bytes": fwd_bwd.start_bytes,
+    }
+
+
 def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root: Path) -> dict[str, Any]:
     rank = dist.get_rank()
     out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
@@ -65,11 +95,7 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     out["kernel"] = detect_kernel(recorder.op_names, backend)
 
     if "memory" in scenario.measure:
-        probe = make_probe(probe_name, device)
-        with probe.track(resident=_local(trainer.state_tensors())) as reading:
-            trainer.train_step()
-        _sync(device)
-        out.update(peak_bytes=reading.peak_bytes, state_bytes=reading.start_bytes)
+        out.update(_memory_step(trainer, probe_name, device))
 
     if "timing" in scenario.measure:
         times = []
@@ -91,7 +117,7 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
                     trainer.train_step()
                 ckpt.save(trainer)
         out["saves"] = [
-            {"stall_s": r.stall_s, "total_s": r.total_s, "bytes": r.bytes_written, "host_bytes_added": r.host_bytes_added}
+            {"stall_s": r.stall_s, "total_s": r.total_s, "bytes": r.bytes_written, "host_bytes_added": r.host_bytes_added, "staged_bytes": r.staged_bytes}
             for r in ckpt.saves
         ]
         original = sharded_store.gathered_state(trainer)  # the trainer has not moved since the last save

@@ -90,6 +90,15 @@ def bitwise_differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     return out
 
 
+def local_bytes(state: Any) -> int:
+    """Bytes of this rank's tensors in a (possibly sharded) state dict: local shards of DTensors."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_leaves
+
+    tensors = [t.to_local() if isinstance(t, DTensor) else t for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
+    return sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size() for t in tensors)
+
+
 def _train_state(trainer: Trainer, world_size: int) -> dict[str, Any]:
     sched = trainer.scheduler.state_dict()  # LambdaLR: lr_lambdas is [None] for plain functions, so JSON holds it
     return {"step": trainer.step, "seed": trainer.seed, "world_size": world_size, "scheduler": sched}
@@ -105,7 +114,8 @@ class ShardedSave:
     future: Future | None
     started: float
     stall_s: float
-    host_bytes_added: int = 0
+    host_bytes_added: int = 0  # async: this process's resident set after staging minus before (allocator reuse can hide some)
+    staged_bytes: int = 0  # async: bytes of this rank's tensors DCP copies into host memory before returning
     train_state: dict[str, Any] = field(default_factory=dict)
     total_s: float | None = None
     bytes_written: int = 0  # files this rank wrote
@@ -168,6 +178,7 @@ class ShardedCheckpointer:
         record = ShardedSave(trainer.step, name, tmp, future, started, 0.0, train_state=_train_state(trainer, self.world_size))
         if self.async_save:
             record.host_bytes_added = max(0, process_memory()[0] - rss_before)
+            record.staged_bytes = local_bytes(state)
             record.stall_s = time.perf_counter() - started
             self.pending = record
         else:
