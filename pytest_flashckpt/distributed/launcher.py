@@ -7,8 +7,9 @@ per node, e.g. ``["srun", "--nodes=2", "--ntasks-per-node=1"]`` or ``["mpirun", 
 Several nodes rendezvous through torch's c10d store at ``master_addr:master_port`` (``--rdzv-backend c10d``), so
 every node runs the identical command.
 
-The launch runs in its own session (process group): on a timeout (a rank that hangs), or when the caller is
-interrupted, the whole group is killed, so no rank outlives the scenario. torchrun itself ends every rank when one
+The launch runs in its own session: on a timeout (a rank that hangs), or when the caller is interrupted,
+torchrun is stopped and every process below it (torchrun gives each rank its own session) and in its group is
+killed, so no rank outlives the scenario. torchrun itself ends every rank when one
 dies (``--max-restarts 0``), and the collectives' own timeout (``fsdp.init``) ends ranks stuck waiting for a peer.
 """
 
@@ -98,7 +99,40 @@ def run(launch: Launch, module: str, args: Sequence[str], log_path: Path | None 
     return time.perf_counter() - start
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``; empty elsewhere). torchrun starts each rank in a new session,
+    so killing the launch's process group alone would not reach the ranks."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
+    """End the launch: SIGTERM to torchrun (its agent stops the ranks it started), then SIGKILL to whatever is
+    left of its process tree and process group."""
+    tree = _descendants(proc.pid)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
