@@ -1,11 +1,12 @@
 """Distributed scenarios (``world_size > 1``): per-rank and aggregated numbers from the torchrun ranks.
 
-Step time and save stall/total are the slowest rank's (a data-parallel step waits for it); peak memory is the
-largest rank's with every rank listed, and split into forward + backward (where activation strategies act) and the
-optimizer step (AdamW temporaries on the shards can set the peak: then activation strategies do not move it); bytes are per rank and summed; async staged is the host copy ``dcp.async_save``
-makes of every rank's state before returning, summed over ranks (ranks on one host share its RAM), with the
-resident-set growth measured around it in brackets. The round-trip column counts
-tensors of the last checkpoint, loaded back into fresh sharded trainers, that differ in any bit (0 is correct).
+Step time and save stall/total are the slowest rank's (a data-parallel step waits for it). Peak memory is the
+largest rank's with every rank listed, split into forward + backward (where activation strategies act) and the
+optimizer step (AdamW temporaries on the shards can set the peak; then activation strategies do not move it).
+Bytes are per rank. Async staged is the host copy ``dcp.async_save`` makes of every rank's state before returning,
+summed over ranks (ranks on one host share its RAM), with the resident-set growth measured around it in brackets.
+The round-trip column counts tensors of the last checkpoint, loaded back into fresh sharded trainers, that differ
+in any bit (0 is correct).
 """
 
 from __future__ import annotations
