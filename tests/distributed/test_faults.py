@@ -63,3 +63,14 @@ def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint_as_latest(tm
     trainer = make_trainer(distributed=False)
     assert sharded_store.load_plain(trainer, root / store.latest_name())["step"] == trainer.step == 1
     WriterLock(root).acquire().release()  # the killed run's lock is stale
+
+
+def test_a_sharded_checkpointer_refuses_a_folder_another_run_writes_into(tmp_path) -> None:
+    from pytest_flashckpt.checkpoint.errors import CheckpointError
+    from pytest_flashckpt.distributed.sharded_store import ShardedCheckpointer
+
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": socket.gethostname() + "-other"}))
+    with pytest.raises(CheckpointError, match="another run is writing checkpoints here"):
+        with ShardedCheckpointer(tmp_path):
+            pass
+    assert [p.name for p in tmp_path.iterdir()] == [LOCK_FILE]  # nothing written, the other run's lock kept
