@@ -115,6 +115,7 @@ class Scenario:
     steps: int = 1  # timed training steps per round
     warmup: int = 1  # untimed steps before measuring (optimizer state exists after it)
     seed: int = 0
+    world_size: int = 1  # ranks (per node) under torchrun with FSDP2 + DCP; >1 runs in pytest_flashckpt.distributed
     article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.claims)
     description: str = ""
 
@@ -148,6 +149,15 @@ class Scenario:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be a positive number of ranks, got {self.world_size}")
+        if self.world_size > 1:
+            if checkpoint.strategy not in ("none", "dcp"):
+                raise ValueError(f"world_size {self.world_size}: sharded saves use checkpoint.strategy dcp (async_save: true for dcp.async_save), not {checkpoint.strategy!r}")
+            if self.batch_size % self.world_size:
+                raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
+            if "flops" in self.measure:
+                raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
         if "checkpoint" in self.measure and checkpoint.strategy == "none":
             raise ValueError("measure includes 'checkpoint' but checkpoint.strategy is 'none'; name a save strategy")
         if checkpoint.strategy != "none" and "checkpoint" not in self.measure:

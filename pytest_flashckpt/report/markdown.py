@@ -16,6 +16,7 @@ from pytest_flashckpt.report.activation import activation_section
 from pytest_flashckpt.report.article import article_table, single_claim
 from pytest_flashckpt.report.attention import attention_section
 from pytest_flashckpt.report.checkpoint_io import checkpoint_section
+from pytest_flashckpt.report.distributed import distributed_section
 from pytest_flashckpt.report.format import mib, ms, pct, ratio
 from pytest_flashckpt.report.header import header
 from pytest_flashckpt.report.plots import Plot, write_plots
@@ -42,6 +43,7 @@ def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
         activation_section(results) + _plot(plots, "pareto"),
         attention_section(results) + _plot(plots, "attention"),
         checkpoint_section(results) + _plot(plots, "saves"),
+        distributed_section(results),
         regression_section(record.comparison),
         scenarios_section(results),
     ]

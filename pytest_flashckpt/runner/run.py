@@ -32,6 +32,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
     """Measure one scenario; a scenario this hardware cannot run comes back ``skipped`` with the reason, one
     that broke comes back ``error`` with the exception (its traceback in ``notes``), so a run's record is whole."""
+    if scenario.world_size > 1:  # ranks under torchrun (FSDP2 + DCP): see pytest_flashckpt.distributed
+        from pytest_flashckpt.distributed.scenario_run import run_distributed
+
+        return run_distributed(scenario, str(ctx.device), ctx.probe, ctx.workdir)
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
     try:
         _measure(scenario, ctx, result)
