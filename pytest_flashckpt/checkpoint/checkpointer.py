@@ -161,7 +161,10 @@ class Checkpointer:
     def _hook(self, optimizer: torch.optim.Optimizer) -> None:
         """Fence before every ``optimizer.step()`` of this trainer (registered once; a no-op without a copy in flight)."""
         if id(optimizer) not in self._hooks:
-            self._hooks[id(optimizer)] = optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.fence())
+            self._hooks[id(optimizer)] = optimizer.register_step_pre_hook(self._step_pre_hook)
+
+    def _step_pre_hook(self, optimizer, args, kwargs) -> None:
+        self.fence()
 
     def _track(self, trainer: Trainer):
         if self.probe is None or len(self.records) > self.probe_saves:  # records already holds this save
