@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ckpt_helpers import make_trainer
@@ -207,6 +207,7 @@ class OverlapMachine(RuleBasedStateMachine):
 
 
 TestOverlapMachine = OverlapMachine.TestCase
+TestOverlapMachine.settings = settings(settings.default, stateful_step_count=12)  # examples: the profile's (conftest)
 
 
 # -- the GPU path: its ordering logic against a fake of torch.cuda's stream/event API, and on a real device -------
