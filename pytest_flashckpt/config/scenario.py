@@ -52,6 +52,7 @@ class SaveConfig:
     max_defer_steps: int = 10  # scheduled: a deferred save is forced after this many steps
     layer_checkpoint_dir: str | None = None  # layerwise: folder (relative to the checkpoint) for per-block files
     saves: int = 3  # how many saves the checkpoint pass measures
+    time_lost_rounds: int = 3  # interleaved rounds of K steps with one save vs K without (K = save_interval); 0: not measured
 
     def __post_init__(self) -> None:
         implied = []
@@ -84,6 +85,8 @@ class SaveConfig:
             raise ValueError(f"mem_threshold is a fraction of memory capacity in (0, 1], got {self.mem_threshold}")
         if self.max_defer_steps < 0:
             raise ValueError(f"max_defer_steps must be >= 0, got {self.max_defer_steps}")
+        if self.time_lost_rounds < 0:
+            raise ValueError(f"time_lost_rounds must be >= 0 (0 skips the time-lost measurement), got {self.time_lost_rounds}")
         if self.saves <= 0:
             raise ValueError(f"saves must be positive, got {self.saves}")
 
