@@ -10,7 +10,8 @@ that cost is invisible to a stall timer. So we time whole windows, interleaved l
 
 Rounds alternate which window runs first (A B, B A, ...), so drifts hit both alike. ``time_lost_s`` is the median
 over rounds of (saving - plain); the per-round samples of both windows are returned for a rank test. ``K`` is the
-save interval of the config (the steps a save really has to hide behind), at least 1.
+save interval of the config (the steps a save really has to hide behind), at least 1 and at most
+``MAX_WINDOW_STEPS`` (a suite may save every 1000 steps; four steps already give a background save room to hide).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.training import Trainer
 
 
+MAX_WINDOW_STEPS = 4
+
+
 def _timed(fn: Callable[[], None], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -39,7 +43,7 @@ def _timed(fn: Callable[[], None], device: torch.device) -> float:
 
 
 def measure_time_lost(trainer: Trainer, config: SaveConfig, workdir: Path, rounds: int | None = None, steps: int | None = None) -> dict:
-    """Interleaved plain / saving windows of ``steps`` (default ``config.save_interval``) training steps for
+    """Interleaved plain / saving windows of ``steps`` (default ``config.save_interval``, at most ``MAX_WINDOW_STEPS``) training steps for
     ``rounds`` (default ``config.time_lost_rounds``) rounds, saving with ``config`` into ``workdir`` (newest kept).
 
     Returns ``time_lost_s`` (median of per-round saving - plain), ``time_lost_s_samples``, ``time_lost_min_s``,
@@ -47,7 +51,7 @@ def measure_time_lost(trainer: Trainer, config: SaveConfig, workdir: Path, round
     ``time_lost_plain_s_samples`` / ``time_lost_saving_s_samples``. One untimed save first (it allocates staging
     buffers, and a selective strategy's later saves are the selected tensors on top of it). The trainer advances."""
     rounds = config.time_lost_rounds if rounds is None else rounds
-    steps = max(1, config.save_interval if steps is None else steps)
+    steps = max(1, min(config.save_interval, MAX_WINDOW_STEPS) if steps is None else steps)
     if rounds <= 0:
         raise ValueError(f"time_lost_rounds must be positive to measure time lost, got {rounds}")
     device = next(trainer.model.parameters()).device
