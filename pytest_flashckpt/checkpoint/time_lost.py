@@ -16,11 +16,12 @@ save interval of the config (the steps a save really has to hide behind), at lea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -42,14 +43,26 @@ def _timed(fn: Callable[[], None], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def measure_time_lost(trainer: Trainer, config: SaveConfig, workdir: Path, rounds: int | None = None, steps: int | None = None) -> dict:
+class Saver(Protocol):
+    """What the windows need of a saver: ``save`` returns when training may continue, ``wait`` until committed."""
+
+    def save(self, trainer: Trainer) -> object: ...
+
+    def wait(self) -> None: ...
+
+
+def measure_time_lost(
+    trainer: Trainer, config: SaveConfig, workdir: Path, rounds: int | None = None, steps: int | None = None, saver: Saver | None = None
+) -> dict:
     """Interleaved plain / saving windows of ``steps`` (default ``config.save_interval``, at most ``MAX_WINDOW_STEPS``) training steps for
     ``rounds`` (default ``config.time_lost_rounds``) rounds, saving with ``config`` into ``workdir`` (newest kept).
 
     Returns ``time_lost_s`` (median of per-round saving - plain), ``time_lost_s_samples``, ``time_lost_min_s``,
     ``time_lost_max_s``, ``time_lost_window_steps``, ``time_lost_plain_s`` (median plain window) and the per-round
     ``time_lost_plain_s_samples`` / ``time_lost_saving_s_samples``. One untimed save first (it allocates staging
-    buffers, and a selective strategy's later saves are the selected tensors on top of it). The trainer advances."""
+    buffers, and a selective strategy's later saves are the selected tensors on top of it). The trainer advances.
+    ``saver`` replaces the ``Checkpointer`` built from ``config`` (benchmarks compare savers that are no strategy of
+    ours); the caller then owns it (closes it, reads its records)."""
     rounds = config.time_lost_rounds if rounds is None else rounds
     steps = max(1, min(config.save_interval, MAX_WINDOW_STEPS) if steps is None else steps)
     if rounds <= 0:
@@ -61,7 +74,7 @@ def measure_time_lost(trainer: Trainer, config: SaveConfig, workdir: Path, round
         for _ in range(steps):
             trainer.train_step()
 
-    with Checkpointer(Path(workdir), cfg) as ckpt:
+    with contextlib.nullcontext(saver) if saver is not None else Checkpointer(Path(workdir), cfg) as ckpt:
 
         def saving() -> None:
             ckpt.save(trainer)
