@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -55,7 +56,8 @@ class Checkpointer:
         self.schedule = SaveSchedule(config.save_interval, config.mem_threshold, config.max_defer_steps, gauge)
         self.background = self.strategy.background
         self.staging = StagingArea()
-        self._thread: threading.Thread | None = None
+        self._writer: ThreadPoolExecutor | None = None  # one background writer thread, started here (see warm())
+        self._in_flight: Future | None = None
         self._failure: BaseException | None = None
         self._lock = threading.Lock()
         self._pending: Pending | None = None  # the save whose overlapped copy may still be running
@@ -64,6 +66,11 @@ class Checkpointer:
         self._dcp_group = contextlib.ExitStack()
         if self.strategy.format == "dcp":
             self._dcp_group.enter_context(dcp_io.process_group())
+        if self.background:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-save")
+            self._writer.submit(lambda: None).result()  # a thread start waits until it runs: paid here, not per save
+            if self.strategy.overlapped:
+                self.staging.warm()
 
     # -- public API -------------------------------------------------------------------------------------------
     def maybe_save(self, trainer: Trainer) -> SaveRecord | None:
@@ -105,8 +112,7 @@ class Checkpointer:
             self._hook(trainer.optimizer)
         if self.background:
             record.save_stall_s = time.perf_counter() - start
-            self._thread = threading.Thread(target=self._background, args=(pending, tmp, record, start), name=f"flashckpt-save-{name}", daemon=True)
-            self._thread.start()
+            self._in_flight = self._writer.submit(self._background, pending, tmp, record, start)  # type: ignore[union-attr]
         else:
             self._finish(pending, tmp, record, start)
             record.save_stall_s = time.perf_counter() - start
@@ -134,9 +140,9 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed; raises its failure, once."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._in_flight is not None:
+            self._in_flight.result()  # _background keeps the failure for the check below
+            self._in_flight = None
         self._pending = self._pending_record = None
         self._raise_background_failure()
 
@@ -149,6 +155,8 @@ class Checkpointer:
             for handle in self._hooks.values():
                 handle.remove()  # type: ignore[attr-defined]
             self._hooks.clear()
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
             self._dcp_group.close()
 
     def __enter__(self) -> "Checkpointer":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
 import torch
@@ -34,6 +35,14 @@ class StagingArea:
         self._buffers: dict[str, torch.Tensor] = {}
         self.allocations = 0  # buffers (re)allocated; stays flat after the first save of a run
         self.on_copy: Callable[[str], None] | None = None  # test hook: called before each tensor of an overlapped copy
+        self._worker: ThreadPoolExecutor | None = None
+
+    def warm(self) -> None:
+        """Start the copy thread now: starting a thread waits until it runs, tens of ms on a busy machine, which a
+        save call should not pay."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-staging")
+            self._worker.submit(lambda: None).result()
 
     @property
     def nbytes(self) -> int:
@@ -61,7 +70,8 @@ class StagingArea:
         staged = self._reserve(tensors)
         if any(t.is_cuda for t in tensors.values()):
             return CudaStagedCopy(tensors, staged)
-        return ThreadStagedCopy(tensors, staged, self.on_copy)
+        self.warm()
+        return ThreadStagedCopy(tensors, staged, self.on_copy, self._worker)  # type: ignore[arg-type]
 
     def _reserve(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The buffer of every key (allocated on first use or when a shape/dtype changed); drops unused buffers."""
@@ -112,14 +122,15 @@ class StagedCopy:
 
 
 class ThreadStagedCopy(StagedCopy):
-    """CPU: a thread copies tensor by tensor and advances a progress counter; ``fence`` waits for a prefix.
+    """CPU: the staging area's copy thread copies tensor by tensor and advances a progress counter; ``fence`` waits for a prefix.
 
     Each source's version counter (bumped by every in-place op) is recorded at the save call and checked around its
     copy: an unfenced in-place change that lands before the tensor is staged fails the save instead of writing a
     torn snapshot (a safety net for a missing fence, not a replacement for one: a change racing the copy of that very
     tensor can slip through)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], staged: dict[str, torch.Tensor], on_copy: Callable[[str], None] | None) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], staged: dict[str, torch.Tensor], on_copy: Callable[[str], None] | None,
+                 worker: ThreadPoolExecutor) -> None:
         super().__init__(tensors, staged)
         self._sources = [tensors[k].detach() for k in self.keys]
         self._versions = [t._version for t in self._sources]
@@ -128,8 +139,7 @@ class ThreadStagedCopy(StagedCopy):
         self._failure: BaseException | None = None
         self._cond = threading.Condition()
         self.copy_s: float | None = None
-        self._thread = threading.Thread(target=self._run, name="flashckpt-staging", daemon=True)
-        self._thread.start()
+        self._future = worker.submit(self._run)
 
     def _run(self) -> None:
         torch.set_num_threads(1)  # this thread's intra-op width only (see _copy_one); training keeps its own
@@ -170,7 +180,7 @@ class ThreadStagedCopy(StagedCopy):
         return waited
 
     def result(self) -> dict[str, torch.Tensor]:
-        self._thread.join()
+        self._future.result()
         if self._failure is not None:
             raise self._failure
         return self.staged
