@@ -94,7 +94,7 @@ def _copy_one(buf: torch.Tensor, src: torch.Tensor) -> None:
     One thread: a copy is memory-bound, one core already saturates it; with the intra-op pool every one of the ~300
     tensors waits for a pool thread to be scheduled, about 10 ms each on a busy 2-core machine (measured: 0.9 s vs
     0.03 s for the 170 MB ``small`` state)."""
-    buf.copy_(src.detach(), non_blocking=src.is_cuda)
+    buf.copy_(src if not src.requires_grad else src.detach(), non_blocking=src.is_cuda)
 
 
 class StagedCopy:
@@ -132,7 +132,7 @@ class ThreadStagedCopy(StagedCopy):
     def __init__(self, tensors: dict[str, torch.Tensor], staged: dict[str, torch.Tensor], on_copy: Callable[[str], None] | None,
                  worker: ThreadPoolExecutor) -> None:
         super().__init__(tensors, staged)
-        self._sources = [tensors[k].detach() for k in self.keys]
+        self._sources = [tensors[k] for k in self.keys]  # detached by the worker (a detached view shares the version counter)
         self._versions = [t._version for t in self._sources]
         self._on_copy = on_copy
         self._copied = 0
@@ -148,7 +148,7 @@ class ThreadStagedCopy(StagedCopy):
             for i, key in enumerate(self.keys):
                 if self._on_copy is not None:
                     self._on_copy(key)
-                src = self._sources[i]
+                src = self._sources[i].detach()
                 if src._version != self._versions[i]:
                     raise TornSnapshotError(f"tensor {key!r} was changed in place after the save call and before it was staged; "
                                             f"call Checkpointer.fence() before changing saved tensors in place")
