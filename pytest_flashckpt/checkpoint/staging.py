@@ -36,6 +36,7 @@ class StagingArea:
         self.allocations = 0  # buffers (re)allocated; stays flat after the first save of a run
         self.on_copy: Callable[[str], None] | None = None  # test hook: called before each tensor of an overlapped copy
         self._worker: ThreadPoolExecutor | None = None
+        self._stream = None  # the side CUDA stream, created on the first GPU copy and reused
 
     def warm(self) -> None:
         """Start the copy thread now: starting a thread waits until it runs, tens of ms on a busy machine, which a
@@ -69,7 +70,9 @@ class StagingArea:
         """Start copying ``tensors`` (in their key order) into the staging buffers; returns at once."""
         staged = self._reserve(tensors)
         if any(t.is_cuda for t in tensors.values()):
-            return CudaStagedCopy(tensors, staged)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            return CudaStagedCopy(tensors, staged, self._stream)
         self.warm()
         return ThreadStagedCopy(tensors, staged, self.on_copy, self._worker)  # type: ignore[arg-type]
 
