@@ -283,3 +283,13 @@ def test_cuda_overlapped_save_is_exact(tmp_path) -> None:
     ckpt.close()
     loaded = read_checkpoint(tmp_path / record.name)
     assert all(torch.equal(loaded.tensors[k].cpu(), v) for k, v in expected.items())
+
+
+def test_every_configurable_save_strategy_is_registered() -> None:
+    from typing import get_args
+
+    from pytest_flashckpt.checkpoint import SAVE_STRATEGIES
+    from pytest_flashckpt.config.scenario import SaveStrategy
+
+    assert sorted(SAVE_STRATEGIES) == sorted(set(get_args(SaveStrategy)) - {"none"})
+    assert all(cls.summary for cls in SAVE_STRATEGIES.values())
