@@ -26,6 +26,9 @@ from typing import Callable, Iterable
 import torch
 
 
+SMALL_NUMEL = 1  # scalars (step counters, a tensor LR) are copied in the save call itself: nothing can tear them
+
+
 class TornSnapshotError(RuntimeError):
     """A tensor changed in place after the save call and before it was staged (a missing fence)."""
 
@@ -125,7 +128,8 @@ class StagedCopy:
 
 
 class ThreadStagedCopy(StagedCopy):
-    """CPU: the staging area's copy thread copies tensor by tensor and advances a progress counter; ``fence`` waits for a prefix.
+    """CPU: tensors of at most ``SMALL_NUMEL`` elements are copied in the save call; the staging area's copy thread
+    copies the rest tensor by tensor and advances a progress counter; ``fence`` waits for a prefix.
 
     Each source's version counter (bumped by every in-place op) is recorded at the save call and checked around its
     copy: an unfenced in-place change that lands before the tensor is staged fails the save instead of writing a
@@ -134,11 +138,15 @@ class ThreadStagedCopy(StagedCopy):
 
     def __init__(self, tensors: dict[str, torch.Tensor], staged: dict[str, torch.Tensor], on_copy: Callable[[str], None] | None,
                  worker: ThreadPoolExecutor) -> None:
+        small = [k for k, t in tensors.items() if t.numel() <= SMALL_NUMEL]
+        tensors = {**{k: tensors[k] for k in small}, **{k: t for k, t in tensors.items() if t.numel() > SMALL_NUMEL}}
         super().__init__(tensors, staged)
+        for key in small:  # microseconds each
+            _copy_one(staged[key], tensors[key].detach())
         self._sources = [tensors[k] for k in self.keys]  # detached by the worker (a detached view shares the version counter)
         self._versions = [t._version for t in self._sources]
         self._on_copy = on_copy
-        self._copied = 0
+        self._copied = len(small)
         self._failure: BaseException | None = None
         self._cond = threading.Condition()
         self.copy_s: float | None = None
@@ -149,6 +157,8 @@ class ThreadStagedCopy(StagedCopy):
         start = time.perf_counter()
         try:
             for i, key in enumerate(self.keys):
+                if i < self._copied:
+                    continue
                 if self._on_copy is not None:
                     self._on_copy(key)
                 src = self._sources[i].detach()

@@ -101,9 +101,10 @@ def test_fence_on_a_tensor_waits_for_its_prefix_only(tmp_path) -> None:
     ckpt.staging.on_copy = gate
     expected = shadow(trainer)
     record = ckpt.save(trainer)
-    first = next(iter(capture(trainer).tensors.values()))
+    first = capture(trainer).tensors["model/wte.weight"]
     ckpt.fence(first)  # returns while the copy is blocked before the third tensor
-    assert gate.reached.wait(30) and ckpt._pending.copy.copied == 2
+    copy = ckpt._pending.copy
+    assert gate.reached.wait(30) and copy.order["model/wte.weight"] < copy.copied < len(copy.keys)
     with torch.no_grad():
         first.add_(1.0)  # allowed: it is staged
     gate.release.set()
@@ -125,6 +126,22 @@ def test_an_unfenced_in_place_change_fails_the_save_instead_of_writing_a_torn_sn
     with pytest.raises(CheckpointError, match="changed in place"):
         ckpt.close()
     assert ckpt.store.complete() == []
+
+
+def test_scalars_are_captured_at_the_save_call_without_a_fence(tmp_path) -> None:
+    trainer = make_trainer()
+    trainer.train_step()
+    ckpt = Checkpointer(tmp_path, OVERLAPPED)
+    gate = Gate(at=0)
+    ckpt.staging.on_copy = gate
+    expected = shadow(trainer)
+    record = ckpt.save(trainer)
+    assert gate.reached.wait(30)
+    step_counter = next(iter(trainer.optimizer.state.values()))["step"]  # a 0-dim tensor, like a tensor LR
+    step_counter.add_(100)
+    gate.release.set()
+    ckpt.close()
+    assert_written_equals(tmp_path / record.name, expected)
 
 
 def test_staging_buffers_are_reused_across_overlapped_saves(tmp_path) -> None:
