@@ -196,15 +196,21 @@ def main(argv: list[str] | None = None) -> int:
                     entry["savers"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                     traceback.print_exc()
                 shutil.rmtree(root / state / str(i), ignore_errors=True)
+                write(out, args.out)  # after every saver: a long run interrupted still leaves what it measured
             del trainer
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    out["targets"] = targets(out)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    args.out.with_suffix(".md").write_text(markdown(out), encoding="utf-8")
+    out["complete"] = True
+    write(out, args.out)
     print(markdown(out))
     return 0
+
+
+def write(out: dict, path: Path) -> None:
+    out["targets"] = targets(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    path.with_suffix(".md").write_text(markdown(out), encoding="utf-8")
 
 
 def targets(out: dict) -> dict:
@@ -232,6 +238,8 @@ def markdown(out: dict) -> str:
              f"memory copy {out['copy_GBps']:.2f} GB/s; {out['repeats']} interleaved rounds of {out['steps']} steps with one save vs without.", "",
              "Time lost = median over rounds of (window with one save, waited until committed) - (same window without); "
              "stall = save call + fence at the next optimizer step; copy bound = state bytes / memory-copy bandwidth.", ""]
+    if not out.get("complete"):
+        lines += ["**Partial run**: the command was interrupted; the rows below are the savers it finished.", ""]
     for state, entry in out["states"].items():
         lines += [f"## `{state}`: {entry['state_bytes'] / 1e6:.0f} MB of state, copy bound {_ms(entry['copy_bound_s'])} ms", "",
                   "| saver | time lost per save (ms) | spread min..max (ms) | stall (ms) | stall / copy bound | total (ms) |",
