@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="save-overlap-", dir=args.workdir))
     copy_gbps = copy_bandwidth_GBps()
     out: dict = {"command": " ".join(["python", "benchmarks/save_overlap.py", *(argv if argv is not None else sys.argv[1:])]),
-                 "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__},
+                 "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
+                             "load_average_at_start": os.getloadavg()[0]},
                  "copy_GBps": copy_gbps, "repeats": args.repeats, "steps": args.steps, "states": {}}
     try:
         for state in states:
@@ -235,7 +237,7 @@ def _ms(v) -> str:
 def markdown(out: dict) -> str:
     lines = ["# Save overlap: what one save costs the training loop", "",
              f"Command: `{out['command']}`  ", f"Machine: {out['machine']['platform']}, {out['machine']['cpus']} threads, torch {out['machine']['torch']}; "
-             f"memory copy {out['copy_GBps']:.2f} GB/s; {out['repeats']} interleaved rounds of {out['steps']} steps with one save vs without.", "",
+             f"load average at start {out['machine'].get('load_average_at_start', float('nan')):.1f}; memory copy {out['copy_GBps']:.2f} GB/s; {out['repeats']} interleaved rounds of {out['steps']} steps with one save vs without.", "",
              "Time lost = median over rounds of (window with one save, waited until committed) - (same window without); "
              "stall = save call + fence at the next optimizer step; copy bound = state bytes / memory-copy bandwidth.", ""]
     if not out.get("complete"):
