@@ -12,6 +12,7 @@ from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.loading import load_into
 from pytest_flashckpt.checkpoint.metrics import median
 from pytest_flashckpt.checkpoint.state import capture
+from pytest_flashckpt.checkpoint.time_lost import measure_time_lost
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.training import Trainer
@@ -28,13 +29,15 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
     ``raw_write_MBps`` and ``copy_GBps`` (this machine's limits, measured in the same folder in the same run),
     ``snapshot_bytes`` (training state bytes), ``copy_bound_s`` (= snapshot_bytes / copy bandwidth, the least an
     in-memory snapshot can stall), ``write_vs_raw`` (= write_MBps / raw_write_MBps), ``saves``, ``steps``,
-    ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise").
-    The trainer ends in the state of the last save. Raises ``CheckpointError`` if the round trip is not exact.
+    ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise"), and, when
+    ``config.time_lost_rounds`` > 0, the time lost per save (``time_lost_s`` and its samples, see ``time_lost``;
+    measured first, in ``workdir/time-lost``). The trainer ends in the state of the last save. Raises ``CheckpointError`` if the round trip is not exact.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     raw_write = write_bandwidth_MBps(workdir)
     copy_gbps = copy_bandwidth_GBps()
+    lost = measure_time_lost(trainer, config, workdir / "time-lost") if config.time_lost_rounds > 0 else {}
     probe = make_probe(probe_name) if probe_name else None
     ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe)
     max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
@@ -57,6 +60,9 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
     if mismatched:
         raise CheckpointError(f"{last}: {len(mismatched)} tensors differ from the saved state after loading, e.g. {mismatched[:3]}")
     out: Metrics = {"strategy": config.strategy, "format": "dcp" if config.strategy == "dcp" else config.format}
+    if ckpt.strategy.overlapped:
+        out["staging"] = "overlapped"
+        out["fence_wait_s"] = median([r.fence_wait_s for r in records])
     samples = {
         "save_stall_s": [r.save_stall_s for r in records],
         "save_total_s": [r.save_total_s for r in records],
@@ -81,4 +87,5 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
     out["deferrals"] = len(ckpt.schedule.deferrals)
     out["forced_saves"] = len(ckpt.schedule.forced)
     out["verified"] = "bitwise"
+    out.update(lost)
     return out

@@ -48,16 +48,18 @@ class SaveConfig:
     format: Literal["torch", "safetensors"] = "torch"  # file format of sync/async/selective/layerwise saves
     save_interval: int = 1  # steps between saves
     async_save: bool = False  # article key: snapshot, then write in the background (dcp: torch's async_save)
+    staging: Literal["blocking", "overlapped"] = "blocking"  # async: copy at the save call, or during the next step (fenced before optimizer.step)
     max_keep: int | None = None  # keep the newest N complete checkpoints
     select_params: bool | str | list[str] | None = None  # true = non-embedding (article); "trainable"; glob patterns
     mem_threshold: float | None = None  # scheduled: save only while memory in use is under this fraction of capacity
     max_defer_steps: int = 10  # scheduled: a deferred save is forced after this many steps
     layer_checkpoint_dir: str | None = None  # layerwise: folder (relative to the checkpoint) for per-block files
     saves: int = 3  # how many saves the checkpoint pass measures
+    time_lost_rounds: int = 3  # interleaved rounds of K steps with one save vs K without (K = save_interval); 0: not measured
 
     def __post_init__(self) -> None:
         implied = []
-        if self.async_save and self.strategy in ("none", "sync"):
+        if (self.async_save or self.staging == "overlapped") and self.strategy in ("none", "sync"):
             implied.append("async")
         if self.select_params not in (None, False) and self.strategy in ("none", "sync"):
             implied.append("selective")
@@ -73,6 +75,11 @@ class SaveConfig:
             _set(self, strategy=implied[0])
         if self.strategy == "selective" and self.select_params in (None, False):
             _set(self, select_params=True)
+        if self.staging == "overlapped" and (self.strategy == "dcp" or (self.strategy != "async" and not self.async_save)):
+            raise ValueError(
+                f"staging: overlapped overlaps the copy of a staged background save with the next step; strategy "
+                f"{self.strategy!r} has none: use strategy async (or async_save: true), or drop staging"
+            )
         if self.save_interval <= 0:
             raise ValueError(f"save_interval must be a positive number of steps, got {self.save_interval}")
         if self.max_keep is not None and self.max_keep <= 0:
@@ -81,6 +88,8 @@ class SaveConfig:
             raise ValueError(f"mem_threshold is a fraction of memory capacity in (0, 1], got {self.mem_threshold}")
         if self.max_defer_steps < 0:
             raise ValueError(f"max_defer_steps must be >= 0, got {self.max_defer_steps}")
+        if self.time_lost_rounds < 0:
+            raise ValueError(f"time_lost_rounds must be >= 0 (0 skips the time-lost measurement), got {self.time_lost_rounds}")
         if self.saves <= 0:
             raise ValueError(f"saves must be positive, got {self.saves}")
 

@@ -177,5 +177,8 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
             result.metrics["reference_save_total_s"] = ref["save_total_s"]
             result.metrics["reference_save_stall_s"] = ref["save_stall_s"]
             result.metrics["stall_vs_sync"] = result.metrics["save_stall_s"] / ref["save_total_s"]
+            if ref.get("time_lost_s") and "time_lost_s" in result.metrics:  # measured unless time_lost_rounds: 0
+                result.metrics["reference_time_lost_s"] = ref["time_lost_s"]
+                result.metrics["time_lost_vs_sync"] = result.metrics["time_lost_s"] / ref["time_lost_s"]
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -22,7 +22,11 @@ def test_run_checkpoint_pass_returns_every_metric(config: SaveConfig, tmp_path) 
         assert metrics[name] is not None and metrics[name] >= 0, name
     for name in ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files"):
         assert len(metrics[f"{name}_samples"]) == 2
-    assert metrics["saves"] == 2 and metrics["verified"] == "bitwise" and trainer.step == 2
+    assert metrics["saves"] == 2 and metrics["verified"] == "bitwise" and metrics["steps"] == 2
+    rounds = config.time_lost_rounds
+    assert len(metrics["time_lost_s_samples"]) == len(metrics["time_lost_plain_s_samples"]) == rounds
+    assert metrics["time_lost_min_s"] <= metrics["time_lost_s"] <= metrics["time_lost_max_s"]
+    assert metrics["time_lost_plain_s"] > 0 and metrics["time_lost_window_steps"] == config.save_interval
     assert metrics["raw_write_MBps"] > 0 and metrics["copy_GBps"] > 0
     assert metrics["bytes_written"] > metrics["snapshot_bytes"]
     if config.async_save:
