@@ -108,8 +108,8 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
             times.append((time.perf_counter() - start) / scenario.steps)
         out["step_time_s"] = times
 
-    if scenario.checkpoint.strategy == "dcp":
-        save = scenario.checkpoint
+    if scenario.save.strategy == "dcp":
+        save = scenario.save
         config = {"scenario": scenario.name, "card": scenario.card, "async_save": save.async_save}
         with sharded_store.ShardedCheckpointer(ckpt_root, async_save=save.async_save, config=config) as ckpt:
             for _ in range(save.saves):

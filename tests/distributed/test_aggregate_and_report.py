@@ -65,7 +65,7 @@ def test_world_size_is_validated_before_anything_runs() -> None:
     with pytest.raises(ValueError, match="world_size must be a positive"):
         Scenario("s", world_size=0)
     with pytest.raises(ValueError, match="checkpoint.strategy dcp"):
-        Scenario("s", world_size=2, batch_size=4, checkpoint=SaveConfig(strategy="sync"))
+        Scenario("s", world_size=2, batch_size=4, save=SaveConfig(strategy="sync"))
     with pytest.raises(ValueError, match="batch_size 3 must be divisible by world_size 2"):
         Scenario("s", world_size=2, batch_size=3)
     assert Scenario("s").world_size == 1
@@ -75,4 +75,4 @@ def test_the_distributed_suite_runs_two_ranks_with_dcp_saves() -> None:
     suite = load_suite("distributed")
     assert len(suite.scenarios) >= 3
     assert all(s.world_size == 2 and s.checkpoint.strategy == "dcp" for s in suite.scenarios)
-    assert any(s.checkpoint.async_save for s in suite.scenarios)
+    assert any(s.save.async_save for s in suite.scenarios)
