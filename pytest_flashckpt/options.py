@@ -38,6 +38,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 (as the suite says) or a positive number of rounds")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 <= value < 1.0:
@@ -65,7 +72,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         choices=("auto", "cpu", "cuda", "nvml", "rss"),
     ),
     OptionSpec("flashckpt-report", "folder for results.json and the markdown report (relative to the invocation folder)", "reports"),
-    OptionSpec("flashckpt-rounds", "override every scenario's interleaved timing rounds (0 = as the suite says)", 0, int),
+    OptionSpec("flashckpt-rounds", "override every scenario's interleaved timing rounds (0 = as the suite says)", 0, _non_negative_int),
     OptionSpec("flashckpt-workdir", "folder for temporary checkpoints (default: the system temp folder)", ""),
     OptionSpec("flashckpt-baseline-dir", "folder of <profile>.json baselines, relative to the invocation folder", "baselines"),
     OptionSpec("flashckpt-save-baseline", "write/update this profile's baseline with the scenarios that ran", False, lambda t: t.lower() in ("1", "true", "yes")),

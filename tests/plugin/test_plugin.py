@@ -79,6 +79,8 @@ def test_ini_twin_sets_the_report_folder(pytester, suite_file):
         (["--flashckpt-device=tpu"], "*--flashckpt-device: 'tpu' is not valid: valid: auto, cpu, cuda, cuda:N*"),
         (["--flashckpt-probe=gpu"], "*--flashckpt-probe: 'gpu' is not valid; valid: auto, cpu, cuda, nvml, rss*"),
         (["--flashckpt-suite=nope"], "*unknown suite 'nope'*valid names:*default*"),
+        (["--flashckpt-suite", "--flashckpt-rounds=-3"], "*--flashckpt-rounds: '-3' is not valid: must be 0 (as the suite says) or a positive*"),
+        (["--flashckpt-rounds=three"], "*--flashckpt-rounds: 'three' is not valid*"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):
