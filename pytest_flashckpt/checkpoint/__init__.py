@@ -16,7 +16,7 @@
 
 from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
-from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, StrictLoadError
+from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
 from pytest_flashckpt.checkpoint.loading import KeyReport, LoadedCheckpoint, load_blocks, load_into, load_model_tensors, read_checkpoint, resume_latest
 from pytest_flashckpt.checkpoint.measure import run_checkpoint_pass
 from pytest_flashckpt.checkpoint.metrics import METRICS, SaveRecord
@@ -31,6 +31,7 @@ __all__ = [
     "Deferral",
     "KeyReport",
     "LoadedCheckpoint",
+    "NoCheckpointError",
     "SaveRecord",
     "StrictLoadError",
     "copy_bandwidth_GBps",
