@@ -11,7 +11,7 @@
 ``manifest`` (sha256 list, verification), ``store`` (commit protocol, ``latest``), ``rotation`` (``max_keep``),
 ``selection`` (``select_params``, per-block files), ``staging`` (async snapshot buffers), ``dcp_io`` (torch DCP),
 ``scheduling`` (memory-aware interval), ``checkpointer`` (the strategies), ``loading``, ``metrics``, ``bandwidth``,
-``measure``.
+``measure``, ``export`` (model weights as a plain state dict), ``inspection`` (``flashckpt inspect``).
 """
 
 from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
