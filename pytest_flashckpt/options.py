@@ -65,13 +65,18 @@ def _device(text: str) -> str:
     raise ValueError("valid: auto, cpu, cuda, cuda:N")
 
 
+# A run's output never lands on committed files: its own folder, named after the tool so it cannot collide with a
+# project's reports/, visible because people open the report, and ignored by git (a .gitignore inside when the run
+# creates it, as pytest's cache folder does; README "How to read the report")
+DEFAULT_REPORT_DIR = "flashckpt-report"
+
 OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("flashckpt-device", "device to measure on: auto (CUDA when present, else CPU), cpu, cuda, cuda:N", "auto", _device),
     OptionSpec(
         "flashckpt-probe", "memory probe: auto (cpu on CPU, cuda on GPU), cpu, cuda, nvml, rss", "auto",
         choices=("auto", "cpu", "cuda", "nvml", "rss"),
     ),
-    OptionSpec("flashckpt-report", "folder for results.json and the markdown report (relative to the invocation folder)", "reports"),
+    OptionSpec("flashckpt-report", "folder for results.json and the markdown report (relative to the invocation folder)", DEFAULT_REPORT_DIR),
     OptionSpec("flashckpt-rounds", "override every scenario's interleaved timing rounds (0 = as the suite says)", 0, _non_negative_int),
     OptionSpec("flashckpt-workdir", "folder for temporary checkpoints (default: the system temp folder)", ""),
     OptionSpec("flashckpt-baseline-dir", "folder of <profile>.json baselines, relative to the invocation folder", "baselines"),

@@ -16,7 +16,7 @@ import pytest
 from pytest_flashckpt import __version__
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.scenario import Scenario
-from pytest_flashckpt.options import Options
+from pytest_flashckpt.options import DEFAULT_REPORT_DIR, Options
 from pytest_flashckpt.result import Result, RunRecord
 
 
@@ -260,8 +260,10 @@ class SuiteSession:
         if not self.results:
             return
         from pytest_flashckpt.report import write_report
+        from pytest_flashckpt.report.folder import make_report_folder
 
         record = self.record()
+        make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
         if self.options.save_baseline:
             self.saved_baseline = self.save_baseline(record)
         record.write_json(self.report_dir / "results.json")
