@@ -51,4 +51,4 @@ def test_readme_first_command_leaves_a_fresh_clone_clean(tmp_path: Path) -> None
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert (clone / "flashckpt-report" / "results.json").is_file() and (clone / "flashckpt-report" / "flashckpt-report.md").is_file()
     assert _git("status", "--porcelain", "--untracked-files=all", cwd=clone) == ""
-    assert _git("check-ignore", ".venv", cwd=clone).strip() == ".venv"  # what the skipped venv step would write
+    assert _git("check-ignore", ".venv/bin/python", cwd=clone).strip() == ".venv/bin/python"  # what the skipped venv step writes
