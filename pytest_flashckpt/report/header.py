@@ -8,7 +8,9 @@ from collections import Counter
 from pytest_flashckpt.result import RunRecord
 
 PROBES = {
-    "cpu": "exact live-tensor accounting (TorchDispatchMode), deterministic to the byte",
+    "cpu": "live-tensor accounting (TorchDispatchMode), deterministic to the byte; it does not see 0-dim tensors made "
+           "from Python scalars outside the dispatcher, nor scratch memory inside one op (measured gap per step: "
+           "`python benchmarks/probe_gap.py`, reports/probe-gap.md)",
     "cuda": "CUDA caching-allocator peak after reset_peak_memory_stats",
     "nvml": "device memory sampled with NVML in a thread (a lower bound; CUDA context reported apart)",
     "rss": "process resident set size (a sanity check, not tensor memory)",

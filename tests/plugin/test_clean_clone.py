@@ -47,7 +47,7 @@ def test_readme_first_command_leaves_a_fresh_clone_clean(tmp_path: Path) -> None
                            cwd=clone, env=env, check=True, capture_output=True, text=True).stdout.strip()
     assert Path(where).is_relative_to(clone), where
     run = subprocess.run([sys.executable, "-m", "pytest", *pytest_part.split(), "-k", FAST],
-                         cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+                         cwd=clone, env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert (clone / "flashckpt-report" / "results.json").is_file() and (clone / "flashckpt-report" / "flashckpt-report.md").is_file()
     assert _git("status", "--porcelain", "--untracked-files=all", cwd=clone) == ""
