@@ -83,7 +83,9 @@ def parse_budgets(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str,
         try:
             budgets[key] = spec.parse(raw)
         except ValueError as exc:
-            raise BudgetError(f"@pytest.mark.flashckpt({key}={raw!r}): {exc}; expected {spec.formats}") from None
+            reason = str(exc)  # units' messages already end with the expected formats: say them once
+            expected = "" if spec.formats in reason else f"; expected {spec.formats}"
+            raise BudgetError(f"@pytest.mark.flashckpt({key}={raw!r}): {reason}{expected}") from None
     return budgets
 
 

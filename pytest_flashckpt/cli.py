@@ -1,15 +1,20 @@
-"""The ``flashckpt`` command: re-render a report from a results file, or compare two runs for a pull request.
+"""The ``flashckpt`` command: re-render a report from a results file, compare two runs for a pull request, and
+look at or export checkpoints.
 
     flashckpt run --suite NAME|PATH [--report DIR] [--device cuda] [--save-baseline] ...
-    flashckpt report reports/results.json [--out DIR]
+    flashckpt report flashckpt-report/results.json [--out DIR]
     flashckpt compare main.json branch.json [--metric overhead ...] [--out FILE]
     flashckpt claims
+    flashckpt inspect CKPT
+    flashckpt export CKPT OUT.safetensors
 
 ``run`` measures a suite without pytest (``runner.suite.run_suite``) and writes the same ``results.json`` and report
 as ``pytest --flashckpt-suite``; its options are the plugin's (``config.run_options``) without the ``flashckpt-``
-prefix. The other commands read only ``results.json`` files (never torch), so they run on any machine that has
-the files. Problems with an input file or option (missing, not JSON, another schema version, a bad value) are
-usage errors: a message on stderr and exit status 2, like argparse's own errors.
+prefix. ``report``, ``compare`` and ``claims`` read only ``results.json`` files (never torch), so they run on any
+machine that has the files; ``inspect`` and ``export`` read checkpoints (they import torch). Problems with an input
+file or option (missing, not JSON, another schema version, not a checkpoint, a bad value) are usage errors: a
+message naming the file on stderr and exit status 2, like argparse's own errors. ``inspect`` exits 1 when the
+checkpoint fails verification.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ from pytest_flashckpt.result import SCHEMA_VERSION, RunRecord
 USAGE_ERROR = 2
 
 EPILOG = f"""\
-A suite run (pytest --flashckpt-suite=NAME) writes reports/results.json (schema version {SCHEMA_VERSION}) and
-reports/flashckpt-report.md (so does flashckpt run). Exit status: 0 on success, 1 when `run` found a regression
-or a scenario broke, 2 on a usage error or an unreadable results file."""
+A suite run (pytest --flashckpt-suite=NAME, or flashckpt run) writes flashckpt-report/results.json (schema version
+{SCHEMA_VERSION}) and flashckpt-report/flashckpt-report.md. Exit status: 0 on success, 1 when `run` found a regression
+or a scenario broke or `inspect` found a corrupt checkpoint, 2 on a usage error or an unreadable input file."""
 
 FAILED = 1
 
@@ -129,6 +134,31 @@ def _cmd_claims(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.checkpoint.errors import CheckpointError
+    from pytest_flashckpt.checkpoint.inspection import inspect_checkpoint
+
+    try:
+        found = inspect_checkpoint(Path(args.path))
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    print("\n".join(found.lines))
+    return 0 if found.verified else 1
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.checkpoint.errors import CheckpointError
+    from pytest_flashckpt.checkpoint.export import export_weights
+
+    try:
+        done = export_weights(Path(args.checkpoint), Path(args.out))
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    tied = f"; tied aliases dropped (restored on load): {', '.join(done.tied)}" if done.tied else ""
+    print(f"{done.path}: {len(done.keys)} tensors from {done.source} (step {done.metadata['flashckpt.step']}){tied}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pytest_flashckpt.report.compare import DEFAULT_METRICS
 
@@ -171,6 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     claims = sub.add_parser("claims", help="list the article's claims and how each is judged")
     claims.set_defaults(run=_cmd_claims)
+
+    inspect = sub.add_parser("inspect", help="a checkpoint's step, strategy, files and sizes, and its manifest check",
+                             description="Print a checkpoint's step, the strategy that wrote it, its files and sizes, and "
+                                         "whether they match its manifest (exit 1 when not). CKPT is a checkpoint folder "
+                                         "or a checkpoint root (the one `latest` names is inspected).")
+    inspect.add_argument("path", metavar="CKPT", help="a checkpoint folder or a checkpoint root")
+    inspect.set_defaults(run=_cmd_inspect)
+
+    export = sub.add_parser("export", help="the model's weights as a plain state dict (.safetensors or .pt)",
+                            description="Verify a checkpoint and write its model weights under the model's own keys, "
+                                        "each tensor once (a tied alias is dropped, as transformers does), with "
+                                        "format=pt and flashckpt.* metadata in a .safetensors file.")
+    export.add_argument("checkpoint", metavar="CKPT", help="a checkpoint folder or a checkpoint root (its latest)")
+    export.add_argument("out", metavar="OUT", help="the file to write: *.safetensors or *.pt")
+    export.set_defaults(run=_cmd_export)
     return parser
 
 

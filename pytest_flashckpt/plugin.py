@@ -41,8 +41,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     try:
         parse_budgets(marker.args, marker.kwargs)
+        problem = None
     except BudgetError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    if problem is not None:  # failed outside the except block: no "during handling of the above exception" line
+        pytest.fail(problem, pytrace=False)
     if MARKER not in getattr(item, "fixturenames", ()):
         pytest.fail(
             "@pytest.mark.flashckpt budgets are checked against the flashckpt fixture: add `flashckpt` to the test's "

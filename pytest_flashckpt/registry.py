@@ -26,7 +26,9 @@ PROBES: dict[str, ProbeSpec] = {
     spec.name: spec
     for spec in (
         ProbeSpec("cpu", "pytest_flashckpt.probes.cpu:LiveTensorProbe", True,
-                  "exact live-tensor accounting (TorchDispatchMode), deterministic to the byte"),
+                  "live-tensor accounting (TorchDispatchMode), deterministic to the byte; it does not see 0-dim tensors made "
+                  "from Python scalars outside the dispatcher, nor scratch memory inside one op (measured gap per step: "
+                  "`python benchmarks/probe_gap.py`, reports/probe-gap.md)"),
         ProbeSpec("cuda", "pytest_flashckpt.probes.cuda:CudaAllocatorProbe", False,
                   "CUDA caching-allocator peak after reset_peak_memory_stats", takes_device=True),
         ProbeSpec("nvml", "pytest_flashckpt.probes.nvml:NvmlProbe", False,

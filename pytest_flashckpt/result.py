@@ -90,7 +90,7 @@ class RunRecord:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ValueError(f"{path}: no such results file (a suite run writes reports/results.json)") from None
+            raise ValueError(f"{path}: no such results file (a suite run writes flashckpt-report/results.json)") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not a JSON results file ({exc})") from None
         if not isinstance(data, dict) or "results" not in data:

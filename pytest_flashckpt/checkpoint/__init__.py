@@ -12,12 +12,13 @@
 ``selection`` (``select_params``, per-block files), ``staging`` (async snapshot buffers: blocking or overlapped copy),
 ``dcp_io`` (torch DCP), ``scheduling`` (memory-aware interval), ``strategies`` (one registered class per save
 strategy), ``checkpointer`` (runs a strategy: commits, one save in flight, the fence), ``loading``, ``metrics``,
-``bandwidth``, ``time_lost`` (what a save costs the training loop), ``measure``.
+``bandwidth``, ``time_lost`` (what a save costs the training loop), ``measure``, ``export`` (model weights as a plain state dict), ``inspection``
+(``flashckpt inspect``).
 """
 
 from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
-from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, StrictLoadError
+from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
 from pytest_flashckpt.checkpoint.loading import KeyReport, LoadedCheckpoint, load_blocks, load_into, load_model_tensors, read_checkpoint, resume_latest
 from pytest_flashckpt.checkpoint.measure import run_checkpoint_pass
 from pytest_flashckpt.checkpoint.metrics import METRICS, SaveRecord
@@ -35,6 +36,7 @@ __all__ = [
     "Deferral",
     "KeyReport",
     "LoadedCheckpoint",
+    "NoCheckpointError",
     "SaveRecord",
     "StrictLoadError",
     "copy_bandwidth_GBps",

@@ -42,6 +42,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 (as the suite says) or a positive number of rounds")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 <= value < 1.0:
@@ -62,6 +69,11 @@ def _device(text: str) -> str:
     raise ValueError("valid: auto, cpu, cuda, cuda:N")
 
 
+# A run's output never lands on committed files: its own folder, named after the tool so it cannot collide with a
+# project's reports/, visible because people open the report, and ignored by git (a .gitignore inside when the run
+# creates it, as pytest's cache folder does; README "How to read the report")
+DEFAULT_REPORT_DIR = "flashckpt-report"
+
 OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("flashckpt-device", "device to measure on: auto (CUDA when present, else CPU), cpu, cuda, cuda:N", "auto", _device),
     OptionSpec(
@@ -70,8 +82,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "auto",
         choices=("auto", *PROBE_NAMES),
     ),
-    OptionSpec("flashckpt-report", "folder for results.json and the markdown report (relative to the invocation folder)", "reports"),
-    OptionSpec("flashckpt-rounds", "override every scenario's interleaved timing rounds (0 = as the suite says)", 0, int),
+    OptionSpec("flashckpt-report", "folder for results.json and the markdown report (relative to the invocation folder)", DEFAULT_REPORT_DIR),
+    OptionSpec("flashckpt-rounds", "override every scenario's interleaved timing rounds (0 = as the suite says)", 0, _non_negative_int),
     OptionSpec("flashckpt-workdir", "folder for temporary checkpoints (default: the system temp folder)", ""),
     OptionSpec("flashckpt-baseline-dir", "folder of <profile>.json baselines, relative to the invocation folder", "baselines"),
     OptionSpec("flashckpt-save-baseline", "write/update this profile's baseline with the scenarios that ran", False, lambda t: t.lower() in ("1", "true", "yes")),
@@ -96,7 +108,7 @@ class Options:
     suite: str | None
     device: str = "auto"
     probe: str = "auto"
-    report: str = "reports"
+    report: str = DEFAULT_REPORT_DIR
     rounds: int = 0
     workdir: str = ""
     baseline_dir: str = "baselines"

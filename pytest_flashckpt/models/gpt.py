@@ -80,10 +80,23 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        self.register_load_state_dict_pre_hook(GPT._restore_tied_head)
         self.apply(self._init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: scale residual projections by depth
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _restore_tied_head(module: "GPT", state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs) -> None:
+        """Accept a state dict that stores the tied embedding once (``wte.weight``, no ``lm_head.weight``).
+
+        That is how tied weights are saved for plain tools (``flashckpt export``, transformers' safetensors files):
+        safetensors refuses two names for one storage, so the alias is dropped on disk. Because the head *is* the
+        embedding, the missing alias is restored from it here, and ``load_state_dict(sd, strict=True)`` still checks
+        every other key. A state dict with both keys loads as before."""
+        head, embedding = f"{prefix}lm_head.weight", f"{prefix}wte.weight"
+        if module.lm_head.weight is module.wte.weight and head not in state_dict and embedding in state_dict:
+            state_dict[head] = state_dict[embedding]
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -8,7 +8,12 @@ batch) are passed as ``resident`` and counted from the start. The result is dete
 deterministic program: no sampling, no allocator rounding, no threads.
 
 What it cannot see: scratch memory a kernel allocates and frees inside one op (for example the CPU flash kernel's
-per-thread buffers); ``torch.profiler`` memory events do see those, which the tests compare against.
+per-thread buffers), and 0-dim tensors made from Python scalars outside the dispatcher (autograd's and the
+optimizer's wrapped numbers, e.g. the backward of ``0.5 * x``), which never pass through a ``TorchDispatchMode``.
+``torch.profiler`` memory events see both. How much that moves a step's peak is measured by
+``benchmarks/probe_gap.py`` (``reports/probe-gap.md``; README "What a run does"): a few dozen bytes in tens of MB
+on our GPT and on a Hugging Face GPT-2 step. Counting them would need the profiler's allocator events on every
+memory pass; the gap is small enough to state instead.
 """
 
 from __future__ import annotations

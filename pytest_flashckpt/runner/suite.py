@@ -157,7 +157,11 @@ class SuiteRun:
         from pytest_flashckpt.report.regression import append_step_summary
         from pytest_flashckpt.report import write_report
 
+        from pytest_flashckpt.config.run_options import DEFAULT_REPORT_DIR
+        from pytest_flashckpt.report.folder import make_report_folder
+
         record = self.record()
+        make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
         baseline = save_run(self.baseline_dir, record) if self.options.save_baseline else None
         results_path = self.report_dir / "results.json"
         record.write_json(results_path)

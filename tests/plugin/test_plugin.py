@@ -63,7 +63,16 @@ def test_suite_runs_skips_with_reasons_and_writes_results(pytester, suite_file):
 def test_k_selects_scenarios_and_collect_only_lists_ids(pytester, suite_file):
     result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--collect-only", "-q", "-k", "sdpa")
     result.stdout.fnmatch_lines(["mini::sdpa-s32", "*1/4 tests collected (3 deselected)*"])
-    assert not (pytester.path / "reports").exists()
+    assert not (pytester.path / "flashckpt-report").exists()
+
+
+def test_default_report_folder_is_self_ignoring_a_named_one_is_not(pytester, suite_file):
+    pytester.runpytest(f"--flashckpt-suite={suite_file}", "-k", "sdpa").assert_outcomes(passed=1)
+    default = pytester.path / "flashckpt-report"
+    assert (default / "results.json").is_file() and (default / "flashckpt-report.md").is_file()
+    assert (default / ".gitignore").read_text().splitlines()[-1] == "*"
+    pytester.runpytest(f"--flashckpt-suite={suite_file}", "-k", "sdpa", "--flashckpt-report=mine").assert_outcomes(passed=1)
+    assert (pytester.path / "mine" / "results.json").is_file() and not (pytester.path / "mine" / ".gitignore").exists()
 
 
 def test_ini_twin_sets_the_report_folder(pytester, suite_file):
@@ -79,6 +88,8 @@ def test_ini_twin_sets_the_report_folder(pytester, suite_file):
         (["--flashckpt-device=tpu"], "*--flashckpt-device: 'tpu' is not valid: valid: auto, cpu, cuda, cuda:N*"),
         (["--flashckpt-probe=gpu"], "*--flashckpt-probe: 'gpu' is not valid; valid: auto, cpu, cuda, nvml, rss*"),
         (["--flashckpt-suite=nope"], "*unknown suite 'nope'*valid names:*default*"),
+        (["--flashckpt-suite", "--flashckpt-rounds=-3"], "*--flashckpt-rounds: '-3' is not valid: must be 0 (as the suite says) or a positive*"),
+        (["--flashckpt-rounds=three"], "*--flashckpt-rounds: 'three' is not valid*"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):
@@ -92,7 +103,7 @@ def test_bad_suite_is_a_usage_error_and_writes_nothing(pytester):
     result = pytester.runpytest(f"--flashckpt-suite={bad}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*flashckpt: *::b: activation.k 7 is larger than the 4 blocks of 'tiny' (valid: 1..4)*"])
-    assert not (pytester.path / "reports").exists()
+    assert not (pytester.path / "flashckpt-report").exists()
 
 
 def test_plugin_costs_nothing_without_a_suite(pytester):

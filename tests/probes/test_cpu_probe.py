@@ -82,4 +82,6 @@ def test_cpu_probe_matches_profiler_memory_events_on_tiny(backend):
     trainer.train_step()
     probe_delta = _step_peak(trainer).added_peak_bytes
     profiler_delta = _profiler_peak_delta(trainer)
-    assert abs(probe_delta - profiler_delta) <= 0.001 * profiler_delta, (probe_delta, profiler_delta)
+    # the probe never counts more than the allocator, and what it misses is its stated blind spot: 0-dim tensors
+    # made outside the dispatcher (a few bytes each; README "What a run does", benchmarks/probe_gap.py), not a tensor
+    assert 0 <= profiler_delta - probe_delta < 1024, (probe_delta, profiler_delta)
