@@ -30,8 +30,8 @@ class StagingArea:
             torch.set_num_threads(threads)
         for key in set(self._buffers) - set(tensors):
             del self._buffers[key]
-        if any(t.is_cuda for t in tensors.values()):
-            torch.cuda.synchronize()
+        for device in {t.device for t in tensors.values() if t.is_cuda}:
+            torch.cuda.synchronize(device)  # the device the copies were issued on, not the current one
         return out
 
     def _copy_all(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
