@@ -11,6 +11,7 @@ from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
 from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.loading import load_into
 from pytest_flashckpt.checkpoint.metrics import median
+from pytest_flashckpt.checkpoint.scheduling import memory_gauge
 from pytest_flashckpt.checkpoint.state import capture
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.probes import make_probe
@@ -40,7 +41,7 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
     state_device = next(trainer.model.parameters()).device
     copy_gbps = copy_bandwidth_GBps(device=state_device)
     probe = make_probe(probe_name, state_device) if probe_name else None
-    ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe)
+    ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe, gauge=memory_gauge(state_device))
     max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
     steps = 0
     try:

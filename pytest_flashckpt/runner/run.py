@@ -40,6 +40,10 @@ def resolve_device(name: str = "auto") -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SkipScenario(f"device {name!r} asked for, but torch {torch.__version__} sees no CUDA device")
+    if device.type == "cuda":  # always an explicit index: events, probes and staging act on exactly this GPU
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s), cuda:0..")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {name!r}; valid: auto, cpu, cuda, cuda:N")
     return device
