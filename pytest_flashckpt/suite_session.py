@@ -85,10 +85,10 @@ class SuiteSession:
     @classmethod
     def start(cls, config: pytest.Config, options: Options) -> "SuiteSession":
         """Load and validate the suite (every scenario and model card); a problem is a usage error."""
-        from pytest_flashckpt.config.suites import load_suite
+        from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for, load_suite
         from pytest_flashckpt.runner.run import preflight
 
-        suite_arg = options.suite
+        suite_arg = default_suite_for(options.device) if options.suite == AUTO_SUITE else options.suite
         if os.path.isdir(suite_arg) or suite_arg.endswith(".py"):
             raise pytest.UsageError(
                 f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"
@@ -186,13 +186,10 @@ class SuiteSession:
     def profile(self) -> tuple[dict, str]:
         """This run's hardware/software profile and its id (computed once)."""
         if self._profile is None:
-            import torch
-
-            from pytest_flashckpt.models.attention import resolve_backend
-            from pytest_flashckpt.profile import current_profile, profile_id
+            from pytest_flashckpt.profile import current_profile, profile_id, run_kernel
 
             ctx = self._context()
-            profile = current_profile(str(ctx.device), resolve_backend("auto", ctx.device, torch.float32))
+            profile = current_profile(str(ctx.device), run_kernel(ctx.device, [s.dtype for s in self.suite.scenarios]))
             self._profile = (profile, profile_id(profile))
         return self._profile
 
