@@ -63,6 +63,37 @@ def _tensors(resident: Any) -> list:
     raise TypeError(f"resident must be tensors, a module, an optimizer or an iterable of them, got {type(resident).__name__}")
 
 
+def _device_of(tensors: Iterable) -> Any:
+    """The device the given tensors live on (a GPU wins over the CPU), or None when there are none. With
+    ``device="auto"`` this is what is measured: a CPU model on a machine with a GPU is measured with the cpu probe
+    (the cuda probe would read 0 bytes for it and every budget would pass)."""
+    devices = {t.device for t in tensors}
+    cuda = sorted((d for d in devices if d.type == "cuda"), key=lambda d: d.index or 0)
+    return cuda[0] if cuda else (next(iter(devices)) if devices else None)
+
+
+def _watch_devices(step: Callable[[], object]) -> list:
+    """Run ``step`` once (a warm-up step) and return the tensors its ops produced, to see where it runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    import torch
+
+    seen: dict = {}
+
+    class _Devices(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    seen.setdefault(t.device, t.new_empty(0))
+            return out
+
+    with _Devices():
+        step()
+    return list(seen.values())
+
+
 def _wait(handle: Any) -> None:
     for method in ("result", "wait"):
         if callable(getattr(handle, method, None)):
@@ -85,7 +116,10 @@ def measure(
     device: str = "auto",
     name: str | None = None,
 ) -> Measurement:
-    """Measure ``step`` (and ``reference``, ``save`` when given); pytest-free, usable from plain Python too."""
+    """Measure ``step`` (and ``reference``, ``save`` when given); pytest-free, usable from plain Python too.
+
+    ``device="auto"`` measures where the ``resident`` tensors live, else where the first warm-up step's tensors
+    live, else on CUDA when present; ``probe="auto"`` then follows that device."""
     if rounds <= 0 or steps <= 0 or warmup < 0 or saves <= 0:
         raise ValueError(f"rounds, steps and saves must be positive and warmup >= 0 (got {rounds}, {steps}, {saves}, {warmup})")
     import torch
@@ -93,14 +127,22 @@ def measure(
     from pytest_flashckpt.probes import default_probe_name
     from pytest_flashckpt.runner.timing import interleaved
 
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    resident_tensors = _tensors(resident)
+    dev = torch.device(device) if device != "auto" else _device_of(resident_tensors)
+    if dev is None and warmup > 0:  # nothing resident given: where the first warm-up step's tensors live
+        dev = _device_of(_watch_devices(step))
+        if reference is not None:
+            reference()
+        warmup -= 1
+    if dev is None:
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     probe_name = default_probe_name(dev.type) if probe == "auto" else probe
     out = Measurement(name=name, probe=probe_name, device=str(dev))
     for _ in range(warmup):
         step()
         if reference is not None:
             reference()
-    out.peak_bytes, out.state_bytes = _peak(step, _tensors(resident), probe_name, dev)
+    out.peak_bytes, out.state_bytes = _peak(step, resident_tensors, probe_name, dev)
     if reference is not None:
         out.reference_peak_bytes, _ = _peak(reference, _tensors(reference_resident), probe_name, dev)
         if out.reference_peak_bytes:
