@@ -24,3 +24,15 @@ def test_scenarios_the_check_names_are_in_the_gpu_suite():
     names = {s.name for s in load_suite("gpu").scenarios}
     picked = re.findall(r"^(?:ISO|NV)=(\S+)$", text, flags=re.M)
     assert len(picked) == 2 and set(picked) <= names
+
+
+def test_example_gpu_workflow_runs_the_suite_uploads_and_comments_a_comparison():
+    import yaml
+
+    workflow = yaml.safe_load((SCRIPT.parents[1] / "examples" / "ci" / "gpu-runner.yml").read_text())
+    steps = workflow["jobs"]["gpu-suite"]["steps"]
+    runs = "\n".join(step.get("run", "") for step in steps)
+    assert "self-hosted" in workflow["jobs"]["gpu-suite"]["runs-on"]
+    assert "-c constraints.txt" in runs and "torch==2.13.0" in runs and "flash-attn>=2.7" in runs
+    assert "--flashckpt-suite" in runs and "flashckpt compare" in runs and "gh pr comment" in runs
+    assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in steps)
