@@ -2,7 +2,7 @@
 # One-command GPU check (<= 10 min on one GPU): bash benchmarks/gpu_check.sh [OUT_DIR]
 #
 # Versions and compute capability, NVML/torch device identity by UUID, the gpu-marked tests, the auto-device tests,
-# a bf16 smoke run of the GPU suite (no error rows, flash_attn ran, baseline + report written), one scenario alone
+# a bf16 smoke run of the GPU suite without its 2.7B row (no error rows, flash_attn ran, baseline + report written), one scenario alone
 # vs in the suite (identical peak: probe isolation), the nvml probe beside the cuda probe, and FlashAttention's
 # published attention-memory ratios. Prints one summary table; exits non-zero if any check failed.
 # Everything to bring back lands in OUT_DIR (default gpu-check/): logs, the report, results.json, the baseline.
@@ -64,8 +64,10 @@ PY
 check gpu-tests 240 "${PYTEST[@]}" -m gpu -q -rs tests
 check auto-device-tests 180 "${PYTEST[@]}" -q tests/fixture tests/config/test_gpu_suite.py tests/plugin
 
-check suite-smoke 360 "${PYTEST[@]}" --flashckpt-suite=gpu --flashckpt-rounds=1 --flashckpt-report="$OUT/report" \
-  --flashckpt-baseline-dir="$OUT/baselines" --flashckpt-save-baseline -p no:randomly -q
+# smoke: every scenario but the 2.7B large row (its two ~16 GB saves, written and hashed, alone take minutes;
+# run it with the full suite: pytest --flashckpt-suite)
+check suite-smoke 420 "${PYTEST[@]}" --flashckpt-suite=gpu -k "not large-2.7b" --flashckpt-rounds=1 \
+  --flashckpt-report="$OUT/report" --flashckpt-baseline-dir="$OUT/baselines" --flashckpt-save-baseline -p no:randomly -q
 check suite-rows 30 "$PY" - "$OUT/report/results.json" <<'PY'
 import json, sys
 record = json.load(open(sys.argv[1]))
