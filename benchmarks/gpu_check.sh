@@ -2,9 +2,9 @@
 # One-command GPU check (<= 10 min on one GPU): bash benchmarks/gpu_check.sh [OUT_DIR]
 #
 # Versions and compute capability, NVML/torch device identity by UUID, the gpu-marked tests, the auto-device tests,
-# a bf16 smoke run of the GPU suite without its 2.7B row (no error rows, flash_attn ran, baseline + report written), one scenario alone
-# vs in the suite (identical peak: probe isolation), the nvml probe beside the cuda probe, and FlashAttention's
-# published attention-memory ratios. Prints one summary table; exits non-zero if any check failed.
+# a bf16 smoke run of the GPU suite without its 2.7B row (no error rows, flash_attn ran, baseline + report
+# written), one scenario alone vs in the suite (identical peak: probe isolation), the nvml probe beside the cuda
+# probe, and FlashAttention's published attention-memory ratios. Prints one summary table; exits non-zero if any check failed.
 # Everything to bring back lands in OUT_DIR (default gpu-check/): logs, the report, results.json, the baseline.
 set -u
 cd "$(dirname "$0")/.."
