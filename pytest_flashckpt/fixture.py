@@ -48,6 +48,35 @@ _METRIC_FIELDS = _FIELDS - {"name", "probe", "device", "samples"}
 assert _METRIC_FIELDS <= set(METRICS), f"Measurement fields outside the metric vocabulary: {_METRIC_FIELDS - set(METRICS)}"
 
 
+def _device_of(tensors: Iterable) -> Any:
+    """The device the given tensors live on (a GPU wins over the CPU), or None when there are none. With
+    ``device="auto"`` this is what is measured: a CPU model on a machine with a GPU is measured with the cpu probe
+    (the cuda probe would read 0 bytes for it and every budget would pass)."""
+    devices = {t.device for t in tensors}
+    cuda = sorted((d for d in devices if d.type == "cuda"), key=lambda d: d.index or 0)
+    return cuda[0] if cuda else (next(iter(devices)) if devices else None)
+
+
+def _watch_devices(step: Callable[[], object]) -> list:
+    """Run ``step`` once (a warm-up step) and return the tensors its ops produced, to see where it runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    seen: dict = {}
+
+    class _Devices(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    seen.setdefault(t.device, t.new_empty(0))
+            return out
+
+    with _Devices():
+        step()
+    return list(seen.values())
+
+
 def measure(
     step: Callable[[], object],
     *,
@@ -63,20 +92,33 @@ def measure(
     device: str = "auto",
     name: str | None = None,
 ) -> Measurement:
-    """Measure ``step`` (and ``reference``, ``save`` when given); pytest-free, usable from plain Python too."""
+    """Measure ``step`` (and ``reference``, ``save`` when given); pytest-free, usable from plain Python too.
+
+    ``device="auto"`` measures where the ``resident`` tensors live, else where the first warm-up step's tensors
+    live, else on CUDA when present; ``probe="auto"`` then follows that device."""
     if rounds <= 0 or steps <= 0 or warmup < 0 or saves <= 0:
         raise ValueError(f"rounds, steps and saves must be positive and warmup >= 0 (got {rounds}, {steps}, {saves}, {warmup})")
     from pytest_flashckpt.runner.context import resolve_device, resolve_probe
-    from pytest_flashckpt.runner.passes import peak_pass, save_pass, timing_pass
+    from pytest_flashckpt.runner.passes import peak_pass, resident_tensors, save_pass, timing_pass
 
-    dev = resolve_device(device)
+    resident_list = resident_tensors(resident)
+    if device == "auto":  # where the resident tensors live, else where the first warm-up step runs
+        dev = _device_of(resident_list)
+        if dev is None and warmup > 0:
+            dev = _device_of(_watch_devices(step))
+            if reference is not None:
+                reference()
+            warmup -= 1
+        dev = dev if dev is not None else resolve_device("auto")
+    else:
+        dev = resolve_device(device)
     probe_name = resolve_probe(probe, dev)
     out = Measurement(name=name, probe=probe_name, device=str(dev))
     for _ in range(warmup):
         step()
         if reference is not None:
             reference()
-    reading = peak_pass(step, resident, probe_name, dev)
+    reading = peak_pass(step, resident_list, probe_name, dev)
     out.peak_bytes, out.state_bytes = reading.peak_bytes, reading.start_bytes
     if reference is not None:
         out.reference_peak_bytes = peak_pass(reference, reference_resident, probe_name, dev).peak_bytes

@@ -19,10 +19,10 @@ def add_options(parser: pytest.Parser) -> None:
         "--flashckpt-suite",
         action="store",
         nargs="?",
-        const="default",
+        const="auto",  # resolved by config.suites.default_suite_for: gpu on CUDA, default on a CPU
         default=None,
         metavar="NAME|PATH",
-        help="run a scenario suite (shipped name or YAML path; default suite when no value: --flashckpt-suite=NAME)",
+        help="run a scenario suite (shipped name or YAML path; with no value: gpu on a CUDA device, default on a CPU: --flashckpt-suite=NAME)",
     )
     for spec in OPTIONS:
         kind = "store_true" if isinstance(spec.default, bool) else "store"

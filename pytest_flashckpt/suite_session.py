@@ -85,9 +85,10 @@ class SuiteSession:
     @classmethod
     def start(cls, config: pytest.Config, options: Options) -> "SuiteSession":
         """Load and validate the suite (every scenario and model card); a problem is a usage error."""
+        from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for
         from pytest_flashckpt.runner.suite import load_checked_suite
 
-        suite_arg = options.suite
+        suite_arg = default_suite_for(options.device) if options.suite == AUTO_SUITE else options.suite
         if os.path.isdir(suite_arg) or suite_arg.endswith(".py"):
             raise pytest.UsageError(
                 f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"

@@ -104,9 +104,10 @@ class Checkpointer:
             self.store.abort(tmp)
             raise
         if reading is not None:
-            grown = self.staging.nbytes - staged_before  # staging allocated inside the probe is counted exactly below
+            grown = 0 if state.on_device else self.staging.nbytes - staged_before  # counted exactly below
             self._transient_peak = max(self._transient_peak, reading.added_peak_bytes - grown)
-        record.save_extra_peak_bytes = self.staging.nbytes + max(self._transient_peak, 0)
+        staged_here = 0 if state.on_device else self.staging.nbytes  # GPU state: pinned host staging is not device memory
+        record.save_extra_peak_bytes = staged_here + max(self._transient_peak, 0)
         if pending.copy is not None:
             self._pending, self._pending_record = pending, record
             self._hook(trainer.optimizer)

@@ -18,6 +18,21 @@ from pytest_flashckpt.files import PAGE_SIZE, resident_bytes
 MemoryGauge = Callable[[], tuple[int, int]]  # () -> (bytes in use, capacity in bytes)
 
 
+def memory_gauge(device: torch.device | None = None, cuda=None) -> MemoryGauge:
+    """The gauge for a run on ``device``: allocated memory vs capacity of *that* GPU (``cuda:1`` is not the
+    current device by default), or :func:`process_memory` on a CPU. ``cuda`` is injectable for tests."""
+    if device is None or torch.device(device).type != "cuda":
+        return process_memory
+    cuda = torch.cuda if cuda is None else cuda
+    index = torch.device(device).index
+    index = cuda.current_device() if index is None else index
+
+    def gauge() -> tuple[int, int]:
+        return cuda.memory_allocated(index), cuda.get_device_properties(index).total_memory
+
+    return gauge
+
+
 def process_memory() -> tuple[int, int]:
     """Default gauge. CUDA: allocated tensor memory vs device capacity. CPU: the process's resident set vs physical
     RAM (the closest whole-process figure a CPU offers; tensor storages are not enumerable without a dispatch mode)."""

@@ -65,8 +65,8 @@ class StagingArea:
                 _copy_one(out[key], src)
         finally:
             torch.set_num_threads(threads)
-        if any(t.is_cuda for t in tensors.values()):
-            torch.cuda.synchronize()
+        for device in {t.device for t in tensors.values() if t.is_cuda}:
+            torch.cuda.synchronize(device)  # the device the copies were issued on, not the current one
         return out
 
     def start_copy(self, tensors: dict[str, torch.Tensor]) -> "StagedCopy":

@@ -3,7 +3,8 @@ and ``eager`` (materialises the T x T score matrix: the O(T^2) reference).
 
 Which kernel *actually* ran is not assumed from the request: ``detect_kernel`` classifies the aten / custom op
 names seen while the model ran (``aten::_scaled_dot_product_flash_attention_for_cpu`` is PyTorch's CPU flash
-kernel; SDPA with dropout on a CPU falls back to the math path, which this records as ``sdpa-math``).
+kernel; SDPA with dropout on a CPU falls back to the math path, which this records as ``sdpa-math``; flash-attn
+>= 2.7 runs as ``flashattn::`` custom ops, older releases are recognised by the Python-level call).
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ import torch.nn.functional as F
 Backend = Literal["auto", "flash_attn", "sdpa", "eager"]
 BACKENDS: tuple[str, ...] = ("auto", "flash_attn", "sdpa", "eager")
 
+# flash-attn < 2.7 calls its CUDA extension straight from Python: the dispatcher (and so a dispatch mode) never sees
+# it. causal_attention notes the call under this name for the OpNameRecorders that are recording.
+PYTHON_FLASH_ATTN_CALL = "python:flash_attn.flash_attn_func"
+_RECORDING: list[set[str]] = []
+
 # op name fragment -> kernel label, checked in order (first match wins)
 _KERNEL_SIGNATURES: tuple[tuple[str, str], ...] = (
+    ("flashattn::", "flash_attn"),  # flash-attn >= 2.7 custom ops (flashattn::_flash_attn_forward)
     ("flash_attn::", "flash_attn"),
+    (PYTHON_FLASH_ATTN_CALL, "flash_attn"),  # flash-attn 2.5 / 2.6: no registered op, the Python-level call
     ("flash_attn_", "flash_attn"),
     ("_scaled_dot_product_flash_attention_for_cpu", "sdpa-flash-cpu"),
     ("_scaled_dot_product_flash_attention", "sdpa-flash"),
@@ -75,6 +83,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
     if backend == "flash_attn":
         from flash_attn import flash_attn_func
 
+        for names in _RECORDING:
+            names.add(PYTHON_FLASH_ATTN_CALL)
         # flash-attn wants (B, T, nh, hs)
         out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True)
         return out.transpose(1, 2)
@@ -111,7 +121,9 @@ class OpNameRecorder:
 
         self._mode = _Mode()
         self._mode.__enter__()
+        _RECORDING.append(names)
         return self
 
     def __exit__(self, *exc) -> None:
+        _RECORDING.remove(self.op_names)
         self._mode.__exit__(*exc)

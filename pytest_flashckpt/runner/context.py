@@ -26,6 +26,10 @@ def resolve_device(name: str = "auto") -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SkipScenario(f"device {name!r} asked for, but torch {torch.__version__} sees no CUDA device")
+    if device.type == "cuda":  # always an explicit index: events, probes and staging act on exactly this GPU
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s), cuda:0..")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {name!r}; valid: auto, cpu, cuda, cuda:N")
     return device
@@ -50,6 +54,7 @@ class RunContext:
     probe: str
     workdir: Path | None = None
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dtypes: tuple[str, ...] = ("float32",)  # the scenarios' dtypes: the profile's kernel is resolved with the most common
     _profile: tuple[dict[str, Any], str] | None = None
 
     @classmethod
@@ -66,9 +71,8 @@ class RunContext:
     def profile(self) -> tuple[dict[str, Any], str]:
         """This run's hardware/software profile and its id (computed once)."""
         if self._profile is None:
-            from pytest_flashckpt.models.attention import resolve_backend
-            from pytest_flashckpt.profile import current_profile, profile_id
+            from pytest_flashckpt.profile import current_profile, profile_id, run_kernel
 
-            profile = current_profile(str(self.device), resolve_backend("auto", self.device, torch.float32))
+            profile = current_profile(str(self.device), run_kernel(self.device, self.dtypes))
             self._profile = (profile, profile_id(profile))
         return self._profile

@@ -78,6 +78,7 @@ class SuiteRun:
         if self._ctx is None:
             o = self.options
             self._ctx = RunContext.resolve(o.device, o.probe, o.workdir or None)
+            self._ctx.dtypes = tuple(s.dtype for s in self.suite.scenarios)
         return self._ctx
 
     @property

@@ -24,7 +24,7 @@ def suite(pytester):
 
 
 def _run(pytester, suite, *args):
-    return pytester.runpytest(f"--flashckpt-suite={suite}", "-p", "no:benchmark", "--flashckpt-report=out", *args)
+    return pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "-p", "no:benchmark", "--flashckpt-report=out", *args)
 
 
 def _baseline(pytester):
@@ -91,7 +91,7 @@ def test_no_compare_and_baseline_dir_option(pytester, suite):
 
 
 def test_benchmark_plugin_receives_the_step_timings(pytester, suite):
-    result = pytester.runpytest(f"--flashckpt-suite={suite}", "-k", "reference", "--benchmark-json=bench.json", "--flashckpt-report=out")
+    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "-k", "reference", "--benchmark-json=bench.json", "--flashckpt-report=out")
     result.assert_outcomes(passed=1, deselected=2)
     bench = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]
     assert len(bench) == 1 and bench[0]["fullname"].endswith("reference")
