@@ -70,7 +70,7 @@ def main() -> None:
         if "checkpoint" in s.measure:
             # every save written, the newest read back and hashed; a non-sync strategy adds the reference's sync saves
             per_save = state_bytes(card) / 1e9
-            ckpt_gb = per_save * (s.checkpoint.saves + 1) * (2 if s.checkpoint.strategy != "sync" else 1)
+            ckpt_gb = per_save * (s.save.saves + 1) * (2 if s.save.strategy != "sync" else 1)
         seconds = (steps * flops + ref_steps * ref_flops) / (args.tflops * 1e12) + ckpt_gb / args.disk_GBps + args.setup_s
         total += seconds
         print(f"{s.name:45s} {steps + ref_steps:5d} {flops / 1e12:10.1f} {ckpt_gb:8.1f} {seconds:7.1f}")

@@ -62,6 +62,8 @@ def _watch_devices(step: Callable[[], object]) -> list:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
+    import torch
+
     seen: dict = {}
 
     class _Devices(TorchDispatchMode):

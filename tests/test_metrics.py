@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_recorded_metric_is_in_the_vocabulary():
-    """The sample run committed with the repository (reports/results.json): a producer that adds a metric without
+    """The sample run committed with the repository (reports/sample/results.json): a producer that adds a metric without
     its row in pytest_flashckpt/metrics.py fails here."""
-    record = json.loads((ROOT / "reports" / "results.json").read_text(encoding="utf-8"))
+    record = json.loads((ROOT / "reports" / "sample" / "results.json").read_text(encoding="utf-8"))
     recorded = {name for r in record["results"] for name in r["metrics"]}
     assert recorded, "the sample results file has no metrics"
     assert recorded - set(metrics.METRICS) == set()

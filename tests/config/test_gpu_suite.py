@@ -28,7 +28,7 @@ def test_gpu_suite_covers_kernels_strategies_and_sizes():
             assert ("flash_attn", card, seq) in kernels and ("sdpa", card, seq) in kernels
         assert {("eager", card, 2048), ("eager", card, 4096)} <= kernels
     assert {s.activation.strategy for s in scenarios} == {"none", "full", "every_k", "selective_op", "offload"}
-    assert {s.checkpoint.strategy for s in scenarios} >= {"sync", "async", "dcp", "selective", "layerwise", "scheduled"}
+    assert {s.save.strategy for s in scenarios} >= {"sync", "async", "dcp", "selective", "layerwise", "scheduled"}
     large = next(s for s in scenarios if s.article == "large")
     assert (large.card, large.seq_len, large.activation.strategy) == ("gpt3-2.7b", 2048, "full")
     for card in ("gpt2-small-16k", "gpt3-125m-16k"):  # same blocks as the published shapes

@@ -74,5 +74,5 @@ def test_world_size_is_validated_before_anything_runs() -> None:
 def test_the_distributed_suite_runs_two_ranks_with_dcp_saves() -> None:
     suite = load_suite("distributed")
     assert len(suite.scenarios) >= 3
-    assert all(s.world_size == 2 and s.checkpoint.strategy == "dcp" for s in suite.scenarios)
+    assert all(s.world_size == 2 and s.save.strategy == "dcp" for s in suite.scenarios)
     assert any(s.save.async_save for s in suite.scenarios)
