@@ -1,0 +1,91 @@
+"""The cpu probe's live-storage accounting, on any device type, with the peak broken down by category.
+
+Every storage gets a serial number when the probe first sees it and a category from the phase it was born in:
+
+- ``parameters`` / ``optimizer_state``: resident when the step starts (tagged by the caller);
+- ``activations``: born in the forward pass (what autograd keeps for backward, the token batch, and, if the
+  peak falls inside the forward, the forward's own working tensors);
+- ``gradients``: re-tagged when autograd accumulates it into a parameter's ``.grad``;
+- ``temporaries``: born in the backward pass or optimizer step and not a gradient (activation gradients,
+  activations recomputed by checkpointing, optimizer scratch).
+
+The snapshot at the peak keeps serials (not storage ids, which Python may reuse after a free), so a tensor that
+became a gradient after the peak is still attributed correctly. The bytes counted are exactly the base probe's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pytest_flashckpt.probes.cpu import _LiveStorages
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+
+
+class AttributedStorages(_LiveStorages):
+    def __init__(self, device_type: str = "meta") -> None:
+        super().__init__(device_type)
+        self.phase = "forward"  # forward | backward | optimizer: storages born in the forward are activations
+        self.peak_phase = ""
+        self.block: int | None = None  # block whose forward is running (for per-block kept bytes)
+        self._serial: dict[int, int] = {}  # id(storage) -> serial, while alive
+        self._category: dict[int, str] = {}  # serial -> category
+        self._block_of: dict[int, int] = {}  # serial -> block born in
+        self._next = 0
+        self.peak_snapshot: dict[int, int] = {}  # serial -> bytes, at the peak
+
+    def add(self, tensor: torch.Tensor) -> None:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == self.device_type:
+            key = id(tensor.untyped_storage())
+            if key not in self._serial:
+                serial = self._next
+                self._next += 1
+                self._serial[key] = serial
+                self._category[serial] = "activations" if self.phase == "forward" else "temporaries"
+                if self.block is not None:
+                    self._block_of[serial] = self.block
+        super().add(tensor)
+
+    def add_resident(self, tensor: torch.Tensor, category: str) -> None:
+        self.add(tensor)
+        self.tag(tensor, category)
+
+    def tag(self, tensor: torch.Tensor, category: str) -> None:
+        """Re-categorise the storage of a tensor the probe has seen (a parameter's accumulated gradient)."""
+        if tensor.device.type != self.device_type:
+            return
+        serial = self._serial.get(id(tensor.untyped_storage()))
+        if serial is not None:
+            self._category[serial] = category
+
+    def _free(self, key: int) -> None:
+        super()._free(key)
+        self._serial.pop(key, None)
+
+    def _on_new_peak(self) -> None:
+        self.peak_snapshot = self.snapshot()
+        self.peak_phase = self.phase
+
+    def snapshot(self) -> dict[int, int]:
+        """Serial -> bytes of every storage alive now."""
+        return {self._serial[key]: nbytes for key, nbytes in self._sizes.items()}
+
+    def breakdown(self, snapshot: dict[int, int]) -> dict[str, int]:
+        out = dict.fromkeys(CATEGORIES, 0)
+        for serial, nbytes in snapshot.items():
+            out[self._category[serial]] += nbytes
+        return out
+
+    def by_block(self, snapshot: dict[int, int], n_blocks: int) -> tuple[tuple[int, ...], int]:
+        """Bytes of ``snapshot``'s activations born in each block's forward, and those born outside any block."""
+        blocks = [0] * n_blocks
+        outside = 0
+        for serial, nbytes in snapshot.items():
+            if self._category[serial] != "activations":
+                continue
+            block = self._block_of.get(serial)
+            if block is None:
+                outside += nbytes
+            else:
+                blocks[block] += nbytes
+        return tuple(blocks), outside
