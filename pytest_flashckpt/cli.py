@@ -3,8 +3,9 @@
     flashckpt report reports/results.json [--out DIR]
     flashckpt compare main.json branch.json [--metric overhead ...] [--out FILE]
     flashckpt claims
+    flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
 
-It reads only ``results.json`` files (never torch), so it runs on any machine that has the files. Problems with
+``report``, ``compare`` and ``claims`` read only ``results.json`` files (never torch), so they run on any machine that has the files. Problems with
 an input file (missing, not JSON, another schema version) are usage errors: a message naming the file on stderr
 and exit status 2, like argparse's own errors.
 """
@@ -100,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     claims = sub.add_parser("claims", help="list the article's claims and how each is judged")
     claims.set_defaults(run=_cmd_claims)
+
+    from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 
