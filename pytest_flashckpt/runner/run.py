@@ -73,7 +73,12 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
     that broke comes back ``error`` with the exception (its traceback in ``notes``), so a run's record is whole."""
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
     try:
-        _measure(scenario, ctx, result)
+        if scenario.simulate.enabled:  # simulate (issue 12): predicted on meta, see pytest_flashckpt.simulate.scenario
+            from pytest_flashckpt.simulate.scenario import run_simulated
+
+            run_simulated(scenario, result)
+        else:
+            _measure(scenario, ctx, result)
     except SkipScenario as exc:
         result.status, result.reason = "skipped", str(exc)
     except BackendUnavailable as exc:
@@ -237,5 +242,7 @@ def preflight(scenario: Scenario) -> None:
     card = load_card(scenario.card)
     if scenario.seq_len > card.block_size:
         raise ConfigError(where, f"seq_len {scenario.seq_len} exceeds block_size {card.block_size} of model card {card.name!r}", "use a shorter seq_len or a card with more positions")
+    if scenario.simulate.enabled and scenario.batch_size % scenario.simulate.world_size:  # simulate (issue 12)
+        raise ConfigError(where, f"simulate.world_size {scenario.simulate.world_size} does not divide batch_size {scenario.batch_size}", "use a batch that is a multiple of the world size")
     if scenario.activation.strategy == "every_k" and scenario.activation.k > card.n_layer:
         raise ConfigError(where, f"activation.k {scenario.activation.k} is larger than the {card.n_layer} blocks of {card.name!r}", f"valid: 1..{card.n_layer}")
