@@ -20,6 +20,7 @@ from pytest_flashckpt.report.header import header
 from pytest_flashckpt.report.plots import Plot, write_plots
 from pytest_flashckpt.report.regression import regression_section
 from pytest_flashckpt.report.scenarios import scenarios_section
+from pytest_flashckpt.report.simulation import simulation_section
 from pytest_flashckpt.report.verdicts import judge
 from pytest_flashckpt.result import Result, RunRecord
 
@@ -41,6 +42,7 @@ def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
         activation_section(results) + _plot(plots, "pareto"),
         attention_section(results) + _plot(plots, "attention"),
         checkpoint_section(results) + _plot(plots, "saves"),
+        simulation_section(results),
         regression_section(record.comparison),
         scenarios_section(results),
     ]

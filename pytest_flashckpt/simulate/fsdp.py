@@ -3,21 +3,19 @@ shard: every rank holds ``ceil(dim0 / N)`` rows (the sharded parameter is padded
 largest rank's share is exactly this). ``tests/simulate/test_fsdp.py`` checks this formula against the real
 ``fully_shard`` layout on meta with a fake process group.
 
-A rank's step: the simulated single-device step at the rank's batch (``batch / N``), with the parameters,
-gradients and optimizer state at its peak replaced by their shards, plus what FSDP2 all-gathers (modelled, not
-measured): the root module's parameters (embeddings, final LayerNorm: the root is not resharded after forward)
-and two blocks' parameters (the one running and the one prefetched). Communication buffers of NCCL are not
-counted.
+A rank's step: the single-device step simulated at the rank's batch (``batch / N``) with the probe's rank view
+(``simulate.probe``: parameters, optimizer state, accumulated gradients and the optimizer step's temporaries
+count 1/N, tracked at every op, so the rank's peak may fall at another moment than the unsharded one), plus what
+FSDP2 all-gathers (modelled, not measured): the root module's parameters (embeddings, final LayerNorm: the root
+is not resharded after forward) and two blocks' parameters (the one running and the one prefetched). NCCL's
+communication buffers are not counted.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-
 import torch.nn as nn
 
-from pytest_flashckpt.simulate.result import SimulatedPeak
 
 
 def shard_bytes(shape: tuple[int, ...], itemsize: int, world_size: int) -> int:
@@ -41,32 +39,10 @@ def _unsharded(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def shard_peak(peak: SimulatedPeak, model: nn.Module, world_size: int) -> SimulatedPeak:
-    """``peak`` (simulated at the rank's batch) as one FSDP2 rank sees it."""
-    full, sharded = sharded_param_bytes(model, world_size)
-    ratio = sharded / full
-    breakdown = dict(peak.breakdown)
-    saved = 0
-    for category in ("parameters", "gradients", "optimizer_state"):
-        before = breakdown[category]
-        breakdown[category] = round(before * ratio) if category != "parameters" else sharded
-        saved += before - breakdown[category]
+def all_gathered_bytes(model: nn.Module) -> int:
+    """What FSDP2 holds unsharded on top of the shards (modelled): the root module's parameters (not resharded
+    after forward) and two blocks' (the one running and the one prefetched)."""
     block_params = max(_unsharded(block.parameters()) for block in model.blocks)
     in_blocks = {id(p) for block in model.blocks for p in block.parameters()}
     root_params = _unsharded(p for p in model.parameters() if id(p) not in in_blocks)
-    gathered = root_params + 2 * block_params
-    breakdown["temporaries"] += gathered
-    sharding = {
-        "world_size": world_size,
-        "parameter_bytes_full": full,
-        "parameter_bytes_per_rank": sharded,
-        "state_bytes_saved": saved,
-        "all_gathered_bytes": gathered,
-    }
-    return replace(
-        peak,
-        peak_bytes=peak.peak_bytes - saved + gathered,
-        start_bytes=round(peak.start_bytes * ratio),
-        breakdown=breakdown,
-        sharding=sharding,
-    )
+    return root_params + 2 * block_params

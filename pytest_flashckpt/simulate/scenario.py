@@ -39,4 +39,26 @@ def run_simulated(scenario, result) -> None:
         reference = _cached(*common, "none", 2, *tail)
         m["simulated_reference_peak_bytes"] = reference.peak_bytes
         m["simulated_memory_saving"] = 1.0 - peak.peak_bytes / reference.peak_bytes
+    m["simulated_kept_bytes"] = sum(peak.block_kept_bytes) + peak.outside_kept_bytes
+    m["simulated_block_kept_bytes"] = max(peak.block_kept_bytes)
+    m.update(_formulas(scenario, peak))
     result.notes.append(f"simulated on meta: peak at {peak.peak_op} in the {peak.peak_phase}")
+
+
+def _formulas(scenario, peak: SimulatedPeak) -> dict[str, int]:
+    """The analytic model's block and peak and Korthikanti's per-layer bytes, beside the simulated ones."""
+    from pytest_flashckpt.activation import analytic
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.formulas import korthikanti_block_bytes
+
+    if scenario.activation.strategy != "none" or peak.world_size != 1:
+        return {}
+    config = load_card(scenario.card)
+    backend = {"sdpa": "sdpa" if peak.target == "cpu" else "flash_attn", "eager": "eager"}.get(scenario.simulate.kernel, "flash_attn")
+    itemsize = 4 if peak.dtype == "float32" else 2
+    work = analytic.Workload(peak.batch_size, peak.seq_len, backend, itemsize, peak.target)
+    estimate = analytic.estimate(config, work, "none")
+    out = {"analytic_block_kept_bytes": max(estimate.block_bytes), "analytic_peak_bytes": estimate.peak_bytes}
+    if itemsize == 2:
+        out["korthikanti_block_bytes"] = korthikanti_block_bytes(config, peak.batch_size, peak.seq_len)
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 
 import torch
 
@@ -84,18 +85,23 @@ def simulate_step(
     # CUDA's default AdamW is the multi-tensor (foreach) one; on a CPU (and on meta) PyTorch picks per-tensor.
     trainer = Trainer.create(model, batch_size // world_size, seq_len, seed=seed, foreach=True if target == "cuda" else None)
     trainer.train_step()  # AdamW state exists after it, as after the runner's warm-up
-    probe, host_bytes = _measured_step(trainer, count_host=target == "cpu")
-    peak = _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size)
+    sharding: dict[str, int] = {}
+    ratio = 1.0
     if world_size > 1:
-        from pytest_flashckpt.simulate.fsdp import shard_peak
+        from pytest_flashckpt.simulate.fsdp import all_gathered_bytes, sharded_param_bytes
 
-        peak = shard_peak(peak, model, world_size)
-    return _with_seconds(peak, time.perf_counter() - started)
+        full, per_rank = sharded_param_bytes(model, world_size)
+        ratio = per_rank / full
+        sharding = {"world_size": world_size, "parameter_bytes_full": full, "parameter_bytes_per_rank": per_rank,
+                    "all_gathered_bytes": all_gathered_bytes(model)}
+    probe, host_bytes = _measured_step(trainer, count_host=target == "cpu", shard_ratio=ratio)
+    peak = _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding)
+    return replace(peak, seconds=time.perf_counter() - started)
 
 
-def _measured_step(trainer: Trainer, count_host: bool) -> tuple[AttributedStorages, int]:
+def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0) -> tuple[AttributedStorages, int]:
     model, optimizer = trainer.model, trainer.optimizer
-    probe = AttributedStorages("meta")
+    probe = AttributedStorages("meta", shard_ratio)
     for p in model.parameters():
         probe.add_resident(p, "parameters")
     host_bytes = 0
@@ -106,6 +112,7 @@ def _measured_step(trainer: Trainer, count_host: bool) -> tuple[AttributedStorag
                 if count_host and value.device.type == "cpu":
                     host_bytes += value.untyped_storage().nbytes()
     probe.start_bytes = probe.live_bytes
+    probe.rank_start = probe.rank_live
     kept: dict[str, dict[int, int]] = {}
 
     def forward_done(_module, _args, _output) -> None:
@@ -137,19 +144,21 @@ def _measured_step(trainer: Trainer, count_host: bool) -> tuple[AttributedStorag
     return probe, host_bytes
 
 
-def _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size) -> SimulatedPeak:
-    breakdown = probe.breakdown(probe.peak_snapshot)
-    breakdown["optimizer_state"] += host_bytes
+def _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding) -> SimulatedPeak:
     blocks, outside = probe.by_block(probe.kept_snapshot, config.n_layer)
+    if sharding:  # a rank's view, plus the all-gathered parameters (modelled)
+        breakdown = probe.breakdown(probe.rank_peak_snapshot)
+        gathered = sharding["all_gathered_bytes"]
+        breakdown["temporaries"] += gathered
+        peak_bytes, start_bytes = sum(breakdown.values()), round(probe.rank_start)
+        op, phase = probe.rank_peak_op, probe.rank_peak_phase
+    else:
+        breakdown = probe.breakdown(probe.peak_snapshot)
+        peak_bytes, start_bytes, op, phase = probe.peak_bytes, probe.start_bytes, probe.peak_op, probe.peak_phase
+    breakdown["optimizer_state"] += host_bytes
     return SimulatedPeak(
         card=config.name, dtype=name, batch_size=batch_size, seq_len=seq_len, kernel=backend, strategy=strategy,
-        target=target, peak_bytes=probe.peak_bytes + host_bytes, start_bytes=probe.start_bytes + host_bytes,
-        breakdown=breakdown, peak_op=probe.peak_op_name, peak_phase=probe.peak_phase, block_kept_bytes=blocks,
-        outside_kept_bytes=outside, host_bytes=host_bytes, world_size=world_size,
+        target=target, peak_bytes=peak_bytes + host_bytes, start_bytes=start_bytes + host_bytes,
+        breakdown=breakdown, peak_op="" if op is None else str(op), peak_phase=phase, block_kept_bytes=blocks,
+        outside_kept_bytes=outside, host_bytes=host_bytes, world_size=world_size, sharding=sharding,
     )
-
-
-def _with_seconds(peak: SimulatedPeak, seconds: float) -> SimulatedPeak:
-    from dataclasses import replace
-
-    return replace(peak, seconds=seconds)

@@ -34,14 +34,24 @@ def test_formula_equals_fully_shard_layout(world_size):
 
 
 def test_per_rank_peak_shards_states_and_splits_batch():
-    single = simulate_step("tiny", "bf16", 2, 128, "flash", "full")
-    per_rank_batch = simulate_step("tiny", "bf16", 1, 128, "flash", "full")
-    rank = simulate_step("tiny", "bf16", 2, 128, "flash", "full", world_size=2)
+    per_rank_batch = simulate_step("tiny", "bf16", 2, 512, "flash", "none")
+    rank = simulate_step("tiny", "bf16", 4, 512, "flash", "none", world_size=2)
     s = rank.sharding
-    assert rank.breakdown["parameters"] == s["parameter_bytes_per_rank"] < single.breakdown["parameters"]
+    assert rank.breakdown["parameters"] == s["parameter_bytes_per_rank"] == per_rank_batch.breakdown["parameters"] // 2
+    assert rank.start_bytes == per_rank_batch.start_bytes // 2  # parameters and AdamW moments, halved
+    # same moment (the loss backward): the batch's activations in full, the shards, and the all-gathered parameters
+    assert rank.peak_op == per_rank_batch.peak_op
     assert rank.breakdown["activations"] == per_rank_batch.breakdown["activations"]
-    assert rank.peak_bytes == per_rank_batch.peak_bytes - s["state_bytes_saved"] + s["all_gathered_bytes"]
+    assert rank.peak_bytes == per_rank_batch.peak_bytes - per_rank_batch.start_bytes // 2 + s["all_gathered_bytes"]
     assert sum(rank.breakdown.values()) == rank.peak_bytes
+
+
+def test_rank_peak_can_move_to_another_moment():
+    """Unsharded, the full step of tiny at a short sequence peaks in the optimizer step; a rank's optimizer step
+    works on shards, so the rank's peak moves into the backward pass."""
+    single = simulate_step("tiny", "bf16", 1, 128, "flash", "full")
+    rank = simulate_step("tiny", "bf16", 8, 128, "flash", "full", world_size=8)
+    assert single.peak_phase == "optimizer" and rank.peak_phase == "backward"
 
 
 def test_world_size_must_divide_batch():
