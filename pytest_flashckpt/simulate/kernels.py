@@ -12,12 +12,13 @@ TARGETS = ("cuda", "cpu")
 KERNELS = ("flash", "flash_attn", "sdpa", "efficient", "cudnn", "eager")
 
 
-def simulated_backend(kernel: str, target: str, dtype_name: str) -> str:
+def simulated_backend(kernel: str, target: str, dtype_name: str, dropout: float = 0.0) -> str:
     """The model backend that reproduces ``kernel`` on ``target``.
 
     - ``flash`` / ``flash_attn``: the CUDA flash kernel (output, float32 logsumexp (B, H, T), RNG seed/offset);
       the flash-attn package saves the same tensors (its ``rng_state`` is two int64 numbers).
-    - ``sdpa``: what SDPA picks: on a CPU its flash kernel; on CUDA flash for 16-bit dtypes, else mem-efficient.
+    - ``sdpa``: what SDPA picks: on a CPU its flash kernel, or with dropout its math path (plain ``sdpa`` on
+      meta, whose SDPA always takes the math path); on CUDA flash for 16-bit dtypes, else mem-efficient.
     - ``efficient``, ``cudnn``: those CUDA kernels (CUDA only).
     - ``eager``: the model's math attention (T x T scores), the same ops everywhere.
     """
@@ -30,7 +31,7 @@ def simulated_backend(kernel: str, target: str, dtype_name: str) -> str:
     if target == "cpu":
         if kernel != "sdpa":
             raise ValueError(f"attention kernel {kernel!r} runs on CUDA only; on a CPU use sdpa or eager")
-        return "sdpa-flash-cpu"
+        return "sdpa" if dropout > 0 else "sdpa-flash-cpu"
     if kernel in ("flash", "flash_attn"):
         if dtype_name not in ("bfloat16", "float16"):
             raise ValueError(f"the flash kernel needs bfloat16 or float16, not {dtype_name}; use --kernel efficient or --dtype bf16")

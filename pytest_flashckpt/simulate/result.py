@@ -24,6 +24,7 @@ class SimulatedPeak:
     target: str  # cuda | cpu: the device whose run this predicts
     peak_bytes: int
     start_bytes: int  # resident when the step starts: parameters, optimizer state
+    end_bytes: int  # alive after the step (== start_bytes: every storage the step made was freed)
     breakdown: dict[str, int]
     peak_op: str
     peak_phase: str  # forward | backward | optimizer

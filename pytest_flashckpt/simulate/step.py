@@ -76,7 +76,7 @@ def simulate_step(
     config = load_card(card) if isinstance(card, str) else card
     name = dtype_name(dtype)
     check_workload(config, batch_size, seq_len, world_size)
-    backend = simulated_backend(kernel, target, name)
+    backend = simulated_backend(kernel, target, name, config.dropout)
     model = build_model(config, backend, "meta", getattr(torch, name), seed=seed)
     if strategy != "none":
         from pytest_flashckpt.activation import apply_ac
@@ -150,15 +150,17 @@ def _result(config, name, batch_size, seq_len, backend, strategy, target, probe,
         breakdown = probe.breakdown(probe.rank_peak_snapshot)
         gathered = sharding["all_gathered_bytes"]
         breakdown["temporaries"] += gathered
-        peak_bytes, start_bytes = sum(breakdown.values()), round(probe.rank_start)
+        peak_bytes, start_bytes, end_bytes = sum(breakdown.values()), round(probe.rank_start), round(probe.rank_live)
         op, phase = probe.rank_peak_op, probe.rank_peak_phase
     else:
         breakdown = probe.breakdown(probe.peak_snapshot)
-        peak_bytes, start_bytes, op, phase = probe.peak_bytes, probe.start_bytes, probe.peak_op, probe.peak_phase
+        peak_bytes, start_bytes, end_bytes = probe.peak_bytes, probe.start_bytes, probe.live_bytes
+        op, phase = probe.peak_op, probe.peak_phase
     breakdown["optimizer_state"] += host_bytes
     return SimulatedPeak(
         card=config.name, dtype=name, batch_size=batch_size, seq_len=seq_len, kernel=backend, strategy=strategy,
         target=target, peak_bytes=peak_bytes + host_bytes, start_bytes=start_bytes + host_bytes,
+        end_bytes=end_bytes + host_bytes,
         breakdown=breakdown, peak_op="" if op is None else str(op), peak_phase=phase, block_kept_bytes=blocks,
         outside_kept_bytes=outside, host_bytes=host_bytes, world_size=world_size, sharding=sharding,
     )

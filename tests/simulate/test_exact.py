@@ -13,9 +13,9 @@ from pytest_flashckpt.training import Trainer
 STRATEGIES = ("none", "full", "every_k", "selective_op")
 
 
-def measured_cpu_peak(card: str, backend: str, strategy: str, batch: int, seq: int) -> tuple[int, int]:
+def measured_cpu_peak(card, backend: str, strategy: str, batch: int, seq: int) -> tuple[int, int]:
     """The runner's measurement: one warm-up step, then the cpu probe around the next step."""
-    model = build_model(load_card(card), backend, "cpu", torch.float32)
+    model = build_model(load_card(card) if isinstance(card, str) else card, backend, "cpu", torch.float32)
     if strategy != "none":
         apply_ac(model, ActivationConfig(strategy=strategy))
     trainer = Trainer.create(model, batch, seq)
@@ -40,6 +40,17 @@ def test_tiny_simulated_equals_measured(strategy, kernel):
 def test_small_simulated_equals_measured(strategy):
     peak, start = measured_cpu_peak("small", "sdpa", strategy, 1, 128)
     sim = simulate_step("small", "float32", 1, 128, "sdpa", strategy, target="cpu")
+    assert (sim.peak_bytes, sim.start_bytes) == (peak, start)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+@pytest.mark.parametrize("strategy", ["none", "full"])
+def test_tiny_with_dropout_simulated_equals_measured(strategy, kernel):
+    """With dropout, SDPA on a CPU takes its math path (the simulator then runs meta's SDPA, which is math too);
+    dropout masks and checkpointing's RNG replay behave on meta as on the CPU."""
+    card = load_card("tiny", dropout=0.1)
+    peak, start = measured_cpu_peak(card, kernel, strategy, 1, 256)
+    sim = simulate_step(card, "float32", 1, 256, kernel, strategy, target="cpu")
     assert (sim.peak_bytes, sim.start_bytes) == (peak, start)
 
 
