@@ -85,6 +85,8 @@ def summary_lines(results: list[Result]) -> list[str]:
         parts = [f"kernel {r.kernel}"]
         if isinstance(m.get("peak_bytes"), (int, float)):
             parts.append(f"peak {mib(m['peak_bytes'])}")  # type: ignore[arg-type]
+        if isinstance(m.get("simulated_peak_bytes"), (int, float)):  # simulate suite: a prediction, marked as such
+            parts.append(f"simulated peak {mib(m['simulated_peak_bytes'])}")  # type: ignore[arg-type]
         if isinstance(m.get("memory_saving"), (int, float)):
             parts.append(f"saving {pct(m['memory_saving'])}")  # type: ignore[arg-type]
         if isinstance(m.get("step_time_s"), (int, float)):
