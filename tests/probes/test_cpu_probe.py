@@ -83,3 +83,17 @@ def test_cpu_probe_matches_profiler_memory_events_on_tiny(backend):
     probe_delta = _step_peak(trainer).added_peak_bytes
     profiler_delta = _profiler_peak_delta(trainer)
     assert abs(probe_delta - profiler_delta) <= 0.001 * profiler_delta, (probe_delta, profiler_delta)
+
+
+def test_probe_records_the_op_at_its_peak():
+    import torch
+
+    from pytest_flashckpt.probes.cpu import _LiveStorages
+
+    mode = _LiveStorages("cpu")
+    with mode:
+        a = torch.ones(1000)
+        b = torch.cat([a, a])  # the largest moment: a and b alive
+        del b
+        torch.zeros(10)
+    assert mode.peak_op_name == "aten.cat.default"

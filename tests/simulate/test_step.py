@@ -56,3 +56,14 @@ def test_dropout_and_checkpoint_rng_on_meta():
 def test_bad_choices(kwargs, message):
     with pytest.raises(Exception, match=message):
         simulate_step("tiny", "bf16", 1, 64, **kwargs)
+
+
+def test_kept_per_block_for_a_planner():
+    from pytest_flashckpt.simulate.blocks import kept_per_block
+
+    costs = kept_per_block("tiny", "bf16", 1, 128)
+    n = load_card("tiny").n_layer
+    assert all(len(v) == n for v in costs.kept.values())
+    assert costs.kept["full"][0] < costs.kept["selective_op"][0] < costs.kept["none"][0]
+    every_k = simulate_step("tiny", "bf16", 1, 128, "flash", "every_k", k=2)
+    assert every_k.block_kept_bytes == tuple(costs.kept["full" if i % 2 == 0 else "none"][i] for i in range(n))
