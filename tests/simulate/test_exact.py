@@ -43,8 +43,10 @@ def test_small_simulated_equals_measured(strategy):
     assert (sim.peak_bytes, sim.start_bytes) == (peak, start)
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
-@pytest.mark.parametrize("strategy", ["none", "full"])
+@pytest.mark.parametrize(
+    ("strategy", "kernel"),
+    [("none", "sdpa"), *(pytest.param(s, k, marks=pytest.mark.slow) for s, k in (("full", "sdpa"), ("none", "eager"), ("full", "eager")))],
+)
 def test_tiny_with_dropout_simulated_equals_measured(strategy, kernel):
     """With dropout, SDPA on a CPU takes its math path (the simulator then runs meta's SDPA, which is math too);
     dropout masks and checkpointing's RNG replay behave on meta as on the CPU."""
