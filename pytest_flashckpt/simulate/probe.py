@@ -46,6 +46,9 @@ class AttributedStorages(_LiveStorages):
         self._block_of: dict[int, int] = {}  # serial -> block born in
         self._next = 0
         self.peak_snapshot: dict[int, int] = {}  # serial -> bytes, at the peak
+        self.kept_snapshot: dict[int, int] = {}  # serial -> bytes, when the forward pass ended (set by the caller)
+        self.start_bytes = 0  # live when the step started (set by the caller once the resident state is added)
+        self.rank_start = 0.0
 
     def add(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != self.device_type:
