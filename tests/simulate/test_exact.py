@@ -25,7 +25,7 @@ def measured_cpu_peak(card, backend: str, strategy: str, batch: int, seq: int) -
     return reading.peak_bytes, reading.start_bytes
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+@pytest.mark.parametrize("kernel", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_tiny_simulated_equals_measured(strategy, kernel):
     peak, start = measured_cpu_peak("tiny", kernel, strategy, 1, 256)
