@@ -7,11 +7,13 @@ look at or export checkpoints.
     flashckpt claims
     flashckpt inspect CKPT
     flashckpt export CKPT OUT.safetensors
+    flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
 
 ``run`` measures a suite without pytest (``runner.suite.run_suite``) and writes the same ``results.json`` and report
 as ``pytest --flashckpt-suite``; its options are the plugin's (``config.run_options``) without the ``flashckpt-``
 prefix. ``report``, ``compare`` and ``claims`` read only ``results.json`` files (never torch), so they run on any
-machine that has the files; ``inspect`` and ``export`` read checkpoints (they import torch). Problems with an input
+machine that has the files; ``inspect`` and ``export`` read checkpoints and ``simulate``
+runs a step on the meta device (they import torch). Problems with an input
 file or option (missing, not JSON, another schema version, not a checkpoint, a bad value) are usage errors: a
 message naming the file on stderr and exit status 2, like argparse's own errors. ``inspect`` exits 1 when the
 checkpoint fails verification.
@@ -24,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pytest_flashckpt.config.errors import InputError  # shared with the simulate command
 from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
 from pytest_flashckpt.result import SCHEMA_VERSION, RunRecord
 
@@ -37,8 +40,6 @@ or a scenario broke or `inspect` found a corrupt checkpoint, 2 on a usage error 
 FAILED = 1
 
 
-class InputError(Exception):
-    """A results file could not be used; the message names it."""
 
 
 def _read(path: str) -> RunRecord:
@@ -216,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", metavar="CKPT", help="a checkpoint folder or a checkpoint root (its latest)")
     export.add_argument("out", metavar="OUT", help="the file to write: *.safetensors or *.pt")
     export.set_defaults(run=_cmd_export)
+
+    from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

@@ -95,6 +95,21 @@ class SaveConfig:
 
 
 @dataclass(frozen=True)
+class SimulateConfig:
+    """``simulate: {enabled: true, ...}``: predict the step's peak on the meta device instead of running it
+    (``pytest_flashckpt.simulate``; any model card, no hardware needed)."""
+
+    enabled: bool = False
+    kernel: Literal["flash", "flash_attn", "sdpa", "efficient", "cudnn", "eager"] = "flash"  # attention kernel predicted
+    target: Literal["cuda", "cpu"] = "cuda"  # the device the prediction is for
+    world_size: int = 1  # FSDP ranks: per-rank peak with sharded parameters, gradients, optimizer state
+
+    def __post_init__(self) -> None:
+        if self.world_size <= 0:
+            raise ValueError(f"simulate.world_size must be a positive number of ranks, got {self.world_size}")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Which model card, plus the article's model-level keys."""
 
@@ -119,6 +134,7 @@ class Scenario:
     seq_len: int = 512
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     save: SaveConfig = field(default_factory=SaveConfig)  # YAML key: checkpoint (the article's word); see ALIASES
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
     measure: tuple[MeasurePass, ...] = ("memory", "timing")
     rounds: int = 5  # interleaved timing rounds (reference, strategy, reference, strategy, ...)
     steps: int = 1  # timed training steps per round

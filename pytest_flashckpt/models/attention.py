@@ -37,6 +37,25 @@ _KERNEL_SIGNATURES: tuple[tuple[str, str], ...] = (
 )
 
 
+# Explicit aten attention ops: backends named after the kernel label, calling that op directly instead of letting
+# F.scaled_dot_product_attention choose. Used by the simulator (``pytest_flashckpt.simulate``) on the ``meta``
+# device, where SDPA's own choice is the math path: calling the op saves exactly what that kernel saves for its
+# backward (flash: output + float32 logsumexp (B, H, T) + RNG seed/offset; efficient: logsumexp padded to 32).
+# Each has an autograd formula in PyTorch, so the backward runs the kernel's own backward op.
+EXPLICIT_OPS: tuple[str, ...] = ("sdpa-flash-cpu", "sdpa-flash", "sdpa-mem-efficient", "sdpa-cudnn")
+
+
+def _explicit_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, dropout_p: float) -> torch.Tensor:
+    aten = torch.ops.aten
+    if backend == "sdpa-flash-cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, True)[0]
+    if backend == "sdpa-flash":
+        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True)[0]
+    if backend == "sdpa-mem-efficient":
+        return aten._scaled_dot_product_efficient_attention(q, k, v, None, q.requires_grad, dropout_p, True)[0]
+    return aten._scaled_dot_product_cudnn_attention(q, k, v, None, q.requires_grad, dropout_p, True, False)[0]
+
+
 class BackendUnavailable(RuntimeError):
     """The requested attention kernel cannot run here; the message says why (used as a skip reason)."""
 
@@ -88,6 +107,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
         # flash-attn wants (B, T, nh, hs)
         out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True)
         return out.transpose(1, 2)
+    if backend in EXPLICIT_OPS:
+        return _explicit_op(q, k, v, backend, dropout_p)
     raise ValueError(f"attention backend {backend!r} must be resolved first (see resolve_backend)")
 
 

@@ -39,6 +39,8 @@ class _LiveStorages(TorchDispatchMode):
         self.peak_bytes = 0
         self._sizes: dict[int, int] = {}  # id(storage object) -> bytes counted
         self._refs: dict[int, weakref.ref] = {}
+        self._op = None  # the op being dispatched (an OpOverload; named only when asked, see peak_op_name)
+        self.peak_op = None  # the op whose output (or input seen first) reached the current peak
 
     def add(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != self.device_type:
@@ -56,6 +58,15 @@ class _LiveStorages(TorchDispatchMode):
             self.live_bytes += nbytes - known
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
+            self.peak_op = self._op
+            self._on_new_peak()
+
+    def _on_new_peak(self) -> None:
+        """Called when ``peak_bytes`` grows; subclasses snapshot what is alive (see ``simulate.probe``)."""
+
+    @property
+    def peak_op_name(self) -> str:
+        return "" if self.peak_op is None else str(self.peak_op)
 
     def _free(self, key: int) -> None:
         self.live_bytes -= self._sizes.pop(key, 0)
@@ -63,6 +74,7 @@ class _LiveStorages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self._op = func
         inputs, _ = tree_flatten((args, kwargs))
         for t in inputs:  # tensors made outside the mode (e.g. by a DataLoader) count from first use
             if isinstance(t, torch.Tensor):

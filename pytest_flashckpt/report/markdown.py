@@ -23,6 +23,7 @@ from pytest_flashckpt.report.plots import Plot, write_plots
 from pytest_flashckpt.report.regression import regression_section
 from pytest_flashckpt.report.scenarios import scenarios_section
 from pytest_flashckpt.report.claim_verdicts import judge
+from pytest_flashckpt.report.simulation import simulation_section
 from pytest_flashckpt.result import Result, RunRecord
 
 REPORT_NAME = "flashckpt-report.md"
@@ -44,6 +45,7 @@ def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
         attention_section(results) + _plot(plots, "attention"),
         checkpoint_section(results) + _plot(plots, "saves"),
         distributed_section(results),
+        simulation_section(results),
         regression_section(record.comparison),
         scenarios_section(results),
     ]
@@ -84,6 +86,8 @@ def summary_lines(results: list[Result]) -> list[str]:
         parts = [f"kernel {r.kernel}"]
         if isinstance(m.get("peak_bytes"), (int, float)):
             parts.append(f"peak {mib(m['peak_bytes'])}")  # type: ignore[arg-type]
+        if isinstance(m.get("simulated_peak_bytes"), (int, float)):  # simulate suite: a prediction, marked as such
+            parts.append(f"simulated peak {mib(m['simulated_peak_bytes'])}")  # type: ignore[arg-type]
         if isinstance(m.get("memory_saving"), (int, float)):
             parts.append(f"saving {pct(m['memory_saving'])}")  # type: ignore[arg-type]
         if isinstance(m.get("step_time_s"), (int, float)):

@@ -58,6 +58,12 @@ def measured(r: Result) -> bool:
     return r.status == "measured"
 
 
+def simulated(r: Result) -> bool:
+    """A scenario predicted on the meta device (``simulate: {enabled: true}``), not measured: its metrics are
+    ``simulated_*`` and only the simulation section shows them."""
+    return bool((r.config.get("simulate") or {}).get("enabled"))
+
+
 def by_article(results: list[Result]) -> dict[str, list[Result]]:
     """Results grouped by the article claim their scenario tests (config ``article``)."""
     out: dict[str, list[Result]] = {}
@@ -70,7 +76,7 @@ def by_article(results: list[Result]) -> dict[str, list[Result]]:
 
 def activation_results(results: list[Result]) -> list[Result]:
     """Scenarios with an activation strategy (measured or not): the activation section and the Pareto plot."""
-    return [r for r in results if activation_strategy(r) != "none"]
+    return [r for r in results if activation_strategy(r) != "none" and not simulated(r)]
 
 
 def checkpoint_results(results: list[Result]) -> list[Result]:

@@ -38,7 +38,12 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
         return run_distributed(scenario, str(ctx.device), ctx.probe, ctx.workdir)
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
     try:
-        _measure(scenario, ctx, result)
+        if scenario.simulate.enabled:  # simulate (issue 12): predicted on meta, see pytest_flashckpt.simulate.scenario
+            from pytest_flashckpt.simulate.scenario import run_simulated
+
+            run_simulated(scenario, result)
+        else:
+            _measure(scenario, ctx, result)
     except SkipScenario as exc:
         result.status, result.reason = "skipped", str(exc)
     except BackendUnavailable as exc:
