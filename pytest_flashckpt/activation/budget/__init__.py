@@ -3,7 +3,8 @@ a stated memory budget with the least recomputation. ``costs`` measures, ``solve
 
 from pytest_flashckpt.activation.budget.costs import CostSource, MeasuredCosts, PlanCosts
 from pytest_flashckpt.activation.budget.options import BlockOption, default_options
-from pytest_flashckpt.activation.budget.runtime import AppliedBudget, BudgetSpec, apply_budget, format_bytes
+from pytest_flashckpt.activation.budget.runtime import AppliedBudget, apply_budget
+from pytest_flashckpt.config.budget import BudgetSpec, format_bytes
 from pytest_flashckpt.activation.budget.solver import BudgetTooSmall, Plan, min_peak, solve
 
 __all__ = [

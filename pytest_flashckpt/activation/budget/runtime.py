@@ -10,7 +10,6 @@ checkpointing, dropout included.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import torch
@@ -20,73 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from pytest_flashckpt.activation.budget.costs import CostSource, PlanCosts
 from pytest_flashckpt.activation.budget.options import NONE, BlockOption
 from pytest_flashckpt.activation.budget.solver import BudgetTooSmall, Plan, min_peak, solve
-
-_MIN_PLUS = re.compile(r"^\s*min\s*\+\s*([0-9]+(?:\.[0-9]*)?)\s*%\s*$")
-
-
-def format_bytes(value: int) -> str:
-    """``123456789`` -> ``117.7 MiB (123,456,789 bytes)``."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= size:
-            return f"{value / size:,.1f} {unit} ({value:,} bytes)"
-    return f"{value:,} bytes"
-
-
-@dataclass(frozen=True)
-class BudgetSpec:
-    """A budget as configured: ``bytes`` (a physical peak), ``fraction`` of the no-checkpointing peak, or
-    ``span`` of the way from the smallest achievable peak to the no-checkpointing peak (``"min + 30%"``)."""
-
-    kind: str
-    value: float
-
-    @classmethod
-    def parse(cls, value: str | int | float) -> "BudgetSpec":
-        """Reads ``"6 GiB"``, ``123456789`` (bytes), ``0.6`` (fraction in (0, 1]), ``"min"``, ``"min + 30%"``;
-        a ValueError naming ``activation.budget`` otherwise."""
-        from pytest_flashckpt.units import SIZE_FORMATS, parse_size
-
-        accepted = f"expected {SIZE_FORMATS}; a fraction in (0, 1] of the no-checkpointing peak (0.6); 'min'; or 'min + 30%'"
-        if isinstance(value, bool):
-            raise ValueError(f"activation.budget: {value!r} is not a budget; {accepted}")
-        if isinstance(value, float) or (isinstance(value, int) and value <= 1):
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"activation.budget: {value!r} is a number outside (0, 1] that is not a whole number of bytes; {accepted}")
-            return cls("fraction", float(value))
-        if isinstance(value, str):
-            text = value.strip().lower()
-            if text == "min":
-                return cls("span", 0.0)
-            match = _MIN_PLUS.match(text)
-            if match:
-                span = float(match.group(1)) / 100
-                if span > 1:
-                    raise ValueError(f"activation.budget: {value!r} goes past the no-checkpointing peak; use at most 'min + 100%'")
-                return cls("span", span)
-        try:
-            size = parse_size(value)
-        except ValueError as exc:
-            raise ValueError(f"activation.budget: {exc}; or a fraction in (0, 1] (0.6), 'min', 'min + 30%'") from None
-        if size <= 0:
-            raise ValueError(f"activation.budget: {value!r} is zero bytes; {accepted}")
-        return cls("bytes", size)
-
-    def resolve(self, costs: PlanCosts, minimum: int) -> int:
-        """Bytes at this shape."""
-        if self.kind == "bytes":
-            return int(self.value)
-        none_peak = costs.none_peak()
-        if self.kind == "fraction":
-            return int(self.value * none_peak)
-        return minimum + int(self.value * (none_peak - minimum))
-
-    def describe(self) -> str:
-        if self.kind == "bytes":
-            return format_bytes(int(self.value))
-        if self.kind == "fraction":
-            return f"{self.value:g} x the no-checkpointing peak"
-        return f"min + {self.value * 100:g}% of (no-checkpointing peak - min)"
-
+from pytest_flashckpt.config.budget import BudgetSpec, format_bytes
 
 class PlannedForward:
     """Stands in for a block's ``forward``; runs the original under ``option`` (switchable between steps)."""
