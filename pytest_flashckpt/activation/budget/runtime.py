@@ -119,8 +119,9 @@ class BudgetPlanner:
             try:
                 plan = solve(costs, budget)
             except BudgetTooSmall as exc:
+                stated = self.spec.describe() + ("" if self.spec.kind == "bytes" else f" = {format_bytes(budget)}")
                 raise BudgetTooSmall(
-                    f"{self.where}: {self.spec.describe()} = {format_bytes(budget)} is below the smallest achievable "
+                    f"{self.where}: {stated} is below the smallest achievable "
                     f"peak {format_bytes(exc.minimum)} at batch {batch_size} x seq {seq_len} (every block planned for the "
                     f"least memory); raise {self.where} to at least {format_bytes(exc.minimum)}, or use a smaller batch "
                     "or sequence",
