@@ -237,9 +237,27 @@ class MeasuredCosts:
             self.pointwise_weight = pointwise_weight if pointwise_weight is not None else measure_pointwise_weight(self.device, param.dtype)
         self._trainer: Trainer | None = None
         self._probe_ref: list = []
+        self._cache: dict[tuple[int, int], PlanCosts] = {}
         _install_marks(self.model, self._probe_ref)
 
+    _shared: dict = {}
+
+    @classmethod
+    def shared(cls, model: nn.Module) -> "MeasuredCosts":
+        """One source per (config, backend, device, dtype) in this process, its costs cached per shape: every
+        scenario of a budget sweep plans from the same measurements instead of measuring again."""
+        param = next(model.parameters())
+        key = (model.config, model.backend, str(param.device), param.dtype)
+        if key not in cls._shared:
+            cls._shared[key] = cls(model)
+        return cls._shared[key]
+
     def costs(self, batch_size: int, seq_len: int) -> PlanCosts:
+        if (batch_size, seq_len) not in self._cache:
+            self._cache[batch_size, seq_len] = self._measure(batch_size, seq_len)
+        return self._cache[batch_size, seq_len]
+
+    def _measure(self, batch_size: int, seq_len: int) -> PlanCosts:
         start = time.perf_counter()
         with _quiet():
             if self._trainer is None:

@@ -170,7 +170,7 @@ def apply_budget(
     from pytest_flashckpt.activation.budget.costs import MeasuredCosts
 
     spec = BudgetSpec.parse(budget)
-    planner = BudgetPlanner(spec, source if source is not None else MeasuredCosts(model))
+    planner = BudgetPlanner(spec, source if source is not None else MeasuredCosts.shared(model))
     forwards = install_planned_forwards(model)
     applied = AppliedBudget(planner, blocks=tuple(range(len(forwards))))
 
