@@ -93,6 +93,7 @@ class ShapePlan:
             "recompute_flops": self.plan.flops,
             "exact": self.plan.exact,
             "solve_s": self.plan.seconds,
+            "solve_cpu_s": self.plan.cpu_seconds,
             "measure_s": self.costs.seconds,
         }
 

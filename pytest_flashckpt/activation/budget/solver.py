@@ -42,8 +42,9 @@ class Plan:
     flops: int
     budget: int
     exact: bool
-    seconds: float
+    seconds: float  # wall time of the solve
     states: int  # largest frontier seen
+    cpu_seconds: float = 0.0  # process CPU time of the solve (what the algorithm costs on a busy machine)
 
     def names(self, costs: PlanCosts) -> tuple[str, ...]:
         return tuple(costs.options[o].name for o in self.choice)
@@ -73,19 +74,32 @@ def _pareto(states: list) -> list:
     return frontier
 
 
+def _unwind(link) -> tuple[int, ...]:
+    """Choices are kept as (option, parent) links so that growing a state costs O(1), not O(blocks)."""
+    out = []
+    while link is not None:
+        out.append(link[0])
+        link = link[1]
+    return tuple(reversed(out))
+
+
 def solve(costs: PlanCosts, budget: int, max_states: int = MAX_STATES) -> Plan:
     """The least-cost plan whose predicted peak is <= ``budget``; BudgetTooSmall if none fits."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     exact = costs.before <= budget
-    states = [(0, 0.0, ())] if exact else []  # (below, cost, choice)
+    states = [(0, 0.0, None)] if exact else []  # (below, cost, choice link)
     largest = len(states)
-    n_options = len(costs.options)
+    options = range(len(costs.options))
     for i in range(costs.n_blocks):
-        grown = []
-        for below, cost, choice in states:
-            for o in range(n_options):
-                if below + costs.reach[i][o] <= budget:
-                    grown.append((below + costs.kept[i][o], cost + costs.cost(i, o), choice + (o,)))
+        kept, reach = costs.kept[i], costs.reach[i]
+        step_cost = [costs.cost(i, o) for o in options]
+        fits = [o for o in options if reach[o] <= budget]
+        grown = [
+            (below + kept[o], cost + step_cost[o], (o, link))
+            for below, cost, link in states
+            for o in fits
+            if below + reach[o] <= budget
+        ]
         states, thinned = _thin(_pareto(grown), max_states)
         exact = exact and not thinned
         largest = max(largest, len(states))
@@ -94,19 +108,25 @@ def solve(costs: PlanCosts, budget: int, max_states: int = MAX_STATES) -> Plan:
         raise BudgetTooSmall(f"no plan fits {budget} bytes; the smallest achievable peak is {minimum.predicted_peak} bytes", minimum.predicted_peak)
     cheapest = min(s[1] for s in states)
     # among the cheapest plans (ties within float noise), the one with the lowest predicted peak
-    best = min((s for s in states if s[1] <= cheapest * (1 + 1e-12) + 1e-9), key=lambda s: costs.predict_peak(s[2]))
-    return Plan(best[2], costs.predict_peak(best[2]), best[1], costs.plan_flops(best[2]), budget, exact, time.perf_counter() - start, largest)
+    tied = [_unwind(s[2]) for s in states if s[1] <= cheapest * (1 + 1e-12) + 1e-9]
+    best = min(tied, key=costs.predict_peak)
+    cost = sum(costs.cost(i, o) for i, o in enumerate(best))
+    return Plan(
+        best, costs.predict_peak(best), cost, costs.plan_flops(best), budget, exact, time.perf_counter() - start, largest,
+        time.process_time() - cpu,
+    )
 
 
 def min_peak(costs: PlanCosts, max_states: int = MAX_STATES) -> Plan:
     """The plan with the smallest predicted peak (ties: least cost)."""
-    start = time.perf_counter()
-    states = [(0, costs.before, ())]  # (below, peak so far, choice)
+    start, cpu = time.perf_counter(), time.process_time()
+    states = [(0, costs.before, None)]  # (below, peak so far, choice link)
     exact, largest = True, 1
     for i in range(costs.n_blocks):
+        kept, reach = costs.kept[i], costs.reach[i]
         grown = [
-            (below + costs.kept[i][o], max(peak, below + costs.reach[i][o]), choice + (o,))
-            for below, peak, choice in states
+            (below + kept[o], max(peak, below + reach[o]), (o, link))
+            for below, peak, link in states
             for o in range(len(costs.options))
         ]
         states, thinned = _thin(_pareto(grown), max_states)
@@ -116,5 +136,5 @@ def min_peak(costs: PlanCosts, max_states: int = MAX_STATES) -> Plan:
     cheapest = solve(costs, lowest, max_states)  # the least recomputation at that peak
     return Plan(
         cheapest.choice, cheapest.predicted_peak, cheapest.cost, cheapest.flops, lowest,
-        exact and cheapest.exact, time.perf_counter() - start, max(largest, cheapest.states),
+        exact and cheapest.exact, time.perf_counter() - start, max(largest, cheapest.states), time.process_time() - cpu,
     )
