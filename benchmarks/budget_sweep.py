@@ -62,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="reports/budget-sweep", help="path prefix of the .md, .json and .png")
+    parser.add_argument("--render", action="store_true", help="only re-render the .md and .png from the .json at --out")
     args = parser.parse_args(argv)
+    if args.render:
+        out = Path(args.out)
+        record = json.loads(out.with_suffix(".json").read_text())
+        plot(record, out.with_suffix(".png"))
+        out.with_suffix(".md").write_text(markdown(record, out.with_suffix(".png").name))
+        return 0
 
     overrides = {} if args.dropout is None else {"dropout": args.dropout}
     config = load_card(args.card, **overrides)
@@ -181,7 +188,18 @@ def markdown(r: dict, png: str) -> str:
     for f in r["fixed"]:
         lo, hi = f["time_ratio_range"]
         lines.append(f"| {f['strategy']} | {mib(f['peak_bytes'])} | {f['flop_ratio']:.3f}x | {f['time_ratio']:.3f}x ({lo:.2f}-{hi:.2f}) |")
-    lines += ["", "Targets (issue 15), evaluated on the numbers above:", ""]
+    lines += [
+        "",
+        "How to read it: the FLOP ratio counts matmul and attention FLOPs only; the planner's objective also charges"
+        " recomputed pointwise elements at the measured weight above, which the FLOP ratio cannot show (a plan that"
+        " saves every matmul output reads 1.000x but still recomputes LayerNorm, GeLU and adds). Step-time ratios"
+        " are medians of interleaved rounds; where a row's min-max spread is wider than the differences between"
+        " rows (or a ratio is below 1 for a strategy that only adds work), the machine was too busy for timing"
+        " to separate the strategies: rerun on a quiet machine with more rounds.",
+        "",
+        "Targets (issue 15), evaluated on the numbers above:",
+        "",
+    ]
     lines += [f"- {key.replace('_', ' ')}: {value}" for key, value in r["targets"].items()]
     lines += ["", f"![peak vs overhead]({png})", ""]
     return "\n".join(lines)
