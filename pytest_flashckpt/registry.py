@@ -56,6 +56,7 @@ ACTIVATION_STRATEGIES: dict[str, str] = {
     "every_k": "blocks 0, k, 2k, ... recomputed",
     "selective_op": "matmul and attention outputs kept, pointwise ops recomputed (a selective-checkpoint policy)",
     "offload": "every block's saved tensors moved to pinned CPU memory (GPU only)",
+    "budget": "per input shape, the plan with the least recomputation whose measured peak fits activation.budget",
 }
 
 SAVE_STRATEGIES: dict[str, str] = {

@@ -13,6 +13,8 @@ which the save strategies rely on) are exactly those of the plain model.
   default list also recomputes the attention output projection (``DEFAULT_RECOMPUTE_LINEARS``), and attention
   with dropout is recomputed rather than saved (a saved random op would shift the RNG for the ops after it).
 - ``offload``: every block's saved tensors go to pinned CPU memory (GPU runs only).
+- ``budget``: per input shape, each block gets the option (keep, save some ops, recompute, offload on a GPU)
+  that fits ``config.budget`` with the least recomputation, from measured costs (see ``activation.budget``).
 """
 
 from __future__ import annotations
@@ -98,8 +100,12 @@ class CheckpointedForward:
         return f"CheckpointedForward({self.strategy})"
 
 
-def apply_ac(model: nn.Module, config: ActivationConfig) -> AppliedActivation:
+def apply_ac(model: nn.Module, config: ActivationConfig, shape: tuple[int, int] | None = None) -> AppliedActivation:
     """Apply ``config.strategy`` to ``model.blocks`` in place and return what was applied.
+
+    ``shape`` (batch, seq): the ``budget`` strategy plans that input shape now, so a budget below the smallest
+    achievable peak is an error (``BudgetTooSmall``, a ValueError naming the minimum) before training starts;
+    other shapes are planned at their first forward. Other strategies ignore it.
 
     Raises ValueError for a configuration that cannot fit this model (k outside 1..n_layer, unknown save op),
     StrategyUnavailable for a strategy this device cannot run (offload without a GPU), and RuntimeError if the
@@ -107,7 +113,9 @@ def apply_ac(model: nn.Module, config: ActivationConfig) -> AppliedActivation:
     """
     blocks = model.blocks
     n_layer = len(blocks)
-    if any(isinstance(block.__dict__.get("forward"), CheckpointedForward) for block in blocks):
+    from pytest_flashckpt.activation.budget.runtime import PlannedForward
+
+    if any(isinstance(block.__dict__.get("forward"), (CheckpointedForward, PlannedForward)) for block in blocks):
         raise RuntimeError("an activation strategy is already applied to this model; build a fresh model instead")
     strategy = config.strategy
     if strategy == "none":
@@ -129,6 +137,17 @@ def apply_ac(model: nn.Module, config: ActivationConfig) -> AppliedActivation:
                 f"offload moves activations from GPU to CPU memory; on a {device.type.upper()} run there is nothing to offload"
             )
         return _wrap(blocks, range(n_layer), AppliedActivation("offload"))
+    if strategy == "budget":
+        from pytest_flashckpt.activation.budget.runtime import apply_budget
+
+        device = next(model.parameters()).device
+        if device.type != "cpu":
+            raise StrategyUnavailable(
+                f"budget plans from costs measured with the exact cpu probe; a {device.type.upper()} run needs the "
+                "simulated cost source (pytest_flashckpt/simulate, not wired yet)"
+            )
+
+        return apply_budget(model, config.budget, shape)  # type: ignore[return-value]  # same interface
     raise ValueError(f"unknown activation strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
 
 

@@ -32,12 +32,28 @@ class ActivationConfig:
     strategy: ActivationStrategy = "none"  # see registry.ACTIVATION_STRATEGIES
     k: int = 2  # every_k: checkpoint blocks 0, k, 2k, ...
     save_ops: tuple[str, ...] | None = None  # selective_op: aten overloads whose outputs are saved (None = matmuls + attention)
+    # budget: the step's peak to fit, per input shape: a size ("6 GiB", bytes), a fraction in (0, 1] of the
+    # no-checkpointing peak (0.6), "min" (the smallest achievable peak) or "min + 30%" (of the way to no checkpointing)
+    budget: int | float | str | None = None
 
     ALIASES = {"gradient_checkpointing": ("strategy", lambda on: {"strategy": "full" if _flag(on) else "none"})}
 
     def __post_init__(self) -> None:
         if self.k <= 0:
             raise ValueError(f"activation.k must be a positive number of blocks, got {self.k}")
+        if self.strategy == "budget":
+            if self.budget is None:
+                raise ValueError(
+                    "activation.budget is required with strategy 'budget': a size ('6 GiB'), a fraction of the "
+                    "no-checkpointing peak (0.6), 'min' or 'min + 30%'"
+                )
+            from pytest_flashckpt.config.budget import BudgetSpec
+
+            BudgetSpec.parse(self.budget)  # ValueError naming activation.budget
+        elif self.budget is not None:
+            raise ValueError(
+                f"activation.budget is set but activation.strategy is {self.strategy!r}; set strategy: budget or drop budget"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,298 @@
+"""What each block option costs, measured on the real training step: the planner's only input.
+
+``PlanCosts`` describes one input shape. Per block ``i`` and option ``o``:
+
+- ``kept[i][o]``: bytes the block's forward leaves alive (its saved tensors and its output, which the next block
+  keeps as its input): the live-bytes rise from the block's forward pre-hook to its forward hook;
+- ``reach[i][o]``: the highest live bytes while block ``i`` runs forward or backward (its backward segment
+  runs from the gradient of its output to the gradient of the block below's output, the last one to the end of
+  the step: embeddings' backward and the optimizer step), *minus* what the blocks below keep. The head (final
+  LayerNorm, logits, loss and their backward) is folded into the top block's ``reach``;
+- ``flops`` / ``pointwise``: matmul FLOPs and pointwise output elements counted in those segments, minus the
+  same count with no checkpointing: the recomputation the option adds.
+
+A plan's peak is then ``max(before, max_i(sum(kept[j][o_j] for j < i) + reach[i][o_i]))`` (``before``: the
+embeddings' forward). This is additive by construction: the blocks below a block are the only plan-dependent
+memory alive while it runs. ``tests/activation/test_budget.py`` checks it against the probe on mixed plans.
+
+Sources: ``MeasuredCosts`` runs one real step per option (every block under that option) under the exact
+``cpu`` probe with segment marks, on a private copy of the model (built from its config), so planning never
+touches the trained model's weights, RNG or measured memory. Another source (the simulator on the ``meta``
+device, for cards too large for a CPU) only has to return a ``PlanCosts``: see ``CostSource``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+from pytest_flashckpt.activation.budget.options import NONE, BlockOption, default_options
+from pytest_flashckpt.activation.flops import CPU_FLASH_FORMULAS
+from pytest_flashckpt.probes.cpu import _LiveStorages
+from pytest_flashckpt.training import Trainer
+
+
+@dataclass
+class PlanCosts:
+    """Measured costs of every block option at one input shape (see the module docstring)."""
+
+    batch_size: int
+    seq_len: int
+    options: tuple[BlockOption, ...]
+    kept: list[list[int]]  # [block][option] bytes
+    reach: list[list[int]]  # [block][option] bytes
+    flops: list[list[int]]  # [block][option] extra matmul FLOPs
+    pointwise: list[list[int]]  # [block][option] extra pointwise elements
+    before: int  # peak before the first block (embeddings' forward), bytes
+    measured_peaks: dict[str, int] = field(default_factory=dict)  # option name -> measured uniform-plan peak
+    pointwise_weight: float = 0.0  # FLOP-equivalents of one recomputed pointwise element
+    source: str = "measured"
+    seconds: float = 0.0  # time spent measuring
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.kept)
+
+    def option_index(self, option: BlockOption) -> int:
+        return self.options.index(option)
+
+    def cost(self, i: int, o: int) -> float:
+        """The objective: recomputed FLOPs plus pointwise elements at their measured weight."""
+        return self.flops[i][o] + self.pointwise_weight * self.pointwise[i][o]
+
+    def predict_peak(self, plan: Iterable[int]) -> int:
+        """Predicted whole-step peak (bytes) of a plan given as option indices per block."""
+        peak, below = self.before, 0
+        for i, o in enumerate(plan):
+            peak = max(peak, below + self.reach[i][o])
+            below += self.kept[i][o]
+        return peak
+
+    def plan_flops(self, plan: Iterable[int]) -> int:
+        return sum(self.flops[i][o] for i, o in enumerate(plan))
+
+    def none_peak(self) -> int:
+        return self.predict_peak([self.option_index(NONE)] * self.n_blocks)
+
+
+class CostSource(Protocol):
+    """Supplies ``PlanCosts`` for an input shape (measured here; simulated on ``meta`` for large cards)."""
+
+    def costs(self, batch_size: int, seq_len: int) -> PlanCosts: ...
+
+
+_FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_FLASH_FORMULAS.items()}}
+
+
+class _Segments(_LiveStorages):
+    """The exact live-storage probe plus marks: each mark records live bytes, the peak since the previous mark,
+    and the matmul FLOPs and pointwise elements so far. FLOPs use PyTorch's formulas (``flop_registry``, plus
+    the CPU flash kernel's from ``activation.flops``) directly: ``FlopCounterMode``'s module tracker keeps
+    recomputed tensors of checkpointed blocks alive until the end of the backward pass, which would falsify the
+    very memory measured here."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.flops = 0
+        self.segment_peak = 0
+        self.pointwise_elements = 0
+        self.marks: dict[str, tuple[int, int, int, int]] = {}  # label -> (live, peak since last mark, flops, pointwise)
+
+    def add(self, tensor: torch.Tensor) -> None:
+        super().add(tensor)
+        self.segment_peak = max(self.segment_peak, self.live_bytes)
+
+    def mark(self, label: str) -> None:
+        self.marks[label] = (self.live_bytes, self.segment_peak, self.flops, self.pointwise_elements)
+        self.segment_peak = self.live_bytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        formula = _FLOP_FORMULAS.get(func.overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **(kwargs or {}), out_val=out)
+        if torch.Tag.pointwise in func.tags:
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            if isinstance(first, torch.Tensor):
+                self.pointwise_elements += first.numel()
+        return out
+
+
+def _install_marks(model: nn.Module, probe_ref: list) -> list:
+    """Forward pre-/post-hooks on every block and a gradient hook on each block's output; returns handles."""
+    handles = []
+    for i, block in enumerate(model.blocks):
+
+        def pre(_module, _args, i=i) -> None:
+            if probe_ref:
+                probe_ref[0].mark(f"f{i}")
+
+        def post(_module, _args, output, i=i) -> None:
+            if probe_ref:
+                probe_ref[0].mark(f"e{i}")
+                if output.requires_grad:
+                    output.register_hook(lambda _grad, i=i: probe_ref[0].mark(f"b{i}") if probe_ref else None)
+
+        handles.append(block.register_forward_pre_hook(pre))
+        handles.append(block.register_forward_hook(post))
+    return handles
+
+
+@dataclass
+class _Uniform:
+    """One measured step with every block under one option."""
+
+    peak: int
+    before: int
+    kept: list[int]
+    reach: list[int]
+    flops: list[int]
+    pointwise: list[int]
+
+
+def _segment_step(trainer: Trainer, n_blocks: int, probe_ref: list) -> _Uniform:
+    probe = _Segments()
+    for tensor in trainer.state_tensors():
+        probe.add(tensor)
+    probe.segment_peak = probe.live_bytes
+    probe_ref.append(probe)
+    try:
+        with probe:
+            trainer.train_step()
+            probe.mark("end")
+    finally:
+        probe_ref.clear()
+    m = probe.marks
+    base = m["f0"][0]
+    below = [m[f"f{i}"][0] - base for i in range(n_blocks)] + [m[f"e{n_blocks - 1}"][0] - base]
+    kept, reach, flops, pointwise = [], [], [], []
+    for i in range(n_blocks):
+        backward_end = f"b{i - 1}" if i > 0 else "end"
+        forward_peak = m[f"e{i}"][1]
+        backward_peak = m[backward_end][1]
+        seg_flops = (m[f"e{i}"][2] - m[f"f{i}"][2]) + (m[backward_end][2] - m[f"b{i}"][2])
+        seg_pointwise = (m[f"e{i}"][3] - m[f"f{i}"][3]) + (m[backward_end][3] - m[f"b{i}"][3])
+        top = max(forward_peak, backward_peak)
+        if i == n_blocks - 1:
+            top = max(top, m[f"b{i}"][1])  # the head: from the top block's forward end to its output gradient
+        kept.append(below[i + 1] - below[i])
+        reach.append(top - below[i])
+        flops.append(seg_flops)
+        pointwise.append(seg_pointwise)
+    return _Uniform(probe.peak_bytes, m["f0"][1], kept, reach, flops, pointwise)
+
+
+def measure_pointwise_weight(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> float:
+    """FLOP-equivalents of one pointwise output element on this device: the time per element of a GeLU over the
+    time per FLOP of a matmul, both measured now (median of 5). Recomputing a pointwise op costs memory traffic,
+    which FlopCounterMode does not count; this weight puts it on the same scale as matmul FLOPs."""
+    n = 512
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    x = torch.randn(4 * n * n, device=device, dtype=dtype)
+
+    def median_time(fn) -> float:
+        times = []
+        for _ in range(5):
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            fn()
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[2]
+
+    matmul = median_time(lambda: a @ a) / (2 * n**3)
+    gelu = median_time(lambda: torch.nn.functional.gelu(x, approximate="tanh")) / x.numel()
+    return gelu / matmul
+
+
+class MeasuredCosts:
+    """``CostSource`` that measures real steps on a private model built like ``model`` (config, backend, device,
+    dtype). Measuring runs with the caller's dispatch modes (probes, FLOP counters) disabled and the RNG state
+    forked, so a plan chosen in the middle of a measured step changes neither its numbers nor its randomness."""
+
+    def __init__(self, model: nn.Module, options: tuple[BlockOption, ...] | None = None, pointwise_weight: float | None = None) -> None:
+        from pytest_flashckpt.models.cards import build_model
+
+        param = next(model.parameters())
+        self.device = param.device
+        if self.device.type != "cpu":
+            raise ValueError(
+                f"measured plan costs need the exact cpu probe; a {self.device.type} model needs a simulated cost source"
+            )
+        self.options = options or default_options(self.device.type)
+        with _quiet():
+            self.model = build_model(model.config, model.backend, self.device, param.dtype, seed=0)
+            from pytest_flashckpt.activation.budget.runtime import install_planned_forwards
+
+            self.forwards = install_planned_forwards(self.model)
+            self.pointwise_weight = pointwise_weight if pointwise_weight is not None else measure_pointwise_weight(self.device, param.dtype)
+        self._trainer: Trainer | None = None
+        self._probe_ref: list = []
+        self._cache: dict[tuple[int, int], PlanCosts] = {}
+        _install_marks(self.model, self._probe_ref)
+
+    _shared: dict = {}
+
+    @classmethod
+    def shared(cls, model: nn.Module) -> "MeasuredCosts":
+        """One source per (config, backend, device, dtype) in this process, its costs cached per shape: every
+        scenario of a budget sweep plans from the same measurements instead of measuring again."""
+        param = next(model.parameters())
+        key = (model.config, model.backend, str(param.device), param.dtype)
+        if key not in cls._shared:
+            cls._shared[key] = cls(model)
+        return cls._shared[key]
+
+    def costs(self, batch_size: int, seq_len: int) -> PlanCosts:
+        if (batch_size, seq_len) not in self._cache:
+            self._cache[batch_size, seq_len] = self._measure(batch_size, seq_len)
+        return self._cache[batch_size, seq_len]
+
+    def _measure(self, batch_size: int, seq_len: int) -> PlanCosts:
+        start = time.perf_counter()
+        with _quiet():
+            if self._trainer is None:
+                self._trainer = Trainer.create(self.model, batch_size, seq_len)
+            trainer = self._trainer
+            trainer.batch_size, trainer.seq_len = batch_size, seq_len
+            self._set(NONE)
+            trainer.train_step()  # optimizer state exists (as in a measured step) and this shape is warm
+            steps = {}
+            for option in self.options:
+                self._set(option)
+                steps[option] = _segment_step(trainer, len(self.model.blocks), self._probe_ref)
+        n = len(self.model.blocks)
+        none = steps[NONE]
+        return PlanCosts(
+            batch_size,
+            seq_len,
+            self.options,
+            kept=[[steps[o].kept[i] for o in self.options] for i in range(n)],
+            reach=[[steps[o].reach[i] for o in self.options] for i in range(n)],
+            flops=[[steps[o].flops[i] - none.flops[i] for o in self.options] for i in range(n)],
+            pointwise=[[max(0, steps[o].pointwise[i] - none.pointwise[i]) for o in self.options] for i in range(n)],
+            before=max(s.before for s in steps.values()),
+            measured_peaks={o.name: s.peak for o, s in steps.items()},
+            pointwise_weight=self.pointwise_weight,
+            seconds=time.perf_counter() - start,
+        )
+
+    def _set(self, option: BlockOption) -> None:
+        for forward in self.forwards:
+            forward.option = option
+
+
+@contextlib.contextmanager
+def _quiet():
+    """No caller dispatch modes, forked RNG, grad enabled: measuring is invisible to the caller."""
+    with _disable_current_modes(), torch.random.fork_rng(devices=[]), torch.enable_grad():
+        yield

@@ -1,0 +1,104 @@
+"""What the planner may do with one block: keep everything, save some op outputs and recompute the rest, or
+recompute the whole block (and, on a GPU, offload its saved tensors to host memory).
+
+A selective option names *roles* of the block's ops rather than aten overloads, because the planner chooses per
+block and the same role lowers to different kernels (CPU flash kernel, CUDA flash, the eager / math path's
+``bmm``): ``qkv`` (attn.c_attn), ``attn`` (the attention kernel, or both ``bmm`` of math attention), ``proj``
+(attn.c_proj), ``fc`` (mlp.c_fc), ``fc2`` (mlp.c_proj). Everything not saved is recomputed in the backward pass
+under ``torch.utils.checkpoint`` with the RNG state preserved. Ops that draw random numbers (dropout) are never
+saved by these policies, so a replay draws exactly the numbers the forward drew, in the same order: the policy
+cannot desynchronise the RNG (see ``tests/activation/test_budget.py``, bitwise gradients with dropout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+ROLES = ("qkv", "attn", "proj", "fc", "fc2")
+_LINEAR_ROLES = ("qkv", "proj", "fc", "fc2")  # the block's Linears in forward order
+_aten = torch.ops.aten
+_LINEAR_OPS = (_aten.addmm.default, _aten.mm.default)
+_ATTENTION_OPS = tuple(
+    getattr(_aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+)
+
+
+@dataclass(frozen=True)
+class BlockOption:
+    """One way to run a block. ``kind``: none | selective | full | offload; ``saves``: roles kept (selective)."""
+
+    kind: str
+    saves: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        if self.kind == "selective":
+            return "save(" + "+".join(self.saves) + ")"
+        return self.kind
+
+    def context_fn(self):
+        """``checkpoint(context_fn=...)`` for a selective option; None otherwise."""
+        if self.kind != "selective":
+            return None
+        return partial(_contexts, frozenset(self.saves))
+
+
+NONE = BlockOption("none")
+FULL = BlockOption("full")
+OFFLOAD = BlockOption("offload")
+# Selective options, from most kept to least: every matmul and attention output; without attn.c_proj (the
+# project's selective_op default); the attention half only; the MLP half only; the attention kernel only.
+SELECTIVE = (
+    BlockOption("selective", ("qkv", "attn", "proj", "fc", "fc2")),
+    BlockOption("selective", ("qkv", "attn", "fc", "fc2")),
+    BlockOption("selective", ("qkv", "attn", "fc")),
+    BlockOption("selective", ("qkv", "attn")),
+    BlockOption("selective", ("fc",)),
+    BlockOption("selective", ("attn",)),
+)
+
+
+def default_options(device_type: str) -> tuple[BlockOption, ...]:
+    """The options the planner considers on a device: offload only where there is device memory to free."""
+    return (NONE, *SELECTIVE, FULL, *((OFFLOAD,) if device_type == "cuda" else ()))
+
+
+def option_by_name(name: str) -> BlockOption:
+    for option in (NONE, FULL, OFFLOAD, *SELECTIVE):
+        if option.name == name:
+            return option
+    raise ValueError(f"unknown block option {name!r}")
+
+
+def _contexts(saves: frozenset[str]):
+    return create_selective_checkpoint_contexts(_RolePolicy(saves))
+
+
+class _RolePolicy:
+    """Per checkpointed forward: MUST_SAVE for the outputs of the chosen roles, PREFER_RECOMPUTE otherwise.
+    Linears are numbered in forward order (the replay runs the same ops in the same order); math attention's two
+    ``bmm`` belong to ``attn``."""
+
+    def __init__(self, saves: frozenset[str]) -> None:
+        self.saves = saves
+        self.linears = {False: 0, True: 0}
+
+    def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
+        role = None
+        if func in _LINEAR_OPS:
+            index = self.linears[ctx.is_recompute]
+            self.linears[ctx.is_recompute] += 1
+            role = _LINEAR_ROLES[index] if index < len(_LINEAR_ROLES) else None
+        elif func in _ATTENTION_OPS or func is _aten.bmm.default:
+            role = "attn"
+        return CheckpointPolicy.MUST_SAVE if role in self.saves else CheckpointPolicy.PREFER_RECOMPUTE
