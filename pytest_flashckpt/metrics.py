@@ -97,6 +97,45 @@ _TABLE = (
     Metric("cuda_peak_reserved_bytes", "B", "info", "CUDA caching-allocator reserved peak (cuda probe)", fmt="mib"),
     Metric("nvml_peak_used_bytes", "B", "info", "device memory used at its sampled peak (nvml probe)", fmt="mib"),
     Metric("nvml_context_bytes", "B", "info", "device memory outside torch (CUDA context; nvml probe)", fmt="mib"),
+    Metric("nvml_context_created_by_probe", "count", "info", "1 when the nvml probe created the CUDA context itself (then reported apart)", fmt="count"),
+    Metric("cuda_other_live_bytes", "B", "info", "device memory alive at the probe's start that is not this scenario's (other objects)", fmt="mib"),
+    # checkpoint pass: GPU staging, overlapped copy, time lost per save (checkpoint/time_lost.py)
+    Metric("save_staging_host_bytes", "B", "info", "pinned host staging of a GPU save (host memory; not in save_extra_peak_bytes there)", fmt="mib"),
+    Metric("staging", "text", "info", "how an async save copies its snapshot (overlapped: during the next step)"),
+    Metric("fence_wait_s", "s", "info", "how long optimizer.step waited for an overlapped copy (part of save_stall_s)", fmt="ms"),
+    # time lost can be near zero or negative (an overlapped save), so it is judged as an absolute time (gated with
+    # --flashckpt-gate-times, on its per-round samples), not as a relative ratio
+    Metric("time_lost_s", "s", "time", "extra training-loop time one save costs: K steps with a save minus K without", gated=True, fmt="ms"),
+    Metric("time_lost_vs_sync", "ratio", "info", "time_lost_s / the reference synchronous save's time_lost_s", fmt="ratio"),
+    Metric("reference_time_lost_s", "s", "info", "the reference synchronous save's time_lost_s", fmt="ms"),
+    Metric("time_lost_min_s", "s", "info", "smallest per-round time lost", fmt="ms"),
+    Metric("time_lost_max_s", "s", "info", "largest per-round time lost", fmt="ms"),
+    Metric("time_lost_plain_s", "s", "info", "median time of the K-step window without a save", fmt="ms"),
+    Metric("time_lost_window_steps", "count", "info", "K: steps per time-lost window", fmt="count"),
+    # distributed scenarios (pytest_flashckpt/distributed): per-rank values are in samples as <metric>_per_rank
+    Metric("world_size", "count", "info", "ranks of a distributed or simulated-FSDP scenario", fmt="count"),
+    Metric("peak_bytes_min_rank", "B", "info", "the smallest rank's peak (peak_bytes is the largest)", fmt="mib"),
+    Metric("fwd_bwd_peak_bytes", "B", "memory", "largest rank's peak during forward and backward (FSDP2)", fmt="mib"),
+    Metric("optimizer_peak_bytes", "B", "memory", "largest rank's peak during the optimizer step on the shards", fmt="mib"),
+    Metric("async_staged_bytes", "B", "info", "host bytes staged by async sharded saves, all ranks", fmt="mib"),
+    Metric("async_rss_added_bytes", "B", "info", "resident memory an async sharded save added, all ranks", fmt="mib"),
+    Metric("roundtrip_differences", "count", "info", "tensors that differed after a sharded load (0, or the scenario errors)", fmt="count"),
+    Metric("launch_wall_s", "s", "info", "wall time of the torchrun launch of all ranks", fmt="ms"),
+    # simulated scenarios (pytest_flashckpt/simulate): deterministic predictions, reported, never gated
+    Metric("simulated_peak_bytes", "B", "info", "predicted peak of the step on the meta device", fmt="mib"),
+    Metric("simulated_start_bytes", "B", "info", "predicted memory alive at the step's start", fmt="mib"),
+    Metric("simulated_parameters_bytes", "B", "info", "predicted peak breakdown: parameters", fmt="mib"),
+    Metric("simulated_gradients_bytes", "B", "info", "predicted peak breakdown: gradients", fmt="mib"),
+    Metric("simulated_optimizer_state_bytes", "B", "info", "predicted peak breakdown: optimizer state", fmt="mib"),
+    Metric("simulated_activations_bytes", "B", "info", "predicted peak breakdown: activations", fmt="mib"),
+    Metric("simulated_temporaries_bytes", "B", "info", "predicted peak breakdown: temporaries", fmt="mib"),
+    Metric("simulated_reference_peak_bytes", "B", "info", "predicted peak of the reference (no activation checkpointing)", fmt="mib"),
+    Metric("simulated_memory_saving", "fraction", "info", "1 - simulated peak / simulated reference peak", worse="lower", fmt="pct"),
+    Metric("simulated_kept_bytes", "B", "info", "predicted bytes kept for the backward pass", fmt="mib"),
+    Metric("simulated_block_kept_bytes", "B", "info", "predicted bytes one block keeps for the backward pass", fmt="mib"),
+    Metric("analytic_block_kept_bytes", "B", "info", "the analytic model's bytes kept per block", fmt="mib"),
+    Metric("korthikanti_block_bytes", "B", "info", "the published per-layer formula s*b*h*(34 + 5*a*s/h) (16-bit)", fmt="mib"),
+    Metric("simulate_seconds", "s", "info", "wall time of the simulation", fmt="ms"),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}

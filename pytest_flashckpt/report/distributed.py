@@ -11,6 +11,7 @@ in any bit (0 is correct).
 
 from __future__ import annotations
 
+from pytest_flashckpt.report.select import save_config
 from pytest_flashckpt.report.format import MISSING, count, mib, ms
 from pytest_flashckpt.report.tables import Footnotes, table
 from pytest_flashckpt.result import Result
@@ -29,7 +30,7 @@ def _per_rank(r: Result, key: str, fmt) -> str:
 
 
 def _save(r: Result) -> str:
-    ckpt = r.config.get("checkpoint", {})
+    ckpt = save_config(r)
     if ckpt.get("strategy") != "dcp":
         return MISSING
     return "dcp.async_save" if ckpt.get("async_save") else "dcp.save"

@@ -24,6 +24,11 @@ def _save_key(r: Result) -> str:
     return "save" if "save" in r.config else "checkpoint"
 
 
+def save_config(r: Result) -> dict:
+    """The scenario's save config as recorded in ``Result.config`` (either key)."""
+    return r.config.get(_save_key(r)) or {}
+
+
 def save_strategy(r: Result) -> str:
     return str(_get(r.config, _save_key(r), "strategy", default="none"))
 

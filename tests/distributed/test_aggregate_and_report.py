@@ -25,7 +25,7 @@ def _rank(rank: int, peak: int, times: list[float], stalls: list[float], nbytes:
 
 
 def _result(world_size: int = 2) -> Result:
-    scenario = Scenario("s", world_size=world_size, batch_size=4, checkpoint=SaveConfig(strategy="dcp", async_save=True))
+    scenario = Scenario("s", world_size=world_size, batch_size=4, save=SaveConfig(strategy="dcp", async_save=True))
     from pytest_flashckpt.config.typed import to_plain
 
     return Result("distributed", "s", "measured", to_plain(scenario))

@@ -83,7 +83,7 @@ def test_the_runner_sends_a_world_size_scenario_to_torchrun_ranks(tmp_path) -> N
     card.write_text("name: micro\nvocab_size: 128\nblock_size: 64\nn_layer: 2\nn_head: 2\nn_embd: 32\n")
     scenario = Scenario(
         "micro", model=str(card), suite="t", world_size=2, batch_size=2, seq_len=32, rounds=2, attention="sdpa",
-        activation=ActivationConfig(strategy="full"), checkpoint=SaveConfig(strategy="dcp", async_save=True, saves=2),
+        activation=ActivationConfig(strategy="full"), save=SaveConfig(strategy="dcp", async_save=True, saves=2),
     )  # fmt: skip
     result = run_scenario(scenario, RunContext(torch.device("cpu"), "cpu", workdir=tmp_path))
     assert result.status == "measured", (result.reason, result.notes)
