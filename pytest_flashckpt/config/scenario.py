@@ -155,9 +155,16 @@ class Scenario:
         return self.activation.strategy == "none"
 
     def reference(self) -> "Scenario":
-        """The same model, kernel, batch and sequence with no activation checkpointing and a plain sync save."""
+        """The same model, kernel, batch and sequence with no activation checkpointing and a plain sync save.
+
+        The model's article keys (``gradient_checkpointing``, ``checkpoint_level``, ``layer_checkpoint_dir``) are
+        cleared too: ``dataclasses.replace`` runs ``__post_init__`` again, which would fold them back into the
+        activation and save strategies and make the reference checkpoint itself."""
         save = SaveConfig(strategy="sync", format=self.checkpoint.format, saves=self.checkpoint.saves) if self.checkpoint.strategy != "none" else SaveConfig()
-        return dataclasses.replace(self, name=f"{self.name}.reference", activation=ActivationConfig(), checkpoint=save, article=None)
+        model = dataclasses.replace(self.model, gradient_checkpointing=None, checkpoint_level=None, layer_checkpoint_dir=None)  # type: ignore[arg-type]
+        return dataclasses.replace(
+            self, name=f"{self.name}.reference", model=model, activation=ActivationConfig(), checkpoint=save, article=None
+        )
 
 
 def _flag(value) -> bool:
