@@ -48,6 +48,7 @@ class SaveConfig:
     max_keep: int | None = None  # keep the newest N complete checkpoints
     select_params: bool | str | list[str] | None = None  # true = non-embedding (article); "trainable"; glob patterns
     mem_threshold: float | None = None  # scheduled: save only while memory in use is under this fraction of capacity
+    mem_basis: Literal["capacity", "peak"] = "capacity"  # scheduled: capacity = device/host memory; peak = this scenario's measured peak step memory (live tensor bytes vs it)
     max_defer_steps: int = 10  # scheduled: a deferred save is forced after this many steps
     layer_checkpoint_dir: str | None = None  # layerwise: folder (relative to the checkpoint) for per-block files
     saves: int = 3  # how many saves the checkpoint pass measures
@@ -76,6 +77,8 @@ class SaveConfig:
             raise ValueError(f"max_keep must be at least 1 (the newest checkpoint is always kept), got {self.max_keep}")
         if self.mem_threshold is not None and not 0.0 < self.mem_threshold <= 1.0:
             raise ValueError(f"mem_threshold is a fraction of memory capacity in (0, 1], got {self.mem_threshold}")
+        if self.mem_basis == "peak" and self.mem_threshold is None:
+            raise ValueError("mem_basis: peak needs mem_threshold (a fraction of the measured peak step memory)")
         if self.max_defer_steps < 0:
             raise ValueError(f"max_defer_steps must be >= 0, got {self.max_defer_steps}")
         if self.saves <= 0:
@@ -141,6 +144,8 @@ class Scenario:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if checkpoint.mem_basis == "peak" and "memory" not in self.measure:
+            raise ValueError("checkpoint.mem_basis: peak compares memory with the measured peak; add 'memory' to measure")
         if "checkpoint" in self.measure and checkpoint.strategy == "none":
             raise ValueError("measure includes 'checkpoint' but checkpoint.strategy is 'none'; name a save strategy")
         if checkpoint.strategy != "none" and "checkpoint" not in self.measure:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import statistics
 import tempfile
 import traceback
 from pathlib import Path
@@ -207,7 +208,8 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
 
     root = Path(tempfile.mkdtemp(prefix="flashckpt-", dir=ctx.workdir))
     try:
-        measured = run_checkpoint_pass(trainer, scenario.checkpoint, root / "strategy", ctx.probe)
+        peak = result.metrics.get("peak_bytes") if scenario.checkpoint.mem_basis == "peak" else None
+        measured = run_checkpoint_pass(trainer, scenario.checkpoint, root / "strategy", ctx.probe, peak_bytes=peak)
         for key, value in measured.items():
             if isinstance(value, list):
                 result.samples[key] = value
@@ -221,9 +223,18 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
                 return run_checkpoint_pass(ref_trainer, ref_scenario.checkpoint, root / "reference", ctx.probe)
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
-            result.metrics["reference_save_total_s"] = ref["save_total_s"]
-            result.metrics["reference_save_stall_s"] = ref["save_stall_s"]
-            result.metrics["stall_vs_sync"] = result.metrics["save_stall_s"] / ref["save_total_s"]
+            metrics = result.metrics
+            metrics["reference_save_total_s"] = ref["save_total_s"]
+            metrics["reference_save_stall_s"] = ref["save_stall_s"]
+            metrics["reference_bytes_written"] = ref["bytes_written"]
+            if ref["bytes_written"]:
+                metrics["bytes_vs_full"] = metrics["bytes_written"] / ref["bytes_written"]
+            stalls, totals = result.samples["save_stall_s_samples"], ref["save_total_s_samples"]
+            # save i's stall over the reference's save i: each sample carries both sides' noise, so the rank test
+            # sees it (one shared denominator would shift every sample of a run together, a false alarm waiting)
+            ratios = [s / totals[i % len(totals)] for i, s in enumerate(stalls)]
+            result.samples["stall_vs_sync"] = ratios
+            metrics["stall_vs_sync"] = statistics.median(ratios)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
