@@ -52,6 +52,13 @@ def _probability(text: str) -> float:
     return value
 
 
+def _injection(text: str) -> str:
+    from pytest_flashckpt.runner.inject import Injection  # torch-free
+
+    Injection.parse(text)  # raises ValueError naming the bad part
+    return text
+
+
 def _device(text: str) -> str:
     if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
         return text
@@ -66,6 +73,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("flashckpt-report", "folder for results.json and the markdown report (relative to the invocation folder)", "reports"),
     OptionSpec("flashckpt-rounds", "override every scenario's interleaved timing rounds (0 = as the suite says)", 0, int),
+    OptionSpec("flashckpt-saves", "override every checkpoint scenario's saves (0 = as the suite says); baselines use more", 0, int),
     OptionSpec("flashckpt-workdir", "folder for temporary checkpoints (default: the system temp folder)", ""),
     OptionSpec("flashckpt-baseline-dir", "folder of <profile>.json baselines, relative to the invocation folder", "baselines"),
     OptionSpec("flashckpt-save-baseline", "write/update this profile's baseline with the scenarios that ran", False, lambda t: t.lower() in ("1", "true", "yes")),
@@ -77,6 +85,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("flashckpt-timing-tolerance", "timing ratio change tolerated before a regression (fraction)", 0.05, _fraction),
     OptionSpec("flashckpt-memory-tolerance", "peak-memory change tolerated for sampled probes (nvml, rss) (fraction)", 0.02, _fraction),
     OptionSpec("flashckpt-alpha", "significance level of the timing regression test (one-sided Mann-Whitney U)", 0.01, _probability),
+    OptionSpec(
+        "flashckpt-inject",
+        "inject a known regression to check the gate can fail, e.g. step=0.10 (strategy steps 10% slower), stall=0.25 "
+        "(saves block 25% longer), jitter=0.3; never for real measurements (the report says so)",
+        "", _injection,
+    ),
     OptionSpec(
         "flashckpt-gate-times",
         "also gate absolute times (step_time_s, save_*_s, load_s), not only ratios; only for a quiet, dedicated machine",
@@ -110,6 +124,7 @@ class Options:
     probe: str
     report: str
     rounds: int
+    saves: int
     workdir: str
     baseline_dir: str
     save_baseline: bool
@@ -117,6 +132,7 @@ class Options:
     timing_tolerance: float
     memory_tolerance: float
     alpha: float
+    inject: str
     gate_times: bool
 
     @classmethod

@@ -143,8 +143,10 @@ class SuiteSession:
 
             device = resolve_device(self.options.device)
             probe = default_probe_name(device.type) if self.options.probe == "auto" else self.options.probe
+            from pytest_flashckpt.runner.inject import Injection
+
             workdir = Path(self.options.workdir) if self.options.workdir else None
-            self._ctx = RunContext(device=device, probe=probe, workdir=workdir)
+            self._ctx = RunContext(device=device, probe=probe, workdir=workdir, inject=Injection.parse(self.options.inject))
         return self._ctx
 
     def run(self, scenario: Scenario) -> Result:
@@ -154,6 +156,8 @@ class SuiteSession:
 
         if self.options.rounds:
             scenario = dataclasses.replace(scenario, rounds=self.options.rounds)
+        if self.options.saves and scenario.checkpoint.strategy != "none":
+            scenario = dataclasses.replace(scenario, checkpoint=dataclasses.replace(scenario.checkpoint, saves=self.options.saves))
         result = run_scenario(scenario, self._context())
         self.results.append(result)
         return result
@@ -277,6 +281,12 @@ class SuiteSession:
         from pytest_flashckpt.report import summary_lines
 
         terminalreporter.section("flashckpt")
+        if self.options.inject:
+            from pytest_flashckpt.runner.inject import Injection
+
+            injection = Injection.parse(self.options.inject)
+            if injection is not None:
+                terminalreporter.write_line(f"WARNING: {injection.describe()} (--flashckpt-inject): these are not real measurements")
         for line in summary_lines(self.results):
             terminalreporter.write_line(line)
         if self.report_path is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 import torch
@@ -36,8 +37,26 @@ def _peak_gauge(trainer: Trainer, peak_bytes: int | None, probe_name: str):
     return (lambda: (live.live_bytes, peak_bytes)), live.counting
 
 
+def _lengthen_stalls(ckpt: Checkpointer, fraction: float) -> None:
+    """Every save blocks the loop ``fraction`` longer than it did (an injected regression, see runner/inject.py):
+    a real sleep before ``save`` returns, counted in the stall (and in the total of a blocking save)."""
+    save = ckpt.save
+
+    def slower(trainer: Trainer):
+        record = save(trainer)
+        extra = fraction * record.save_stall_s
+        time.sleep(extra)
+        record.save_stall_s += extra
+        if not ckpt.background:
+            record.save_total_s += extra
+        return record
+
+    ckpt.save = slower  # type: ignore[method-assign]
+
+
 def run_checkpoint_pass(
-    trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu", peak_bytes: int | None = None
+    trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu", peak_bytes: int | None = None,
+    stall_increase: float = 0.0,
 ) -> Metrics:
     """Train ``trainer`` and save it ``config.saves`` times with ``config``'s strategy under ``workdir/checkpoints``,
     then load the newest checkpoint back into ``trainer`` and check it bit for bit against the state it saved.
@@ -66,6 +85,8 @@ def run_checkpoint_pass(
         hook = trainer.model.register_forward_hook(lambda *_: ckpt.schedule.observe(trainer.step + 1))
     else:
         ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe)
+    if stall_increase:
+        _lengthen_stalls(ckpt, stall_increase)
     max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
     steps = 0
     try:

@@ -24,6 +24,7 @@ from pytest_flashckpt.models.attention import BackendUnavailable, OpNameRecorder
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.result import Result
+from pytest_flashckpt.runner.inject import Injection
 from pytest_flashckpt.runner.timing import interleaved, summarise_ratio
 from pytest_flashckpt.training import Trainer
 
@@ -54,6 +55,7 @@ class RunContext:
     probe: str
     workdir: Path | None = None
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)
+    inject: Injection | None = None  # a known regression on purpose (checking the gate; runner/inject.py)
 
     def cached(self, kind: str, scenario: Scenario, compute):
         key = f"{kind}:{scenario_key(scenario)}"
@@ -162,6 +164,9 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     trainer = _build_trainer(scenario, ctx, backend)
     _apply_activation(trainer, scenario, result)
     op_names = _warmup(trainer, max(scenario.warmup, 1))
+    if ctx.inject is not None:
+        trainer.train_step = ctx.inject.slow_step(trainer.train_step)  # type: ignore[method-assign]
+        result.notes.append(ctx.inject.describe())
     result.kernel = detect_kernel(op_names, backend)
     reference = None if scenario.is_reference else _reference_trainer(scenario, ctx, backend)
     metrics, samples = result.metrics, result.samples
@@ -209,7 +214,8 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
     root = Path(tempfile.mkdtemp(prefix="flashckpt-", dir=ctx.workdir))
     try:
         peak = result.metrics.get("peak_bytes") if scenario.checkpoint.mem_basis == "peak" else None
-        measured = run_checkpoint_pass(trainer, scenario.checkpoint, root / "strategy", ctx.probe, peak_bytes=peak)
+        stall = ctx.inject.stall if ctx.inject is not None else 0.0
+        measured = run_checkpoint_pass(trainer, scenario.checkpoint, root / "strategy", ctx.probe, peak_bytes=peak, stall_increase=stall)
         for key, value in measured.items():
             if isinstance(value, list):
                 result.samples[key] = value
