@@ -7,7 +7,7 @@ from pytest_flashckpt.baselines.summary import append_step_summary, markdown_tab
 from pytest_flashckpt.result import Result
 
 KEYS = {"status", "baseline_path", "baseline_profile_id", "message", "verdicts"}
-ROW_KEYS = {"scenario", "metric", "baseline", "current", "change", "p_value", "verdict"}
+ROW_KEYS = {"scenario", "metric", "baseline", "current", "change", "p_value", "verdict", "smallest_p", "reason"}
 
 
 def _result(name, overhead_samples, peak=100, status="measured"):
