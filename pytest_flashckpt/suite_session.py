@@ -79,6 +79,8 @@ class SuiteSession:
         self._gate = None  # baselines.Gate, made at the first check (needs the profile, hence torch)
         self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.report_path: Path | None = None
+        self.deselected: list[str] = []  # scenario ids deselected by -k / -m: a subset on purpose
+        self.missing_failures: list[dict] = []
         self.saved_baseline: Path | None = None
         self.step_summary: Path | None = None
 
@@ -89,6 +91,10 @@ class SuiteSession:
         from pytest_flashckpt.runner.run import preflight
 
         suite_arg = options.suite
+        if options.inject and options.save_baseline:
+            raise pytest.UsageError(
+                "--flashckpt-inject with --flashckpt-save-baseline would store an injected regression as the baseline; drop one"
+            )
         if os.path.isdir(suite_arg) or suite_arg.endswith(".py"):
             raise pytest.UsageError(
                 f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"
@@ -134,6 +140,17 @@ class SuiteSession:
         if self.config.args_source == pytest.Config.ArgsSource.ARGS and not any(isinstance(i, ScenarioItem) for i in items):
             for collector in self._collectors(session):
                 items.extend(collector.collect())
+
+    def pytest_deselected(self, items: list) -> None:
+        self.deselected += [f"{i.scenario.suite}::{i.scenario.name}" for i in items if isinstance(i, ScenarioItem)]
+
+    def subset_reason(self) -> str | None:
+        """Why this run measures a subset of its suites on purpose, or None when it should measure them all."""
+        if self.options.subset:
+            return "--flashckpt-subset"
+        if self.deselected:
+            return f"{len(self.deselected)} scenario(s) deselected with -k/-m"
+        return None
 
     # -- running --------------------------------------------------------------------------------------
     def _context(self):
@@ -265,6 +282,12 @@ class SuiteSession:
             return
         from pytest_flashckpt.report import write_report
 
+        gate = self._gate
+        if gate is not None and not self.options.save_baseline:
+            suites = {s.suite for s in self.suite.scenarios}
+            self.missing_failures = gate.finish(suites, self.results, self.subset_reason())
+            if self.missing_failures and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
         record = self.record()
         if self.options.save_baseline:
             self.saved_baseline = self.save_baseline(record)
@@ -297,6 +320,11 @@ class SuiteSession:
 
             for line in terminal_lines(comparison):
                 terminalreporter.write_line(line)
+        if self.missing_failures:
+            terminalreporter.write_line(
+                f"FAILED: {len(self.missing_failures)} scenario(s)/metric(s) of the baseline were not measured (missing); "
+                "pass --flashckpt-subset if the subset is intended"
+            )
         if self.saved_baseline is not None:
             terminalreporter.write_line(f"baseline saved: {self.saved_baseline}")
         if self.step_summary is not None:

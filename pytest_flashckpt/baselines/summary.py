@@ -8,7 +8,10 @@ from typing import Any
 
 from pytest_flashckpt.baselines.gate import fmt, fmt_change
 
-MARK = {"regressed": "❌ regressed", "improved": "✅ improved", "~": "~ within noise", "ok": "ok"}
+MARK = {
+    "regressed": "❌ regressed", "missing": "❌ missing", "improved": "✅ improved", "~": "~ within noise",
+    "unguarded": "⚠ unguarded (cannot fail)", "ok": "ok",
+}
 
 
 def _change(row: dict[str, Any]) -> str:
@@ -23,11 +26,15 @@ def markdown_table(comparison: dict[str, Any]) -> str:
     """The comparison as a markdown section: status line, then one row per verdict (ok rows included)."""
     lines = ["### pytest-flashckpt baseline comparison", "", comparison["message"], ""]
     if comparison["verdicts"]:
-        lines += ["| scenario | metric | baseline | current | change | p | verdict |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "| scenario | metric | baseline | current | change | p | smallest reachable p | verdict | why |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for row in comparison["verdicts"]:
+            floor = row.get("smallest_p")
             lines.append(
                 f"| {row['scenario']} | {row['metric']} | {fmt(row['baseline'])} | {fmt(row['current'])} | {_change(row)} | "
-                f"{_p(row)} | {MARK[row['verdict']]} |"
+                f"{_p(row)} | {'' if floor is None else f'{floor:.2g}'} | {MARK.get(row['verdict'], row['verdict'])} | {row.get('reason') or ''} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -52,9 +59,10 @@ def terminal_lines(comparison: dict[str, Any]) -> list[str]:
         if row["verdict"] == "ok":
             continue
         p = f", p={_p(row)}" if row["p_value"] is not None else ""
+        why = f": {row['reason']}" if row.get("reason") and row["verdict"] != "regressed" else ""
         lines.append(
             f"  {row['verdict']:>9} {row['scenario']} {row['metric']}: {fmt(row['baseline'])} -> {fmt(row['current'])} "
-            f"({_change(row) or 'n/a'}{p})"
+            f"({_change(row) or 'n/a'}{p}){why}"
         )
     if any(row["verdict"] == "improved" for row in comparison["verdicts"]):
         lines.append("  improvements found: refresh the baseline with --flashckpt-save-baseline to guard them")

@@ -170,6 +170,11 @@ def underpowered(n_baseline: int, n_current: int, alpha: float) -> bool:
     return smallest_p(n_current, n_baseline) >= alpha
 
 
+def missing_scenario(scenario: str, baseline: dict[str, Any], why: str) -> dict[str, Any]:
+    """A scenario the baseline has that this run did not measure: one row, metric ``*``, no values."""
+    return _row(scenario, "*", None, None, None, None, "missing", None, why)  # type: ignore[arg-type]
+
+
 def compare_scenario(
     scenario: str,
     baseline: dict[str, Any],
@@ -185,7 +190,11 @@ def compare_scenario(
     base_samples: dict[str, list[float]] = baseline.get("samples", {})
     base_probe = baseline.get("probe")
     for name in GUARDED:
-        if not isinstance(base_metrics.get(name), (int, float)) or not isinstance(metrics.get(name), (int, float)):
+        if not isinstance(base_metrics.get(name), (int, float)):
+            continue
+        if not isinstance(metrics.get(name), (int, float)):
+            why = "the baseline has this metric, this run did not measure it (a measure pass or a metric was dropped?)"
+            rows.append(_row(scenario, name, float(base_metrics[name]), None, None, None, "missing", None, why))  # type: ignore[arg-type]
             continue
         kind = metric_kind(name, probe)
         base_value, value = float(base_metrics[name]), float(metrics[name])

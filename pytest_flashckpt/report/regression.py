@@ -55,7 +55,7 @@ def regression_section(comparison: dict[str, Any] | None) -> list[str]:
     summary = ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) or "no metrics compared"
     lines.append(f"Compared with the baseline{where}: {summary}.{' ' + escape(str(message)) if message else ''}")
     if verdicts:
-        order = {"regressed": 0, "improved": 1, "~": 2, "ok": 3}
+        order = {"regressed": 0, "missing": 1, "improved": 2, "~": 3, "unguarded": 4, "ok": 5}
         ordered = sorted(verdicts, key=lambda v: (order.get(str(v.get("verdict")), 4), str(v.get("scenario")), str(v.get("metric"))))
         lines += ["", table([_verdict_row(v) for v in ordered], HEADERS), "",
                   "Verdicts: **regressed** / **improved** = a significant change beyond the tolerance; ok = within "
