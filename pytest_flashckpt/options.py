@@ -84,10 +84,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         False, lambda t: t.lower() in ("1", "true", "yes"),
     ),
     OptionSpec("flashckpt-no-compare", "do not compare with the stored baseline", False, lambda t: t.lower() in ("1", "true", "yes")),
-    # 0.05 with p < alpha: on this project's quiet 2-core CPU a 9-10% slowdown was flagged in 19 of 20 runs at 10
-    # rounds and an unchanged step in 0 of 60 (benchmarks/gate_power.py -> reports/gate-power.md); under heavy
-    # contention identical steps drifted up to 11% (reports/gate-power-loaded.md), which the significance test and
-    # the scatter guard (a run 3x noisier than its baseline is not judged) keep from failing CI
+    # 0.05 with p < alpha: the effect size worth failing CI for; how often a 10% slowdown and a 25% longer stall are
+    # caught at the shipped settings, and how often an unchanged run is flagged, is measured by
+    # benchmarks/gate_power.py (reports/gate-power.md; the rates are in baselines/README.md)
     OptionSpec("flashckpt-timing-tolerance", "timing ratio change tolerated before a regression (fraction)", 0.05, _fraction),
     OptionSpec("flashckpt-memory-tolerance", "peak-memory change tolerated for sampled probes (nvml, rss) (fraction)", 0.02, _fraction),
     OptionSpec("flashckpt-alpha", "significance level of the timing regression test (one-sided Mann-Whitney U)", 0.01, _probability),

@@ -22,7 +22,7 @@ def _verdict_row(v: dict[str, Any]) -> list[str]:
     return [
         f"`{v.get('scenario', '?')}`", name, metric(name, v.get("baseline")), metric(name, v.get("current")),
         _change(name, v),
-        p_value(v.get("p_value")), f"**{word}**" if word in ("regressed", "improved") else word,
+        p_value(v.get("p_value")), f"**{word}**" if word in ("regressed", "improved", "missing") else word,
     ]
 
 
@@ -59,5 +59,7 @@ def regression_section(comparison: dict[str, Any] | None) -> list[str]:
         ordered = sorted(verdicts, key=lambda v: (order.get(str(v.get("verdict")), 4), str(v.get("scenario")), str(v.get("metric"))))
         lines += ["", table([_verdict_row(v) for v in ordered], HEADERS), "",
                   "Verdicts: **regressed** / **improved** = a significant change beyond the tolerance; ok = within "
-                  "it; ~ = too noisy to tell."]
+                  "it; ~ = beyond it but not significant (the samples overlap); **missing** = the baseline has it, this "
+                  "run did not measure it; unguarded = the sample sizes cannot reach p < alpha, so it cannot fail "
+                  "(baselines/README.md)."]
     return lines
