@@ -5,7 +5,7 @@ baseline recorded the way ``baselines/README.md`` says: ``--flashckpt-rounds=20 
 
 - **step-time detection**: a shipped timing scenario (default ``activation::selective_op-sdpa-s512``) re-run with an
   injected 10% slowdown of its strategy's steps (``--flashckpt-inject step=0.10``: a sleep of 10% of each step's
-  own duration, see ``pytest_flashckpt/runner/inject.py``) and judged on ``overhead``;
+  own duration, see ``pytest_flashckpt/config/injection.py``) and judged on ``overhead``;
 - **save-stall detection**: a shipped save scenario (default ``checkpoint::save-async``) re-run with every save
   blocking 25% longer (``stall=0.25``) and judged on ``stall_vs_sync``;
 - **false alarms**: both re-run unchanged (0%), judged on both metrics.
@@ -37,10 +37,10 @@ import torch
 
 from pytest_flashckpt.baselines.stats import smallest_p
 from pytest_flashckpt.baselines.store import entry
-from pytest_flashckpt.baselines.verdicts import Thresholds, compare_scenario
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.suites import load_suite
-from pytest_flashckpt.runner.inject import Injection
+from pytest_flashckpt.config.injection import Injection
 from pytest_flashckpt.runner.run import RunContext, run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,15 +93,17 @@ def find(scenario_id: str, suite: str) -> Scenario:
 def shipped(scenario: Scenario, metric: str) -> Scenario:
     """The scenario as the suite ships it, measuring only what the gated metric needs (the exact memory and FLOP
     counts do not enter a timing verdict and would only make each run longer)."""
-    measure = ("timing",) if metric == "overhead" else ("checkpoint",)
-    return dataclasses.replace(scenario, measure=measure)
+    if metric == "overhead":
+        return dataclasses.replace(scenario, measure=("timing",))
+    # the time lost per save (K steps with and without a save) does not enter the stall verdict either
+    return dataclasses.replace(scenario, measure=("checkpoint",), save=dataclasses.replace(scenario.save, time_lost_rounds=0))
 
 
 def for_baseline(scenario: Scenario) -> Scenario:
-    save = scenario.checkpoint
+    save = scenario.save
     if save.strategy != "none":
         save = dataclasses.replace(save, saves=BASELINE_SAVES)
-    return dataclasses.replace(scenario, rounds=BASELINE_ROUNDS, checkpoint=save)
+    return dataclasses.replace(scenario, rounds=BASELINE_ROUNDS, save=save)
 
 
 def measure(scenario: Scenario, injection: Injection | None, workdir: Path | None):
@@ -191,7 +193,7 @@ def summarise(rows: list[dict]) -> dict:
 def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds, elapsed, load_before, load_after) -> None:
     t_id, s_id = f"{timing.suite}::{timing.name}", f"{stall.suite}::{stall.name}"
     t_base, s_base = baseline[t_id]["samples"]["overhead"], baseline[s_id]["samples"]["stall_vs_sync"]
-    rounds, saves = timing.rounds, stall.checkpoint.saves
+    rounds, saves = timing.rounds, stall.save.saves
     load_line = (
         f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs"
         + (" (other work shared the machine: these are loaded-machine numbers)" if max(load_before[0], load_after[0]) > 1.5 else "")
@@ -203,7 +205,7 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
         f"--stall-scenario {s_id}`  ",
         f"Machine: torch {torch.__version__}, {torch.get_num_threads()} threads; {load_line}; {elapsed / 60:.1f} min.  ",
         f"Gate: regressed = median change > {thresholds.timing_tolerance:.0%} AND one-sided Mann-Whitney p < {thresholds.alpha} "
-        f"(`pytest_flashckpt/baselines/verdicts.py`).  ",
+        f"(`pytest_flashckpt/baselines/regression_verdicts.py`).  ",
         f"Step time: `{t_id}` as shipped ({rounds} interleaved rounds x {timing.steps} step(s), seq {timing.seq_len}, batch "
         f"{timing.batch_size}) vs a {len(t_base)}-round baseline (median overhead {statistics.median(t_base):.3f}, range "
         f"{min(t_base):.3f}-{max(t_base):.3f}); smallest reachable p {smallest_p(rounds, len(t_base)):.2g}.  ",

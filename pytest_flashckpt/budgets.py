@@ -2,7 +2,7 @@
 
     @pytest.mark.flashckpt(max_peak_memory="2 GiB", max_overhead=1.3, max_save_stall="50 ms")
 
-Each key names the metric it bounds; a wrong key or value is an error naming the valid keys and formats, so a
+Each key names the metric it bounds (the key is declared with the metric in ``pytest_flashckpt.metrics``); a wrong key or value is an error naming the valid keys and formats, so a
 typo never turns a budget into silently no budget.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from pytest_flashckpt.metrics import BUDGETS, METRICS
+from pytest_flashckpt.numbers import mib
 from pytest_flashckpt.units import DURATION_FORMATS, SIZE_FORMATS, parse_duration, parse_size
 
 
@@ -37,29 +39,32 @@ def _fraction(value: Any) -> float:
 @dataclass(frozen=True)
 class BudgetSpec:
     key: str
-    metric: str  # what the fixture measures (Measurement field / DESIGN.md metric name)
+    metric: str  # the metric it bounds (pytest_flashckpt.metrics; a field of the fixture's Measurement)
     parse: Callable[[Any], float]
     formats: str
     upper: bool = True  # True: measured must be <= budget; False: measured must be >= budget
     needs: str = ""  # what measure() must be given for the metric to exist
 
     def show(self, value: float) -> str:
-        if self.metric.endswith("_bytes"):
-            return f"{value / 2**20:,.1f} MiB"
-        if self.metric.endswith("_s"):
-            return f"{value * 1e3:,.2f} ms"
+        unit = METRICS[self.metric].unit
+        if unit == "B":
+            return mib(value)
+        if unit == "s":
+            return f"{value * 1e3:,.2f} ms"  # budgets are often a few ms: two decimals, never switched to s
         return f"{value:.3f}"
 
 
+# how a budget's value is written, per unit of the metric it bounds
+_PARSERS: dict[str, tuple[Callable[[Any], float], str]] = {
+    "B": (parse_size, SIZE_FORMATS),
+    "s": (parse_duration, DURATION_FORMATS),
+    "ratio": (_ratio, "a positive ratio to the reference step time, e.g. 1.3"),
+    "fraction": (_fraction, "a fraction in (0, 1), e.g. 0.3"),
+}
+
 SPECS: dict[str, BudgetSpec] = {
-    spec.key: spec
-    for spec in (
-        BudgetSpec("max_peak_memory", "peak_bytes", parse_size, SIZE_FORMATS),
-        BudgetSpec("max_overhead", "overhead", _ratio, "a positive ratio to the reference step time, e.g. 1.3", needs="reference="),
-        BudgetSpec("max_save_stall", "save_stall_s", parse_duration, DURATION_FORMATS, needs="save="),
-        BudgetSpec("max_step_time", "step_time_s", parse_duration, DURATION_FORMATS),
-        BudgetSpec("min_memory_saving", "memory_saving", _fraction, "a fraction in (0, 1), e.g. 0.3", upper=False, needs="reference="),
-    )
+    key: BudgetSpec(key, m.name, *_PARSERS[m.unit], upper=m.worse == "higher", needs=m.needs)
+    for key, m in BUDGETS.items()
 }
 
 
@@ -78,7 +83,9 @@ def parse_budgets(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str,
         try:
             budgets[key] = spec.parse(raw)
         except ValueError as exc:
-            raise BudgetError(f"@pytest.mark.flashckpt({key}={raw!r}): {exc}; expected {spec.formats}") from None
+            reason = str(exc)  # units' messages already end with the expected formats: say them once
+            expected = "" if spec.formats in reason else f"; expected {spec.formats}"
+            raise BudgetError(f"@pytest.mark.flashckpt({key}={raw!r}): {reason}{expected}") from None
     return budgets
 
 

@@ -1,10 +1,10 @@
 """The article's claims as data: what it says (quoted), what it means in numbers, and which scenarios test it.
 
-The seed article (``/work/shared/seed``, a Chinese blog post on checkpointing with FlashAttention) states its
+The seed article (a Chinese blog post on checkpointing with FlashAttention, quoted in each claim) states its
 numbers without measuring them. Each ``Claim`` here pins one statement down: the original sentence, an English
 summary, the claimed memory saving with the tolerance we judge it by, and the claimed overhead as a numeric band.
 A scenario tests a claim by setting ``article: <claim id>`` in its suite file; the report puts the claim and the
-measurement side by side and gives a verdict (``pytest_flashckpt.report.verdicts``).
+measurement side by side and gives a verdict (``pytest_flashckpt.report.claim_verdicts``).
 
 This module is plain data on purpose: the report, the ``flashckpt`` command and the docs read it without torch.
 """

@@ -1,12 +1,22 @@
-"""The ``flashckpt`` command: re-render a report from a results file, or compare two runs for a pull request.
+"""The ``flashckpt`` command: re-render a report from a results file, compare two runs for a pull request, and
+look at or export checkpoints.
 
-    flashckpt report reports/results.json [--out DIR]
+    flashckpt run --suite NAME|PATH [--report DIR] [--device cuda] [--save-baseline] ...
+    flashckpt report flashckpt-report/results.json [--out DIR]
     flashckpt compare main.json branch.json [--metric overhead ...] [--out FILE]
     flashckpt claims
+    flashckpt inspect CKPT
+    flashckpt export CKPT OUT.safetensors
+    flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
 
-It reads only ``results.json`` files (never torch), so it runs on any machine that has the files. Problems with
-an input file (missing, not JSON, another schema version) are usage errors: a message naming the file on stderr
-and exit status 2, like argparse's own errors.
+``run`` measures a suite without pytest (``runner.suite.run_suite``) and writes the same ``results.json`` and report
+as ``pytest --flashckpt-suite``; its options are the plugin's (``config.run_options``) without the ``flashckpt-``
+prefix. ``report``, ``compare`` and ``claims`` read only ``results.json`` files (never torch), so they run on any
+machine that has the files; ``inspect`` and ``export`` read checkpoints and ``simulate``
+runs a step on the meta device (they import torch). Problems with an input
+file or option (missing, not JSON, another schema version, not a checkpoint, a bad value) are usage errors: a
+message naming the file on stderr and exit status 2, like argparse's own errors. ``inspect`` exits 1 when the
+checkpoint fails verification.
 """
 
 from __future__ import annotations
@@ -16,17 +26,20 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pytest_flashckpt.config.errors import InputError  # shared with the simulate command
+from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
 from pytest_flashckpt.result import SCHEMA_VERSION, RunRecord
 
 USAGE_ERROR = 2
 
 EPILOG = f"""\
-A suite run (pytest --flashckpt-suite=NAME) writes reports/results.json (schema version {SCHEMA_VERSION}) and
-reports/flashckpt-report.md. Exit status: 0 on success, 2 on a usage error or an unreadable results file."""
+A suite run (pytest --flashckpt-suite=NAME, or flashckpt run) writes flashckpt-report/results.json (schema version
+{SCHEMA_VERSION}) and flashckpt-report/flashckpt-report.md. Exit status: 0 on success, 1 when `run` found a regression
+or a scenario broke or `inspect` found a corrupt checkpoint, 2 on a usage error or an unreadable input file."""
+
+FAILED = 1
 
 
-class InputError(Exception):
-    """A results file could not be used; the message names it."""
 
 
 def _read(path: str) -> RunRecord:
@@ -36,6 +49,57 @@ def _read(path: str) -> RunRecord:
         raise InputError(str(exc)) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read results file ({exc})") from None
+
+
+def _option_flag(name: str) -> str:
+    return "--" + name.removeprefix("flashckpt-")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.config.errors import ConfigError
+
+    def lookup(spec):
+        return getattr(args, spec.dest), _option_flag(spec.name)
+
+    try:
+        options = Options.from_lookup(args.suite, lookup)
+    except OptionError as exc:
+        raise InputError(str(exc)) from None
+    from pytest_flashckpt.report import summary_lines
+    from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
+
+    try:
+        suite = load_checked_suite(args.suite)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    run = SuiteRun(suite, options)
+    from pytest_flashckpt.baselines import BaselineError
+
+    for scenario in suite.scenarios:
+        result = run.run(scenario)
+        line = f"{result.id}: {result.status}" + (f" ({result.reason})" if result.reason else "")
+        print(line, flush=True)
+        if result.status == "measured":
+            try:
+                judgement = run.judge(result)
+            except BaselineError as exc:
+                print(f"  baseline: {exc}", flush=True)
+                continue
+            if judgement.failure:
+                print("  " + judgement.failure.replace("\n", "\n  "), flush=True)
+    outputs = run.finish()
+    for line in summary_lines(run.results):
+        print(line)
+    if outputs.record.comparison is not None:
+        from pytest_flashckpt.baselines.summary import terminal_lines
+
+        for line in terminal_lines(outputs.record.comparison):
+            print(line)
+    print(f"results: {outputs.results_path}")
+    print(f"report: {outputs.report_path}")
+    if outputs.baseline_path is not None:
+        print(f"baseline saved: {outputs.baseline_path}")
+    return FAILED if run.failed() else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -73,6 +137,31 @@ def _cmd_claims(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.checkpoint.errors import CheckpointError
+    from pytest_flashckpt.checkpoint.inspection import inspect_checkpoint
+
+    try:
+        found = inspect_checkpoint(Path(args.path))
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    print("\n".join(found.lines))
+    return 0 if found.verified else 1
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.checkpoint.errors import CheckpointError
+    from pytest_flashckpt.checkpoint.export import export_weights
+
+    try:
+        done = export_weights(Path(args.checkpoint), Path(args.out))
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
+    tied = f"; tied aliases dropped (restored on load): {', '.join(done.tied)}" if done.tied else ""
+    print(f"{done.path}: {len(done.keys)} tensors from {done.source} (step {done.metadata['flashckpt.step']}){tied}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pytest_flashckpt.report.compare import DEFAULT_METRICS
 
@@ -83,6 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a scenario suite without pytest; writes results.json and the report",
+                         description="Measure a suite (shipped name or YAML path) as pytest --flashckpt-suite does, "
+                                     "judge it against the baseline and write results.json and the markdown report.")
+    run.add_argument("--suite", default="default", metavar="NAME|PATH", help="suite to run (default: default)")
+    for spec in OPTIONS:
+        flag = _option_flag(spec.name)
+        if isinstance(spec.default, bool):
+            run.add_argument(flag, dest=spec.dest, action="store_true", default=None, help=spec.help)
+        else:
+            run.add_argument(flag, dest=spec.dest, default=None, metavar=flag[2:].split("-")[-1].upper(),
+                             help=f"{spec.help} (default: {spec.default})")
+    run.set_defaults(run=_cmd_run)
 
     report = sub.add_parser("report", help="re-render the markdown report (and plots) from a results file",
                             description="Re-render flashckpt-report.md and its PNG plots from a results.json.")
@@ -102,6 +204,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     claims = sub.add_parser("claims", help="list the article's claims and how each is judged")
     claims.set_defaults(run=_cmd_claims)
+
+    inspect = sub.add_parser("inspect", help="a checkpoint's step, strategy, files and sizes, and its manifest check",
+                             description="Print a checkpoint's step, the strategy that wrote it, its files and sizes, and "
+                                         "whether they match its manifest (exit 1 when not). CKPT is a checkpoint folder "
+                                         "or a checkpoint root (the one `latest` names is inspected).")
+    inspect.add_argument("path", metavar="CKPT", help="a checkpoint folder or a checkpoint root")
+    inspect.set_defaults(run=_cmd_inspect)
+
+    export = sub.add_parser("export", help="the model's weights as a plain state dict (.safetensors or .pt)",
+                            description="Verify a checkpoint and write its model weights under the model's own keys, "
+                                        "each tensor once (a tied alias is dropped, as transformers does), with "
+                                        "format=pt and flashckpt.* metadata in a .safetensors file.")
+    export.add_argument("checkpoint", metavar="CKPT", help="a checkpoint folder or a checkpoint root (its latest)")
+    export.add_argument("out", metavar="OUT", help="the file to write: *.safetensors or *.pt")
+    export.set_defaults(run=_cmd_export)
+
+    from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

@@ -13,17 +13,17 @@ handle it returns, a future or anything with ``wait()``/``result()``, is done). 
 
 from __future__ import annotations
 
-import statistics
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable
 
 import pytest
+
+from pytest_flashckpt.metrics import METRICS
 
 
 @dataclass
 class Measurement:
-    """What one ``flashckpt.measure`` call measured (metric names as in DESIGN.md); None = not measured."""
+    """What one ``flashckpt.measure`` call measured (metric names of ``pytest_flashckpt.metrics``); None = not measured."""
 
     name: str | None
     probe: str
@@ -43,31 +43,40 @@ class Measurement:
         return asdict(self)
 
 
-def _tensors(resident: Any) -> list:
-    """Tensors alive across steps from a module, optimizer, tensor, or an iterable of those."""
+_FIELDS = {f.name for f in fields(Measurement)}
+_METRIC_FIELDS = _FIELDS - {"name", "probe", "device", "samples"}
+assert _METRIC_FIELDS <= set(METRICS), f"Measurement fields outside the metric vocabulary: {_METRIC_FIELDS - set(METRICS)}"
+
+
+def _device_of(tensors: Iterable) -> Any:
+    """The device the given tensors live on (a GPU wins over the CPU), or None when there are none. With
+    ``device="auto"`` this is what is measured: a CPU model on a machine with a GPU is measured with the cpu probe
+    (the cuda probe would read 0 bytes for it and every budget would pass)."""
+    devices = {t.device for t in tensors}
+    cuda = sorted((d for d in devices if d.type == "cuda"), key=lambda d: d.index or 0)
+    return cuda[0] if cuda else (next(iter(devices)) if devices else None)
+
+
+def _watch_devices(step: Callable[[], object]) -> list:
+    """Run ``step`` once (a warm-up step) and return the tensors its ops produced, to see where it runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
     import torch
 
-    if resident is None:
-        return []
-    if isinstance(resident, torch.Tensor):
-        return [resident]
-    if isinstance(resident, torch.nn.Module):
-        return list(resident.parameters()) + list(resident.buffers())
-    if isinstance(resident, torch.optim.Optimizer):
-        out = [p for group in resident.param_groups for p in group["params"]]
-        for state in resident.state.values():
-            out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
-        return out
-    if isinstance(resident, Iterable) and not isinstance(resident, (str, bytes)):
-        return [t for item in resident for t in _tensors(item)]
-    raise TypeError(f"resident must be tensors, a module, an optimizer or an iterable of them, got {type(resident).__name__}")
+    seen: dict = {}
 
+    class _Devices(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    seen.setdefault(t.device, t.new_empty(0))
+            return out
 
-def _wait(handle: Any) -> None:
-    for method in ("result", "wait"):
-        if callable(getattr(handle, method, None)):
-            getattr(handle, method)()
-            return
+    with _Devices():
+        step()
+    return list(seen.values())
 
 
 def measure(
@@ -85,59 +94,48 @@ def measure(
     device: str = "auto",
     name: str | None = None,
 ) -> Measurement:
-    """Measure ``step`` (and ``reference``, ``save`` when given); pytest-free, usable from plain Python too."""
+    """Measure ``step`` (and ``reference``, ``save`` when given); pytest-free, usable from plain Python too.
+
+    ``device="auto"`` measures where the ``resident`` tensors live, else where the first warm-up step's tensors
+    live, else on CUDA when present; ``probe="auto"`` then follows that device."""
     if rounds <= 0 or steps <= 0 or warmup < 0 or saves <= 0:
         raise ValueError(f"rounds, steps and saves must be positive and warmup >= 0 (got {rounds}, {steps}, {saves}, {warmup})")
-    import torch
+    from pytest_flashckpt.runner.context import resolve_device, resolve_probe
+    from pytest_flashckpt.runner.passes import peak_pass, resident_tensors, save_pass, timing_pass
 
-    from pytest_flashckpt.probes import default_probe_name
-    from pytest_flashckpt.runner.timing import interleaved
-
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    probe_name = default_probe_name(dev.type) if probe == "auto" else probe
+    resident_list = resident_tensors(resident)
+    if device == "auto":  # where the resident tensors live, else where the first warm-up step runs
+        dev = _device_of(resident_list)
+        if dev is None and warmup > 0:
+            dev = _device_of(_watch_devices(step))
+            if reference is not None:
+                reference()
+            warmup -= 1
+        dev = dev if dev is not None else resolve_device("auto")
+    else:
+        dev = resolve_device(device)
+    probe_name = resolve_probe(probe, dev)
     out = Measurement(name=name, probe=probe_name, device=str(dev))
     for _ in range(warmup):
         step()
         if reference is not None:
             reference()
-    out.peak_bytes, out.state_bytes = _peak(step, _tensors(resident), probe_name, dev)
+    reading = peak_pass(step, resident_list, probe_name, dev)
+    out.peak_bytes, out.state_bytes = reading.peak_bytes, reading.start_bytes
     if reference is not None:
-        out.reference_peak_bytes, _ = _peak(reference, _tensors(reference_resident), probe_name, dev)
+        out.reference_peak_bytes = peak_pass(reference, reference_resident, probe_name, dev).peak_bytes
         if out.reference_peak_bytes:
             out.memory_saving = 1.0 - out.peak_bytes / out.reference_peak_bytes
-    variants = [step] if reference is None else [reference, step]
-    times = interleaved(variants, rounds, steps, dev)
-    out.samples["step_time_s"] = times[-1]
-    out.step_time_s = statistics.median(times[-1])
-    if reference is not None:
-        out.samples["reference_step_time_s"] = times[0]
-        out.samples["overhead"] = [s / r for s, r in zip(times[1], times[0])]
-        out.reference_step_time_s = statistics.median(times[0])
-        out.overhead = statistics.median(out.samples["overhead"])
+    timing = timing_pass(step, reference, rounds, steps, dev)
+    out.samples.update(timing.samples())
+    for key, value in timing.metrics().items():
+        if key in _FIELDS:
+            setattr(out, key, value)
     if save is not None:
-        stalls, totals = [], []
-        for _ in range(saves):
-            begin = time.perf_counter()
-            handle = save()
-            stalls.append(time.perf_counter() - begin)
-            _wait(handle)
-            totals.append(time.perf_counter() - begin)
-        out.samples["save_stall_s"], out.samples["save_total_s"] = stalls, totals
-        out.save_stall_s, out.save_total_s = statistics.median(stalls), statistics.median(totals)
+        saved = save_pass(save, saves)
+        out.samples.update(saved.samples())
+        out.save_stall_s, out.save_total_s = saved.metrics()["save_stall_s"], saved.metrics()["save_total_s"]
     return out
-
-
-def _peak(step: Callable[[], object], resident: list, probe_name: str, dev) -> tuple[int, int]:
-    import torch
-
-    from pytest_flashckpt.probes import make_probe
-
-    probe = make_probe(probe_name, dev)
-    with probe.track(resident=resident) as reading:
-        step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-    return reading.peak_bytes, reading.start_bytes
 
 
 class FlashckptFixture:

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_flashckpt.budgets import SPECS, BudgetError, parse_budgets, violations
 from pytest_flashckpt.fixture import flashckpt  # noqa: F401  (the fixture, registered with the plugin)
-from pytest_flashckpt.options import Options, add_options
+from pytest_flashckpt.options import add_options, options_from_config
 
 MARKER = "flashckpt"
 
@@ -26,7 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}({'=..., '.join(SPECS)}=...): budgets checked against what the flashckpt fixture measured, "
         "e.g. @pytest.mark.flashckpt(max_peak_memory='2 GiB', max_overhead=1.3, max_save_stall='50 ms')",
     )
-    options = Options.from_config(config)  # validated on every run: a bad value is a usage error
+    options = options_from_config(config)  # validated on every run: a bad value is a usage error
     if options.suite is None:
         return
     from pytest_flashckpt.suite_session import SuiteSession  # imports torch: only when a suite is asked for
@@ -41,8 +41,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     try:
         parse_budgets(marker.args, marker.kwargs)
+        problem = None
     except BudgetError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    if problem is not None:  # failed outside the except block: no "during handling of the above exception" line
+        pytest.fail(problem, pytrace=False)
     if MARKER not in getattr(item, "fixturenames", ()):
         pytest.fail(
             "@pytest.mark.flashckpt budgets are checked against the flashckpt fixture: add `flashckpt` to the test's "

@@ -43,6 +43,21 @@ def current_profile(device: str, kernel: str | None = None) -> dict[str, Any]:
     }
 
 
+def run_kernel(device, dtypes) -> str:
+    """The kernel ``auto`` picks for a run on ``device`` with the scenarios' ``dtypes`` (names such as
+    ``bfloat16``): resolved with the run's most common dtype, so a bf16 GPU run's profile says ``flash_attn``
+    where flash-attn can run, not the ``sdpa`` a float32 lookup would give. Ties go to the half-precision dtype."""
+    import torch
+
+    from pytest_flashckpt.models.attention import resolve_backend
+
+    names = list(dtypes) or ["float32"]
+    counts = {name: names.count(name) for name in names}
+    most = max(counts.values())
+    name = next((n for n in ("bfloat16", "float16") if counts.get(n) == most), max(counts, key=counts.get))
+    return resolve_backend("auto", torch.device(device), getattr(torch, name))
+
+
 def profile_id(profile: dict[str, Any]) -> str:
     """A readable, file-name-safe id: ``cpu-2t-torch2.13.0-<hash>`` (the hash covers every field)."""
     digest = hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:8]

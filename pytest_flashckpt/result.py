@@ -8,6 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_flashckpt.comparison import Comparison
+from pytest_flashckpt.files import atomic_write_text
+
 SCHEMA_VERSION = 1
 
 Status = Literal["measured", "skipped", "error"]
@@ -16,7 +19,7 @@ Metric = float | int | str | None
 
 @dataclass
 class Result:
-    """Measurements of one scenario. ``metrics`` holds the named metrics of DESIGN.md (``peak_bytes``,
+    """Measurements of one scenario. ``metrics`` holds the named metrics of ``pytest_flashckpt.metrics`` (``peak_bytes``,
     ``memory_saving``, ``overhead``, ``save_stall_s``...); ``samples`` the per-round values behind them."""
 
     suite: str
@@ -58,7 +61,10 @@ class RunRecord:
     results: list[Result]
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
-    comparison: dict[str, Any] | None = None  # baseline verdicts, when a baseline was compared
+    comparison: Comparison | None = None  # regression verdicts, when a baseline was compared
+
+    def __post_init__(self) -> None:
+        self.comparison = Comparison.coerce(self.comparison)  # its JSON form (a mapping) is accepted too
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -67,10 +73,7 @@ class RunRecord:
 
     def write_json(self, path: Path) -> None:
         """Write atomically (temp file + rename): a reader never sees half a results file."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunRecord":
@@ -87,7 +90,7 @@ class RunRecord:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ValueError(f"{path}: no such results file (a suite run writes reports/results.json)") from None
+            raise ValueError(f"{path}: no such results file (a suite run writes flashckpt-report/results.json)") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not a JSON results file ({exc})") from None
         if not isinstance(data, dict) or "results" not in data:

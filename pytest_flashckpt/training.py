@@ -35,9 +35,13 @@ class Trainer:
     step: int = 0  # optimizer steps taken; also the data position of the next batch
 
     @classmethod
-    def create(cls, model: nn.Module, batch_size: int, seq_len: int, seed: int = 0, lr: float = 3e-4) -> "Trainer":
-        """AdamW (betas 0.9/0.95, weight decay 0.1) with linear warm-up over 10 steps, as GPT training recipes use."""
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    def create(
+        cls, model: nn.Module, batch_size: int, seq_len: int, seed: int = 0, lr: float = 3e-4, foreach: bool | None = None
+    ) -> "Trainer":
+        """AdamW (betas 0.9/0.95, weight decay 0.1) with linear warm-up over 10 steps, as GPT training recipes use.
+        ``foreach`` None lets PyTorch choose (multi-tensor on CUDA, per-tensor on a CPU); the simulator sets it to
+        run on ``meta`` the implementation a GPU would run."""
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, foreach=foreach)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
         return cls(model, optimizer, scheduler, batch_size, seq_len, seed)
 

@@ -10,7 +10,8 @@ which the save strategies rely on) are exactly those of the plain model.
 - ``every_k``: blocks 0, k, 2k, ... are recomputed.
 - ``selective_op``: every block under a selective-checkpoint policy that keeps matmul and attention outputs and
   recomputes pointwise ops (see ``selective``); the configured ops must match at least once per forward. The
-  default list also recomputes the attention output projection (``DEFAULT_RECOMPUTE_LINEARS``).
+  default list also recomputes the attention output projection (``DEFAULT_RECOMPUTE_LINEARS``), and attention
+  with dropout is recomputed rather than saved (a saved random op would shift the RNG for the ops after it).
 - ``offload``: every block's saved tensors go to pinned CPU memory (GPU runs only).
 """
 
@@ -25,10 +26,11 @@ from torch.utils.checkpoint import checkpoint
 
 from pytest_flashckpt.activation.selective import DEFAULT_RECOMPUTE_LINEARS, DEFAULT_SAVE_OPS, SavePolicy, default_save_ops
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.registry import ACTIVATION_STRATEGIES
 
 __all__ = ["DEFAULT_SAVE_OPS", "AppliedActivation", "StrategyUnavailable", "apply_ac"]
 
-STRATEGIES = ("none", "full", "every_k", "selective_op", "offload")
+STRATEGIES = tuple(ACTIVATION_STRATEGIES)  # names and descriptions: pytest_flashckpt.registry
 
 
 class StrategyUnavailable(RuntimeError):
@@ -141,7 +143,7 @@ def _wrap(blocks: nn.ModuleList, indices, applied: AppliedActivation, context_fn
 def _apply_selective(model: nn.Module, config: ActivationConfig) -> AppliedActivation:
     """Every block under the selective policy; hooks on the model reset the match counts before each forward and
     check them after a forward that builds a graph (a step), recording them on the returned record."""
-    names = tuple(config.save_ops) if config.save_ops is not None else default_save_ops()
+    names = tuple(config.save_ops) if config.save_ops is not None else default_save_ops(getattr(model, "backend", None))
     if not names:
         raise ValueError("selective_op: save_ops is empty, so nothing would be saved; list ops or leave it unset")
     policy = SavePolicy(names, DEFAULT_RECOMPUTE_LINEARS if config.save_ops is None else ())  # resolves every name: ValueError for one that does not exist

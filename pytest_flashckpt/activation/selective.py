@@ -32,8 +32,16 @@ DEFAULT_SAVE_OPS: tuple[str, ...] = (
 # for +1.7% matmul FLOPs. (mlp.c_proj's output is also useless to the backward, but rebuilding it costs 4C
 # multiply-adds per element, and c_attn/c_fc outputs are what the attention and GeLU backward read.)
 DEFAULT_RECOMPUTE_LINEARS: tuple[int, ...] = (1,)
-# flash-attn >= 2.7 registers its kernels as torch custom ops; saved when the package is loaded.
-_FLASH_ATTN_OPS: tuple[str, ...] = ("flash_attn._flash_attn_forward.default", "flash_attn._flash_attn_varlen_forward.default")
+# flash-attn >= 2.7 registers its kernels as torch custom ops when ``flash_attn`` is imported (namespace
+# ``flashattn``, flash_attn/flash_attn_interface.py); ``flash_attn::`` is the namespace of newer interfaces.
+# 2.5 / 2.6 call the CUDA extension from Python, invisible to the dispatcher: selective_op then recomputes
+# attention (the reason the ``gpu`` extra asks for >= 2.7).
+FLASH_ATTN_OPS: tuple[str, ...] = (
+    "flashattn._flash_attn_forward.default",
+    "flashattn._flash_attn_varlen_forward.default",
+    "flash_attn._flash_attn_forward.default",
+    "flash_attn._flash_attn_varlen_forward.default",
+)
 
 
 def resolve_op(name: str) -> torch._ops.OpOverload:
@@ -54,10 +62,27 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
     return getattr(packet, overload)
 
 
-def default_save_ops() -> tuple[str, ...]:
-    """DEFAULT_SAVE_OPS plus the flash-attn custom ops that exist in this process."""
+def import_flash_attn() -> bool:
+    """Import flash-attn (which registers its custom ops) if it is installed; False if it is not importable."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        importlib.import_module("flash_attn.flash_attn_interface")
+    except Exception:  # a broken build (ABI mismatch): the flash_attn backend reports it when it runs
+        return False
+    return True
+
+
+def default_save_ops(backend: str | None = None) -> tuple[str, ...]:
+    """DEFAULT_SAVE_OPS plus the flash-attn custom ops that exist in this process; for the ``flash_attn`` backend
+    flash-attn is imported first, so its ops are registered before they are looked up."""
+    if backend == "flash_attn":
+        import_flash_attn()
     present = []
-    for name in _FLASH_ATTN_OPS:
+    for name in FLASH_ATTN_OPS:
         try:
             resolve_op(name)
         except ValueError:
@@ -71,6 +96,12 @@ class SavePolicy:
 
     ``recompute_linears``: indices (per block, forward order) of Linear matmuls to recompute even if listed.
 
+    A listed op that draws random numbers in this call (attention with ``dropout_p > 0``) is recomputed, not saved:
+    a saved output is replayed without running the op, so the RNG offset it would have advanced (CUDA's philox
+    offset) is not advanced, and every later random op in the recomputed region (the residual dropout) would draw a
+    different mask than in the forward: wrong gradients. Recomputed in order from the restored RNG state, every
+    mask is the same bit for bit. Those calls are counted in ``rng_recomputed``.
+
     ``matched`` counts configured ops seen in the original forward since ``reset()`` (recomputation is not
     counted, so the numbers are per training forward); ``seen`` is every op the policy was asked about, which
     makes the "matched nothing" error say what to put in the list instead.
@@ -81,10 +112,12 @@ class SavePolicy:
         self.recompute_linears = recompute_linears
         self._ops = {resolve_op(name): name for name in names}
         self.matched: Counter[str] = Counter()
+        self.rng_recomputed: Counter[str] = Counter()
         self.seen: set[str] = set()
 
     def reset(self) -> None:
         self.matched.clear()
+        self.rng_recomputed.clear()
         self.seen.clear()
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
@@ -93,7 +126,13 @@ class SavePolicy:
             self.seen.add(str(func))
             if name is not None:
                 self.matched[name] += 1
-        return CheckpointPolicy.MUST_SAVE if name is not None else CheckpointPolicy.PREFER_RECOMPUTE
+        if name is None:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        if consumes_rng(func, args, kwargs):
+            if not ctx.is_recompute:
+                self.rng_recomputed[name] += 1
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE
 
     def context_fn(self):
         """What ``checkpoint(context_fn=...)`` calls once per checkpointed forward."""
@@ -108,6 +147,18 @@ class SavePolicy:
             f"selective_op: none of the configured save ops ran during the forward ({', '.join(self.names)}); "
             f"the policy would save nothing and recompute the whole block. Ops that ran: {ran}"
         )
+
+
+def consumes_rng(func, args: tuple, kwargs: dict) -> bool:
+    """True when this call of ``func`` draws random numbers: a ``dropout_p`` argument above 0 (the fused attention
+    kernels of aten and flash-attn, which are tagged random whatever their dropout), or an op tagged
+    ``nondeterministic_seeded`` without such an argument (dropout, bernoulli, rand)."""
+    arguments = func._schema.arguments
+    for position, argument in enumerate(arguments):
+        if argument.name == "dropout_p":
+            value = kwargs.get("dropout_p", args[position] if position < len(args) else argument.default_value)
+            return bool(value) and float(value) > 0.0
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
 
 _LINEAR_OPS = (torch.ops.aten.addmm.default, torch.ops.aten.mm.default)

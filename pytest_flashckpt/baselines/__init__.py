@@ -1,12 +1,12 @@
 """Baselines per hardware profile and the noise-aware regression gate.
 
-``store`` reads and writes ``baselines/<profile_id>.json``; ``verdicts`` judges one metric (exact counts, memory
+``store`` reads and writes ``baselines/<profile_id>.json``; ``regression_verdicts`` judges one metric (exact counts, memory
 with a tolerance, timing ratios with a tolerance and a Mann-Whitney test from ``stats``); ``gate`` runs that for
 a suite run and builds ``RunRecord.comparison``; ``summary`` renders it for the terminal and CI.
 """
 
 from pytest_flashckpt.baselines.gate import Gate, failure_text
-from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
-from pytest_flashckpt.baselines.verdicts import Thresholds, compare_scenario, judge_sampled
+from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate, save_run
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_sampled
 
-__all__ = ["Baseline", "BaselineError", "Gate", "Thresholds", "compare_scenario", "failure_text", "judge_sampled", "locate"]
+__all__ = ["Baseline", "BaselineError", "Gate", "Thresholds", "compare_scenario", "failure_text", "judge_sampled", "locate", "save_run"]

@@ -14,10 +14,11 @@ scenarios deselected with ``-k``/``-m``): then the rows stay, with that reason, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pytest_flashckpt.baselines.store import Baseline, locate
-from pytest_flashckpt.baselines.verdicts import Thresholds, compare_scenario, missing_scenario
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario
+from pytest_flashckpt.comparison import Comparison, RegressionVerdict
+from pytest_flashckpt.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.result import Result
 
 
@@ -27,7 +28,7 @@ class Gate:
         self.lookup = locate(directory, profile_id)
         self.profile_id = profile_id
         self.baseline: Baseline | None = None
-        self.verdicts: list[dict[str, Any]] = []
+        self.verdicts: list[RegressionVerdict] = []
         self.notes: list[str] = []
         self.not_in_baseline: list[str] = []
         self.subset: str | None = None
@@ -41,7 +42,7 @@ class Gate:
         else:
             self.status = "no-baseline"
 
-    def judge(self, result: Result) -> list[dict[str, Any]]:
+    def judge(self, result: Result) -> list[RegressionVerdict]:
         """Verdict rows for one measured result (none for skipped results or scenarios the baseline lacks)."""
         if self.baseline is None or result.status != "measured":
             return []
@@ -54,7 +55,7 @@ class Gate:
         self.notes.extend(notes)
         return rows
 
-    def finish(self, suites: set[str], results: list[Result], subset: str | None = None) -> list[dict[str, Any]]:
+    def finish(self, suites: set[str], results: list[Result], subset: str | None = None) -> list[RegressionVerdict]:
         """``missing`` rows for baseline scenarios of ``suites`` this run did not measure; ``subset`` (why the run
         is a subset on purpose) keeps them from failing. Returns the rows that fail the run."""
         if self.baseline is None:
@@ -74,7 +75,7 @@ class Gate:
             if not subset:
                 failing.append(row)
         if subset is None:
-            failing += [r for r in self.verdicts if r["verdict"] == "missing" and r["metric"] != "*"]
+            failing += [r for r in self.verdicts if r.verdict == "missing" and r.metric != "*"]
         self.subset = subset
         return failing
 
@@ -89,7 +90,7 @@ class Gate:
                 f"baselines in {self.lookup.directory} are for other profiles ({names}), not this one ({self.profile_id}); "
                 "comparison skipped; create this profile's with --flashckpt-save-baseline"
             )
-        counts = {v: sum(r["verdict"] == v for r in self.verdicts) for v in ("regressed", "missing", "improved", "~", "unguarded", "ok")}
+        counts = {v: sum(r.verdict == v for r in self.verdicts) for v in ("regressed", "missing", "improved", "~", "unguarded", "ok")}
         text = (
             f"compared with {self.lookup.path}: {counts['regressed']} regressed, {counts['missing']} missing, "
             f"{counts['improved']} improved, {counts['~']} within noise (~), {counts['unguarded']} unguarded "
@@ -108,45 +109,35 @@ class Gate:
             return ", ".join(p.stem for p in self.lookup.others)
         return None
 
-    def comparison(self) -> dict[str, Any]:
-        """The structure stored as ``RunRecord.comparison`` (the report renders it; keep these keys)."""
-        return {
-            "status": self.status,
-            "baseline_path": str(self.lookup.path) if self.status == "compared" else None,
-            "baseline_profile_id": self._baseline_profile_id(),
-            "message": "; ".join([self.message(), *self.notes]),
-            "verdicts": list(self.verdicts),
-        }
+    def comparison(self) -> Comparison:
+        """What ``RunRecord.comparison`` holds (the report renders it)."""
+        return Comparison(
+            status=self.status,  # type: ignore[arg-type]
+            baseline_path=str(self.lookup.path) if self.status == "compared" else None,
+            baseline_profile_id=self._baseline_profile_id(),
+            message="; ".join([self.message(), *self.notes]),
+            verdicts=list(self.verdicts),
+        )
 
 
-def failure_text(rows: list[dict[str, Any]], baseline_path: Path, thresholds: Thresholds) -> str | None:
+def unreadable_baseline(message: str) -> Comparison:
+    """The comparison of a run whose baseline file could not be read (the message names the file and the fix)."""
+    return Comparison("compared", None, None, message, [])
+
+
+def failure_text(rows: list[RegressionVerdict], baseline_path: Path, thresholds: Thresholds) -> str | None:
     """The failure message of a scenario with regressed metrics, or None when nothing regressed."""
-    bad = [r for r in rows if r["verdict"] in ("regressed", "missing")]
+    bad = [r for r in rows if r.verdict in ("regressed", "missing")]
     if not bad:
         return None
     lines = [f"performance regression against {baseline_path}:"]
     for r in bad:
-        if r["verdict"] == "missing":
-            lines.append(f"  {r['metric']}: missing: {r.get('reason') or 'not measured in this run'}")
+        if r.verdict == "missing":
+            lines.append(f"  {r.metric}: missing: {r.reason or 'not measured in this run'}")
             continue
-        change = fmt_change(r["change"]) or "n/a"
-        p = "" if r["p_value"] is None else f", p = {r['p_value']:.3g} (alpha {thresholds.alpha})"
-        note = f" ({r['reason']})" if r.get("reason") and "busy machine" in r["reason"] else ""
-        lines.append(f"  {r['metric']}: baseline {fmt(r['baseline'])}, current {fmt(r['current'])}, change {change}{p}{note}")
+        change = fmt_change(r.change) or "n/a"
+        p = "" if r.p_value is None else f", p = {r.p_value:.3g} (alpha {thresholds.alpha})"
+        note = f" ({r.reason})" if r.reason and "busy machine" in r.reason else ""
+        lines.append(f"  {r.metric}: baseline {fmt(r.baseline)}, current {fmt(r.current)}, change {change}{p}{note}")
     lines.append("if the change is intended, refresh the baseline: pytest --flashckpt-suite=... --flashckpt-save-baseline")
     return "\n".join(lines)
-
-
-def fmt_change(change: float | None) -> str:
-    """``+12.3%``; small exact-count changes keep their digits (``+0.0056%``) instead of showing ``+0.0%``."""
-    if change is None:
-        return ""
-    return f"{change:+.4%}" if 0 < abs(change) < 0.001 else f"{change:+.1%}"
-
-
-def fmt(value: float | None) -> str:
-    if value is None:
-        return "—"
-    if float(value).is_integer() and abs(value) >= 1000:
-        return f"{int(value):,}"
-    return f"{value:.4g}"

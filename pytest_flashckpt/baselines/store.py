@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_flashckpt.baselines.verdicts import GUARDED, RATIO_METRICS, TIME_METRICS, ratio_samples
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, ratio_samples
+from pytest_flashckpt.files import atomic_write_text
+from pytest_flashckpt.result import Result, RunRecord
 
 BASELINE_SCHEMA = 1
 
@@ -59,10 +60,7 @@ class Baseline:
         return cls(str(data.get("profile_id", "")), dict(data.get("profile") or {}), dict(data["scenarios"]))
 
     def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     def update(self, results: list[Result], commit: str | None, updated: str) -> list[str]:
         """Replace the entries of the measured results; returns their ids. Skipped / errored ones are not stored."""
@@ -79,7 +77,7 @@ def entry(result: Result, commit: str | None, updated: str) -> dict[str, Any]:
     """What a baseline keeps of one result: the guarded metrics and the per-round samples behind the timings."""
     metrics = {k: v for k, v in result.metrics.items() if k in GUARDED and isinstance(v, (int, float)) and not isinstance(v, bool)}
     samples = {}
-    for name in RATIO_METRICS + TIME_METRICS:
+    for name in SAMPLED:
         values = ratio_samples(name, result.metrics, result.samples)
         if values:
             samples[name] = [float(v) for v in values]
@@ -104,3 +102,17 @@ def locate(directory: Path, profile_id: str) -> Lookup:
     path = directory / f"{profile_id}.json"
     others = tuple(p for p in sorted(directory.glob("*.json")) if p.name != path.name) if directory.is_dir() else ()
     return Lookup(directory, path, path.is_file(), others)
+
+
+def save_run(directory: Path, record: RunRecord) -> Path:
+    """Write or update ``record``'s profile baseline in ``directory`` with the scenarios that ran (the others in the
+    file are kept as they were); an unreadable file is replaced by this run's. Returns the file written."""
+    lookup = locate(directory, record.profile_id)
+    try:
+        baseline = Baseline.read(lookup.path) if lookup.exists else Baseline(record.profile_id, record.profile)
+    except BaselineError:
+        baseline = Baseline(record.profile_id, record.profile)
+    baseline.profile = record.profile
+    baseline.update(record.results, record.commit, record.created)
+    baseline.write(lookup.path)
+    return lookup.path

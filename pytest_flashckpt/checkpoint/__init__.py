@@ -9,21 +9,26 @@
 ``run_checkpoint_pass`` is the scenario runner's entry point. Modules: ``state`` (what is saved), ``treeflat``
 (nested state <-> JSON + flat tensors), ``formats`` (torch / safetensors files), ``payload`` (one checkpoint's files),
 ``manifest`` (sha256 list, verification), ``store`` (commit protocol, ``latest``), ``rotation`` (``max_keep``),
-``selection`` (``select_params``, per-block files), ``staging`` (async snapshot buffers), ``dcp_io`` (torch DCP),
-``scheduling`` (memory-aware interval), ``checkpointer`` (the strategies), ``loading``, ``metrics``, ``bandwidth``,
-``measure``.
+``selection`` (``select_params``, per-block files), ``staging`` (async snapshot buffers: blocking or overlapped copy),
+``dcp_io`` (torch DCP), ``scheduling`` (memory-aware interval), ``strategies`` (one registered class per save
+strategy), ``checkpointer`` (runs a strategy: commits, one save in flight, the fence), ``loading``, ``metrics``,
+``bandwidth``, ``time_lost`` (what a save costs the training loop), ``measure``, ``export`` (model weights as a plain state dict), ``inspection``
+(``flashckpt inspect``).
 """
 
 from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
-from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, StrictLoadError
+from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
 from pytest_flashckpt.checkpoint.loading import KeyReport, LoadedCheckpoint, load_blocks, load_into, load_model_tensors, read_checkpoint, resume_latest
 from pytest_flashckpt.checkpoint.measure import run_checkpoint_pass
 from pytest_flashckpt.checkpoint.metrics import METRICS, SaveRecord
 from pytest_flashckpt.checkpoint.scheduling import Deferral, process_memory
+from pytest_flashckpt.checkpoint.strategies import REGISTRY as SAVE_STRATEGIES
+from pytest_flashckpt.checkpoint.time_lost import measure_time_lost
 
 __all__ = [
     "METRICS",
+    "SAVE_STRATEGIES",
     "CheckpointError",
     "CheckpointFallbackWarning",
     "Checkpointer",
@@ -31,12 +36,14 @@ __all__ = [
     "Deferral",
     "KeyReport",
     "LoadedCheckpoint",
+    "NoCheckpointError",
     "SaveRecord",
     "StrictLoadError",
     "copy_bandwidth_GBps",
     "load_blocks",
     "load_into",
     "load_model_tensors",
+    "measure_time_lost",
     "process_memory",
     "read_checkpoint",
     "resume_latest",

@@ -1,7 +1,9 @@
 """This machine's physical limits for a save: raw write bandwidth with fsync, and memory-copy bandwidth.
 
 ``write_MBps`` of a save is read against :func:`write_bandwidth_MBps` (same folder, same fsync), and an async save's
-stall against ``snapshot bytes / copy_bandwidth_GBps`` (the copy it cannot avoid).
+stall against ``snapshot bytes / copy_bandwidth_GBps`` (the copy it cannot avoid). For state on a GPU that copy is
+device-to-host into pinned memory (what the staging area does), so that is what :func:`copy_bandwidth_GBps` times
+when given a CUDA device; a host memcpy would be an order of magnitude off.
 """
 
 from __future__ import annotations
@@ -35,8 +37,12 @@ def write_bandwidth_MBps(folder: Path, megabytes: int = 64, chunk_mb: int = 8) -
     return written / 1e6 / elapsed
 
 
-def copy_bandwidth_GBps(megabytes: int = 64, repeats: int = 3) -> float:
-    """Best of ``repeats`` ``copy_`` of ``megabytes`` into an already touched buffer (what a staging snapshot does)."""
+def copy_bandwidth_GBps(megabytes: int = 64, repeats: int = 3, device: torch.device | None = None, synchronize=None) -> float:
+    """Best of ``repeats`` ``copy_`` of ``megabytes`` into an already touched buffer (what a staging snapshot does):
+    host to host, or from ``device`` into pinned host memory when it is a CUDA device (``synchronize`` is
+    injectable for tests; default ``torch.cuda.synchronize``)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return _device_to_host_GBps(torch.device(device), megabytes, repeats, synchronize or torch.cuda.synchronize)
     n = (megabytes << 20) // 4
     src = torch.rand(n)
     dst = torch.zeros(n)
@@ -46,3 +52,18 @@ def copy_bandwidth_GBps(megabytes: int = 64, repeats: int = 3) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - start)
     return n * 4 / 1e9 / best
+
+
+def _device_to_host_GBps(device: torch.device, megabytes: int, repeats: int, synchronize) -> float:
+    n = (megabytes << 20) // 4
+    src = torch.empty(n, dtype=torch.float32, device=device)
+    dst = torch.empty(n, dtype=torch.float32, pin_memory=True)
+    dst.copy_(src, non_blocking=True)  # first copy: page-locked mapping warmed, not timed
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return n * 4 / 1e9 / max(best, 1e-9)

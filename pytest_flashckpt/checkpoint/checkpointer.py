@@ -1,13 +1,15 @@
 """The checkpointer: one object per run that saves a ``Trainer`` with the strategy a ``SaveConfig`` names.
 
-Strategies compose three independent choices, all read from ``SaveConfig``:
+What a strategy does (layout, the blocking part, what it remembers) lives in ``strategies`` (one registered class
+per name); the checkpointer owns what every strategy shares: the commit protocol, at most one save in flight (a
+background failure is raised by the next call or by ``close()``), the schedule (every ``save_interval`` steps,
+deferred while memory is above ``mem_threshold``), the fence of an overlapped copy, and the per-save records.
 
-* layout: one file (``sync``/``async``/``scheduled``), one file per block + ``rest`` (``layerwise``, or any strategy
-  with ``layer_checkpoint_dir``), selected tensors on top of a full base (``selective``), or DCP (``dcp``);
-* writing: in the caller (sync) or in a background thread after a snapshot into a reusable staging area
-  (``async``, ``async_save: true``; for ``dcp`` torch's ``dcp.async_save``); at most one save is in flight and a
-  background failure is raised by the next call or by ``close()``;
-* when: every ``save_interval`` steps, deferred while memory is above ``mem_threshold`` (``scheduled``).
+Overlapped staging (``async`` with ``staging: overlapped``): ``save`` returns right after capturing the state; the copy
+into the staging buffers runs during the next forward and backward. The checkpointer registers a step pre-hook on
+the trainer's optimizer that waits for the copy before ``optimizer.step()`` changes parameters and optimizer state;
+any other in-place change of a saved tensor must call :meth:`Checkpointer.fence` first (non-tensor state, e.g. the LR
+scheduler's, is captured by value at the save call).
 """
 
 from __future__ import annotations
@@ -16,21 +18,21 @@ import contextlib
 import dataclasses
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+import torch
 
 from pytest_flashckpt.checkpoint import dcp_io, payload as payload_io
 from pytest_flashckpt.checkpoint.errors import CheckpointError
-from pytest_flashckpt.checkpoint.formats import SUFFIX, fsync_path
 from pytest_flashckpt.checkpoint.manifest import Manifest, write_manifest
 from pytest_flashckpt.checkpoint.metrics import SaveRecord
-from pytest_flashckpt.checkpoint.payload import Payload
 from pytest_flashckpt.checkpoint.rotation import rotate
 from pytest_flashckpt.checkpoint.scheduling import MemoryGauge, SaveSchedule, process_memory
-from pytest_flashckpt.checkpoint.selection import layer_files, select_names, selective_keys
 from pytest_flashckpt.checkpoint.staging import StagingArea
-from pytest_flashckpt.checkpoint.state import CapturedState, capture
+from pytest_flashckpt.checkpoint.state import capture
 from pytest_flashckpt.checkpoint.store import CheckpointStore, describe_os_error
+from pytest_flashckpt.checkpoint.strategies import Pending, strategy_for
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.training import Trainer
 
@@ -45,21 +47,30 @@ class Checkpointer:
         if config.strategy == "none":
             raise ValueError("SaveConfig.strategy is 'none'; name a save strategy (sync, async, dcp, selective, layerwise, scheduled)")
         self.config = config
+        self.strategy = strategy_for(config)
         self.store = CheckpointStore(Path(root))
         self.probe = probe
         self.probe_saves = probe_saves
         self._transient_peak = 0
         self.records: list[SaveRecord] = []
         self.schedule = SaveSchedule(config.save_interval, config.mem_threshold, config.max_defer_steps, gauge)
-        self.background = config.strategy == "async" or config.async_save
+        self.background = self.strategy.background
         self.staging = StagingArea()
-        self._base: str | None = None  # selective: the full checkpoint later saves are restored on top of
-        self._thread: threading.Thread | None = None
+        self._writer: ThreadPoolExecutor | None = None  # one background writer thread, started here (see warm())
+        self._in_flight: Future | None = None
         self._failure: BaseException | None = None
         self._lock = threading.Lock()
+        self._pending: Pending | None = None  # the save whose overlapped copy may still be running
+        self._pending_record: SaveRecord | None = None
+        self._hooks: dict[int, object] = {}  # id(optimizer) -> step pre-hook handle
         self._dcp_group = contextlib.ExitStack()
-        if config.strategy == "dcp":
+        if self.strategy.format == "dcp":
             self._dcp_group.enter_context(dcp_io.process_group())
+        if self.background:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-save")
+            self._writer.submit(lambda: None).result()  # a thread start waits until it runs: paid here, not per save
+            if self.strategy.overlapped:
+                self.staging.warm()
 
     # -- public API -------------------------------------------------------------------------------------------
     def maybe_save(self, trainer: Trainer) -> SaveRecord | None:
@@ -72,7 +83,8 @@ class Checkpointer:
         return record
 
     def save(self, trainer: Trainer) -> SaveRecord:
-        """Save now. Returns when training may continue (sync: committed; async: snapshot taken)."""
+        """Save now. Returns when training may continue (sync: committed; async: snapshot taken; overlapped: state
+        captured, the copy runs on and the optimizer's next step waits for it)."""
         start = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - start
@@ -84,35 +96,68 @@ class Checkpointer:
         staged_before = self.staging.nbytes
         try:
             with self._track(trainer) as reading:
-                work = self._prepare(trainer, state, tmp, record)
+                payload = self.strategy.payload(trainer, state)
+                record.base = payload.base
+                pending = self.strategy.begin(payload, tmp, self.staging)
+                record.snapshot_s = pending.snapshot_s
         except BaseException:
             self.store.abort(tmp)
             raise
         if reading is not None:
-            grown = self.staging.nbytes - staged_before  # staging allocated inside the probe is counted exactly below
+            grown = 0 if state.on_device else self.staging.nbytes - staged_before  # counted exactly below
             self._transient_peak = max(self._transient_peak, reading.added_peak_bytes - grown)
-        record.save_extra_peak_bytes = self.staging.nbytes + max(self._transient_peak, 0)
+        staged_here = 0 if state.on_device else self.staging.nbytes  # GPU state: pinned host staging is not device memory
+        record.save_extra_peak_bytes = staged_here + max(self._transient_peak, 0)
+        if pending.copy is not None:
+            self._pending, self._pending_record = pending, record
+            self._hook(trainer.optimizer)
         if self.background:
             record.save_stall_s = time.perf_counter() - start
-            self._thread = threading.Thread(target=self._background, args=(work, tmp, record, start), name=f"flashckpt-save-{name}", daemon=True)
-            self._thread.start()
+            self._in_flight = self._writer.submit(self._background, pending, tmp, record, start)  # type: ignore[union-attr]
         else:
-            self._finish(work, tmp, record, start)
+            self._finish(pending, tmp, record, start)
             record.save_stall_s = time.perf_counter() - start
         return record
 
+    def fence(self, *tensors: torch.Tensor) -> float:
+        """Wait until an overlapped copy has staged ``tensors`` (all saved tensors when none are named), so they may
+        be changed in place; returns the seconds waited (added to the save's stall). A no-op otherwise."""
+        pending, record = self._pending, self._pending_record
+        if pending is None or pending.copy is None:
+            return 0.0
+        if tensors:
+            ids = {id(t) for t in tensors}
+            ptrs = {(t.untyped_storage().data_ptr(), t.storage_offset()) for t in tensors}
+            keys = [k for k, t in pending.payload.tensors.items() if id(t) in ids or (t.untyped_storage().data_ptr(), t.storage_offset()) in ptrs]
+        else:
+            keys = None
+        waited = pending.fence(keys)
+        if record is not None:
+            record.fence_wait_s += waited
+            record.save_stall_s += waited
+        if keys is None:
+            self._pending = self._pending_record = None
+        return waited
+
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed; raises its failure, once."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._in_flight is not None:
+            self._in_flight.result()  # _background keeps the failure for the check below
+            self._in_flight = None
+        self._pending = self._pending_record = None
         self._raise_background_failure()
 
     def close(self) -> None:
-        """Wait for the save in flight and release the DCP process group; raises a pending background failure."""
+        """Wait for the save in flight, remove the optimizer hooks and release the DCP process group; raises a
+        pending background failure."""
         try:
             self.wait()
         finally:
+            for handle in self._hooks.values():
+                handle.remove()  # type: ignore[attr-defined]
+            self._hooks.clear()
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
             self._dcp_group.close()
 
     def __enter__(self) -> "Checkpointer":
@@ -122,56 +167,25 @@ class Checkpointer:
         self.close()
 
     # -- internals ----------------------------------------------------------------------------------------------
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
+        """Fence before every ``optimizer.step()`` of this trainer (registered once; a no-op without a copy in flight)."""
+        if id(optimizer) not in self._hooks:
+            self._hooks[id(optimizer)] = optimizer.register_step_pre_hook(self._step_pre_hook)
+
+    def _step_pre_hook(self, optimizer, args, kwargs) -> None:
+        self.fence()
+
     def _track(self, trainer: Trainer):
         if self.probe is None or len(self.records) > self.probe_saves:  # records already holds this save
             return contextlib.nullcontext(None)
-        return self.probe.track(resident=[*trainer.state_tensors(), *self.staging._buffers.values()])
+        return self.probe.track(resident=[*trainer.state_tensors(), *self.staging.buffers()])
 
-    def _payload(self, trainer: Trainer, state: CapturedState) -> Payload:
-        cfg = self.config
-        fmt = "dcp" if cfg.strategy == "dcp" else cfg.format
-        suffix = "" if fmt == "dcp" else SUFFIX[fmt]
-        if cfg.strategy == "selective" and self._base is not None:
-            keys = selective_keys(state, select_names(trainer.model, cfg.select_params))  # type: ignore[arg-type]
-            files = {f"selected{suffix}": keys}
-        elif cfg.strategy == "layerwise" or cfg.layer_checkpoint_dir is not None:
-            files = layer_files(state, cfg.layer_checkpoint_dir or "layers", suffix)
-        else:
-            files = {"dcp" if fmt == "dcp" else f"state{suffix}": list(state.tensors)}
-        base = self._base if cfg.strategy == "selective" else None
-        return Payload(state.tensors, state.tree, files, fmt, base)
-
-    def _prepare(self, trainer: Trainer, state: CapturedState, tmp: Path, record: SaveRecord):
-        """The part the training loop waits for: sync writes everything; async snapshots into staging."""
-        payload = self._payload(trainer, state)
-        record.base = payload.base
-        if not self.background:
-            return payload
-        t0 = time.perf_counter()
-        needed = {k for keys in payload.files.values() for k in keys}
-        if payload.format == "dcp":
-            staged_tensors = {k: payload.tensors[k] for k in needed}
-            future = dcp_io.async_save(staged_tensors, tmp / "dcp")  # DCP stages into its own CPU copy
-            record.snapshot_s = time.perf_counter() - t0
-            return (payload, future)
-        staged = self.staging.snapshot({k: payload.tensors[k] for k in needed})
-        record.snapshot_s = time.perf_counter() - t0
-        return dataclasses.replace(payload, tensors=staged)
-
-    def _finish(self, work, tmp: Path, record: SaveRecord, start: float) -> None:
-        """Write (unless DCP already is), manifest, commit, rotate; aborts the temporary folder on any failure."""
+    def _finish(self, pending: Pending, tmp: Path, record: SaveRecord, start: float) -> None:
+        """Write, manifest, commit, rotate; aborts the temporary folder on any failure."""
         cfg = self.config
         try:
             t0 = time.perf_counter()
-            if isinstance(work, tuple):
-                payload, future = work
-                future.result()
-                for f in (tmp / "dcp").rglob("*"):
-                    if f.is_file():
-                        fsync_path(f)
-            else:
-                payload = work
-                payload_io.write_tensors(tmp, payload)
+            payload = pending.write(tmp)
             payload_io.write_meta(tmp, payload, record.step, cfg.strategy)
             record.write_s = time.perf_counter() - t0
             manifest = Manifest(record.name, record.step, cfg.strategy, payload.format, dataclasses.asdict(cfg), base=payload.base)
@@ -180,8 +194,7 @@ class Checkpointer:
             record.files = len(manifest.files) + 1
             with self._lock:
                 self.store.commit(tmp, record.name)
-                if cfg.strategy == "selective" and payload.base is None:
-                    self._base = record.name
+                self.strategy.committed(record.name, payload)
                 rotate(self.store, cfg.max_keep)
         except OSError as exc:
             self.store.abort(tmp)
@@ -195,9 +208,9 @@ class Checkpointer:
         record.save_total_s = time.perf_counter() - start
         record.done = True
 
-    def _background(self, work, tmp: Path, record: SaveRecord, start: float) -> None:
+    def _background(self, pending: Pending, tmp: Path, record: SaveRecord, start: float) -> None:
         try:
-            self._finish(work, tmp, record, start)
+            self._finish(pending, tmp, record, start)
         except BaseException as exc:  # surfaced by the next call or close()
             self._failure = exc
 

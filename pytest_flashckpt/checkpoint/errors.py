@@ -12,6 +12,11 @@ class CorruptCheckpointError(CheckpointError):
     or content that is not a tensor file (for example a pickle that would run code)."""
 
 
+class NoCheckpointError(CheckpointError):
+    """There is no checkpoint where one was asked for: a checkpoint folder that does not exist, or
+    ``resume_latest(..., required=True)`` on a root that does not exist or holds no committed checkpoint."""
+
+
 class StrictLoadError(CheckpointError):
     """A selective or partial load found missing or unexpected keys while ``strict`` was on."""
 

@@ -23,7 +23,7 @@ SUFFIX = {"torch": ".pt", "safetensors": ".safetensors"}
 def write_tensor_file(path: Path, tensors: dict[str, torch.Tensor], fmt: Format) -> None:
     """Write ``tensors`` to ``path`` and fsync it, so that a later rename publishes durable bytes."""
     if fmt == "safetensors":
-        save_file({k: t.contiguous() for k, t in tensors.items()}, str(path))
+        save_file({k: t.contiguous() for k, t in tensors.items()}, str(path), metadata={"format": "pt"})  # as transformers writes
     elif fmt == "torch":
         torch.save(tensors, path)
     else:

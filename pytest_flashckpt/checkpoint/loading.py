@@ -7,6 +7,7 @@ manifest names.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -17,12 +18,14 @@ import torch
 import torch.nn as nn
 
 from pytest_flashckpt.checkpoint import dcp_io, formats
-from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, StrictLoadError
+from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
 from pytest_flashckpt.checkpoint.manifest import Manifest, verify
 from pytest_flashckpt.checkpoint.payload import read_meta
 from pytest_flashckpt.checkpoint.state import restore
-from pytest_flashckpt.checkpoint.store import CheckpointStore
+from pytest_flashckpt.checkpoint.store import LATEST, CheckpointStore
 from pytest_flashckpt.training import Trainer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,16 +88,34 @@ def load_into(trainer: Trainer, folder: Path) -> LoadedCheckpoint:
     return loaded
 
 
-def resume_latest(trainer: Trainer, root: Path) -> LoadedCheckpoint | None:
-    """Restore from what ``root/latest`` names; if it fails verification, warn (``CheckpointFallbackWarning``) and
-    use the newest valid checkpoint. None when the folder holds no checkpoint at all."""
-    store = CheckpointStore(Path(root))
+def resume_latest(trainer: Trainer, root: Path, *, required: bool = False) -> LoadedCheckpoint | None:
+    """Restore from what ``root/latest`` names; if it fails verification (or names a folder that is gone), warn
+    (``CheckpointFallbackWarning``) and use the newest valid checkpoint.
+
+    No checkpoint yet -- ``root`` does not exist, or holds no committed checkpoint -- returns None, so a first run
+    starts from scratch without ceremony; the reason is logged at INFO on this module's logger. A job that must
+    resume (a restart after preemption, where a mistyped path would silently retrain from step 0) passes
+    ``required=True`` and gets a ``NoCheckpointError`` naming the root instead. Checkpoints that exist but all fail
+    verification are always an error (``CheckpointError``), never None.
+    """
+    root = Path(root)
+    store = CheckpointStore(root)
     complete = store.complete()
     latest = store.latest_name()
-    candidates = ([root / latest] if latest else []) + [p for p in reversed(complete) if p.name != latest]
-    if not candidates:
+    if latest is None and not complete:
+        reason = (f"{root} does not exist" if not root.exists() else f"{root} holds no committed checkpoint")
+        message = f"no checkpoint yet: {reason}"
+        if required:
+            raise NoCheckpointError(f"{message}; check the path, or resume with required=False to start from scratch")
+        log.info("%s; starting from scratch", message)
         return None
     problems: list[str] = []
+    candidates = [p for p in reversed(complete) if p.name != latest]
+    if latest is not None:
+        if (root / latest).is_dir():
+            candidates.insert(0, root / latest)
+        else:
+            problems.append(f"{root / LATEST} names {latest!r}, which does not exist in {root} (deleted or moved)")
     for folder in candidates:
         try:
             loaded = load_into(trainer, folder)
@@ -103,7 +124,7 @@ def resume_latest(trainer: Trainer, root: Path) -> LoadedCheckpoint | None:
             continue
         if problems:
             warnings.warn(
-                f"resumed from {folder} because newer checkpoints failed verification: {'; '.join(problems)}",
+                f"resumed from {folder} because newer checkpoints could not be loaded: {'; '.join(problems)}",
                 CheckpointFallbackWarning,
                 stacklevel=2,
             )

@@ -18,7 +18,7 @@ import numpy as np
 import safetensors
 import torch
 
-from pytest_flashckpt.checkpoint.errors import CorruptCheckpointError
+from pytest_flashckpt.checkpoint.errors import CorruptCheckpointError, NoCheckpointError
 from pytest_flashckpt.checkpoint.formats import fsync_path
 
 MANIFEST = "manifest.json"
@@ -82,6 +82,8 @@ def write_manifest(folder: Path, manifest: Manifest) -> int:
 
 def read_manifest(folder: Path) -> Manifest:
     target = folder / MANIFEST
+    if not folder.is_dir():
+        raise NoCheckpointError(f"{folder}: no such checkpoint folder (never written, deleted or moved)")
     if not target.is_file():
         raise CorruptCheckpointError(f"{target}: missing; {folder} is not a complete checkpoint (a save that never committed)")
     try:

@@ -13,7 +13,9 @@ from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
 from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.loading import load_into
 from pytest_flashckpt.checkpoint.metrics import median
+from pytest_flashckpt.checkpoint.scheduling import memory_gauge
 from pytest_flashckpt.checkpoint.state import capture
+from pytest_flashckpt.checkpoint.time_lost import measure_time_lost
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.training import Trainer
@@ -38,7 +40,7 @@ def _peak_gauge(trainer: Trainer, peak_bytes: int | None, probe_name: str):
 
 
 def _lengthen_stalls(ckpt: Checkpointer, fraction: float) -> None:
-    """Every save blocks the loop ``fraction`` longer than it did (an injected regression, see runner/inject.py):
+    """Every save blocks the loop ``fraction`` longer than it did (an injected regression, see config/injection.py):
     a real sleep before ``save`` returns, counted in the stall (and in the total of a blocking save)."""
     save = ckpt.save
 
@@ -63,10 +65,16 @@ def run_checkpoint_pass(
 
     Returns medians over the saves of ``save_stall_s``, ``save_total_s``, ``bytes_written``, ``write_MBps``,
     ``save_extra_peak_bytes``, ``files`` (plus ``<metric>_samples`` lists), ``load_s`` (one verified load),
-    ``raw_write_MBps`` and ``copy_GBps`` (this machine's limits, measured in the same folder in the same run),
+    ``raw_write_MBps`` and ``copy_GBps`` (this machine's limits, measured in the same folder in the same run;
+    ``copy_GBps`` is device-to-host into pinned memory when the state is on a GPU),
     ``snapshot_bytes`` (training state bytes), ``copy_bound_s`` (= snapshot_bytes / copy bandwidth, the least an
     in-memory snapshot can stall), ``write_vs_raw`` (= write_MBps / raw_write_MBps), ``saves``, ``steps``,
     ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise").
+    ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise"), and, when
+    ``config.time_lost_rounds`` > 0, the time lost per save (``time_lost_s`` and its samples, see ``time_lost``;
+    measured first, in ``workdir/time-lost``).
+    On a GPU ``save_extra_peak_bytes`` is device memory only and the pinned host staging is reported apart as
+    ``save_staging_host_bytes`` (on a CPU both are host memory, and staging is part of ``save_extra_peak_bytes``).
     Scheduled with ``mem_basis: peak`` (``peak_bytes`` = the scenario's measured peak step memory): the gauge is live
     tensor bytes, looked at after each forward pass and after each step, and ``mem_threshold_bytes`` and
     ``max_save_memory_fraction`` (the highest reading a save was taken at, of the peak) are reported too.
@@ -75,16 +83,19 @@ def run_checkpoint_pass(
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     raw_write = write_bandwidth_MBps(workdir)
-    copy_gbps = copy_bandwidth_GBps()
-    probe = make_probe(probe_name) if probe_name else None
+    state_device = next(trainer.model.parameters()).device
+    copy_gbps = copy_bandwidth_GBps(device=state_device)
+    lost = measure_time_lost(trainer, config, workdir / "time-lost") if config.time_lost_rounds > 0 else {}
+    probe = make_probe(probe_name, state_device) if probe_name else None
     step_context = contextlib.nullcontext
     hook = None
     if config.mem_basis == "peak":
         gauge, step_context = _peak_gauge(trainer, peak_bytes, probe_name)
-        ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe, gauge=gauge)
-        hook = trainer.model.register_forward_hook(lambda *_: ckpt.schedule.observe(trainer.step + 1))
     else:
-        ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe)
+        gauge = memory_gauge(state_device)
+    ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe, gauge=gauge)
+    if config.mem_basis == "peak":
+        hook = trainer.model.register_forward_hook(lambda *_: ckpt.schedule.observe(trainer.step + 1))
     if stall_increase:
         _lengthen_stalls(ckpt, stall_increase)
     max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
@@ -102,14 +113,17 @@ def run_checkpoint_pass(
     records = ckpt.records
     if not records:
         raise CheckpointError(f"no save happened in {steps} steps with {config}")
-    expected = {k: t.clone() for k, t in capture(trainer).tensors.items()}
+    expected = {k: t.detach().to("cpu", copy=True) for k, t in capture(trainer).tensors.items()}
     last = ckpt.store.root / records[-1].name
     loaded = load_into(trainer, last)
     saved_keys = {k for k in loaded.tensors if k not in loaded.from_base}
-    mismatched = [k for k in sorted(saved_keys) if not torch.equal(loaded.tensors[k], expected[k])]
+    mismatched = differing_keys({k: loaded.tensors[k] for k in saved_keys}, expected)
     if mismatched:
         raise CheckpointError(f"{last}: {len(mismatched)} tensors differ from the saved state after loading, e.g. {mismatched[:3]}")
     out: Metrics = {"strategy": config.strategy, "format": "dcp" if config.strategy == "dcp" else config.format}
+    if ckpt.strategy.overlapped:
+        out["staging"] = "overlapped"
+        out["fence_wait_s"] = median([r.fence_wait_s for r in records])
     samples = {
         "save_stall_s": [r.save_stall_s for r in records],
         "save_total_s": [r.save_total_s for r in records],
@@ -129,6 +143,8 @@ def run_checkpoint_pass(
     out["snapshot_bytes"] = records[-1].snapshot_bytes
     out["copy_bound_s"] = records[-1].snapshot_bytes / (copy_gbps * 1e9)
     out["write_vs_raw"] = out["write_MBps"] / raw_write if out["write_MBps"] else None  # type: ignore[operator]
+    if state_device.type == "cuda":
+        out["save_staging_host_bytes"] = ckpt.staging.nbytes
     out["saves"] = len(records)
     out["steps"] = steps
     out["deferrals"] = len(ckpt.schedule.deferrals)
@@ -138,4 +154,11 @@ def run_checkpoint_pass(
         taken = ckpt.schedule.taken_fractions
         out["max_save_memory_fraction"] = max(taken) if taken else None
     out["verified"] = "bitwise"
+    out.update(lost)
     return out
+
+
+def differing_keys(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[str]:
+    """Keys whose tensors differ, compared on the CPU: checkpoints load to the CPU while a GPU run's state lives on
+    the device, and ``torch.equal`` across devices raises instead of comparing."""
+    return [k for k in sorted(loaded) if not torch.equal(loaded[k].detach().cpu(), expected[k].detach().cpu())]

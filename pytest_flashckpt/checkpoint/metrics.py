@@ -1,4 +1,4 @@
-"""Per-save measurements, named as in DESIGN.md, and their medians."""
+"""Per-save measurements, named as in the metric vocabulary (``pytest_flashckpt.metrics``), and their medians."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ class SaveRecord:
     """One save. ``save_stall_s``: the training loop was blocked (incl. waiting for a previous async save);
     ``save_total_s``: until durable and committed; ``write_s``: tensor files written and fsynced;
     ``write_MBps`` = bytes_written / write_s; ``save_extra_peak_bytes``: memory the save adds (staging buffers,
-    exact, plus the transient peak the probe sees in the blocking part)."""
+    exact, plus the transient peak the probe sees in the blocking part). Overlapped staging: ``save_stall_s`` is the
+    save call plus ``fence_wait_s`` (the training loop blocked on the copy at the next ``optimizer.step()``)."""
 
     step: int
     name: str
@@ -21,6 +22,7 @@ class SaveRecord:
     save_stall_s: float = 0.0
     wait_s: float = 0.0
     snapshot_s: float = 0.0
+    fence_wait_s: float = 0.0  # overlapped staging: time the optimizer step (or a fence() call) waited for the copy
     save_total_s: float | None = None
     write_s: float | None = None
     bytes_written: int = 0

@@ -21,7 +21,24 @@ from typing import Callable
 
 import torch
 
+from pytest_flashckpt.files import PAGE_SIZE, resident_bytes
+
 MemoryGauge = Callable[[], tuple[int, int]]  # () -> (bytes in use, capacity in bytes)
+
+
+def memory_gauge(device: torch.device | None = None, cuda=None) -> MemoryGauge:
+    """The gauge for a run on ``device``: allocated memory vs capacity of *that* GPU (``cuda:1`` is not the
+    current device by default), or :func:`process_memory` on a CPU. ``cuda`` is injectable for tests."""
+    if device is None or torch.device(device).type != "cuda":
+        return process_memory
+    cuda = torch.cuda if cuda is None else cuda
+    index = torch.device(device).index
+    index = cuda.current_device() if index is None else index
+
+    def gauge() -> tuple[int, int]:
+        return cuda.memory_allocated(index), cuda.get_device_properties(index).total_memory
+
+    return gauge
 
 
 def process_memory() -> tuple[int, int]:
@@ -30,10 +47,7 @@ def process_memory() -> tuple[int, int]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         device = torch.cuda.current_device()
         return torch.cuda.memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
-    page = os.sysconf("SC_PAGE_SIZE")
-    with open("/proc/self/statm", encoding="ascii") as fh:
-        resident_pages = int(fh.read().split()[1])
-    return resident_pages * page, os.sysconf("SC_PHYS_PAGES") * page
+    return resident_bytes(), os.sysconf("SC_PHYS_PAGES") * PAGE_SIZE
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,11 @@ class CapturedState:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
+    @property
+    def on_device(self) -> bool:
+        """True when any tensor lives on a GPU (its snapshot then goes to pinned host memory, not device memory)."""
+        return any(t.device.type == "cuda" for t in self.tensors.values())
+
 
 def _storage_key(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)

@@ -12,3 +12,8 @@ class ConfigError(ValueError):
         if fix:
             message += f" ({fix})"
         super().__init__(message)
+
+
+class InputError(Exception):
+    """A command-line input (a results file, a checkpoint path, a value) could not be used; the message names it.
+    The ``flashckpt`` command prints it and exits with status 2, as argparse does for its own errors."""

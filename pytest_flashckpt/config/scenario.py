@@ -12,9 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-ActivationStrategy = Literal["none", "full", "every_k", "selective_op", "offload"]
-SaveStrategy = Literal["none", "sync", "async", "dcp", "selective", "layerwise", "scheduled"]
-Measurement = Literal["memory", "timing", "flops", "checkpoint"]
+from pytest_flashckpt.registry import ACTIVATION_STRATEGIES, SAVE_STRATEGIES
+
+# the names live in pytest_flashckpt.registry (with their descriptions); Literal[tuple] is Literal[*names]
+ActivationStrategy = Literal[tuple(ACTIVATION_STRATEGIES)]  # type: ignore[valid-type]
+SaveStrategy = Literal[tuple(SAVE_STRATEGIES)]  # type: ignore[valid-type]
+MeasurePass = Literal["memory", "timing", "flops", "checkpoint"]  # the passes a scenario runs
 
 
 def _set(obj, **values) -> None:
@@ -26,7 +29,7 @@ def _set(obj, **values) -> None:
 class ActivationConfig:
     """How activations are kept for the backward pass."""
 
-    strategy: ActivationStrategy = "none"  # none | full (every block recomputed) | every_k | selective_op | offload
+    strategy: ActivationStrategy = "none"  # see registry.ACTIVATION_STRATEGIES
     k: int = 2  # every_k: checkpoint blocks 0, k, 2k, ...
     save_ops: tuple[str, ...] | None = None  # selective_op: aten overloads whose outputs are saved (None = matmuls + attention)
 
@@ -45,6 +48,7 @@ class SaveConfig:
     format: Literal["torch", "safetensors"] = "torch"  # file format of sync/async/selective/layerwise saves
     save_interval: int = 1  # steps between saves
     async_save: bool = False  # article key: snapshot, then write in the background (dcp: torch's async_save)
+    staging: Literal["blocking", "overlapped"] = "blocking"  # async: copy at the save call, or during the next step (fenced before optimizer.step)
     max_keep: int | None = None  # keep the newest N complete checkpoints
     select_params: bool | str | list[str] | None = None  # true = non-embedding (article); "trainable"; glob patterns
     mem_threshold: float | None = None  # scheduled: save only while memory in use is under this fraction of capacity
@@ -52,10 +56,11 @@ class SaveConfig:
     max_defer_steps: int = 10  # scheduled: a deferred save is forced after this many steps
     layer_checkpoint_dir: str | None = None  # layerwise: folder (relative to the checkpoint) for per-block files
     saves: int = 3  # how many saves the checkpoint pass measures
+    time_lost_rounds: int = 3  # interleaved rounds of K steps with one save vs K without (K = save_interval); 0: not measured
 
     def __post_init__(self) -> None:
         implied = []
-        if self.async_save and self.strategy in ("none", "sync"):
+        if (self.async_save or self.staging == "overlapped") and self.strategy in ("none", "sync"):
             implied.append("async")
         if self.select_params not in (None, False) and self.strategy in ("none", "sync"):
             implied.append("selective")
@@ -71,6 +76,11 @@ class SaveConfig:
             _set(self, strategy=implied[0])
         if self.strategy == "selective" and self.select_params in (None, False):
             _set(self, select_params=True)
+        if self.staging == "overlapped" and (self.strategy == "dcp" or (self.strategy != "async" and not self.async_save)):
+            raise ValueError(
+                f"staging: overlapped overlaps the copy of a staged background save with the next step; strategy "
+                f"{self.strategy!r} has none: use strategy async (or async_save: true), or drop staging"
+            )
         if self.save_interval <= 0:
             raise ValueError(f"save_interval must be a positive number of steps, got {self.save_interval}")
         if self.max_keep is not None and self.max_keep <= 0:
@@ -81,8 +91,25 @@ class SaveConfig:
             raise ValueError("mem_basis: peak needs mem_threshold (a fraction of the measured peak step memory)")
         if self.max_defer_steps < 0:
             raise ValueError(f"max_defer_steps must be >= 0, got {self.max_defer_steps}")
+        if self.time_lost_rounds < 0:
+            raise ValueError(f"time_lost_rounds must be >= 0 (0 skips the time-lost measurement), got {self.time_lost_rounds}")
         if self.saves <= 0:
             raise ValueError(f"saves must be positive, got {self.saves}")
+
+
+@dataclass(frozen=True)
+class SimulateConfig:
+    """``simulate: {enabled: true, ...}``: predict the step's peak on the meta device instead of running it
+    (``pytest_flashckpt.simulate``; any model card, no hardware needed)."""
+
+    enabled: bool = False
+    kernel: Literal["flash", "flash_attn", "sdpa", "efficient", "cudnn", "eager"] = "flash"  # attention kernel predicted
+    target: Literal["cuda", "cpu"] = "cuda"  # the device the prediction is for
+    world_size: int = 1  # FSDP ranks: per-rank peak with sharded parameters, gradients, optimizer state
+
+    def __post_init__(self) -> None:
+        if self.world_size <= 0:
+            raise ValueError(f"simulate.world_size must be a positive number of ranks, got {self.world_size}")
 
 
 @dataclass(frozen=True)
@@ -109,18 +136,24 @@ class Scenario:
     batch_size: int = 4
     seq_len: int = 512
     activation: ActivationConfig = field(default_factory=ActivationConfig)
-    checkpoint: SaveConfig = field(default_factory=SaveConfig)
-    measure: tuple[Measurement, ...] = ("memory", "timing")
+    save: SaveConfig = field(default_factory=SaveConfig)  # YAML key: checkpoint (the article's word); see ALIASES
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    measure: tuple[MeasurePass, ...] = ("memory", "timing")
     rounds: int = 5  # interleaved timing rounds (reference, strategy, reference, strategy, ...)
     steps: int = 1  # timed training steps per round
     warmup: int = 1  # untimed steps before measuring (optimizer state exists after it)
     seed: int = 0
+    world_size: int = 1  # ranks (per node) under torchrun with FSDP2 + DCP; >1 runs in pytest_flashckpt.distributed
     article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.claims)
     description: str = ""
 
+    # a suite file names the save config ``checkpoint:`` (the article's key); in code it is ``save``, because
+    # "checkpoint" also means activation checkpointing (``activation``)
+    ALIASES = {"checkpoint": ("save", lambda raw: {"save": raw})}
+
     def __post_init__(self) -> None:
         model = ModelSpec(card=self.model) if isinstance(self.model, str) else self.model
-        activation, checkpoint = self.activation, self.checkpoint
+        activation, checkpoint = self.activation, self.save
         if model.gradient_checkpointing is not None:
             wanted = "full" if model.gradient_checkpointing else "none"
             if activation.strategy not in ("none", wanted):
@@ -138,7 +171,7 @@ class Scenario:
             checkpoint = dataclasses.replace(
                 checkpoint, strategy="layerwise", layer_checkpoint_dir=model.layer_checkpoint_dir or checkpoint.layer_checkpoint_dir
             )
-        _set(self, model=model, activation=activation, checkpoint=checkpoint)
+        _set(self, model=model, activation=activation, save=checkpoint)
         for key in ("batch_size", "seq_len", "rounds", "steps"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
@@ -146,6 +179,15 @@ class Scenario:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if checkpoint.mem_basis == "peak" and "memory" not in self.measure:
             raise ValueError("checkpoint.mem_basis: peak compares memory with the measured peak; add 'memory' to measure")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be a positive number of ranks, got {self.world_size}")
+        if self.world_size > 1:
+            if checkpoint.strategy not in ("none", "dcp"):
+                raise ValueError(f"world_size {self.world_size}: sharded saves use checkpoint.strategy dcp (async_save: true for dcp.async_save), not {checkpoint.strategy!r}")
+            if self.batch_size % self.world_size:
+                raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
+            if "flops" in self.measure:
+                raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
         if "checkpoint" in self.measure and checkpoint.strategy == "none":
             raise ValueError("measure includes 'checkpoint' but checkpoint.strategy is 'none'; name a save strategy")
         if checkpoint.strategy != "none" and "checkpoint" not in self.measure:
@@ -165,10 +207,10 @@ class Scenario:
         The model's article keys (``gradient_checkpointing``, ``checkpoint_level``, ``layer_checkpoint_dir``) are
         cleared too: ``dataclasses.replace`` runs ``__post_init__`` again, which would fold them back into the
         activation and save strategies and make the reference checkpoint itself."""
-        save = SaveConfig(strategy="sync", format=self.checkpoint.format, saves=self.checkpoint.saves) if self.checkpoint.strategy != "none" else SaveConfig()
+        save = SaveConfig(strategy="sync", format=self.save.format, saves=self.save.saves) if self.save.strategy != "none" else SaveConfig()
         model = dataclasses.replace(self.model, gradient_checkpointing=None, checkpoint_level=None, layer_checkpoint_dir=None)  # type: ignore[arg-type]
         return dataclasses.replace(
-            self, name=f"{self.name}.reference", model=model, activation=ActivationConfig(), checkpoint=save, article=None
+            self, name=f"{self.name}.reference", model=model, activation=ActivationConfig(), save=save, article=None
         )
 
 

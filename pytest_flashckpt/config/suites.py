@@ -33,6 +33,19 @@ class Suite:
     scenarios: tuple[Scenario, ...]
 
 
+AUTO_SUITE = "auto"  # what ``--flashckpt-suite`` with no value means
+
+
+def default_suite_for(device: str) -> str:
+    """The suite ``--flashckpt-suite`` runs with no value: ``gpu`` (bf16, flash-attn, GPU sizes) when ``device``
+    is CUDA, ``default`` (the CPU suite) otherwise. ``auto`` looks for a CUDA device (imports torch)."""
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "gpu" if device.startswith("cuda") else "default"
+
+
 def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
     """Load and validate a suite by shipped name or path; every scenario is fully typed and checked."""
     path = resolve("suites", name_or_path)

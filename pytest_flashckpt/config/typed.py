@@ -33,10 +33,11 @@ def build(cls: type[T], data: Any, where: str, path: str = "") -> T:
         if key in aliases:
             field_name, convert = aliases[key]
             try:
-                for name, value in convert(raw).items():
-                    values.setdefault(name, value)
+                converted = convert(raw)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(where, f"{key_path}: {exc}") from None
+            for name, value in converted.items():
+                values.setdefault(name, coerce(hints[name], value, where, key_path) if name in hints else value)
             continue
         if key not in fields:
             valid = sorted(set(fields) | set(aliases))

@@ -3,7 +3,8 @@ and ``eager`` (materialises the T x T score matrix: the O(T^2) reference).
 
 Which kernel *actually* ran is not assumed from the request: ``detect_kernel`` classifies the aten / custom op
 names seen while the model ran (``aten::_scaled_dot_product_flash_attention_for_cpu`` is PyTorch's CPU flash
-kernel; SDPA with dropout on a CPU falls back to the math path, which this records as ``sdpa-math``).
+kernel; SDPA with dropout on a CPU falls back to the math path, which this records as ``sdpa-math``; flash-attn
+>= 2.7 runs as ``flashattn::`` custom ops, older releases are recognised by the Python-level call).
 """
 
 from __future__ import annotations
@@ -18,15 +19,41 @@ import torch.nn.functional as F
 Backend = Literal["auto", "flash_attn", "sdpa", "eager"]
 BACKENDS: tuple[str, ...] = ("auto", "flash_attn", "sdpa", "eager")
 
+# flash-attn < 2.7 calls its CUDA extension straight from Python: the dispatcher (and so a dispatch mode) never sees
+# it. causal_attention notes the call under this name for the OpNameRecorders that are recording.
+PYTHON_FLASH_ATTN_CALL = "python:flash_attn.flash_attn_func"
+_RECORDING: list[set[str]] = []
+
 # op name fragment -> kernel label, checked in order (first match wins)
 _KERNEL_SIGNATURES: tuple[tuple[str, str], ...] = (
+    ("flashattn::", "flash_attn"),  # flash-attn >= 2.7 custom ops (flashattn::_flash_attn_forward)
     ("flash_attn::", "flash_attn"),
+    (PYTHON_FLASH_ATTN_CALL, "flash_attn"),  # flash-attn 2.5 / 2.6: no registered op, the Python-level call
     ("flash_attn_", "flash_attn"),
     ("_scaled_dot_product_flash_attention_for_cpu", "sdpa-flash-cpu"),
     ("_scaled_dot_product_flash_attention", "sdpa-flash"),
     ("_scaled_dot_product_cudnn_attention", "sdpa-cudnn"),
     ("_scaled_dot_product_efficient_attention", "sdpa-mem-efficient"),
 )
+
+
+# Explicit aten attention ops: backends named after the kernel label, calling that op directly instead of letting
+# F.scaled_dot_product_attention choose. Used by the simulator (``pytest_flashckpt.simulate``) on the ``meta``
+# device, where SDPA's own choice is the math path: calling the op saves exactly what that kernel saves for its
+# backward (flash: output + float32 logsumexp (B, H, T) + RNG seed/offset; efficient: logsumexp padded to 32).
+# Each has an autograd formula in PyTorch, so the backward runs the kernel's own backward op.
+EXPLICIT_OPS: tuple[str, ...] = ("sdpa-flash-cpu", "sdpa-flash", "sdpa-mem-efficient", "sdpa-cudnn")
+
+
+def _explicit_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, dropout_p: float) -> torch.Tensor:
+    aten = torch.ops.aten
+    if backend == "sdpa-flash-cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, True)[0]
+    if backend == "sdpa-flash":
+        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True)[0]
+    if backend == "sdpa-mem-efficient":
+        return aten._scaled_dot_product_efficient_attention(q, k, v, None, q.requires_grad, dropout_p, True)[0]
+    return aten._scaled_dot_product_cudnn_attention(q, k, v, None, q.requires_grad, dropout_p, True, False)[0]
 
 
 class BackendUnavailable(RuntimeError):
@@ -75,9 +102,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
     if backend == "flash_attn":
         from flash_attn import flash_attn_func
 
+        for names in _RECORDING:
+            names.add(PYTHON_FLASH_ATTN_CALL)
         # flash-attn wants (B, T, nh, hs)
         out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True)
         return out.transpose(1, 2)
+    if backend in EXPLICIT_OPS:
+        return _explicit_op(q, k, v, backend, dropout_p)
     raise ValueError(f"attention backend {backend!r} must be resolved first (see resolve_backend)")
 
 
@@ -111,7 +142,9 @@ class OpNameRecorder:
 
         self._mode = _Mode()
         self._mode.__enter__()
+        _RECORDING.append(names)
         return self
 
     def __exit__(self, *exc) -> None:
+        _RECORDING.remove(self.op_names)
         self._mode.__exit__(*exc)

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from pytest_flashckpt.config.data import resolve
-from pytest_flashckpt.config.typed import build, load_yaml
-from pytest_flashckpt.models.gpt import GPT, GPTConfig
+from pytest_flashckpt.config.model_card import GPTConfig, load_card
+from pytest_flashckpt.models.gpt import GPT
 
-
-def load_card(name_or_path: str | Path, **overrides) -> GPTConfig:
-    """Read a model card by shipped name (``tiny``) or path; ``overrides`` replace card fields (validated)."""
-    path = resolve("models", str(name_or_path))
-    data = load_yaml(path) or {}
-    if isinstance(data, dict):
-        data = {**data, **overrides}
-    return build(GPTConfig, data, where=str(path))
+__all__ = ["build_model", "load_card"]
 
 
 def build_model(

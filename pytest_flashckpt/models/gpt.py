@@ -7,53 +7,16 @@ Parameter names are stable and used by the checkpoint strategies: ``wte``, ``wpe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pytest_flashckpt.config.model_card import GPTConfig
 from pytest_flashckpt.models.attention import causal_attention
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Shape of a GPT; a model card (``models/<name>.yaml``) is one of these."""
-
-    name: str = "custom"
-    description: str = ""
-    vocab_size: int = 2048  # tokens; small for tiny so the logits do not dominate memory
-    block_size: int = 2048  # longest sequence (learned position table)
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads per block
-    n_embd: int = 256  # width; head size is n_embd / n_head
-    dropout: float = 0.0  # residual, attention and embedding dropout
-    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
-    allocate_on_cpu: bool = True  # false for cards too big to allocate on a CPU (built on the meta device)
-
-    def __post_init__(self) -> None:
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def num_params(self) -> int:
-        """Parameter count (tied head counted once), computed without building the model."""
-        d, b = self.n_embd, int(self.bias)
-        layer_norms = 2 * (d + d * b)
-        attention = (3 * d * d + 3 * d * b) + (d * d + d * b)
-        mlp = (4 * d * d + 4 * d * b) + (4 * d * d + d * b)
-        final_ln = d + d * b
-        per_block = layer_norms + attention + mlp
-        return self.vocab_size * d + self.block_size * d + self.n_layer * per_block + final_ln
+__all__ = ["GPT", "GPTConfig"]
 
 
 class CausalSelfAttention(nn.Module):
@@ -117,10 +80,23 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        self.register_load_state_dict_pre_hook(GPT._restore_tied_head)
         self.apply(self._init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: scale residual projections by depth
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _restore_tied_head(module: "GPT", state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs) -> None:
+        """Accept a state dict that stores the tied embedding once (``wte.weight``, no ``lm_head.weight``).
+
+        That is how tied weights are saved for plain tools (``flashckpt export``, transformers' safetensors files):
+        safetensors refuses two names for one storage, so the alias is dropped on disk. Because the head *is* the
+        embedding, the missing alias is restored from it here, and ``load_state_dict(sd, strict=True)`` still checks
+        every other key. A state dict with both keys loads as before."""
+        head, embedding = f"{prefix}lm_head.weight", f"{prefix}wte.weight"
+        if module.lm_head.weight is module.wte.weight and head not in state_dict and embedding in state_dict:
+            state_dict[head] = state_dict[embedding]
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

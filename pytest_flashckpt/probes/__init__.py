@@ -9,6 +9,6 @@ Every probe is used the same way::
     reading.peak_bytes
 """
 
-from pytest_flashckpt.probes.base import MemoryReading, PROBES, default_probe_name, make_probe
+from pytest_flashckpt.probes.base import PROBE_NAMES, PROBES, MemoryReading, default_probe_name, make_probe
 
-__all__ = ["MemoryReading", "PROBES", "default_probe_name", "make_probe"]
+__all__ = ["MemoryReading", "PROBE_NAMES", "PROBES", "default_probe_name", "make_probe"]

@@ -1,11 +1,14 @@
-"""What a memory probe returns, and choosing one for a device."""
+"""What a memory probe returns, and choosing one by name (the probes are registered in ``pytest_flashckpt.registry``)."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-PROBES = ("cpu", "cuda", "nvml", "rss")
+from pytest_flashckpt.registry import PROBE_NAMES, PROBES, default_probe_name
+
+__all__ = ["MemoryProbe", "MemoryReading", "PROBE_NAMES", "PROBES", "default_probe_name", "make_probe"]
 
 
 @dataclass
@@ -33,26 +36,12 @@ class MemoryProbe(Protocol):
         ...
 
 
-def default_probe_name(device_type: str) -> str:
-    return "cuda" if device_type == "cuda" else "cpu"
-
-
 def make_probe(name: str, device=None) -> MemoryProbe:
-    """A probe by name; ``device`` picks the GPU for ``cuda``/``nvml``."""
-    if name == "cpu":
-        from pytest_flashckpt.probes.cpu import LiveTensorProbe
-
-        return LiveTensorProbe()
-    if name == "cuda":
-        from pytest_flashckpt.probes.cuda import CudaAllocatorProbe
-
-        return CudaAllocatorProbe(device)
-    if name == "nvml":
-        from pytest_flashckpt.probes.nvml import NvmlProbe
-
-        return NvmlProbe(device)
-    if name == "rss":
-        from pytest_flashckpt.probes.rss import RssProbe
-
-        return RssProbe()
-    raise ValueError(f"unknown memory probe {name!r}; valid: {', '.join(PROBES)}")
+    """A probe by name; ``device`` picks the GPU for ``cuda``/``nvml``. The class is imported only when asked for
+    (``cuda``/``nvml`` need a GPU stack), so this module names no probe module statically."""
+    spec = PROBES.get(name)
+    if spec is None:
+        raise ValueError(f"unknown memory probe {name!r}; valid: {', '.join(PROBE_NAMES)}")
+    module, _, cls = spec.target.partition(":")
+    factory = getattr(importlib.import_module(module), cls)
+    return factory(device) if spec.takes_device else factory()

@@ -8,7 +8,12 @@ batch) are passed as ``resident`` and counted from the start. The result is dete
 deterministic program: no sampling, no allocator rounding, no threads.
 
 What it cannot see: scratch memory a kernel allocates and frees inside one op (for example the CPU flash kernel's
-per-thread buffers); ``torch.profiler`` memory events do see those, which the tests compare against.
+per-thread buffers), and 0-dim tensors made from Python scalars outside the dispatcher (autograd's and the
+optimizer's wrapped numbers, e.g. the backward of ``0.5 * x``), which never pass through a ``TorchDispatchMode``.
+``torch.profiler`` memory events see both. How much that moves a step's peak is measured by
+``benchmarks/probe_gap.py`` (``reports/probe-gap.md``; README "What a run does"): a few dozen bytes in tens of MB
+on our GPT and on a Hugging Face GPT-2 step. Counting them would need the profiler's allocator events on every
+memory pass; the gap is small enough to state instead.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class _LiveStorages(TorchDispatchMode):
         self.peak_bytes = 0
         self._sizes: dict[int, int] = {}  # id(storage object) -> bytes counted
         self._refs: dict[int, weakref.ref] = {}
+        self._op = None  # the op being dispatched (an OpOverload; named only when asked, see peak_op_name)
+        self.peak_op = None  # the op whose output (or input seen first) reached the current peak
 
     def add(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != self.device_type:
@@ -51,6 +58,15 @@ class _LiveStorages(TorchDispatchMode):
             self.live_bytes += nbytes - known
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
+            self.peak_op = self._op
+            self._on_new_peak()
+
+    def _on_new_peak(self) -> None:
+        """Called when ``peak_bytes`` grows; subclasses snapshot what is alive (see ``simulate.probe``)."""
+
+    @property
+    def peak_op_name(self) -> str:
+        return "" if self.peak_op is None else str(self.peak_op)
 
     def _free(self, key: int) -> None:
         self.live_bytes -= self._sizes.pop(key, 0)
@@ -58,6 +74,7 @@ class _LiveStorages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self._op = func
         inputs, _ = tree_flatten((args, kwargs))
         for t in inputs:  # tensors made outside the mode (e.g. by a DataLoader) count from first use
             if isinstance(t, torch.Tensor):

@@ -5,18 +5,12 @@ lifetime high-water mark that cannot be reset per step."""
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Iterable, Iterator
 
+from pytest_flashckpt.files import resident_bytes
 from pytest_flashckpt.probes.base import MemoryReading
 from pytest_flashckpt.probes.sampler import PeakSampler
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm", encoding="ascii") as fh:
-        return int(fh.read().split()[1]) * _PAGE
 
 
 class RssProbe:

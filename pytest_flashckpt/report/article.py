@@ -9,7 +9,7 @@ from pytest_flashckpt.claims import GRADIENT_CHECKPOINTING, MIN_WORKLOADS, OVERH
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, ms, pct, ratio, spread
 from pytest_flashckpt.report.tables import escape, table
-from pytest_flashckpt.report.verdicts import judge, judge_row
+from pytest_flashckpt.report.claim_verdicts import judge, judge_row
 from pytest_flashckpt.result import Result, RunRecord
 
 HEADERS = [

@@ -9,16 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_flashckpt.claims import CLAIMS
+from pytest_flashckpt.metrics import COMPARED
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import change, metric
 from pytest_flashckpt.report.tables import escape, table
-from pytest_flashckpt.report.verdicts import judge, judge_row
+from pytest_flashckpt.report.claim_verdicts import judge, judge_row
 from pytest_flashckpt.result import Result, RunRecord
 
-DEFAULT_METRICS = (
-    "peak_bytes", "memory_saving", "step_time_s", "overhead", "flop_ratio",
-    "save_stall_s", "save_total_s", "write_MBps", "load_s", "save_extra_peak_bytes",
-)
+DEFAULT_METRICS = COMPARED  # the vocabulary says which metrics a comparison shows by default
 
 
 def _describe(label: str, path: Path | str, record: RunRecord) -> str:

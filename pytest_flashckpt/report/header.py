@@ -5,14 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from pytest_flashckpt.registry import PROBES
 from pytest_flashckpt.result import RunRecord
-
-PROBES = {
-    "cpu": "exact live-tensor accounting (TorchDispatchMode), deterministic to the byte",
-    "cuda": "CUDA caching-allocator peak after reset_peak_memory_stats",
-    "nvml": "device memory sampled with NVML in a thread (a lower bound; CUDA context reported apart)",
-    "rss": "process resident set size (a sanity check, not tensor memory)",
-}
 
 
 def kernels_line(record: RunRecord) -> str:
@@ -39,7 +33,8 @@ def status_line(record: RunRecord) -> str:
 
 def header(record: RunRecord) -> list[str]:
     p = record.profile
-    probe = f"`{record.probe}`: {PROBES.get(record.probe, 'unknown probe')}"
+    spec = PROBES.get(record.probe)
+    probe = f"`{record.probe}`: {spec.description if spec else 'unknown probe'}"
     return [
         "# pytest-flashckpt report",
         "",

@@ -10,17 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_flashckpt.claims import CLAIMS
+from pytest_flashckpt.files import atomic_write_text
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.activation import activation_section
 from pytest_flashckpt.report.article import article_table, single_claim
 from pytest_flashckpt.report.attention import attention_section
 from pytest_flashckpt.report.checkpoint_io import checkpoint_section
+from pytest_flashckpt.report.distributed import distributed_section
 from pytest_flashckpt.report.format import mib, ms, pct, ratio
 from pytest_flashckpt.report.header import header
 from pytest_flashckpt.report.plots import Plot, write_plots
 from pytest_flashckpt.report.regression import regression_section
 from pytest_flashckpt.report.scenarios import scenarios_section
-from pytest_flashckpt.report.verdicts import judge
+from pytest_flashckpt.report.claim_verdicts import judge
+from pytest_flashckpt.report.simulation import simulation_section
 from pytest_flashckpt.result import Result, RunRecord
 
 REPORT_NAME = "flashckpt-report.md"
@@ -41,6 +44,8 @@ def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
         activation_section(results) + _plot(plots, "pareto"),
         attention_section(results) + _plot(plots, "attention"),
         checkpoint_section(results) + _plot(plots, "saves"),
+        distributed_section(results),
+        simulation_section(results),
         regression_section(record.comparison),
         scenarios_section(results),
     ]
@@ -53,9 +58,7 @@ def write_report(record: RunRecord, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(record, out_dir)
     path = out_dir / REPORT_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(record, plots), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, render(record, plots))
     return path
 
 
@@ -83,6 +86,8 @@ def summary_lines(results: list[Result]) -> list[str]:
         parts = [f"kernel {r.kernel}"]
         if isinstance(m.get("peak_bytes"), (int, float)):
             parts.append(f"peak {mib(m['peak_bytes'])}")  # type: ignore[arg-type]
+        if isinstance(m.get("simulated_peak_bytes"), (int, float)):  # simulate suite: a prediction, marked as such
+            parts.append(f"simulated peak {mib(m['simulated_peak_bytes'])}")  # type: ignore[arg-type]
         if isinstance(m.get("memory_saving"), (int, float)):
             parts.append(f"saving {pct(m['memory_saving'])}")  # type: ignore[arg-type]
         if isinstance(m.get("step_time_s"), (int, float)):

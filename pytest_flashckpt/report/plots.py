@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from pytest_flashckpt.claims import CLAIMS
+from pytest_flashckpt.files import atomic_write
 from pytest_flashckpt.report import select
 from pytest_flashckpt.result import Result, RunRecord
 
@@ -52,9 +53,8 @@ def _save(draw: Callable[["Axes"], None], path: Path, size: tuple[float, float] 
     fig = Figure(figsize=size, dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     draw(fig.add_subplot())
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
+    with atomic_write(path) as fh:
+        fig.savefig(fh, format="png")
 
 
 # -- memory saving vs overhead -----------------------------------------------------------------------------

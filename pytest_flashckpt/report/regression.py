@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from pytest_flashckpt.comparison import VERDICT_ORDER, Comparison, RegressionVerdict
 
 from pytest_flashckpt.report.format import MISSING, change, metric, p_value
 from pytest_flashckpt.report.tables import escape, table
 
-HEADERS = ["scenario", "metric", "baseline", "current", "change", "p-value", "verdict"]
+HEADERS = ["scenario", "metric", "baseline", "current", "change", "p-value", "smallest reachable p", "verdict", "why"]
 
 STATUS_TEXT = {
     "no-baseline": "no stored baseline for this profile yet",
@@ -16,50 +20,70 @@ STATUS_TEXT = {
 }
 
 
-def _verdict_row(v: dict[str, Any]) -> list[str]:
-    name = str(v.get("metric", "?"))
-    word = str(v.get("verdict", "~"))
+def _verdict_row(v: RegressionVerdict) -> list[str]:
+    name = v.metric
     return [
-        f"`{v.get('scenario', '?')}`", name, metric(name, v.get("baseline")), metric(name, v.get("current")),
-        _change(name, v),
-        p_value(v.get("p_value")), f"**{word}**" if word in ("regressed", "improved", "missing") else word,
+        f"`{v.scenario}`", name, metric(name, v.baseline), metric(name, v.current), _change(name, v),
+        p_value(v.p_value), "" if v.smallest_p is None else f"{v.smallest_p:.2g}",
+        f"**{v.verdict}**" if v.verdict in ("regressed", "improved", "missing") else v.verdict, escape(v.reason or ""),
     ]
 
 
-def _change(name: str, v: dict[str, Any]) -> str:
+def _change(name: str, v: RegressionVerdict) -> str:
     """Recomputed from baseline and current (pp for fractions); the comparison's own relative ``change`` otherwise."""
-    recomputed = change(name, v.get("baseline"), v.get("current"))
-    given = v.get("change")
-    if recomputed == MISSING and isinstance(given, (int, float)):
-        return f"{given * 100:+.1f}%"
+    recomputed = change(name, v.baseline, v.current)
+    if recomputed == MISSING and isinstance(v.change, (int, float)):
+        return f"{v.change * 100:+.1f}%"
     return recomputed
 
 
-def regression_section(comparison: dict[str, Any] | None) -> list[str]:
+def regression_section(comparison: Comparison | Mapping[str, Any] | None) -> list[str]:
     lines = ["## Regressions against the baseline", ""]
+    comparison = Comparison.coerce(comparison)
     if comparison is None:
         lines.append("_No baseline comparison was recorded for this run._")
         return lines
-    status = str(comparison.get("status", "?"))
-    message = comparison.get("message")
-    baseline = comparison.get("baseline_path")
-    where = f" (`{baseline}`, profile `{comparison.get('baseline_profile_id') or '?'}`)" if baseline else ""
+    status, message, baseline = comparison.status, comparison.message, comparison.baseline_path
+    where = f" (`{baseline}`, profile `{comparison.baseline_profile_id or '?'}`)" if baseline else ""
     if status != "compared":
         text = STATUS_TEXT.get(status, f"status {status}")
         lines.append(f"_Not compared: {text}{where}.{' ' + escape(str(message)) if message else ''}_")
         return lines
-    verdicts = comparison.get("verdicts") or []
-    counts: dict[str, int] = {}
-    for v in verdicts:
-        counts[str(v.get("verdict", "~"))] = counts.get(str(v.get("verdict", "~")), 0) + 1
-    summary = ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) or "no metrics compared"
+    verdicts = comparison.verdicts
+    counts = {word: n for word, n in sorted(comparison.counts().items()) if n}
+    summary = ", ".join(f"{n} {word}" for word, n in counts.items()) or "no metrics compared"
     lines.append(f"Compared with the baseline{where}: {summary}.{' ' + escape(str(message)) if message else ''}")
     if verdicts:
-        order = {"regressed": 0, "missing": 1, "improved": 2, "~": 3, "unguarded": 4, "ok": 5}
-        ordered = sorted(verdicts, key=lambda v: (order.get(str(v.get("verdict")), 4), str(v.get("scenario")), str(v.get("metric"))))
-        lines += ["", table([_verdict_row(v) for v in ordered], HEADERS), "",
+        lines += ["", verdict_table(verdicts), "",
                   "Verdicts: **regressed** / **improved** = a significant change beyond the tolerance; ok = within "
                   "it; ~ = beyond it but not significant (the samples overlap); **missing** = the baseline has it, this "
                   "run did not measure it; unguarded = the sample sizes cannot reach p < alpha, so it cannot fail "
                   "(baselines/README.md)."]
     return lines
+
+
+def verdict_table(verdicts: list[RegressionVerdict]) -> str:
+    """The one rendering of regression verdicts (the report's section and the CI step summary): regressed first."""
+    ordered = sorted(verdicts, key=lambda v: (VERDICT_ORDER.index(v.verdict) if v.verdict in VERDICT_ORDER else 4, v.scenario, v.metric))
+    return table([_verdict_row(v) for v in ordered], HEADERS)
+
+
+def markdown_table(comparison: Comparison | Mapping[str, Any]) -> str:
+    """The comparison as the markdown block appended to ``$GITHUB_STEP_SUMMARY``: status line, then every verdict."""
+    comparison = Comparison.coerce(comparison)
+    assert comparison is not None
+    lines = ["### pytest-flashckpt baseline comparison", "", comparison.message or "", ""]
+    if comparison.verdicts:
+        lines += [verdict_table(comparison.verdicts), ""]
+    return "\n".join(lines) + "\n"
+
+
+def append_step_summary(comparison: Comparison | Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Path | None:
+    """Append the comparison to the file named by ``GITHUB_STEP_SUMMARY`` (GitHub Actions); None when unset."""
+    target = (environ if environ is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    path = Path(target)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(markdown_table(comparison))
+    return path

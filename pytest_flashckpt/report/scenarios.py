@@ -23,7 +23,7 @@ def _row(r: Result) -> list[str]:
         *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.get("seq_len", MISSING)),
         mib(_num(r, "peak_bytes")), pct(_num(r, "memory_saving")), ms(_num(r, "step_time_s")),
         spread(_num(r, "overhead"), _num(r, "overhead_min"), _num(r, "overhead_max")), ms(_num(r, "save_stall_s")),
-        "measured",
+        "simulated (see Will it fit?)" if select.simulated(r) else "measured",
     ]
 
 

@@ -19,8 +19,13 @@ def activation_strategy(r: Result) -> str:
     return str(_get(r.config, "activation", "strategy", default="none"))
 
 
+def _save_key(r: Result) -> str:
+    """The save config's key in ``Result.config``: ``save`` (``checkpoint`` in results files of version 0.1.0)."""
+    return "save" if "save" in r.config else "checkpoint"
+
+
 def save_strategy(r: Result) -> str:
-    return str(_get(r.config, "checkpoint", "strategy", default="none"))
+    return str(_get(r.config, _save_key(r), "strategy", default="none"))
 
 
 def card(r: Result) -> str:
@@ -39,7 +44,7 @@ def describe_save(r: Result) -> str:
     strategy = save_strategy(r)
     if strategy == "none":
         return "none"
-    fmt = r.metrics.get("format") or _get(r.config, "checkpoint", "format", default=None)
+    fmt = r.metrics.get("format") or _get(r.config, _save_key(r), "format", default=None)
     return f"{strategy} ({fmt})" if fmt else strategy
 
 
@@ -51,6 +56,12 @@ def describe_strategies(r: Result) -> str:
 
 def measured(r: Result) -> bool:
     return r.status == "measured"
+
+
+def simulated(r: Result) -> bool:
+    """A scenario predicted on the meta device (``simulate: {enabled: true}``), not measured: its metrics are
+    ``simulated_*`` and only the simulation section shows them."""
+    return bool((r.config.get("simulate") or {}).get("enabled"))
 
 
 def by_article(results: list[Result]) -> dict[str, list[Result]]:
@@ -65,7 +76,7 @@ def by_article(results: list[Result]) -> dict[str, list[Result]]:
 
 def activation_results(results: list[Result]) -> list[Result]:
     """Scenarios with an activation strategy (measured or not): the activation section and the Pareto plot."""
-    return [r for r in results if activation_strategy(r) != "none"]
+    return [r for r in results if activation_strategy(r) != "none" and not simulated(r)]
 
 
 def checkpoint_results(results: list[Result]) -> list[Result]:

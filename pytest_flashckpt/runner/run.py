@@ -8,7 +8,6 @@ memory, the reference save) are cached per run, keyed by the reference's configu
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import statistics
 import tempfile
@@ -18,65 +17,34 @@ from typing import Any
 
 import torch
 
+from pytest_flashckpt.config.preflight import preflight  # noqa: F401  (its old home; config.preflight now)
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.models.attention import BackendUnavailable, OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
-from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.result import Result
-from pytest_flashckpt.runner.inject import Injection
-from pytest_flashckpt.runner.timing import interleaved, summarise_ratio
+from pytest_flashckpt.runner.context import RunContext, SkipScenario, resolve_device, scenario_key  # noqa: F401
+from pytest_flashckpt.runner.passes import peak_pass, timing_pass
 from pytest_flashckpt.training import Trainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class SkipScenario(Exception):
-    """This hardware cannot run the scenario; the message is the reason shown in reports and pytest."""
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` -> the first CUDA device when there is one, else the CPU; a missing CUDA is a clear error."""
-    if name == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SkipScenario(f"device {name!r} asked for, but torch {torch.__version__} sees no CUDA device")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {name!r}; valid: auto, cpu, cuda, cuda:N")
-    return device
-
-
-@dataclasses.dataclass
-class RunContext:
-    """Per-run settings and caches shared by the scenarios of one suite run."""
-
-    device: torch.device
-    probe: str
-    workdir: Path | None = None
-    cache: dict[str, Any] = dataclasses.field(default_factory=dict)
-    inject: Injection | None = None  # a known regression on purpose (checking the gate; runner/inject.py)
-
-    def cached(self, kind: str, scenario: Scenario, compute):
-        key = f"{kind}:{scenario_key(scenario)}"
-        if key not in self.cache:
-            self.cache[key] = compute()
-        return self.cache[key]
-
-
-def scenario_key(scenario: Scenario) -> str:
-    plain = to_plain(scenario)
-    for field in ("name", "suite", "description", "article", "measure", "rounds"):
-        plain.pop(field, None)
-    return repr(sorted(plain.items()))
-
-
 def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
     """Measure one scenario; a scenario this hardware cannot run comes back ``skipped`` with the reason, one
     that broke comes back ``error`` with the exception (its traceback in ``notes``), so a run's record is whole."""
+    if scenario.world_size > 1:  # ranks under torchrun (FSDP2 + DCP): see pytest_flashckpt.distributed
+        from pytest_flashckpt.distributed.scenario_run import run_distributed
+
+        return run_distributed(scenario, str(ctx.device), ctx.probe, ctx.workdir)
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
     try:
-        _measure(scenario, ctx, result)
+        if scenario.simulate.enabled:  # simulate (issue 12): predicted on meta, see pytest_flashckpt.simulate.scenario
+            from pytest_flashckpt.simulate.scenario import run_simulated
+
+            run_simulated(scenario, result)
+        else:
+            _measure(scenario, ctx, result)
     except SkipScenario as exc:
         result.status, result.reason = "skipped", str(exc)
     except BackendUnavailable as exc:
@@ -134,11 +102,7 @@ def _warmup(trainer: Trainer, steps: int) -> set[str]:
 
 
 def _peak(trainer: Trainer, probe_name: str, device: torch.device) -> dict[str, int]:
-    probe = make_probe(probe_name, device)
-    with probe.track(resident=trainer.state_tensors()) as reading:
-        trainer.train_step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    reading = peak_pass(trainer.train_step, trainer.state_tensors(), probe_name, device)
     return {"peak_bytes": reading.peak_bytes, "state_bytes": reading.start_bytes, **reading.extra}
 
 
@@ -182,18 +146,10 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
         metrics.update(_analytic(scenario, trainer, ctx.device))
 
     if "timing" in scenario.measure:
-        variants = [trainer.train_step] if reference is None else [reference.train_step, trainer.train_step]
-        times = interleaved(variants, scenario.rounds, scenario.steps, ctx.device)
-        samples["step_time_s"] = times[-1]
-        metrics["step_time_s"] = sorted(times[-1])[len(times[-1]) // 2]
-        if reference is not None:
-            samples["reference_step_time_s"] = times[0]
-            samples["overhead"] = [s / r for s, r in zip(times[1], times[0])]
-            summary = summarise_ratio(times[1], times[0])
-            metrics["reference_step_time_s"] = sorted(times[0])[len(times[0]) // 2]
-            metrics["overhead"] = summary["median"]
-            metrics["overhead_min"] = summary["min"]
-            metrics["overhead_max"] = summary["max"]
+        timing = timing_pass(trainer.train_step, None if reference is None else reference.train_step,
+                             scenario.rounds, scenario.steps, ctx.device)
+        metrics.update(timing.metrics())
+        samples.update(timing.samples())
 
     if "flops" in scenario.measure:
         from pytest_flashckpt.activation.flops import count_step_flops
@@ -213,20 +169,20 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
 
     root = Path(tempfile.mkdtemp(prefix="flashckpt-", dir=ctx.workdir))
     try:
-        peak = result.metrics.get("peak_bytes") if scenario.checkpoint.mem_basis == "peak" else None
+        peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
-        measured = run_checkpoint_pass(trainer, scenario.checkpoint, root / "strategy", ctx.probe, peak_bytes=peak, stall_increase=stall)
+        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak, stall_increase=stall)
         for key, value in measured.items():
             if isinstance(value, list):
                 result.samples[key] = value
             else:
                 result.metrics[key] = value
-        if scenario.checkpoint.strategy != "sync":
+        if scenario.save.strategy != "sync":
             ref_scenario = scenario.reference()
 
             def reference_save() -> dict[str, Any]:
                 ref_trainer = _reference_trainer(scenario, ctx, result.backend or "sdpa")
-                return run_checkpoint_pass(ref_trainer, ref_scenario.checkpoint, root / "reference", ctx.probe)
+                return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe)
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
             metrics = result.metrics
@@ -241,18 +197,8 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
             ratios = [s / totals[i % len(totals)] for i, s in enumerate(stalls)]
             result.samples["stall_vs_sync"] = ratios
             metrics["stall_vs_sync"] = statistics.median(ratios)
+            if ref.get("time_lost_s") and "time_lost_s" in metrics:  # measured unless time_lost_rounds: 0
+                metrics["reference_time_lost_s"] = ref["time_lost_s"]
+                metrics["time_lost_vs_sync"] = metrics["time_lost_s"] / ref["time_lost_s"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def preflight(scenario: Scenario) -> None:
-    """Static checks before anything runs (model card readable, sequence fits, strategy fits the model);
-    raises ConfigError naming the scenario and the fix."""
-    from pytest_flashckpt.config.errors import ConfigError
-
-    where = f"{scenario.suite}::{scenario.name}"
-    card = load_card(scenario.card)
-    if scenario.seq_len > card.block_size:
-        raise ConfigError(where, f"seq_len {scenario.seq_len} exceeds block_size {card.block_size} of model card {card.name!r}", "use a shorter seq_len or a card with more positions")
-    if scenario.activation.strategy == "every_k" and scenario.activation.k > card.n_layer:
-        raise ConfigError(where, f"activation.k {scenario.activation.k} is larger than the {card.n_layer} blocks of {card.name!r}", f"valid: 1..{card.n_layer}")

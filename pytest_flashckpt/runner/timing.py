@@ -11,16 +11,18 @@ import torch
 
 
 def time_steps(step: Callable[[], object], steps: int, device: torch.device) -> float:
-    """Mean wall time of ``steps`` calls of ``step``; synchronised with CUDA events on a GPU."""
+    """Mean wall time of ``steps`` calls of ``step``; synchronised with CUDA events on a GPU. The events are
+    created and recorded with ``device`` current (``cuda:1`` must not be timed on the streams of ``cuda:0``)."""
     if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
-        for _ in range(steps):
-            step()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000.0 / steps
+        with torch.cuda.device(device):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            for _ in range(steps):
+                step()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0 / steps
     begin = time.perf_counter()
     for _ in range(steps):
         step()

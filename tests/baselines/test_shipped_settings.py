@@ -19,8 +19,8 @@ def gated_sample_sizes(scenario) -> dict[str, int]:
     sizes = {}
     if "timing" in scenario.measure and not scenario.is_reference:
         sizes["overhead"] = scenario.rounds
-    if scenario.checkpoint.strategy not in ("none", "sync"):
-        sizes["stall_vs_sync"] = scenario.checkpoint.saves
+    if scenario.save.strategy not in ("none", "sync"):
+        sizes["stall_vs_sync"] = scenario.save.saves
     return sizes
 
 

@@ -3,7 +3,7 @@ tolerance AND a Mann-Whitney test, absolute times only on opt-in."""
 
 import pytest
 
-from pytest_flashckpt.baselines.verdicts import Thresholds, compare_scenario, judge_sampled, noisy, underpowered
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_sampled, noisy, underpowered
 from pytest_flashckpt.options import OPTIONS
 
 BASE = [1.20, 1.21, 1.19, 1.22, 1.20, 1.18, 1.21, 1.19, 1.20, 1.22]
@@ -141,7 +141,7 @@ def test_a_slowdown_that_also_widens_the_scatter_still_fails():
 
 
 class FakeClock:
-    """perf_counter/sleep for runner.timing and runner.inject: a step costs exactly what the test says."""
+    """perf_counter/sleep for runner.timing and config.injection: a step costs exactly what the test says."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -160,8 +160,9 @@ def test_injected_slowdown_with_injected_jitter_fails_the_gate(monkeypatch):
 
     import torch
 
-    from pytest_flashckpt.runner import inject, timing
-    from pytest_flashckpt.runner.inject import Injection
+    from pytest_flashckpt.config import injection as inject
+    from pytest_flashckpt.runner import timing
+    from pytest_flashckpt.config.injection import Injection
 
     clock = FakeClock()
     monkeypatch.setattr(timing, "time", clock)

@@ -18,6 +18,7 @@ from pytest_flashckpt.checkpoint import (
     CorruptCheckpointError,
     formats,
     load_into,
+    NoCheckpointError,
     resume_latest,
     store as store_module,
 )
@@ -69,7 +70,40 @@ def test_no_valid_checkpoint_is_an_error(tmp_path) -> None:
         flip_byte(folder / "state.pt", 200)
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         resume_latest(make_trainer(), tmp_path)
-    assert resume_latest(make_trainer(), tmp_path / "empty") is None
+
+
+def test_no_checkpoint_yet_is_none_with_a_logged_reason_or_an_error_when_required(tmp_path, caplog) -> None:
+    missing, empty = tmp_path / "never-made", tmp_path / "empty"
+    empty.mkdir()
+    with caplog.at_level("INFO", logger="pytest_flashckpt.checkpoint.loading"):
+        assert resume_latest(make_trainer(), missing) is None
+        assert resume_latest(make_trainer(), empty) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no checkpoint yet: {missing} does not exist; starting from scratch",
+        f"no checkpoint yet: {empty} holds no committed checkpoint; starting from scratch",
+    ]
+    with pytest.raises(NoCheckpointError, match=f"no checkpoint yet: {missing} does not exist; check the path"):
+        resume_latest(make_trainer(), missing, required=True)
+    with pytest.raises(NoCheckpointError, match="holds no committed checkpoint"):
+        resume_latest(make_trainer(), empty, required=True)
+    assert not missing.exists()  # looking never creates the folder
+
+
+def test_a_latest_naming_a_missing_folder_has_its_own_message(tmp_path) -> None:
+    older, newer = two_checkpoints(tmp_path)
+    (tmp_path / "latest").write_text("ckpt-000099-step00000099\n")
+    with pytest.warns(CheckpointFallbackWarning, match="names 'ckpt-000099-step00000099', which does not exist") as caught:
+        assert resume_latest(make_trainer(), tmp_path).folder == newer
+    assert "never committed" not in str(caught[0].message)
+    for folder in (older, newer):
+        flip_byte(folder / "state.pt", 200)
+    with pytest.raises(CheckpointError, match="latest names 'ckpt-000099-step00000099', which does not exist in"):
+        resume_latest(make_trainer(), tmp_path)
+
+
+def test_loading_a_folder_that_does_not_exist_says_so(tmp_path) -> None:
+    with pytest.raises(NoCheckpointError, match="ckpt-000001-step00000001: no such checkpoint folder"):
+        load_into(make_trainer(), tmp_path / "ckpt-000001-step00000001")
 
 
 class Evil:

@@ -22,7 +22,11 @@ def test_run_checkpoint_pass_returns_every_metric(config: SaveConfig, tmp_path) 
         assert metrics[name] is not None and metrics[name] >= 0, name
     for name in ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files"):
         assert len(metrics[f"{name}_samples"]) == 2
-    assert metrics["saves"] == 2 and metrics["verified"] == "bitwise" and trainer.step == 2
+    assert metrics["saves"] == 2 and metrics["verified"] == "bitwise" and metrics["steps"] == 2
+    rounds = config.time_lost_rounds
+    assert len(metrics["time_lost_s_samples"]) == len(metrics["time_lost_plain_s_samples"]) == rounds
+    assert metrics["time_lost_min_s"] <= metrics["time_lost_s"] <= metrics["time_lost_max_s"]
+    assert metrics["time_lost_plain_s"] > 0 and metrics["time_lost_window_steps"] == config.save_interval
     assert metrics["raw_write_MBps"] > 0 and metrics["copy_GBps"] > 0
     assert metrics["bytes_written"] > metrics["snapshot_bytes"]
     if config.async_save:
@@ -40,7 +44,7 @@ def test_bandwidth_probes(tmp_path) -> None:
 
 def test_checkpoint_suite_covers_every_save_strategy() -> None:
     suite = load_suite("checkpoint")
-    strategies = {s.checkpoint.strategy for s in suite.scenarios}
+    strategies = {s.save.strategy for s in suite.scenarios}
     assert strategies == {"sync", "async", "dcp", "selective", "layerwise", "scheduled"}
     # every save strategy runs on a card whose training state (model + AdamW) is at least 100 MB
     from pytest_flashckpt.models import load_card
@@ -56,7 +60,7 @@ def test_article_suite_rows_are_distinct_configurations_over_three_workloads() -
     for scenario in load_suite("article").scenarios:
         rows.setdefault(scenario.article, []).append(scenario)
     assert set(rows) == {c.id for c in TABLE}
-    configs = {tag: {(s.activation.strategy, s.checkpoint.strategy, s.checkpoint.layer_checkpoint_dir) for s in group} for tag, group in rows.items()}
+    configs = {tag: {(s.activation.strategy, s.save.strategy, s.save.layer_checkpoint_dir) for s in group} for tag, group in rows.items()}
     assert configs == {
         "prototype": {("selective_op", "async", None)},
         "medium": {("full", "selective", None)},
@@ -65,7 +69,7 @@ def test_article_suite_rows_are_distinct_configurations_over_three_workloads() -
     for tag, group in rows.items():
         assert len({(s.card, s.batch_size, s.seq_len) for s in group}) >= MIN_WORKLOADS, tag
         assert all({"memory", "timing", "checkpoint"} <= set(s.measure) for s in group), tag
-    assert all(s.checkpoint.mem_basis == "peak" for s in rows["large"])
+    assert all(s.save.mem_basis == "peak" for s in rows["large"])
 
 
 @pytest.mark.slow
@@ -82,9 +86,9 @@ def test_the_large_row_defers_saves_and_takes_none_above_its_threshold(tmp_path)
     for scenario in load_suite("article").scenarios:
         if scenario.article != "large":
             continue
-        quick = dataclasses.replace(scenario, measure=("memory", "checkpoint"), checkpoint=dataclasses.replace(scenario.checkpoint, saves=2))
+        quick = dataclasses.replace(scenario, measure=("memory", "checkpoint"), save=dataclasses.replace(scenario.save, saves=2))
         result = run_scenario(quick, ctx)
         assert result.status == "measured", result.reason
         m = result.metrics
         assert m["deferrals"] > 0 and m["forced_saves"] == 0, (scenario.name, m["deferrals"], m["forced_saves"])
-        assert m["max_save_memory_fraction"] < scenario.checkpoint.mem_threshold
+        assert m["max_save_memory_fraction"] < scenario.save.mem_threshold

@@ -9,7 +9,7 @@ import pytest
 from pytest_flashckpt.config.data import shipped_names
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.suites import load_suite
-from pytest_flashckpt.runner.run import preflight
+from pytest_flashckpt.config.preflight import preflight
 
 
 def _suite(tmp_path, text, name="s.yaml"):
@@ -56,12 +56,12 @@ def test_article_keys_are_accepted_as_written(tmp_path):
     """))
     s = {x.name: x for x in suite.scenarios}
     assert s["article-model"].activation.strategy == "full"
-    assert s["article-model"].checkpoint.strategy == "layerwise"
-    assert s["article-model"].checkpoint.layer_checkpoint_dir == "./checkpoints/layers"
-    assert s["article-checkpoint"].checkpoint.strategy == "async" and s["article-checkpoint"].checkpoint.max_keep == 5
+    assert s["article-model"].save.strategy == "layerwise"
+    assert s["article-model"].save.layer_checkpoint_dir == "./checkpoints/layers"
+    assert s["article-checkpoint"].save.strategy == "async" and s["article-checkpoint"].save.max_keep == 5
     assert "checkpoint" in s["article-checkpoint"].measure
-    assert s["article-selective"].checkpoint.strategy == "selective"
-    assert s["article-dynamic"].checkpoint.strategy == "scheduled"
+    assert s["article-selective"].save.strategy == "selective"
+    assert s["article-dynamic"].save.strategy == "scheduled"
     assert s["activation-alias"].activation.strategy == "full"
 
 
@@ -108,7 +108,7 @@ def _assert_plain_reference(scenario):
     reference = scenario.reference()
     assert reference.activation.strategy == "none", f"{scenario.name}: reference recomputes activations"
     assert reference.is_reference
-    assert reference.checkpoint.strategy in ("none", "sync"), f"{scenario.name}: reference saves {reference.checkpoint.strategy}"
+    assert reference.save.strategy in ("none", "sync"), f"{scenario.name}: reference saves {reference.save.strategy}"
     assert reference.model.gradient_checkpointing is None and reference.model.checkpoint_level is None
     assert reference.model.card == scenario.model.card and reference.seq_len == scenario.seq_len
     assert reference.reference() == dataclasses.replace(reference, name=f"{reference.name}.reference")
@@ -135,4 +135,4 @@ def test_reference_of_the_article_aliases_is_plain(tmp_path):
         assert scenario.activation.strategy == "full"
         _assert_plain_reference(scenario)
     layer = suite.scenarios[1]
-    assert layer.checkpoint.strategy == "layerwise" and layer.reference().checkpoint.strategy == "sync"
+    assert layer.save.strategy == "layerwise" and layer.reference().save.strategy == "sync"

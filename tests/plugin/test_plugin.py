@@ -38,7 +38,7 @@ def test_help_lists_the_options_group_with_defaults(pytester):
 
 
 def test_suite_runs_skips_with_reasons_and_writes_results(pytester, suite_file):
-    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "-rs", "--flashckpt-report=out")
+    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "-rs", "--flashckpt-report=out")
     result.assert_outcomes(passed=2, skipped=2)
     result.stdout.fnmatch_lines(
         [
@@ -61,14 +61,23 @@ def test_suite_runs_skips_with_reasons_and_writes_results(pytester, suite_file):
 
 
 def test_k_selects_scenarios_and_collect_only_lists_ids(pytester, suite_file):
-    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--collect-only", "-q", "-k", "sdpa")
+    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "--collect-only", "-q", "-k", "sdpa")
     result.stdout.fnmatch_lines(["mini::sdpa-s32", "*1/4 tests collected (3 deselected)*"])
-    assert not (pytester.path / "reports").exists()
+    assert not (pytester.path / "flashckpt-report").exists()
+
+
+def test_default_report_folder_is_self_ignoring_a_named_one_is_not(pytester, suite_file):
+    pytester.runpytest(f"--flashckpt-suite={suite_file}", "-k", "sdpa").assert_outcomes(passed=1)
+    default = pytester.path / "flashckpt-report"
+    assert (default / "results.json").is_file() and (default / "flashckpt-report.md").is_file()
+    assert (default / ".gitignore").read_text().splitlines()[-1] == "*"
+    pytester.runpytest(f"--flashckpt-suite={suite_file}", "-k", "sdpa", "--flashckpt-report=mine").assert_outcomes(passed=1)
+    assert (pytester.path / "mine" / "results.json").is_file() and not (pytester.path / "mine" / ".gitignore").exists()
 
 
 def test_ini_twin_sets_the_report_folder(pytester, suite_file):
     pytester.makeini("[pytest]\nflashckpt_report = from-ini\n")
-    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "-k", "sdpa")
+    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "-k", "sdpa")
     result.assert_outcomes(passed=1, deselected=3)
     assert (pytester.path / "from-ini" / "results.json").is_file()
 
@@ -79,6 +88,8 @@ def test_ini_twin_sets_the_report_folder(pytester, suite_file):
         (["--flashckpt-device=tpu"], "*--flashckpt-device: 'tpu' is not valid: valid: auto, cpu, cuda, cuda:N*"),
         (["--flashckpt-probe=gpu"], "*--flashckpt-probe: 'gpu' is not valid; valid: auto, cpu, cuda, nvml, rss*"),
         (["--flashckpt-suite=nope"], "*unknown suite 'nope'*valid names:*default*"),
+        (["--flashckpt-suite", "--flashckpt-rounds=-3"], "*--flashckpt-rounds: '-3' is not valid: must be 0 (as the suite says) or a positive*"),
+        (["--flashckpt-rounds=three"], "*--flashckpt-rounds: 'three' is not valid*"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):
@@ -92,7 +103,7 @@ def test_bad_suite_is_a_usage_error_and_writes_nothing(pytester):
     result = pytester.runpytest(f"--flashckpt-suite={bad}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*flashckpt: *::b: activation.k 7 is larger than the 4 blocks of 'tiny' (valid: 1..4)*"])
-    assert not (pytester.path / "reports").exists()
+    assert not (pytester.path / "flashckpt-report").exists()
 
 
 def test_plugin_costs_nothing_without_a_suite(pytester):
@@ -125,9 +136,38 @@ scenarios:
     activation: {strategy: selective_op, save_ops: [aten.cholesky.default]}
 """,
     )
-    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-report=out")
+    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "--flashckpt-report=out")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*broken::broken: RuntimeError: *"])
     data = json.loads((pytester.path / "out" / "results.json").read_text())
     statuses = {r["scenario"]: r["status"] for r in data["results"]}
     assert statuses == {"fine": "measured", "broken": "error"}
+
+
+GPU_SMOKE_SUITE = """
+name: gpu-smoke
+defaults: {model: tiny, dtype: bfloat16, batch_size: 2, seq_len: 256, measure: [memory, timing], rounds: 1, warmup: 1}
+scenarios:
+  - name: reference
+    attention: auto
+  - name: selective
+    attention: auto
+    activation: {strategy: selective_op}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device; this machine has none")
+def test_auto_device_on_a_gpu_runs_cuda_with_the_cuda_probe_and_a_gpu_profile(pytester):
+    import importlib.util
+    import json
+
+    suite = pytester.makefile(".yaml", smoke=GPU_SMOKE_SUITE)
+    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-report=out", "-p", "no:benchmark")
+    result.assert_outcomes(passed=2)
+    record = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert record["device"].startswith("cuda:") and record["probe"] == "cuda"
+    assert not record["profile_id"].startswith("cpu-")
+    if importlib.util.find_spec("flash_attn") is not None:
+        assert record["profile"]["kernel"] == "flash_attn"
+        assert {r["kernel"] for r in record["results"]} == {"flash_attn"}

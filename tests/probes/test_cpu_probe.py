@@ -82,4 +82,20 @@ def test_cpu_probe_matches_profiler_memory_events_on_tiny(backend):
     trainer.train_step()
     probe_delta = _step_peak(trainer).added_peak_bytes
     profiler_delta = _profiler_peak_delta(trainer)
-    assert abs(probe_delta - profiler_delta) <= 0.001 * profiler_delta, (probe_delta, profiler_delta)
+    # the probe never counts more than the allocator, and what it misses is its stated blind spot: 0-dim tensors
+    # made outside the dispatcher (a few bytes each; README "What a run does", benchmarks/probe_gap.py), not a tensor
+    assert 0 <= profiler_delta - probe_delta < 1024, (probe_delta, profiler_delta)
+
+
+def test_probe_records_the_op_at_its_peak():
+    import torch
+
+    from pytest_flashckpt.probes.cpu import _LiveStorages
+
+    mode = _LiveStorages("cpu")
+    with mode:
+        a = torch.ones(1000)
+        b = torch.cat([a, a])  # the largest moment: a and b alive
+        del b
+        torch.zeros(10)
+    assert mode.peak_op_name == "aten.cat.default"

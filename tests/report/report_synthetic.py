@@ -25,7 +25,7 @@ def strategy(name: str, saving: float, overhead: float, activation: ActivationCo
              article: str | None = None, spread: float = 0.05, seq_len: int = 512, **extra) -> Result:
     measure = ("memory", "timing", "checkpoint") if save is not None else ("memory", "timing")
     scenario = Scenario(name=name, suite="synthetic", attention="sdpa", activation=activation, seq_len=seq_len,
-                        checkpoint=save or SaveConfig(), article=article, measure=measure)
+                        save=save or SaveConfig(), article=article, measure=measure)
     return result(
         scenario,
         peak_bytes=int(REF_PEAK * (1 - saving)), reference_peak_bytes=REF_PEAK, state_bytes=STATE, memory_saving=saving,

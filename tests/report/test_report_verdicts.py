@@ -7,7 +7,7 @@ import report_synthetic as syn
 
 from pytest_flashckpt.claims import CLAIMS, GRADIENT_CHECKPOINTING, LARGE, MEDIUM, OVERHEAD_BANDS, PROTOTYPE, TABLE
 from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
-from pytest_flashckpt.report.verdicts import judge, judge_row
+from pytest_flashckpt.report.claim_verdicts import judge, judge_row
 
 
 def _measured(saving: float, overhead: float, spread: float = 0.01):

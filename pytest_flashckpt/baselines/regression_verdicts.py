@@ -24,23 +24,22 @@ How each kind of metric is judged, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+from pytest_flashckpt import metrics as vocabulary
 from pytest_flashckpt.baselines.stats import mann_whitney_greater, smallest_p
+from pytest_flashckpt.comparison import RegressionVerdict, VerdictWord
+from pytest_flashckpt.registry import is_exact_probe
 
-Verdict = Literal["ok", "improved", "regressed", "~", "unguarded", "missing"]
+Verdict = VerdictWord
 Kind = Literal["exact", "memory", "ratio", "time"]
 
-EXACT_PROBES = ("cpu",)  # probes whose byte counts are deterministic
-EXACT_SLACK = {"bytes_written": 1e-4}  # relative slack of exact counts (see the module docstring)
-MEMORY_METRICS = ("peak_bytes", "state_bytes", "save_extra_peak_bytes")
-COUNT_METRICS = ("step_flops", "bytes_written", "files")
-RATIO_METRICS = ("overhead", "stall_vs_sync")
-TIME_METRICS = ("step_time_s", "save_stall_s", "save_total_s", "load_s")
-# every metric is "lower is better"; a baseline stores exactly these (plus their per-round samples)
-GUARDED = MEMORY_METRICS + COUNT_METRICS + RATIO_METRICS + TIME_METRICS
+# which metrics are gated, their kind and exact slack come from the vocabulary (pytest_flashckpt.metrics)
+GUARDED = vocabulary.GATED
+SAMPLED = vocabulary.SAMPLED  # ratios and times: judged on per-round samples, stored with them
 
 
 @dataclass(frozen=True)
@@ -53,15 +52,7 @@ class Thresholds:
 
 def metric_kind(name: str, probe: str | None) -> Kind | None:
     """How ``name`` is judged for a result measured with ``probe``; None = not a guarded metric."""
-    if name in MEMORY_METRICS:
-        return "exact" if probe in EXACT_PROBES and name != "save_extra_peak_bytes" else "memory"
-    if name in COUNT_METRICS:
-        return "exact"
-    if name in RATIO_METRICS:
-        return "ratio"
-    if name in TIME_METRICS:
-        return "time"
-    return None
+    return vocabulary.judged_as(name, is_exact_probe(probe))
 
 
 def _samples_of(name: str, samples: dict[str, list[float]]) -> list[float] | None:
@@ -88,14 +79,13 @@ def _change(baseline: float, current: float) -> float | None:
 
 
 def _row(
-    scenario: str, metric: str, baseline: float, current: float, change: float | None, p: float | None, verdict: Verdict,
-    smallest: float | None = None, reason: str | None = None,
-) -> dict[str, Any]:
-    return {"scenario": scenario, "metric": metric, "baseline": baseline, "current": current, "change": change, "p_value": p,
-            "verdict": verdict, "smallest_p": smallest, "reason": reason}
+    scenario: str, metric: str, baseline: float | None, current: float | None, change: float | None, p: float | None,
+    verdict: Verdict, smallest: float | None = None, reason: str | None = None,
+) -> RegressionVerdict:
+    return RegressionVerdict(scenario, metric, baseline, current, change, p, verdict, smallest, reason)  # type: ignore[arg-type]
 
 
-def judge_exact(scenario: str, metric: str, baseline: float, current: float, slack: float = 0.0) -> dict[str, Any]:
+def judge_exact(scenario: str, metric: str, baseline: float, current: float, slack: float = 0.0) -> RegressionVerdict:
     change = _change(baseline, current)
     if current == baseline or (change is not None and abs(change) <= slack):
         verdict: Verdict = "ok"
@@ -104,7 +94,7 @@ def judge_exact(scenario: str, metric: str, baseline: float, current: float, sla
     return _row(scenario, metric, baseline, current, change, None, verdict)
 
 
-def judge_tolerance(scenario: str, metric: str, baseline: float, current: float, tolerance: float) -> dict[str, Any]:
+def judge_tolerance(scenario: str, metric: str, baseline: float, current: float, tolerance: float) -> RegressionVerdict:
     change = _change(baseline, current)
     if change is None or abs(change) <= tolerance:
         verdict: Verdict = "ok" if change is not None or current == baseline else "regressed"
@@ -132,7 +122,7 @@ def noisy(baseline: Sequence[float], current: Sequence[float]) -> bool:
 
 def judge_sampled(
     scenario: str, metric: str, baseline: Sequence[float], current: Sequence[float], tolerance: float, alpha: float
-) -> dict[str, Any]:
+) -> RegressionVerdict:
     """One sampled metric (per-round / per-save samples), in this order:
 
     - ``unguarded`` when even complete separation of the samples cannot reach ``alpha`` (the smallest p of the
@@ -170,7 +160,7 @@ def underpowered(n_baseline: int, n_current: int, alpha: float) -> bool:
     return smallest_p(n_current, n_baseline) >= alpha
 
 
-def missing_scenario(scenario: str, baseline: dict[str, Any], why: str) -> dict[str, Any]:
+def missing_scenario(scenario: str, baseline: dict[str, Any], why: str) -> RegressionVerdict:
     """A scenario the baseline has that this run did not measure: one row, metric ``*``, no values."""
     return _row(scenario, "*", None, None, None, None, "missing", None, why)  # type: ignore[arg-type]
 
@@ -182,9 +172,9 @@ def compare_scenario(
     samples: dict[str, list[float]],
     probe: str | None,
     thresholds: Thresholds,
-) -> tuple[list[dict[str, Any]], list[str]]:
+) -> tuple[list[RegressionVerdict], list[str]]:
     """Verdict rows for every guarded metric both sides have, and notes (probe changed, too few rounds...)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[RegressionVerdict] = []
     notes: list[str] = []
     base_metrics: dict[str, Any] = baseline.get("metrics", {})
     base_samples: dict[str, list[float]] = baseline.get("samples", {})
@@ -198,11 +188,11 @@ def compare_scenario(
             continue
         kind = metric_kind(name, probe)
         base_value, value = float(base_metrics[name]), float(metrics[name])
-        if name in MEMORY_METRICS and base_probe != probe:
+        if vocabulary.METRICS[name].kind in ("memory", "sampled") and base_probe != probe:
             notes.append(f"{scenario}: {name} not compared: baseline probe {base_probe!r}, this run {probe!r}")
             continue
         if kind == "exact":
-            rows.append(judge_exact(scenario, name, base_value, value, EXACT_SLACK.get(name, 0.0)))
+            rows.append(judge_exact(scenario, name, base_value, value, vocabulary.METRICS[name].slack))
         elif kind == "memory":
             rows.append(judge_tolerance(scenario, name, base_value, value, thresholds.memory_tolerance))
         elif kind == "ratio" or (kind == "time" and thresholds.gate_times):
@@ -210,13 +200,14 @@ def compare_scenario(
             base = ratio_samples(name, base_metrics, base_samples)
             if not cur or not base:
                 row = judge_tolerance(scenario, name, base_value, value, thresholds.timing_tolerance)
-                row["verdict"] = "unguarded"  # no per-round samples: no test, so no change can be told from noise
-                row["reason"] = f"no per-{'save' if name == 'stall_vs_sync' else 'round'} samples on {'this run' if not cur else 'the baseline'}'s side: cannot be tested; refresh the baseline"
-                notes.append(f"{scenario}: {name} unguarded: {row['reason']}")
+                why = (f"no per-{'save' if name == 'stall_vs_sync' else 'round'} samples on "
+                       f"{'this run' if not cur else 'the baseline'}'s side: cannot be tested; refresh the baseline")
+                row = dataclasses.replace(row, verdict="unguarded", reason=why)  # no test: no change can be told from noise
+                notes.append(f"{scenario}: {name} unguarded: {why}")
                 rows.append(row)
                 continue
             row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
-            if row["verdict"] in ("unguarded", "~") or (row["verdict"] == "regressed" and "busy machine" in (row["reason"] or "")):
-                notes.append(f"{scenario}: {name} {row['verdict']}: {row['reason']}")
+            if row.verdict in ("unguarded", "~") or (row.verdict == "regressed" and "busy machine" in (row.reason or "")):
+                notes.append(f"{scenario}: {name} {row.verdict}: {row.reason}")
             rows.append(row)
     return rows, notes

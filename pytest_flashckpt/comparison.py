@@ -1,0 +1,92 @@
+"""Typed regression verdicts: one ``RegressionVerdict`` per scenario and metric, and the run's ``Comparison`` with
+the stored baseline (stored in ``results.json`` as ``comparison``). Built by ``baselines`` (the gate), rendered by
+``report`` (the markdown report and the CI step summary).
+
+Both also read like the mappings they replaced (``row["verdict"]``, ``set(comparison)``), so callers written
+against the dict form keep working; new code uses the attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterator, Literal
+
+VerdictWord = Literal["ok", "improved", "regressed", "~", "unguarded", "missing"]
+ComparisonStatus = Literal["compared", "no-baseline", "other-profile", "disabled"]
+VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "improved", "~", "unguarded", "ok")
+
+
+class _ReadsLikeAMapping(Mapping):
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, eq=True)
+class RegressionVerdict(_ReadsLikeAMapping):
+    """One metric of one scenario, baseline vs current (medians for sampled metrics)."""
+
+    scenario: str
+    metric: str  # "*" for a whole scenario (a missing one)
+    baseline: float | None  # None only for a missing scenario
+    current: float | None  # None when missing
+    change: float | None  # current / baseline - 1; None when the baseline is 0
+    p_value: float | None  # one-sided Mann-Whitney U, for metrics judged on per-round samples
+    verdict: VerdictWord
+    smallest_p: float | None = None  # the smallest p these sample sizes can reach (sampled metrics)
+    reason: str | None = None  # why, for every verdict but ok (missing, unguarded, ~, a noisy regression)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RegressionVerdict":
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(eq=True)
+class Comparison(_ReadsLikeAMapping):
+    """A run against this profile's stored baseline."""
+
+    status: ComparisonStatus
+    baseline_path: str | None
+    baseline_profile_id: str | None
+    message: str | None
+    verdicts: list[RegressionVerdict] = field(default_factory=list)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @classmethod
+    def coerce(cls, data: "Comparison | Mapping[str, Any] | None") -> "Comparison | None":
+        """A Comparison from itself, from its JSON form, or None."""
+        if data is None or isinstance(data, Comparison):
+            return data
+        return cls(
+            status=data.get("status", "compared"), baseline_path=data.get("baseline_path"),
+            baseline_profile_id=data.get("baseline_profile_id"), message=data.get("message"),
+            verdicts=[v if isinstance(v, RegressionVerdict) else RegressionVerdict.from_dict(v) for v in data.get("verdicts") or []],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "verdicts"},
+                "verdicts": [v.to_dict() for v in self.verdicts]}
+
+    def counts(self) -> dict[str, int]:
+        return {word: sum(v.verdict == word for v in self.verdicts) for word in VERDICT_ORDER}
+
+    @property
+    def regressed(self) -> list[RegressionVerdict]:
+        return [v for v in self.verdicts if v.verdict == "regressed"]

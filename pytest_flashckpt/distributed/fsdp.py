@@ -1,0 +1,95 @@
+"""The process group, the FSDP2-sharded GPT and a data-parallel trainer for one rank.
+
+Order matters and matches the single-process path: the activation strategy is applied to the plain model first
+(``apply_ac`` replaces block ``forward`` methods, parameter names unchanged), then ``fully_shard`` wraps every block
+and the root, then the optimizer is built over the sharded (DTensor) parameters.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from pytest_flashckpt.activation import AppliedActivation, apply_ac
+from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.models.cards import build_model
+from pytest_flashckpt.models.gpt import GPT, GPTConfig
+from pytest_flashckpt.training import Trainer, make_batch
+
+
+def init(timeout_s: float = 300.0) -> torch.device:
+    """Join the group torchrun describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT`` in the environment):
+    NCCL on a GPU, gloo on a CPU. ``timeout_s`` bounds every collective, so a rank that hangs ends the others."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"  # DCP's CPU-side collectives go to gloo
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return device
+
+
+@dataclass
+class ShardedTrainer(Trainer):
+    """A ``Trainer`` whose batch is this rank's slice of the global batch (rows ``rank::world``).
+
+    The global batch for a data position is the same at every world size, and each rank's loss is the mean over
+    equally many rows, so FSDP's averaged gradient is the global-batch gradient: runs at different world sizes see
+    the same data (they differ only in the order of floating-point reductions)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def batch(self, position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.device
+        x, y = make_batch(self.model.config.vocab_size, self.batch_size, self.seq_len, self.seed, self.step if position is None else position, device)
+        return x[self.rank :: self.world_size].contiguous(), y[self.rank :: self.world_size].contiguous()
+
+    @property
+    def device(self) -> torch.device:
+        param = next(self.model.parameters())
+        return param.device
+
+
+def shard(model: GPT, activation: ActivationConfig | None = None) -> AppliedActivation:
+    """Apply the activation strategy to ``model`` (as in one process), then ``fully_shard`` each block and the root."""
+    applied = apply_ac(model, activation or ActivationConfig())
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return applied
+
+
+def build_trainer(
+    config: GPTConfig,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int = 0,
+    backend: str = "sdpa",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    activation: ActivationConfig | None = None,
+    distributed: bool = True,
+) -> tuple[ShardedTrainer, AppliedActivation]:
+    """The same initial weights at every world size (built whole from ``seed``, then sharded). ``distributed=False``
+    builds the plain single-process model (no FSDP) with the full batch: the reference a sharded run is read against."""
+    model = build_model(config, backend, device, dtype, seed=seed)
+    if distributed:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if batch_size % world:
+            raise ValueError(f"batch_size {batch_size} is not divisible by world_size {world}; each rank needs an equal share")
+        applied = shard(model, activation)
+    else:
+        rank, world = 0, 1
+        applied = apply_ac(model, activation or ActivationConfig())
+    trainer = ShardedTrainer.create(model, batch_size, seq_len, seed=seed)
+    trainer.rank, trainer.world_size = rank, world
+    return trainer, applied

@@ -1,0 +1,159 @@
+"""One rank of a distributed scenario: ``python -m pytest_flashckpt.distributed.rank --scenario S.json --out DIR``,
+started by torchrun (``launcher``). Writes ``DIR/rank-<r>.json`` with this rank's measurements:
+
+- ``peak_bytes`` / ``state_bytes``: the memory probe around one training step (this rank's shards, gathered
+  parameters and activations; the ``cpu`` probe counts live tensor bytes exactly, FSDP2's in-place frees
+  included), split into ``fwd_bwd_peak_bytes`` (where activation strategies act) and ``optimizer_peak_bytes``;
+- ``step_time_s``: every timed step (ranks enter each round together, after a barrier);
+- ``saves``: per save this rank's ``stall_s`` (training blocked), ``total_s`` (until committed), ``bytes`` (the
+  shard files it wrote), ``staged_bytes`` (the host copy an async save stages: this rank's state) and
+  ``host_bytes_added`` (resident memory measured around the staging; the allocator may reuse freed pages);
+- ``roundtrip_differences``: rank 0, after the last save: tensors of the state loaded back into a fresh sharded
+  trainer that differ in any bit from the gathered original (0 for a correct save).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from pytest_flashckpt.activation import StrategyUnavailable
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.typed import build
+from pytest_flashckpt.distributed import fsdp, sharded_store
+from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
+from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
+from pytest_flashckpt.models.cards import load_card
+from pytest_flashckpt.probes import make_probe
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _trainer(scenario: Scenario, device: torch.device, backend: str):
+    overrides = {} if scenario.model.dropout is None else {"dropout": scenario.model.dropout}
+    card = load_card(scenario.card, **overrides)
+    return fsdp.build_trainer(
+        card, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed, backend=backend,
+        device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation,
+    )  # fmt: skip
+
+
+def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _probe(name: str, device: torch.device):
+    return ShardedLiveTensorProbe(device.type) if name == "cpu" else make_probe(name, device)
+
+
+def _memory_step(trainer, probe_name: str, device: torch.device) -> dict[str, int]:
+    """One training step measured in two parts: forward + backward (where activation strategies act) and the
+    optimizer step (AdamW on the DTensor shards, whose temporaries can set the step's peak)."""
+    trainer.model.train()
+    x, y = trainer.batch()
+    with _probe(probe_name, device).track(resident=_local(trainer.state_tensors())) as fwd_bwd:
+        trainer.model(x, y).backward()
+    _sync(device)
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    with _probe(probe_name, device).track(resident=_local(trainer.state_tensors() + grads)) as opt:
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    trainer.step += 1
+    return {
+        "peak_bytes": max(fwd_bwd.peak_bytes, opt.peak_bytes),
+        "fwd_bwd_peak_bytes": fwd_bwd.peak_bytes,
+        "optimizer_peak_bytes": opt.peak_bytes,
+        "state_bytes": fwd_bwd.start_bytes,
+    }
+
+
+def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root: Path) -> dict[str, Any]:
+    rank = dist.get_rank()
+    out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
+    backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
+    trainer, applied = _trainer(scenario, device, backend)
+    out.update(backend=backend, activation=applied.describe())
+    with OpNameRecorder() as recorder:
+        trainer.train_step()
+    for _ in range(max(scenario.warmup, 1) - 1):
+        trainer.train_step()
+    out["kernel"] = detect_kernel(recorder.op_names, backend)
+
+    if "memory" in scenario.measure:
+        out.update(_memory_step(trainer, probe_name, device))
+
+    if "timing" in scenario.measure:
+        times = []
+        for _ in range(scenario.rounds):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(scenario.steps):
+                trainer.train_step()
+            _sync(device)
+            times.append((time.perf_counter() - start) / scenario.steps)
+        out["step_time_s"] = times
+
+    if scenario.save.strategy == "dcp":
+        save = scenario.save
+        config = {"scenario": scenario.name, "card": scenario.card, "async_save": save.async_save}
+        with sharded_store.ShardedCheckpointer(ckpt_root, async_save=save.async_save, config=config) as ckpt:
+            for _ in range(save.saves):
+                for _ in range(save.save_interval):
+                    trainer.train_step()
+                ckpt.save(trainer)
+        out["saves"] = [
+            {"stall_s": r.stall_s, "total_s": r.total_s, "bytes": r.bytes_written, "host_bytes_added": r.host_bytes_added, "staged_bytes": r.staged_bytes}
+            for r in ckpt.saves
+        ]
+        original = sharded_store.gathered_state(trainer)  # the trainer has not moved since the last save
+        fresh, _ = _trainer(scenario, device, backend)
+        start = time.perf_counter()
+        sharded_store.load(fresh, sharded_store.latest(ckpt_root))
+        out["load_s"] = time.perf_counter() - start
+        loaded = sharded_store.gathered_state(fresh)
+        if rank == 0:
+            out["roundtrip_differences"] = len(sharded_store.bitwise_differences(loaded, original))
+            out["roundtrip_tensors"] = len(original)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="one rank of a distributed flashckpt scenario (started by torchrun)")
+    parser.add_argument("--scenario", type=Path, required=True, help="the scenario as JSON (config.typed.to_plain)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for rank-<r>.json")
+    parser.add_argument("--checkpoints", type=Path, required=True, help="checkpoint folder (shared by every rank)")
+    parser.add_argument("--probe", default="cpu")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait for a peer")
+    args = parser.parse_args(argv)
+    scenario = build(Scenario, json.loads(args.scenario.read_text(encoding="utf-8")), str(args.scenario))
+    device = fsdp.init(timeout_s=args.timeout)
+    rank = dist.get_rank()
+    try:
+        result = measure(scenario, device, args.probe, args.checkpoints)
+    except StrategyUnavailable as exc:
+        result = {"rank": rank, "status": "skipped", "reason": exc.reason}
+    except Exception as exc:
+        result = {"rank": rank, "status": "error", "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        (args.out / f"rank-{rank}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+        raise  # torchrun ends the other ranks
+    (args.out / f"rank-{rank}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Sharded checkpoints with ``torch.distributed.checkpoint`` under the single-process commit protocol.
+
+A save (every rank calls it): rank 0 takes the folder's writer lock, reserves the name and creates the temporary
+folder ``.tmp-<name>-*`` (``CheckpointStore.begin``) and broadcasts its path; every rank writes its shards with
+``dcp.save`` or ``dcp.async_save`` into ``<tmp>/dcp``; once every rank is done (DCP's own finish step, then a
+barrier), rank 0 writes ``train_state.json`` (step, data position, LR schedule), ONE ``manifest.json`` for the whole
+checkpoint (size and sha256 of every file of every rank), renames the folder and moves ``latest`` last
+(``CheckpointStore.commit``). A rank that dies before the commit leaves only a ``.tmp-*`` folder: ``latest`` still
+names the previous checkpoint.
+
+A load verifies the manifest on rank 0 before DCP reads anything (and the verdict is broadcast, so every rank stops
+on a corrupt checkpoint). DCP's ``.metadata`` file is a pickle that ``dcp.load`` unpickles; the sha256 check is what
+guarantees it is the file this library wrote, so a checkpoint is only loaded after it passes.
+
+The state is ``get_state_dict(model, optimizer)`` (torch's FQN-keyed model and optimizer state, sharded as DTensors
+under FSDP2), so a checkpoint saved at N ranks loads at M ranks, or into a plain single-process model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from pytest_flashckpt.checkpoint import dcp_io
+from pytest_flashckpt.checkpoint.errors import CheckpointError
+from pytest_flashckpt.checkpoint.manifest import Manifest, verify, write_manifest
+from pytest_flashckpt.checkpoint.scheduling import process_memory
+from pytest_flashckpt.checkpoint.store import CheckpointStore
+from pytest_flashckpt.distributed.lock import WriterLock
+from pytest_flashckpt.training import Trainer
+
+DCP_DIR = "dcp"
+TRAIN_STATE = "train_state.json"
+STRATEGY = "fsdp-dcp"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _broadcast(value: Any, group=None) -> Any:
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def training_state(trainer: Trainer, options: StateDictOptions | None = None) -> dict[str, Any]:
+    """``{"model": ..., "optim": ...}`` as torch's ``get_state_dict`` returns them (sharded under FSDP2)."""
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=options)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def gathered_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The full (unsharded) model and optimizer state on CPU, flattened to ``model/<fqn>`` and
+    ``optim/state/<fqn>/<key>`` tensors; complete on rank 0 (a collective: every rank calls it)."""
+    state = training_state(trainer, StateDictOptions(full_state_dict=True, cpu_offload=True))
+    flat: dict[str, torch.Tensor] = {}
+    if _rank() != 0:
+        return flat  # cpu_offload keeps the full state on rank 0 only
+    for fqn, tensor in state["model"].items():
+        flat[f"model/{fqn}"] = tensor
+    for fqn, values in state["optim"]["state"].items():
+        for key, tensor in values.items():
+            flat[f"optim/state/{fqn}/{key}"] = tensor if isinstance(tensor, torch.Tensor) else torch.tensor(tensor)
+    for i, group in enumerate(state["optim"]["param_groups"]):
+        for key, value in group.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                flat[f"optim/param_groups/{i}/{key}"] = torch.tensor(value, dtype=torch.float64)
+    return flat
+
+
+def bitwise_differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """Keys whose tensors differ in any bit (or in dtype or shape), plus keys present on one side only."""
+    out = sorted(set(a) ^ set(b))
+    for key in sorted(set(a) & set(b)):
+        x, y = a[key], b[key]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            out.append(key)
+        elif not torch.equal(x.detach().cpu().contiguous().view(-1).view(torch.uint8), y.detach().cpu().contiguous().view(-1).view(torch.uint8)):
+            out.append(key)
+    return out
+
+
+def local_bytes(state: Any) -> int:
+    """Bytes of this rank's tensors in a (possibly sharded) state dict: local shards of DTensors."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_leaves
+
+    tensors = [t.to_local() if isinstance(t, DTensor) else t for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
+    return sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size() for t in tensors)
+
+
+def _train_state(trainer: Trainer, world_size: int) -> dict[str, Any]:
+    sched = trainer.scheduler.state_dict()  # LambdaLR: lr_lambdas is [None] for plain functions, so JSON holds it
+    return {"step": trainer.step, "seed": trainer.seed, "world_size": world_size, "scheduler": sched}
+
+
+@dataclass
+class ShardedSave:
+    """One save in flight; ``finish()`` (every rank) waits for the writes and commits. Times are this rank's."""
+
+    trainer_step: int
+    name: str
+    tmp: Path
+    future: Future | None
+    started: float
+    stall_s: float
+    host_bytes_added: int = 0  # async: this process's resident set after staging minus before (allocator reuse can hide some)
+    staged_bytes: int = 0  # async: bytes of this rank's tensors DCP copies into host memory before returning
+    train_state: dict[str, Any] = field(default_factory=dict)
+    total_s: float | None = None
+    bytes_written: int = 0  # files this rank wrote
+    folder: Path | None = None
+
+
+class ShardedCheckpointer:
+    """Sharded saves into ``root`` (every rank constructs one with the same ``root``); rank 0 owns the commit."""
+
+    def __init__(self, root: Path, *, async_save: bool = False, config: dict[str, Any] | None = None) -> None:
+        self.root = Path(root)
+        self.async_save = async_save
+        self.config = dict(config or {})
+        self.rank = _rank()
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        # DCP's collectives (plan exchange, finish) run on their own gloo group, so an async save's background
+        # thread never interleaves with FSDP's collectives on the default group.
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.store = CheckpointStore(self.root) if self.rank == 0 else None
+        self.lock = WriterLock(self.root)
+        self.pending: ShardedSave | None = None
+        self.saves: list[ShardedSave] = []
+
+    def __enter__(self) -> "ShardedCheckpointer":
+        error = None
+        if self.rank == 0:
+            try:
+                self.lock.acquire()
+            except CheckpointError as exc:
+                error = str(exc)
+        error = _broadcast(error, self.group) if self.group is not None else error
+        if error:
+            raise CheckpointError(error)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if exc[0] is None:
+                self.wait()
+        finally:
+            self.lock.release()
+
+    def save(self, trainer: Trainer) -> ShardedSave:
+        """Start a save (sync: returns once committed; async: once DCP has staged the state in host memory)."""
+        started = time.perf_counter()
+        self.wait()  # at most one save in flight, as torch's async_save expects
+        where = None
+        if self.rank == 0:
+            name = self.store.reserve_name(trainer.step)
+            where = (name, str(self.store.begin(name)))
+        name, tmp = _broadcast(where, self.group) if self.group is not None else where
+        tmp = Path(tmp)
+        state = training_state(trainer)
+        rss_before = process_memory()[0]
+        if self.async_save:
+            future = dcp.async_save(state, checkpoint_id=str(tmp / DCP_DIR), process_group=self.group)
+        else:
+            dcp.save(state, checkpoint_id=str(tmp / DCP_DIR), process_group=self.group)
+            future = None
+        record = ShardedSave(trainer.step, name, tmp, future, started, 0.0, train_state=_train_state(trainer, self.world_size))
+        if self.async_save:
+            record.host_bytes_added = max(0, process_memory()[0] - rss_before)
+            record.staged_bytes = local_bytes(state)
+            record.stall_s = time.perf_counter() - started
+            self.pending = record
+        else:
+            self._finish(record)
+            record.stall_s = time.perf_counter() - started
+        self.saves.append(record)
+        return record
+
+    def wait(self) -> None:
+        """Finish (and commit) the save in flight, if any."""
+        if self.pending is not None:
+            record, self.pending = self.pending, None
+            self._finish(record)
+
+    def _finish(self, record: ShardedSave) -> None:
+        if record.future is not None:
+            record.future.result()
+        record.bytes_written = sum(p.stat().st_size for p in (record.tmp / DCP_DIR).glob(f"__{self.rank}_*"))
+        if self.group is not None:
+            dist.barrier(group=self.group)
+        error = None
+        if self.rank == 0:
+            try:
+                (record.tmp / TRAIN_STATE).write_text(json.dumps(record.train_state, indent=1, sort_keys=True), encoding="utf-8")
+                record.bytes_written += (record.tmp / DCP_DIR / ".metadata").stat().st_size
+                manifest = Manifest(record.name, record.trainer_step, STRATEGY, "dcp", {**self.config, "world_size": self.world_size})
+                write_manifest(record.tmp, manifest)
+                record.folder = self.store.commit(record.tmp, record.name)
+            except Exception as exc:  # every rank must learn that the commit failed
+                error = f"{type(exc).__name__}: {exc}"
+                self.store.abort(record.tmp)
+        if self.group is not None:
+            error = _broadcast(error, self.group)
+        if error:
+            raise CheckpointError(f"sharded save {record.name} into {self.root} failed on rank 0: {error}")
+        record.folder = self.root / record.name
+        record.total_s = time.perf_counter() - record.started
+
+
+def _verified(folder: Path, group=None) -> dict[str, Any]:
+    """Rank 0 checks the manifest (every file's size and sha256) and reads the train state; all ranks get the verdict."""
+    answer: tuple[str | None, dict | None] = (None, None)
+    if _rank() == 0:
+        try:
+            manifest = verify(folder)
+            if manifest.format != "dcp" or manifest.strategy != STRATEGY:
+                raise CheckpointError(f"{folder}: a {manifest.strategy}/{manifest.format} checkpoint, not a sharded DCP one; load it with pytest_flashckpt.checkpoint.load_into")
+            answer = (None, json.loads((folder / TRAIN_STATE).read_text(encoding="utf-8")))
+        except (CheckpointError, OSError, ValueError) as exc:
+            answer = (str(exc), None)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        answer = _broadcast(answer, group)
+    if answer[0]:
+        raise CheckpointError(answer[0])
+    return answer[1]
+
+
+def _restore(trainer: Trainer, folder: Path, group=None) -> dict[str, Any]:
+    train_state = _verified(folder, group)
+    state = training_state(trainer)
+    dcp.load(state, checkpoint_id=str(folder / DCP_DIR), process_group=group)
+    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    trainer.scheduler.load_state_dict(train_state["scheduler"])
+    trainer.step = int(train_state["step"])
+    return train_state
+
+
+def load(trainer: Trainer, folder: Path, group=None) -> dict[str, Any]:
+    """Restore a sharded checkpoint into ``trainer`` at this world size (any: DCP reshards on read). Every rank calls it."""
+    return _restore(trainer, Path(folder), group)
+
+
+def load_plain(trainer: Trainer, folder: Path) -> dict[str, Any]:
+    """Restore a sharded checkpoint into a plain single-process (non-FSDP) trainer: DCP reads every shard into the
+    full tensors. Runs without torchrun: a one-rank in-memory group stands in when none exists (``dcp.load`` with
+    ``no_dist=True`` would warn on every call)."""
+    with dcp_io.process_group():
+        return _restore(trainer, Path(folder))
+
+
+def latest(root: Path) -> Path | None:
+    """The folder ``root/latest`` names (committed, so it has a manifest), or None."""
+    name = CheckpointStore(Path(root)).latest_name()
+    return Path(root) / name if name else None

@@ -1,0 +1,49 @@
+"""Small OS helpers every layer may use: the atomic file write and the process's resident set.
+
+``atomic_write`` is how results.json, baselines, the report and its plots are written: a temporary file in the
+same folder, flushed and fsync'd, then renamed over the target (and the folder fsync'd), so a reader sees the
+old file or the new one, never half of one. (Checkpoints keep their own commit protocol in ``checkpoint/store``.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@contextlib.contextmanager
+def atomic_write(path: Path | str) -> Iterator[BinaryIO]:
+    """``with atomic_write(path) as fh: fh.write(data)``: ``path`` is replaced only when the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    with contextlib.suppress(OSError):  # not every filesystem lets a folder be opened for fsync
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    with atomic_write(path) as fh:
+        fh.write(text.encode("utf-8"))
+
+
+def resident_bytes() -> int:
+    """The process's resident set size (``/proc/self/statm``, second field, in pages)."""
+    with open("/proc/self/statm", encoding="ascii") as fh:
+        return int(fh.read().split()[1]) * PAGE_SIZE

@@ -1,0 +1,153 @@
+"""The metric vocabulary: every metric a run records, defined once.
+
+A metric has a name (the key in ``Result.metrics`` and ``results.json``), a unit, a kind (how a baseline judges
+it), which direction is worse, whether the regression gate guards it, the ``@pytest.mark.flashckpt`` budget key
+that bounds it (if any) and the formatter the report uses. The runner, the fixture, the baseline verdicts, the
+report, ``flashckpt compare`` and the budgets read this table instead of keeping their own lists, so adding a
+metric is: a row here plus the code that produces it (docs/architecture.md, "Adding a metric").
+
+Kinds:
+
+- ``exact``: a deterministic count (FLOPs, files, bytes written): compared exactly (``slack``: relative slack);
+- ``memory``: bytes read by a memory probe: exact under an exact probe (``cpu``), with the memory tolerance under
+  a sampled or allocator probe (``cuda``, ``nvml``, ``rss``);
+- ``sampled``: bytes that vary run to run with any probe (an async save frees staging buffers from a thread):
+  always with the memory tolerance;
+- ``ratio``: a timing ratio to the reference measured side by side: tolerance plus a significance test;
+- ``time``: absolute seconds: recorded, gated only when asked (``--flashckpt-gate-times``);
+- ``info``: recorded and reported, never gated.
+
+This module imports nothing from the project (and no torch): every layer may read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["exact", "memory", "sampled", "ratio", "time", "info"]
+Worse = Literal["higher", "lower"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str  # "B", "s", "ratio", "fraction", "FLOP", "count", "MB/s", "GB/s", "text"
+    kind: Kind
+    description: str
+    worse: Worse = "higher"
+    gated: bool = False  # kept in baselines and judged by the regression gate
+    budget: str | None = None  # the @pytest.mark.flashckpt key bounding it
+    slack: float = 0.0  # exact kind: relative difference still counted as equal
+    fmt: str = "number"  # a formatter name in pytest_flashckpt.numbers.FORMATTERS
+    needs: str = ""  # what the fixture's measure() must be given for it to exist ("reference=", "save=")
+
+    @property
+    def fraction(self) -> bool:
+        """Shown as %, and a change of it in percentage points."""
+        return self.unit == "fraction"
+
+    @property
+    def has_samples(self) -> bool:
+        """Judged on per-round samples (stored in baselines beside the median)."""
+        return self.kind in ("ratio", "time")
+
+
+_TABLE = (
+    # gated metrics first, in the order verdict rows list them
+    Metric("peak_bytes", "B", "memory", "most memory alive at once during one training step", gated=True, budget="max_peak_memory", fmt="mib"),
+    Metric("state_bytes", "B", "memory", "memory alive across steps (weights, optimizer state, batch)", gated=True, fmt="mib"),
+    Metric("save_extra_peak_bytes", "B", "sampled", "memory a save adds on top of training (staging buffers, transient peak)", gated=True, fmt="mib"),
+    Metric("step_flops", "FLOP", "exact", "floating-point operations of one training step", gated=True, fmt="gflop"),
+    # container metadata (zip entries, pickled names, DCP .metadata) may vary by a few hundred bytes: 1e-4 of the
+    # tiny model's ~150 MB checkpoint is ~15 KB, far below a dropped or duplicated tensor (>= 1 MB there)
+    Metric("bytes_written", "B", "exact", "bytes one save writes", gated=True, slack=1e-4),
+    Metric("files", "count", "exact", "files one save writes", gated=True, fmt="count"),
+    Metric("overhead", "ratio", "ratio", "median per-round step time / reference step time", gated=True, budget="max_overhead", fmt="ratio", needs="reference="),
+    Metric("stall_vs_sync", "fraction", "ratio", "save stall / the reference's synchronous save time", gated=True, fmt="pct"),
+    Metric("save_stall_s", "s", "time", "how long a save blocks the training loop", gated=True, budget="max_save_stall", fmt="ms", needs="save="),
+    Metric("step_time_s", "s", "time", "median step time", gated=True, budget="max_step_time", fmt="ms"),
+    Metric("save_total_s", "s", "time", "until a save is durable and committed", gated=True, fmt="ms"),
+    Metric("load_s", "s", "time", "loading and verifying the last checkpoint", gated=True, fmt="ms"),
+    # recorded and reported
+    Metric("reference_peak_bytes", "B", "info", "the reference's peak_bytes", fmt="mib"),
+    Metric("memory_saving", "fraction", "info", "1 - peak / reference peak", worse="lower", budget="min_memory_saving", fmt="pct", needs="reference="),
+    Metric("analytic_peak_bytes", "B", "info", "the analytic model's peak for this scenario", fmt="mib"),
+    Metric("analytic_memory_saving", "fraction", "info", "the analytic model's saving", worse="lower", fmt="pct"),
+    Metric("reference_step_time_s", "s", "info", "the reference's median step time", fmt="ms"),
+    Metric("overhead_min", "ratio", "info", "smallest per-round overhead", fmt="ratio"),
+    Metric("overhead_max", "ratio", "info", "largest per-round overhead", fmt="ratio"),
+    Metric("reference_step_flops", "FLOP", "info", "the reference's step_flops", fmt="gflop"),
+    Metric("flop_ratio", "ratio", "info", "step_flops / reference step_flops", fmt="ratio"),
+    Metric("reference_save_total_s", "s", "info", "the reference's synchronous save time", fmt="ms"),
+    Metric("reference_save_stall_s", "s", "info", "the reference's save stall", fmt="ms"),
+    Metric("write_MBps", "MB/s", "info", "bytes written / write time", worse="lower", fmt="mbps"),
+    Metric("raw_write_MBps", "MB/s", "info", "this disk's raw write bandwidth, measured in the same folder", worse="lower", fmt="mbps"),
+    Metric("copy_GBps", "GB/s", "info", "this machine's memory copy bandwidth", worse="lower", fmt="gbps"),
+    Metric("write_vs_raw", "fraction", "info", "write_MBps / raw_write_MBps", worse="lower", fmt="pct"),
+    Metric("snapshot_bytes", "B", "info", "bytes copied by a save's snapshot", fmt="mib"),
+    Metric("copy_bound_s", "s", "info", "snapshot bytes / copy bandwidth: the least a snapshot can take", fmt="ms"),
+    Metric("saves", "count", "info", "saves measured", fmt="count"),
+    Metric("steps", "count", "info", "training steps of the checkpoint pass", fmt="count"),
+    Metric("deferrals", "count", "info", "saves a scheduled strategy deferred", fmt="count"),
+    Metric("forced_saves", "count", "info", "deferred saves forced after max_defer_steps", fmt="count"),
+    Metric("strategy", "text", "info", "the save strategy that ran"),
+    Metric("format", "text", "info", "the checkpoint file format (torch, safetensors, dcp)"),
+    Metric("verified", "text", "info", "how the loaded checkpoint was checked against the saved state (bitwise)"),
+    Metric("cuda_peak_reserved_bytes", "B", "info", "CUDA caching-allocator reserved peak (cuda probe)", fmt="mib"),
+    Metric("nvml_peak_used_bytes", "B", "info", "device memory used at its sampled peak (nvml probe)", fmt="mib"),
+    Metric("nvml_context_bytes", "B", "info", "device memory outside torch (CUDA context; nvml probe)", fmt="mib"),
+)
+
+METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}
+GATED: tuple[str, ...] = tuple(m.name for m in _TABLE if m.gated)
+"""A baseline stores exactly these (plus their per-round samples); every one is "higher is worse"."""
+assert all(METRICS[n].worse == "higher" for n in GATED), "the gate judges increases as regressions"
+SAMPLED: tuple[str, ...] = tuple(m.name for m in _TABLE if m.gated and m.has_samples)
+BUDGETS: dict[str, Metric] = {m.budget: m for m in _TABLE if m.budget}
+COMPARED: tuple[str, ...] = (
+    "peak_bytes", "memory_saving", "step_time_s", "overhead", "flop_ratio",
+    "save_stall_s", "save_total_s", "write_MBps", "load_s", "save_extra_peak_bytes",
+)
+"""What ``flashckpt compare`` shows by default (``--metric`` picks others)."""
+assert set(COMPARED) <= set(METRICS), "COMPARED names a metric outside the vocabulary"
+
+
+def get(name: str) -> Metric | None:
+    return METRICS.get(name)
+
+
+def judged_as(name: str, exact_probe: bool) -> Literal["exact", "memory", "ratio", "time"] | None:
+    """How the gate judges ``name`` for a result measured with an exact (``True``) or sampled probe; None: not gated."""
+    spec = METRICS.get(name)
+    if spec is None or not spec.gated:
+        return None
+    if spec.kind == "memory":
+        return "exact" if exact_probe else "memory"
+    if spec.kind == "sampled":
+        return "memory"
+    return spec.kind  # type: ignore[return-value]
+
+
+def format_metric(name: str, value: object) -> str:
+    """A metric's value as a person reads it; names outside the table fall back to their suffix (probe extras)."""
+    from pytest_flashckpt import numbers
+
+    if value is None or isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
+        return numbers.number(value)
+    spec = METRICS.get(name)
+    if spec is not None:
+        return numbers.FORMATTERS[spec.fmt](value)
+    if name.endswith("_saving"):
+        return numbers.pct(value)
+    if name.endswith("_ratio"):
+        return numbers.ratio(value)
+    for suffix, fmt in (("_bytes", "mib"), ("_s", "ms"), ("_MBps", "mbps"), ("_GBps", "gbps"), ("flops", "gflop")):
+        if name.endswith(suffix):
+            return numbers.FORMATTERS[fmt](value)
+    return numbers.number(value)
+
+
+def is_fraction(name: str) -> bool:
+    spec = METRICS.get(name)
+    return spec.fraction if spec is not None else name.endswith("_saving")

@@ -1,0 +1,83 @@
+"""The run's context, resolved in one place: device (``auto`` -> CUDA when present), memory probe (``auto`` -> the
+device's default), checkpoint work folder, the hardware/software profile, and the per-run cache of reference
+measurements. The pytest plugin, ``flashckpt run`` and the ``flashckpt`` fixture all resolve through here."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.typed import to_plain
+from pytest_flashckpt.registry import default_probe_name
+from pytest_flashckpt.config.injection import Injection
+
+
+class SkipScenario(Exception):
+    """This hardware cannot run the scenario; the message is the reason shown in reports and pytest."""
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` -> the first CUDA device when there is one, else the CPU; a missing CUDA is a clear error."""
+    if name == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SkipScenario(f"device {name!r} asked for, but torch {torch.__version__} sees no CUDA device")
+    if device.type == "cuda":  # always an explicit index: events, probes and staging act on exactly this GPU
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s), cuda:0..")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {name!r}; valid: auto, cpu, cuda, cuda:N")
+    return device
+
+
+def resolve_probe(name: str, device: torch.device) -> str:
+    return default_probe_name(device.type) if name == "auto" else name
+
+
+def scenario_key(scenario: Scenario) -> str:
+    plain = to_plain(scenario)
+    for field in ("name", "suite", "description", "article", "measure", "rounds"):
+        plain.pop(field, None)
+    return repr(sorted(plain.items()))
+
+
+@dataclasses.dataclass
+class RunContext:
+    """Per-run settings and caches shared by the scenarios of one suite run."""
+
+    device: torch.device
+    probe: str
+    workdir: Path | None = None
+    cache: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dtypes: tuple[str, ...] = ("float32",)  # the scenarios' dtypes: the profile's kernel is resolved with the most common
+    inject: Injection | None = None  # a known regression on purpose, to check the gate can fail (config/injection.py)
+    _profile: tuple[dict[str, Any], str] | None = None
+
+    @classmethod
+    def resolve(
+        cls, device: str = "auto", probe: str = "auto", workdir: str | Path | None = None, inject: str = ""
+    ) -> "RunContext":
+        dev = resolve_device(device)
+        return cls(device=dev, probe=resolve_probe(probe, dev), workdir=Path(workdir) if workdir else None,
+                   inject=Injection.parse(inject))
+
+    def cached(self, kind: str, scenario: Scenario, compute: Callable[[], Any]) -> Any:
+        key = f"{kind}:{scenario_key(scenario)}"
+        if key not in self.cache:
+            self.cache[key] = compute()
+        return self.cache[key]
+
+    def profile(self) -> tuple[dict[str, Any], str]:
+        """This run's hardware/software profile and its id (computed once)."""
+        if self._profile is None:
+            from pytest_flashckpt.profile import current_profile, profile_id, run_kernel
+
+            profile = current_profile(str(self.device), run_kernel(self.device, self.dtypes))
+            self._profile = (profile, profile_id(profile))
+        return self._profile

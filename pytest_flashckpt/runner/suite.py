@@ -1,0 +1,209 @@
+"""A suite run without pytest: ``run_suite(suite, options) -> RunRecord``, and ``SuiteRun``, its per-scenario API.
+
+``SuiteRun`` is what every front end drives: the pytest plugin (one test item per scenario: ``run`` then
+``judge``), ``flashckpt run`` (``run_suite``: every scenario, then ``finish``), and later a distributed rank runner
+or a simulation runner, which plug in their own ``measure`` (a ``ScenarioRunner``: scenario + context -> Result).
+The run's context (device, probe, profile) is resolved once, in ``runner.context``; baselines are read, judged
+and saved by ``baselines``; ``finish`` writes ``results.json``, the markdown report and the CI step summary.
+See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from pytest_flashckpt import __version__
+from pytest_flashckpt.comparison import Comparison, RegressionVerdict
+from pytest_flashckpt.config.errors import ConfigError
+from pytest_flashckpt.config.preflight import preflight
+from pytest_flashckpt.config.run_options import Options
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.suites import Suite, load_suite
+from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.runner.context import RunContext
+
+
+class ScenarioRunner(Protocol):
+    """Measures one scenario in a run's context; ``runner.run.run_scenario`` is the in-process one."""
+
+    def __call__(self, scenario: Scenario, ctx: RunContext) -> Result: ...
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One scenario's regression verdict rows, and the failure text when a metric regressed (None otherwise;
+    also None while ``save_baseline`` refreshes the baseline: then regressions are reported, not failed)."""
+
+    rows: list[RegressionVerdict]
+    failure: str | None
+
+
+@dataclass
+class RunOutputs:
+    record: RunRecord
+    results_path: Path
+    report_path: Path
+    baseline_path: Path | None = None
+    step_summary: Path | None = None
+
+
+def load_checked_suite(name_or_path: str) -> Suite:
+    """Load a suite and preflight every scenario (model cards read, sequences fit): ConfigError before anything runs."""
+    suite = load_suite(name_or_path)
+    for scenario in suite.scenarios:
+        preflight(scenario)
+    return suite
+
+
+class SuiteRun:
+    """The state of one suite run; ``root`` is the folder relative paths (report, baselines) are resolved from."""
+
+    def __init__(self, suite: Suite, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> None:
+        self.suite = suite
+        self.options = options
+        self.root = Path(root) if root is not None else Path.cwd()
+        self.results: list[Result] = []
+        self.started = datetime.now(timezone.utc)
+        self._measure = measure
+        self._ctx: RunContext | None = None
+        self._gate = None  # baselines.Gate, made at the first judgement (needs the profile, hence torch)
+        self.subset: str | None = "--flashckpt-subset" if options.subset else None  # why a subset is intended
+        self.missing: list[RegressionVerdict] = []  # missing rows that fail the run (set by finish)
+
+    # -- context ------------------------------------------------------------------------------------
+    @property
+    def context(self) -> RunContext:
+        if self._ctx is None:
+            o = self.options
+            self._ctx = RunContext.resolve(o.device, o.probe, o.workdir or None, o.inject)
+            self._ctx.dtypes = tuple(s.dtype for s in self.suite.scenarios)
+        return self._ctx
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / self.options.report
+
+    @property
+    def baseline_dir(self) -> Path:
+        return self.root / self.options.baseline_dir
+
+    # -- per scenario -------------------------------------------------------------------------------
+    def run(self, scenario: Scenario) -> Result:
+        """Measure one scenario (``--rounds`` and ``--saves`` applied) and keep its result for the record."""
+        if self.options.rounds:
+            scenario = dataclasses.replace(scenario, rounds=self.options.rounds)
+        if self.options.saves and scenario.save.strategy != "none":
+            scenario = dataclasses.replace(scenario, save=dataclasses.replace(scenario.save, saves=self.options.saves))
+        measure = self._measure
+        if measure is None:
+            from pytest_flashckpt.runner.run import run_scenario
+
+            measure = run_scenario
+        result = measure(scenario, self.context)
+        self.results.append(result)
+        return result
+
+    def gate(self):
+        """The baseline gate of this run (BaselineError when this profile's baseline file is unreadable)."""
+        if self._gate is None:
+            from pytest_flashckpt.baselines import Gate, Thresholds
+
+            o = self.options
+            thresholds = Thresholds(o.timing_tolerance, o.memory_tolerance, o.alpha, o.gate_times)
+            self._gate = Gate(self.baseline_dir, self.context.profile()[1], thresholds, enabled=not o.no_compare)
+            if o.save_baseline and self._gate.status == "compared":
+                self._gate.notes.append("--flashckpt-save-baseline: regressions are reported, not failed; the baseline is refreshed")
+        return self._gate
+
+    def judge(self, result: Result) -> Judgement:
+        """Regression verdicts of one result against the stored baseline (raises BaselineError for a bad file)."""
+        from pytest_flashckpt.baselines import failure_text
+
+        gate = self.gate()
+        rows = gate.judge(result)
+        text = failure_text(rows, gate.lookup.path, gate.thresholds)
+        return Judgement(rows, None if self.options.save_baseline else text)
+
+    # -- the whole run ------------------------------------------------------------------------------
+    def comparison(self) -> Comparison:
+        from pytest_flashckpt.baselines import BaselineError
+        from pytest_flashckpt.baselines.gate import unreadable_baseline
+
+        try:
+            return self.gate().comparison()
+        except BaselineError as exc:
+            return unreadable_baseline(str(exc))
+
+    def record(self) -> RunRecord:
+        from pytest_flashckpt.profile import git_commit
+
+        ctx = self.context
+        profile, pid = ctx.profile()
+        return RunRecord(
+            profile=profile,
+            profile_id=pid,
+            created=self.started.isoformat(timespec="seconds"),
+            commit=git_commit(str(self.root)),
+            suite=self.suite.name,
+            device=str(ctx.device),
+            probe=ctx.probe,
+            results=self.results,
+            tool_version=__version__,
+            comparison=self.comparison(),
+        )
+
+    def finish(self) -> RunOutputs:
+        """Save the baseline (when asked), write ``results.json``, the report, and the CI step summary."""
+        from pytest_flashckpt.baselines import save_run
+        from pytest_flashckpt.report.regression import append_step_summary
+        from pytest_flashckpt.report import write_report
+
+        from pytest_flashckpt.config.run_options import DEFAULT_REPORT_DIR
+        from pytest_flashckpt.report.folder import make_report_folder
+
+        if self._gate is not None and not self.options.save_baseline:
+            self.missing = self._gate.finish({s.suite for s in self.suite.scenarios}, self.results, self.subset)
+        record = self.record()
+        make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
+        baseline = save_run(self.baseline_dir, record) if self.options.save_baseline else None
+        results_path = self.report_dir / "results.json"
+        record.write_json(results_path)
+        report_path = write_report(record, self.report_dir)
+        summary = append_step_summary(record.comparison) if record.comparison is not None else None
+        return RunOutputs(record, results_path, report_path, baseline, summary)
+
+    def failed(self) -> bool:
+        """A scenario broke, a metric regressed, or a baseline scenario/metric is missing without an intended
+        subset (not while the baseline is being refreshed)."""
+        if any(r.status == "error" for r in self.results):
+            return True
+        return not self.options.save_baseline and bool(self.comparison().regressed or self.missing)
+
+
+def run_suite(suite: Suite | str, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> RunRecord:
+    """Run every scenario of ``suite`` (a loaded Suite, a shipped name or a YAML path), judge each against the
+    baseline, write ``results.json`` and the report under ``options.report``; returns the run's record."""
+    return run_suite_outputs(suite, options, root, measure).record
+
+
+def run_suite_outputs(suite: Suite | str, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> RunOutputs:
+    if isinstance(suite, str):
+        suite = load_checked_suite(suite)
+    from pytest_flashckpt.baselines import BaselineError
+
+    run = SuiteRun(suite, options, root, measure)
+    for scenario in suite.scenarios:
+        result = run.run(scenario)
+        if result.status == "measured":
+            try:
+                run.judge(result)
+            except BaselineError:
+                pass  # an unreadable baseline file: comparison() reports it in the record
+    return run.finish()
+
+
+__all__ = ["ConfigError", "Judgement", "RunOutputs", "ScenarioRunner", "SuiteRun", "load_checked_suite", "run_suite", "run_suite_outputs"]

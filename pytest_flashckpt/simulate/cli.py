@@ -1,0 +1,75 @@
+"""``flashckpt simulate``: predicted peak of one training step, its breakdown, and whether it fits a device.
+
+    flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
+
+Exit status: 0 when it fits (or no --device-memory was given), 1 when it does not fit, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
+
+STRATEGIES = ("none", "full", "every_k", "selective_op")
+
+
+def add_parser(sub) -> None:
+    from pytest_flashckpt.simulate.kernels import KERNELS
+
+    p = sub.add_parser(
+        "simulate",
+        help="will it fit? the exact peak of a training step, simulated on the meta device",
+        description="Run the real training step (forward, backward, AdamW step) of a model card on tensors that "
+        "allocate nothing and print its exact peak memory, the breakdown, and whether it fits the device. "
+        "Exit status 0: fits (or no --device-memory), 1: does not fit, 2: bad input.",
+    )
+    p.add_argument("--model", default="gpt3-2.7b", help="model card name or path (default gpt3-2.7b)")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
+    p.add_argument("--batch", type=int, default=8, help="global batch size (default 8)")
+    p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 (default bf16)")
+    p.add_argument("--strategy", default="none", choices=STRATEGIES, help="activation checkpointing (default none)")
+    p.add_argument("--k", type=int, default=2, help="every_k: checkpoint blocks 0, k, 2k, ... (default 2)")
+    p.add_argument("--kernel", default="flash", choices=KERNELS, help="attention kernel (default flash)")
+    p.add_argument("--target", default="cuda", choices=("cuda", "cpu"), help="device the prediction is for (default cuda)")
+    p.add_argument("--world-size", type=int, default=1, help="FSDP ranks: per-rank peak with sharded states (default 1)")
+    p.add_argument("--device-memory", metavar="SIZE", help="device memory, e.g. 80GiB or '40 GB'")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.config.errors import InputError
+
+    try:
+        device_bytes = None if args.device_memory is None else parse_device_memory(args.device_memory)
+        from pytest_flashckpt.simulate import simulate_step
+
+        peak = simulate_step(
+            args.model, args.dtype, args.batch, args.seq, args.kernel, args.strategy, k=args.k,
+            target=args.target, world_size=args.world_size,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        raise InputError(str(exc)) from None
+    print("\n".join(describe(peak)))
+    if device_bytes is None:
+        for label, size in REPORT_DEVICES:
+            print(f"  on {label}: {verdict(peak.peak_bytes, size)}")
+        return 0
+    print(f"device memory {args.device_memory} ({gib(device_bytes)}): {verdict(peak.peak_bytes, device_bytes)}")
+    return 0 if peak.fits(device_bytes) else 1
+
+
+def describe(peak) -> list[str]:
+    ranks = f", per rank of {peak.world_size} (FSDP, batch {peak.batch_size // peak.world_size} per rank)" if peak.world_size > 1 else ""
+    lines = [
+        f"{peak.card}, {peak.dtype}, batch {peak.batch_size} x seq {peak.seq_len}, attention {peak.kernel} ({peak.target}), "
+        f"strategy {peak.strategy}{ranks}",
+        f"predicted peak: {gib(peak.peak_bytes)} ({peak.peak_bytes} bytes) at {peak.peak_op} in the {peak.peak_phase} "
+        f"(simulated on meta in {peak.seconds:.1f} s)",
+    ]
+    for category, nbytes in peak.breakdown.items():
+        lines.append(f"  {category:<16} {gib(nbytes):>12}")
+    if peak.sharding:
+        lines.append(f"  (FSDP: includes {gib(peak.sharding['all_gathered_bytes'])} of all-gathered unsharded parameters, modelled)")
+    lines.append("  not counted: CUDA context, cuBLAS/NCCL workspaces, allocator rounding and fragmentation")
+    return lines

@@ -1,0 +1,48 @@
+"""FSDP2 per-rank memory: ``fully_shard`` keeps each parameter (and its gradient and AdamW state) as a dim-0
+shard: every rank holds ``ceil(dim0 / N)`` rows (the sharded parameter is padded to that on every rank, so the
+largest rank's share is exactly this). ``tests/simulate/test_fsdp.py`` checks this formula against the real
+``fully_shard`` layout on meta with a fake process group.
+
+A rank's step: the single-device step simulated at the rank's batch (``batch / N``) with the probe's rank view
+(``simulate.probe``: parameters, optimizer state, accumulated gradients and the optimizer step's temporaries
+count 1/N, tracked at every op, so the rank's peak may fall at another moment than the unsharded one), plus what
+FSDP2 all-gathers (modelled, not measured): the root module's parameters (embeddings, final LayerNorm: the root
+is not resharded after forward) and two blocks' parameters (the one running and the one prefetched). NCCL's
+communication buffers are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import torch.nn as nn
+
+
+
+def shard_bytes(shape: tuple[int, ...], itemsize: int, world_size: int) -> int:
+    """Bytes of the largest rank's dim-0 shard of a tensor of ``shape`` (0-dim tensors are replicated)."""
+    if not shape:
+        return itemsize
+    rows = math.ceil(shape[0] / world_size)
+    return rows * math.prod(shape[1:]) * itemsize
+
+
+def sharded_param_bytes(model: nn.Module, world_size: int) -> tuple[int, int]:
+    """(full, per-rank) bytes of the model's parameters (tied parameters once)."""
+    full = sharded = 0
+    for p in model.parameters():
+        full += p.numel() * p.element_size()
+        sharded += shard_bytes(tuple(p.shape), p.element_size(), world_size)
+    return full, sharded
+
+
+def _unsharded(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def all_gathered_bytes(model: nn.Module) -> int:
+    """What FSDP2 holds unsharded on top of the shards (modelled): the root module's parameters (not resharded
+    after forward) and two blocks' (the one running and the one prefetched)."""
+    block_params = max(_unsharded(block.parameters()) for block in model.blocks)
+    in_blocks = {id(p) for block in model.blocks for p in block.parameters()}
+    root_params = _unsharded(p for p in model.parameters() if id(p) not in in_blocks)
+    return root_params + 2 * block_params

@@ -1,0 +1,64 @@
+"""A suite scenario with ``simulate: {enabled: true}``: its step simulated on meta, recorded as ``simulated_*``
+metrics (never ``peak_bytes``: a prediction is not a measurement, and the report marks it as simulated)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pytest_flashckpt.simulate.result import SimulatedPeak
+from pytest_flashckpt.simulate.step import simulate_step
+
+
+@lru_cache(maxsize=64)
+def _cached(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy: str, k: int, target: str, world_size: int) -> SimulatedPeak:
+    """The simulation is deterministic: a reference shared by several scenarios of a suite is simulated once."""
+    return simulate_step(card, dtype, batch, seq, kernel, strategy, k=k, target=target, world_size=world_size)
+
+
+def run_simulated(scenario, result) -> None:
+    """Fill ``result`` (a ``Result``) with the simulated peak of ``scenario`` and, for a strategy, its saving
+    against the simulated reference (no activation checkpointing, same everything else)."""
+    sim = scenario.simulate
+    if scenario.activation.save_ops is not None:
+        raise ValueError("simulate: a custom activation.save_ops list is not supported in suites; use the Python API")
+    common = (scenario.card, scenario.dtype, scenario.batch_size, scenario.seq_len, sim.kernel)
+    tail = (sim.target, sim.world_size)
+    peak = _cached(*common, scenario.activation.strategy, scenario.activation.k, *tail)
+    result.device = "meta"
+    result.probe = "simulated"
+    result.backend = sim.kernel
+    result.kernel = peak.kernel
+    m = result.metrics
+    m["simulated_peak_bytes"] = peak.peak_bytes
+    m["simulated_start_bytes"] = peak.start_bytes
+    for category, nbytes in peak.breakdown.items():
+        m[f"simulated_{category}_bytes"] = nbytes
+    m["simulate_seconds"] = peak.seconds
+    m["world_size"] = peak.world_size
+    if scenario.activation.strategy != "none":
+        reference = _cached(*common, "none", 2, *tail)
+        m["simulated_reference_peak_bytes"] = reference.peak_bytes
+        m["simulated_memory_saving"] = 1.0 - peak.peak_bytes / reference.peak_bytes
+    m["simulated_kept_bytes"] = sum(peak.block_kept_bytes) + peak.outside_kept_bytes
+    m["simulated_block_kept_bytes"] = max(peak.block_kept_bytes)
+    m.update(_formulas(scenario, peak))
+    result.notes.append(f"simulated on meta: peak at {peak.peak_op} in the {peak.peak_phase}")
+
+
+def _formulas(scenario, peak: SimulatedPeak) -> dict[str, int]:
+    """The analytic model's block and peak and Korthikanti's per-layer bytes, beside the simulated ones."""
+    from pytest_flashckpt.activation import analytic
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.formulas import korthikanti_block_bytes
+
+    if scenario.activation.strategy != "none" or peak.world_size != 1:
+        return {}
+    config = load_card(scenario.card)
+    backend = {"sdpa": "sdpa" if peak.target == "cpu" else "flash_attn", "eager": "eager"}.get(scenario.simulate.kernel, "flash_attn")
+    itemsize = 4 if peak.dtype == "float32" else 2
+    work = analytic.Workload(peak.batch_size, peak.seq_len, backend, itemsize, peak.target)
+    estimate = analytic.estimate(config, work, "none")
+    out = {"analytic_block_kept_bytes": max(estimate.block_bytes), "analytic_peak_bytes": estimate.peak_bytes}
+    if itemsize == 2:
+        out["korthikanti_block_bytes"] = korthikanti_block_bytes(config, peak.batch_size, peak.seq_len)
+    return out

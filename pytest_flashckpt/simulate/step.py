@@ -1,0 +1,166 @@
+"""``simulate_step``: the real training step (forward, backward, AdamW step) on the ``meta`` device, measured by
+the cpu probe's live-storage accounting; nothing is allocated, so any model card fits on any machine.
+
+The step is the one ``Trainer.train_step`` runs (the same model code, activation strategy and optimizer); only
+the device and the attention op differ (see ``kernels``). A first step creates AdamW's state, the second is
+measured, as the runner measures real runs. See README "Will it fit?" for what equals a real run to the byte.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+
+import torch
+
+from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.models.cards import build_model, load_card
+from pytest_flashckpt.models.gpt import GPTConfig
+from pytest_flashckpt.simulate.kernels import simulated_backend
+from pytest_flashckpt.simulate.probe import AttributedStorages
+from pytest_flashckpt.simulate.result import SimulatedPeak
+from pytest_flashckpt.training import Trainer
+
+DTYPE_NAMES = {
+    "float32": "float32", "fp32": "float32", "f32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+}
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_NAMES)}")
+    return DTYPE_NAMES[dtype]
+
+
+def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: int = 1) -> None:
+    """ValueErrors naming the value for a workload the card cannot run."""
+    if batch_size <= 0:
+        raise ValueError(f"batch size must be positive, got {batch_size}")
+    if seq_len <= 0:
+        raise ValueError(f"sequence length must be positive, got {seq_len}")
+    if seq_len > card.block_size:
+        raise ValueError(
+            f"sequence length {seq_len} is longer than the {card.block_size} positions of model card {card.name!r}"
+        )
+    if world_size <= 0:
+        raise ValueError(f"world size must be positive, got {world_size}")
+    if batch_size % world_size:
+        raise ValueError(
+            f"world size {world_size} does not divide the batch size {batch_size}; each rank needs a whole batch "
+            f"(use a batch that is a multiple of {world_size})"
+        )
+
+
+def simulate_step(
+    card: GPTConfig | str,
+    dtype: str | torch.dtype = "bfloat16",
+    batch_size: int = 8,
+    seq_len: int = 2048,
+    kernel: str = "flash",
+    strategy: str = "none",
+    k: int = 2,
+    target: str = "cuda",
+    world_size: int = 1,
+    save_ops: tuple[str, ...] | None = None,
+    seed: int = 0,
+) -> SimulatedPeak:
+    """The exact peak of one training step of ``card`` on ``target`` (per rank when ``world_size`` > 1: the
+    rank's batch is ``batch_size / world_size`` and parameters, gradients and optimizer state are FSDP shards,
+    see ``simulate.fsdp``)."""
+    started = time.perf_counter()
+    config = load_card(card) if isinstance(card, str) else card
+    name = dtype_name(dtype)
+    check_workload(config, batch_size, seq_len, world_size)
+    backend = simulated_backend(kernel, target, name, config.dropout)
+    model = build_model(config, backend, "meta", getattr(torch, name), seed=seed)
+    if strategy != "none":
+        from pytest_flashckpt.activation import apply_ac
+
+        apply_ac(model, ActivationConfig(strategy=strategy, k=k, save_ops=save_ops))
+    # CUDA's default AdamW is the multi-tensor (foreach) one; on a CPU (and on meta) PyTorch picks per-tensor.
+    trainer = Trainer.create(model, batch_size // world_size, seq_len, seed=seed, foreach=True if target == "cuda" else None)
+    trainer.train_step()  # AdamW state exists after it, as after the runner's warm-up
+    sharding: dict[str, int] = {}
+    ratio = 1.0
+    if world_size > 1:
+        from pytest_flashckpt.simulate.fsdp import all_gathered_bytes, sharded_param_bytes
+
+        full, per_rank = sharded_param_bytes(model, world_size)
+        ratio = per_rank / full
+        sharding = {"world_size": world_size, "parameter_bytes_full": full, "parameter_bytes_per_rank": per_rank,
+                    "all_gathered_bytes": all_gathered_bytes(model)}
+    probe, host_bytes = _measured_step(trainer, count_host=target == "cpu", shard_ratio=ratio)
+    peak = _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding)
+    return replace(peak, seconds=time.perf_counter() - started)
+
+
+def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0) -> tuple[AttributedStorages, int]:
+    model, optimizer = trainer.model, trainer.optimizer
+    probe = AttributedStorages("meta", shard_ratio)
+    for p in model.parameters():
+        probe.add_resident(p, "parameters")
+    host_bytes = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                probe.add_resident(value, "optimizer_state")
+                if count_host and value.device.type == "cpu":
+                    host_bytes += value.untyped_storage().nbytes()
+    probe.start_bytes = probe.live_bytes
+    probe.rank_start = probe.rank_live
+    kept: dict[str, dict[int, int]] = {}
+
+    def forward_done(_module, _args, _output) -> None:
+        kept["snapshot"] = probe.snapshot()
+        probe.phase = "backward"
+
+    def block_hooks(index: int):
+        def enter(_module, _args) -> None:
+            probe.block = index
+
+        def leave(_module, _args, _output) -> None:
+            probe.block = None
+
+        return enter, leave
+
+    with ExitStack() as stack:
+        handles = [model.register_forward_hook(forward_done)]
+        for i, block in enumerate(model.blocks):
+            enter, leave = block_hooks(i)
+            handles += [block.register_forward_pre_hook(enter), block.register_forward_hook(leave)]
+        for p in model.parameters():
+            handles.append(p.register_post_accumulate_grad_hook(lambda param: probe.tag(param.grad, "gradients")))
+        handles.append(optimizer.register_step_pre_hook(lambda *_: setattr(probe, "phase", "optimizer")))
+        for handle in handles:
+            stack.callback(handle.remove)
+        with probe:
+            trainer.train_step()
+    probe.kept_snapshot = kept.get("snapshot", {})
+    return probe, host_bytes
+
+
+def _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding) -> SimulatedPeak:
+    blocks, outside = probe.by_block(probe.kept_snapshot, config.n_layer)
+    if sharding:  # a rank's view, plus the all-gathered parameters (modelled)
+        breakdown = probe.breakdown(probe.rank_peak_snapshot)
+        gathered = sharding["all_gathered_bytes"]
+        breakdown["temporaries"] += gathered
+        peak_bytes, start_bytes, end_bytes = sum(breakdown.values()), round(probe.rank_start), round(probe.rank_live)
+        op, phase = probe.rank_peak_op, probe.rank_peak_phase
+    else:
+        breakdown = probe.breakdown(probe.peak_snapshot)
+        peak_bytes, start_bytes, end_bytes = probe.peak_bytes, probe.start_bytes, probe.live_bytes
+        op, phase = probe.peak_op, probe.peak_phase
+    breakdown["optimizer_state"] += host_bytes
+    return SimulatedPeak(
+        card=config.name, dtype=name, batch_size=batch_size, seq_len=seq_len, kernel=backend, strategy=strategy,
+        target=target, peak_bytes=peak_bytes + host_bytes, start_bytes=start_bytes + host_bytes,
+        end_bytes=end_bytes + host_bytes,
+        breakdown=breakdown, peak_op="" if op is None else str(op), peak_phase=phase, block_kept_bytes=blocks,
+        outside_kept_bytes=outside, host_bytes=host_bytes, world_size=world_size, sharding=sharding,
+    )

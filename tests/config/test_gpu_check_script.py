@@ -1,0 +1,38 @@
+"""benchmarks/gpu_check.sh can only run on a GPU; here: it parses, and the scenarios it singles out exist."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_flashckpt.config.suites import load_suite
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_check_script_parses():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_scenarios_the_check_names_are_in_the_gpu_suite():
+    text = SCRIPT.read_text()
+    names = {s.name for s in load_suite("gpu").scenarios}
+    picked = re.findall(r"^(?:ISO|NV)=(\S+)$", text, flags=re.M)
+    assert len(picked) == 2 and set(picked) <= names
+
+
+def test_example_gpu_workflow_runs_the_suite_uploads_and_comments_a_comparison():
+    import yaml
+
+    workflow = yaml.safe_load((SCRIPT.parents[1] / "examples" / "ci" / "gpu-runner.yml").read_text())
+    steps = workflow["jobs"]["gpu-suite"]["steps"]
+    runs = "\n".join(step.get("run", "") for step in steps)
+    assert "self-hosted" in workflow["jobs"]["gpu-suite"]["runs-on"]
+    assert "-c constraints.txt" in runs and "torch==2.13.0" in runs and "flash-attn>=2.7" in runs
+    assert "--flashckpt-suite" in runs and "flashckpt compare" in runs and "gh pr comment" in runs
+    assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in steps)

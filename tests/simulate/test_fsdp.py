@@ -1,0 +1,59 @@
+"""FSDP per-rank sharding: the dim-0 formula equals the real ``fully_shard`` layout; per-rank peaks."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_flashckpt.models.cards import build_model, load_card
+from pytest_flashckpt.simulate import simulate_step
+from pytest_flashckpt.simulate.fsdp import shard_bytes, sharded_param_bytes
+
+PROBE = Path(__file__).with_name("fsdp_layout_probe.py")
+
+
+@pytest.mark.parametrize("world_size", [3, 8])
+def test_formula_equals_fully_shard_layout(world_size):
+    """Rank 0 holds the largest shard; 3 and 8 do not divide every dim 0 of tiny (2048, 768, 256), so padding
+    (ceil) is exercised."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, str(PROBE), "tiny", str(world_size)], capture_output=True, text=True, timeout=120, env=env, check=True
+    )
+    layout = json.loads(out.stdout.strip().splitlines()[-1])
+    model = build_model(load_card("tiny"), "eager", "meta", torch.bfloat16)
+    names = dict(model.named_parameters())
+    assert set(layout) == set(names)
+    for name, (shape, storage_bytes, _local_bytes) in layout.items():
+        assert shard_bytes(tuple(shape), 2, world_size) == storage_bytes, name
+    assert sharded_param_bytes(model, world_size)[1] == sum(v[1] for v in layout.values())
+
+
+def test_per_rank_peak_shards_states_and_splits_batch():
+    per_rank_batch = simulate_step("tiny", "bf16", 2, 512, "flash", "none")
+    rank = simulate_step("tiny", "bf16", 4, 512, "flash", "none", world_size=2)
+    s = rank.sharding
+    assert rank.breakdown["parameters"] == s["parameter_bytes_per_rank"] == per_rank_batch.breakdown["parameters"] // 2
+    assert rank.start_bytes == per_rank_batch.start_bytes // 2  # parameters and AdamW moments, halved
+    # same moment (the loss backward): the batch's activations in full, the shards, and the all-gathered parameters
+    assert rank.peak_op == per_rank_batch.peak_op
+    assert rank.breakdown["activations"] == per_rank_batch.breakdown["activations"]
+    assert rank.peak_bytes == per_rank_batch.peak_bytes - per_rank_batch.start_bytes // 2 + s["all_gathered_bytes"]
+    assert sum(rank.breakdown.values()) == rank.peak_bytes
+
+
+def test_rank_peak_can_move_to_another_moment():
+    """Unsharded, the full step of tiny at a short sequence peaks in the optimizer step; a rank's optimizer step
+    works on shards, so the rank's peak moves into the backward pass."""
+    single = simulate_step("tiny", "bf16", 1, 128, "flash", "full")
+    rank = simulate_step("tiny", "bf16", 8, 128, "flash", "full", world_size=8)
+    assert single.peak_phase == "optimizer" and rank.peak_phase == "backward"
+
+
+def test_world_size_must_divide_batch():
+    with pytest.raises(ValueError, match="world size 3 does not divide the batch size 8"):
+        simulate_step("tiny", "bf16", 8, 128, "flash", "none", world_size=3)
