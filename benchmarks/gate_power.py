@@ -11,7 +11,7 @@ baseline recorded the way ``baselines/README.md`` says: ``--flashckpt-rounds=20 
 - **false alarms**: both re-run unchanged (0%), judged on both metrics.
 
 Each condition runs ``--runs`` times (>= 20), interleaved (0%, step, stall, 0%, ...) so slow drifts of the machine
-hit all three alike; each run is judged by the real gate (``baselines.verdicts.compare_scenario``) against a
+hit all three alike; each run is judged by the real gate (``baselines.regression_verdicts.compare_scenario``) against a
 baseline measured in a separate process, as a CI run is judged against a committed baseline. Each run is a fresh
 ``RunContext`` (a new reference, as in a new suite run). The rates are reported with exact Clopper-Pearson and
 Wilson 95% intervals; the targets: detection >= 90%, at most 1 false alarm in 20 (on a quiet machine).

@@ -207,7 +207,8 @@ class Scenario:
         The model's article keys (``gradient_checkpointing``, ``checkpoint_level``, ``layer_checkpoint_dir``) are
         cleared too: ``dataclasses.replace`` runs ``__post_init__`` again, which would fold them back into the
         activation and save strategies and make the reference checkpoint itself."""
-        save = SaveConfig(strategy="sync", format=self.save.format, saves=self.save.saves) if self.save.strategy != "none" else SaveConfig()
+        plain = "dcp" if self.world_size > 1 else "sync"  # sharded state: the plain synchronous save is DCP's
+        save = SaveConfig(strategy=plain, format=self.save.format, saves=self.save.saves) if self.save.strategy != "none" else SaveConfig()
         model = dataclasses.replace(self.model, gradient_checkpointing=None, checkpoint_level=None, layer_checkpoint_dir=None)  # type: ignore[arg-type]
         return dataclasses.replace(
             self, name=f"{self.name}.reference", model=model, activation=ActivationConfig(), save=save, article=None

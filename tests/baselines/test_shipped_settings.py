@@ -7,11 +7,15 @@ from __future__ import annotations
 import pytest
 
 from pytest_flashckpt.baselines.stats import smallest_p
-from pytest_flashckpt.baselines.verdicts import Thresholds
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds
 from pytest_flashckpt.config.data import shipped_names
 from pytest_flashckpt.config.suites import load_suite
 
 BASELINE_ROUNDS, BASELINE_SAVES = 20, 12  # baselines/README.md's recipe (and benchmarks/gate_power.py's)
+# Known exceptions, each reported `unguarded` by every run (never `ok`), with why the suite ships it anyway:
+KNOWN_UNGUARDED = {
+    ("gpu::large-2.7b-s2048", "stall_vs_sync"): "one save of the 2.7B state (~32 GB with AdamW) is what a GPU job affords",
+}
 
 
 def gated_sample_sizes(scenario) -> dict[str, int]:
@@ -32,9 +36,19 @@ def test_every_gated_metric_can_reach_alpha_at_the_shipped_settings(name: str) -
         f"{s.suite}::{s.name} {metric}: {n} vs {baseline[metric]} -> smallest p {smallest_p(n, baseline[metric]):.3g}"
         for s in load_suite(name).scenarios
         for metric, n in gated_sample_sizes(s).items()
-        if smallest_p(n, baseline[metric]) >= alpha / 10  # a margin: complete separation alone is not power
+        if smallest_p(n, baseline[metric]) >= alpha and (f"{s.suite}::{s.name}", metric) not in KNOWN_UNGUARDED
     ]
     assert not cannot, "gated metrics that cannot fail:\n" + "\n".join(cannot)
+
+
+@pytest.mark.parametrize("name", ["default"])
+def test_the_default_suite_has_a_margin(name: str) -> None:
+    """The default suite (what CI runs) reaches a tenth of alpha: complete separation alone is not power."""
+    alpha = Thresholds().alpha
+    baseline = {"overhead": BASELINE_ROUNDS, "stall_vs_sync": BASELINE_SAVES}
+    for s in load_suite(name).scenarios:
+        for metric, n in gated_sample_sizes(s).items():
+            assert smallest_p(n, baseline[metric]) < alpha / 10, (s.name, metric, n)
 
 
 def test_the_old_settings_could_not_fail() -> None:
