@@ -109,8 +109,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("flashckpt-alpha", "significance level of the timing regression test (one-sided Mann-Whitney U)", 0.01, _probability),
     OptionSpec(
         "flashckpt-inject",
-        "inject a known regression to check the gate can fail, e.g. step=0.10 (strategy steps 10% slower), stall=0.25 "
-        "(saves block 25% longer), jitter=0.3; never for real measurements (the terminal says so)",
+        "inject a known regression to check the gate can fail, e.g. step=0.10 (strategy steps a tenth slower), "
+        "stall=0.25 (saves block a quarter longer), jitter=0.3; never for real measurements (the terminal says so)",
         "", _injection,
     ),
     OptionSpec(
