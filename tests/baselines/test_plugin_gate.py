@@ -152,4 +152,5 @@ def test_an_injected_stall_increase_fails_the_stall_gate(pytester):
     result.assert_outcomes(passed=1)
     result = _run(pytester, suite, "--flashckpt-inject=stall=3.0")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*WARNING: injected regression: save stall +300%*", "*stall_vs_sync: baseline *, current *, change +*"])
+    result.stdout.fnmatch_lines(["*stall_vs_sync: baseline *, current *, change +*", "*WARNING: injected regression: save stall +300%*",
+                                 "*regressed saves::save-async stall_vs_sync*"])
