@@ -131,6 +131,8 @@ def _cmd_claims(args: argparse.Namespace) -> int:
         print(f"{claim.id}: {claim.title} -- {claim.strategy}")
         print(f"    claimed: saving {claim.describe_saving()} (holds within ±{claim.saving_tolerance * 100:.0f} pp), "
               f"overhead {claim.describe_overhead()}")
+        if claim.save is not None:
+            print(f"    save: {claim.save.text}")
         print(f"    article: {claim.quote}")
     return 0
 

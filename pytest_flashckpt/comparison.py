@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator, Literal
 
-VerdictWord = Literal["ok", "improved", "regressed", "~"]
+VerdictWord = Literal["ok", "improved", "regressed", "~", "unguarded", "missing"]
 ComparisonStatus = Literal["compared", "no-baseline", "other-profile", "disabled"]
-VERDICT_ORDER: tuple[str, ...] = ("regressed", "improved", "~", "ok")
+VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "improved", "~", "unguarded", "ok")
 
 
 class _ReadsLikeAMapping(Mapping):
@@ -38,12 +38,14 @@ class RegressionVerdict(_ReadsLikeAMapping):
     """One metric of one scenario, baseline vs current (medians for sampled metrics)."""
 
     scenario: str
-    metric: str
-    baseline: float
-    current: float
+    metric: str  # "*" for a whole scenario (a missing one)
+    baseline: float | None  # None only for a missing scenario
+    current: float | None  # None when missing
     change: float | None  # current / baseline - 1; None when the baseline is 0
     p_value: float | None  # one-sided Mann-Whitney U, for metrics judged on per-round samples
     verdict: VerdictWord
+    smallest_p: float | None = None  # the smallest p these sample sizes can reach (sampled metrics)
+    reason: str | None = None  # why, for every verdict but ok (missing, unguarded, ~, a noisy regression)
 
     __hash__ = None  # type: ignore[assignment]
 

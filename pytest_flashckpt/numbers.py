@@ -76,8 +76,11 @@ def number(value: object) -> str:
     return str(value)
 
 
-def raw(value: float) -> str:
-    """A baseline/current value as stored (verdict tables): integers with separators, else 4 significant digits."""
+def raw(value: float | None) -> str:
+    """A baseline/current value as stored (verdict tables): integers with separators, else 4 significant digits;
+    None (a ``missing`` verdict has no current value) is an em dash."""
+    if value is None:
+        return "—"
     if float(value).is_integer() and abs(value) >= 1000:
         return f"{int(value):,}"
     return f"{value:.4g}"

@@ -75,6 +75,7 @@ class SuiteSession:
         self.options = options
         self.suite = suite
         self.run_state = SuiteRun(suite, options, root=Path(config.invocation_params.dir))
+        self.deselected = 0  # scenarios deselected with -k / -m
         self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.outputs = None  # runner.suite.RunOutputs once the session finished
 
@@ -89,6 +90,10 @@ class SuiteSession:
         from pytest_flashckpt.runner.suite import load_checked_suite
 
         suite_arg = default_suite_for(options.device) if options.suite == AUTO_SUITE else options.suite
+        if options.inject and options.save_baseline:
+            raise pytest.UsageError(
+                "--flashckpt-inject with --flashckpt-save-baseline would store an injected regression as the baseline; drop one"
+            )
         if os.path.isdir(suite_arg) or suite_arg.endswith(".py"):
             raise pytest.UsageError(
                 f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"
@@ -160,9 +165,18 @@ class SuiteSession:
             raise RegressionFailure(judgement.failure)
 
     # -- reporting ------------------------------------------------------------------------------------
+    def pytest_deselected(self, items: list) -> None:
+        """Scenarios deselected with -k / -m: the run is a subset on purpose, so missing ones do not fail it."""
+        count = sum(isinstance(i, ScenarioItem) for i in items)
+        if count and not self.options.subset:
+            self.deselected += count
+            self.run_state.subset = f"{self.deselected} scenario(s) deselected with -k/-m"
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.results:
             self.outputs = self.run_state.finish()
+            if self.run_state.missing and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.results:
@@ -170,6 +184,12 @@ class SuiteSession:
         from pytest_flashckpt.report import summary_lines
 
         terminalreporter.section("flashckpt")
+        if self.options.inject:
+            from pytest_flashckpt.config.injection import Injection
+
+            injection = Injection.parse(self.options.inject)
+            if injection is not None:
+                terminalreporter.write_line(f"WARNING: {injection.describe()} (--flashckpt-inject): these are not real measurements")
         for line in summary_lines(self.results):
             terminalreporter.write_line(line)
         out = self.outputs
@@ -181,6 +201,11 @@ class SuiteSession:
 
             for line in terminal_lines(comparison):
                 terminalreporter.write_line(line)
+        if self.run_state.missing:
+            terminalreporter.write_line(
+                f"FAILED: {len(self.run_state.missing)} scenario(s)/metric(s) of the baseline were not measured (missing); "
+                "pass --flashckpt-subset if the subset is intended"
+            )
         if out is not None and out.baseline_path is not None:
             terminalreporter.write_line(f"baseline saved: {out.baseline_path}")
         if out is not None and out.step_summary is not None:

@@ -4,6 +4,11 @@ and produce ``RunRecord.comparison``.
 Statuses: ``compared`` (this profile's baseline was read), ``no-baseline`` (none in the folder),
 ``other-profile`` (baselines exist, but only for other profiles: reported and skipped, never a failure:
 another machine's numbers say nothing about this one), ``disabled`` (``--flashckpt-no-compare``).
+
+Coverage: a scenario the baseline holds, of a suite this run ran, that this run did not measure (removed from the
+suite file, skipped now, broken) is a ``missing`` verdict (``finish``), and so is a guarded metric the baseline has
+and a measured scenario lacks. Missing fails the run unless the subset is intended (``--flashckpt-subset``, or
+scenarios deselected with ``-k``/``-m``): then the rows stay, with that reason, and nothing fails.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_flashckpt.baselines.store import Baseline, locate
-from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario
 from pytest_flashckpt.comparison import Comparison, RegressionVerdict
 from pytest_flashckpt.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.result import Result
@@ -26,6 +31,7 @@ class Gate:
         self.verdicts: list[RegressionVerdict] = []
         self.notes: list[str] = []
         self.not_in_baseline: list[str] = []
+        self.subset: str | None = None
         if not enabled:
             self.status = "disabled"
         elif self.lookup.exists:
@@ -49,6 +55,30 @@ class Gate:
         self.notes.extend(notes)
         return rows
 
+    def finish(self, suites: set[str], results: list[Result], subset: str | None = None) -> list[RegressionVerdict]:
+        """``missing`` rows for baseline scenarios of ``suites`` this run did not measure; ``subset`` (why the run
+        is a subset on purpose) keeps them from failing. Returns the rows that fail the run."""
+        if self.baseline is None:
+            return []
+        by_id = {r.id: r for r in results}
+        failing = []
+        for scenario_id, stored in sorted(self.baseline.scenarios.items()):
+            if scenario_id.split("::", 1)[0] not in suites:
+                continue
+            result = by_id.get(scenario_id)
+            if result is not None and result.status == "measured":
+                continue
+            why = "not measured in this run (removed from the suite, or deselected)" if result is None else f"{result.status} in this run: {result.reason}"
+            why += f"; the subset is intended ({subset})" if subset else "; pass --flashckpt-subset if the subset is intended, or refresh the baseline"
+            row = missing_scenario(scenario_id, stored, why)
+            self.verdicts.append(row)
+            if not subset:
+                failing.append(row)
+        if subset is None:
+            failing += [r for r in self.verdicts if r.verdict == "missing" and r.metric != "*"]
+        self.subset = subset
+        return failing
+
     def message(self) -> str:
         if self.status == "disabled":
             return "baseline comparison disabled (--flashckpt-no-compare)"
@@ -60,11 +90,14 @@ class Gate:
                 f"baselines in {self.lookup.directory} are for other profiles ({names}), not this one ({self.profile_id}); "
                 "comparison skipped; create this profile's with --flashckpt-save-baseline"
             )
-        counts = {v: sum(r.verdict == v for r in self.verdicts) for v in ("regressed", "improved", "~", "ok")}
+        counts = {v: sum(r.verdict == v for r in self.verdicts) for v in ("regressed", "missing", "improved", "~", "unguarded", "ok")}
         text = (
-            f"compared with {self.lookup.path}: {counts['regressed']} regressed, {counts['improved']} improved, "
-            f"{counts['~']} within noise (~), {counts['ok']} ok"
+            f"compared with {self.lookup.path}: {counts['regressed']} regressed, {counts['missing']} missing, "
+            f"{counts['improved']} improved, {counts['~']} within noise (~), {counts['unguarded']} unguarded "
+            f"(cannot fail at these sample sizes), {counts['ok']} ok"
         )
+        if self.subset:
+            text += f"; a subset on purpose ({self.subset}): missing scenarios do not fail the run"
         if self.not_in_baseline:
             text += f"; not in the baseline: {', '.join(self.not_in_baseline)}"
         return text
@@ -94,13 +127,17 @@ def unreadable_baseline(message: str) -> Comparison:
 
 def failure_text(rows: list[RegressionVerdict], baseline_path: Path, thresholds: Thresholds) -> str | None:
     """The failure message of a scenario with regressed metrics, or None when nothing regressed."""
-    bad = [r for r in rows if r.verdict == "regressed"]
+    bad = [r for r in rows if r.verdict in ("regressed", "missing")]
     if not bad:
         return None
     lines = [f"performance regression against {baseline_path}:"]
     for r in bad:
+        if r.verdict == "missing":
+            lines.append(f"  {r.metric}: missing: {r.reason or 'not measured in this run'}")
+            continue
         change = fmt_change(r.change) or "n/a"
         p = "" if r.p_value is None else f", p = {r.p_value:.3g} (alpha {thresholds.alpha})"
-        lines.append(f"  {r.metric}: baseline {fmt(r.baseline)}, current {fmt(r.current)}, change {change}{p}")
+        note = f" ({r.reason})" if r.reason and "busy machine" in r.reason else ""
+        lines.append(f"  {r.metric}: baseline {fmt(r.baseline)}, current {fmt(r.current)}, change {change}{p}{note}")
     lines.append("if the change is intended, refresh the baseline: pytest --flashckpt-suite=... --flashckpt-save-baseline")
     return "\n".join(lines)

@@ -78,8 +78,11 @@ def _change(baseline: float, current: float) -> float | None:
     return None if baseline == 0 else current / baseline - 1.0
 
 
-def _row(scenario: str, metric: str, baseline: float, current: float, change: float | None, p: float | None, verdict: Verdict) -> RegressionVerdict:
-    return RegressionVerdict(scenario, metric, baseline, current, change, p, verdict)
+def _row(
+    scenario: str, metric: str, baseline: float | None, current: float | None, change: float | None, p: float | None,
+    verdict: Verdict, smallest: float | None = None, reason: str | None = None,
+) -> RegressionVerdict:
+    return RegressionVerdict(scenario, metric, baseline, current, change, p, verdict, smallest, reason)  # type: ignore[arg-type]
 
 
 def judge_exact(scenario: str, metric: str, baseline: float, current: float, slack: float = 0.0) -> RegressionVerdict:
@@ -100,7 +103,7 @@ def judge_tolerance(scenario: str, metric: str, baseline: float, current: float,
     return _row(scenario, metric, baseline, current, change, None, verdict)
 
 
-NOISE_LIMIT = 3.0  # a run whose rounds scatter > 3x more than the baseline's is not judged (see too_noisy)
+NOISE_LIMIT = 3.0  # a run whose rounds scatter > 3x more than the baseline's gets a note (never a pass; see noisy)
 NOISE_FLOOR = 0.01  # relative scatter below 1% counts as 1%: a very quiet baseline must not make every run "noisy"
 
 
@@ -110,42 +113,56 @@ def relative_mad(values: Sequence[float]) -> float:
     return statistics.median(abs(v - middle) for v in values) / middle if middle else 0.0
 
 
-def too_noisy(baseline: Sequence[float], current: Sequence[float]) -> bool:
-    """True when this run's rounds scatter more than NOISE_LIMIT times the baseline's.
-
-    The rank test assumes both samples have the same shape. On a shared CPU a burst of other work can shift and
-    widen every round of one run at once; against a quiet baseline three such rounds are "completely separated"
-    and p = 1/286 (gate-power: 3 of 20 unchanged 3-round runs were flagged that way, none once this guard was
-    added, while quiet 10% slowdowns, whose rounds scatter like the baseline's, stayed flagged)."""
+def noisy(baseline: Sequence[float], current: Sequence[float]) -> bool:
+    """True when this run's rounds scatter more than NOISE_LIMIT times the baseline's: worth a note (a busy machine
+    can shift every round of a run at once), never a reason to pass a regression. A slowdown that also widens the
+    scatter is still a slowdown: the rank test's p already says how much the two samples overlap."""
     return relative_mad(current) > NOISE_LIMIT * max(relative_mad(baseline), NOISE_FLOOR)
 
 
 def judge_sampled(
     scenario: str, metric: str, baseline: Sequence[float], current: Sequence[float], tolerance: float, alpha: float
 ) -> RegressionVerdict:
-    """Median change beyond ``tolerance`` AND one-sided Mann-Whitney p < ``alpha`` AND this run no noisier than
-    ``NOISE_LIMIT`` x the baseline -> regressed / improved; beyond the tolerance otherwise -> ``~``; within the
-    tolerance -> ``ok`` (p still reported)."""
+    """One sampled metric (per-round / per-save samples), in this order:
+
+    - ``unguarded`` when even complete separation of the samples cannot reach ``alpha`` (the smallest p of the
+      exact test, ``smallest_p``, is >= alpha): the metric cannot fail at these sample sizes, whatever it did;
+    - ``ok`` when the median change is within ``tolerance`` (p still reported);
+    - ``regressed`` / ``improved`` when it is beyond the tolerance AND the one-sided Mann-Whitney p < ``alpha``;
+    - ``~`` otherwise: beyond the tolerance but the samples overlap too much to tell it from noise (the reason
+      says p and the scatter).
+    Every row carries ``smallest_p`` and, unless ok, a ``reason``."""
     base_median, cur_median = statistics.median(baseline), statistics.median(current)
     change = _change(base_median, cur_median)
+    floor = smallest_p(len(current), len(baseline))
+    if floor >= alpha:
+        why = (f"{len(current)} vs {len(baseline)} samples: the smallest p the test can reach is {floor:.3g} >= alpha "
+               f"{alpha}, so this metric cannot fail; take more rounds/saves (or a longer baseline)")
+        return _row(scenario, metric, base_median, cur_median, change, None, "unguarded", floor, why)
     if change is None:
-        return _row(scenario, metric, base_median, cur_median, None, None, "~")
-    if change >= 0:
-        p = mann_whitney_greater(current, baseline)
-    else:
-        p = mann_whitney_greater(baseline, current)
+        return _row(scenario, metric, base_median, cur_median, None, None, "~", floor, "baseline median is 0: no relative change")
+    p = mann_whitney_greater(current, baseline) if change >= 0 else mann_whitney_greater(baseline, current)
+    scatter = f"this run's samples scatter {relative_mad(current):.1%} (relative MAD), the baseline's {relative_mad(baseline):.1%}"
     if abs(change) <= tolerance:
-        verdict: Verdict = "ok"
-    elif p < alpha and not too_noisy(baseline, current):
-        verdict = "regressed" if change > 0 else "improved"
-    else:
-        verdict = "~"
-    return _row(scenario, metric, base_median, cur_median, change, p, verdict)
+        return _row(scenario, metric, base_median, cur_median, change, p, "ok", floor)
+    if p < alpha:
+        word: Verdict = "regressed" if change > 0 else "improved"
+        why = f"p = {p:.3g} < alpha {alpha}"
+        if noisy(baseline, current):
+            why += f"; {scatter}: a busy machine can shift a whole run, rerun on a quiet one to confirm"
+        return _row(scenario, metric, base_median, cur_median, change, p, word, floor, why)
+    why = f"changed {change:+.1%} but p = {p:.3g} >= alpha {alpha}: the samples overlap the baseline's ({scatter})"
+    return _row(scenario, metric, base_median, cur_median, change, p, "~", floor, why)
 
 
 def underpowered(n_baseline: int, n_current: int, alpha: float) -> bool:
     """True when even complete separation of the samples cannot reach ``alpha``: the test can never flag."""
     return smallest_p(n_current, n_baseline) >= alpha
+
+
+def missing_scenario(scenario: str, baseline: dict[str, Any], why: str) -> RegressionVerdict:
+    """A scenario the baseline has that this run did not measure: one row, metric ``*``, no values."""
+    return _row(scenario, "*", None, None, None, None, "missing", None, why)  # type: ignore[arg-type]
 
 
 def compare_scenario(
@@ -163,7 +180,11 @@ def compare_scenario(
     base_samples: dict[str, list[float]] = baseline.get("samples", {})
     base_probe = baseline.get("probe")
     for name in GUARDED:
-        if not isinstance(base_metrics.get(name), (int, float)) or not isinstance(metrics.get(name), (int, float)):
+        if not isinstance(base_metrics.get(name), (int, float)):
+            continue
+        if not isinstance(metrics.get(name), (int, float)):
+            why = "the baseline has this metric, this run did not measure it (a measure pass or a metric was dropped?)"
+            rows.append(_row(scenario, name, float(base_metrics[name]), None, None, None, "missing", None, why))  # type: ignore[arg-type]
             continue
         kind = metric_kind(name, probe)
         base_value, value = float(base_metrics[name]), float(metrics[name])
@@ -179,21 +200,14 @@ def compare_scenario(
             base = ratio_samples(name, base_metrics, base_samples)
             if not cur or not base:
                 row = judge_tolerance(scenario, name, base_value, value, thresholds.timing_tolerance)
-                if row.verdict in ("regressed", "improved"):
-                    row = dataclasses.replace(row, verdict="~")  # no per-round samples: a breach cannot be told from noise
-                    notes.append(f"{scenario}: {name} has no per-round samples; a change cannot be tested, shown as ~")
+                why = (f"no per-{'save' if name == 'stall_vs_sync' else 'round'} samples on "
+                       f"{'this run' if not cur else 'the baseline'}'s side: cannot be tested; refresh the baseline")
+                row = dataclasses.replace(row, verdict="unguarded", reason=why)  # no test: no change can be told from noise
+                notes.append(f"{scenario}: {name} unguarded: {why}")
                 rows.append(row)
                 continue
             row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
-            if row.verdict == "~" and row.p_value is not None and row.p_value < thresholds.alpha:
-                notes.append(
-                    f"{scenario}: {name} changed {row.change:+.1%} (p = {row.p_value:.3g}) but this run's rounds "
-                    f"scatter {relative_mad(cur):.1%} vs the baseline's {relative_mad(base):.1%}: too noisy to judge; rerun on a quieter machine"
-                )
-            elif row.verdict == "~" and underpowered(len(base), len(cur), thresholds.alpha):
-                notes.append(
-                    f"{scenario}: {name} changed {row.change:+.1%} but {len(cur)} vs {len(base)} rounds cannot reach "
-                    f"p < {thresholds.alpha} (smallest possible p = {smallest_p(len(cur), len(base)):.3g}); time more rounds"
-                )
+            if row.verdict in ("unguarded", "~") or (row.verdict == "regressed" and "busy machine" in (row.reason or "")):
+                notes.append(f"{scenario}: {name} {row.verdict}: {row.reason}")
             rows.append(row)
     return rows, notes

@@ -25,9 +25,10 @@ def terminal_lines(comparison: Comparison | Mapping[str, Any]) -> list[str]:
         if row.verdict == "ok":
             continue
         p = f", p={_p(row)}" if row.p_value is not None else ""
+        why = f": {row.reason}" if row.reason and row.verdict != "regressed" else ""
         lines.append(
             f"  {row.verdict:>9} {row.scenario} {row.metric}: {fmt(row.baseline)} -> {fmt(row.current)} "
-            f"({_change(row) or 'n/a'}{p})"
+            f"({_change(row) or 'n/a'}{p}){why}"
         )
     if any(row.verdict == "improved" for row in comparison.verdicts):
         lines.append("  improvements found: refresh the baseline with --flashckpt-save-baseline to guard them")

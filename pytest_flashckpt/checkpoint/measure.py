@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 
 import torch
@@ -21,7 +23,43 @@ from pytest_flashckpt.training import Trainer
 Metrics = dict[str, "float | int | str | None | list[float]"]
 
 
-def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu") -> Metrics:
+def _peak_gauge(trainer: Trainer, peak_bytes: int | None, probe_name: str):
+    """(gauge, context of one training step) for ``mem_basis: peak``: live tensor bytes against the measured peak.
+    CPU: the exact ``cpu`` probe's count, active during training steps; CUDA: the caching allocator's count."""
+    if peak_bytes is None or peak_bytes <= 0:
+        raise ValueError("mem_basis: peak needs the scenario's measured peak_bytes (measure: memory)")
+    device = next(trainer.model.parameters()).device
+    if device.type == "cuda":
+        return (lambda: (torch.cuda.memory_allocated(device), peak_bytes)), contextlib.nullcontext
+    if probe_name != "cpu":
+        raise ValueError(f"mem_basis: peak on a CPU reads live tensor bytes with the exact 'cpu' probe, not {probe_name!r}")
+    from pytest_flashckpt.probes.cpu import LiveBytes
+
+    live = LiveBytes(trainer.state_tensors())
+    return (lambda: (live.live_bytes, peak_bytes)), live.counting
+
+
+def _lengthen_stalls(ckpt: Checkpointer, fraction: float) -> None:
+    """Every save blocks the loop ``fraction`` longer than it did (an injected regression, see config/injection.py):
+    a real sleep before ``save`` returns, counted in the stall (and in the total of a blocking save)."""
+    save = ckpt.save
+
+    def slower(trainer: Trainer):
+        record = save(trainer)
+        extra = fraction * record.save_stall_s
+        time.sleep(extra)
+        record.save_stall_s += extra
+        if not ckpt.background:
+            record.save_total_s += extra
+        return record
+
+    ckpt.save = slower  # type: ignore[method-assign]
+
+
+def run_checkpoint_pass(
+    trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu", peak_bytes: int | None = None,
+    stall_increase: float = 0.0,
+) -> Metrics:
     """Train ``trainer`` and save it ``config.saves`` times with ``config``'s strategy under ``workdir/checkpoints``,
     then load the newest checkpoint back into ``trainer`` and check it bit for bit against the state it saved.
 
@@ -31,11 +69,15 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
     ``copy_GBps`` is device-to-host into pinned memory when the state is on a GPU),
     ``snapshot_bytes`` (training state bytes), ``copy_bound_s`` (= snapshot_bytes / copy bandwidth, the least an
     in-memory snapshot can stall), ``write_vs_raw`` (= write_MBps / raw_write_MBps), ``saves``, ``steps``,
+    ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise").
     ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise"), and, when
     ``config.time_lost_rounds`` > 0, the time lost per save (``time_lost_s`` and its samples, see ``time_lost``;
     measured first, in ``workdir/time-lost``).
     On a GPU ``save_extra_peak_bytes`` is device memory only and the pinned host staging is reported apart as
     ``save_staging_host_bytes`` (on a CPU both are host memory, and staging is part of ``save_extra_peak_bytes``).
+    Scheduled with ``mem_basis: peak`` (``peak_bytes`` = the scenario's measured peak step memory): the gauge is live
+    tensor bytes, looked at after each forward pass and after each step, and ``mem_threshold_bytes`` and
+    ``max_save_memory_fraction`` (the highest reading a save was taken at, of the peak) are reported too.
     The trainer ends in the state of the last save. Raises ``CheckpointError`` if the round trip is not exact.
     """
     workdir = Path(workdir)
@@ -45,15 +87,28 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
     copy_gbps = copy_bandwidth_GBps(device=state_device)
     lost = measure_time_lost(trainer, config, workdir / "time-lost") if config.time_lost_rounds > 0 else {}
     probe = make_probe(probe_name, state_device) if probe_name else None
-    ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe, gauge=memory_gauge(state_device))
+    step_context = contextlib.nullcontext
+    hook = None
+    if config.mem_basis == "peak":
+        gauge, step_context = _peak_gauge(trainer, peak_bytes, probe_name)
+    else:
+        gauge = memory_gauge(state_device)
+    ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe, gauge=gauge)
+    if config.mem_basis == "peak":
+        hook = trainer.model.register_forward_hook(lambda *_: ckpt.schedule.observe(trainer.step + 1))
+    if stall_increase:
+        _lengthen_stalls(ckpt, stall_increase)
     max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
     steps = 0
     try:
         while len(ckpt.records) < config.saves and steps < max_steps:
-            trainer.train_step()
+            with step_context():
+                trainer.train_step()
             steps += 1
             ckpt.maybe_save(trainer)
     finally:
+        if hook is not None:
+            hook.remove()
         ckpt.close()
     records = ckpt.records
     if not records:
@@ -94,6 +149,10 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
     out["steps"] = steps
     out["deferrals"] = len(ckpt.schedule.deferrals)
     out["forced_saves"] = len(ckpt.schedule.forced)
+    if config.mem_threshold is not None and config.mem_basis == "peak":
+        out["mem_threshold_bytes"] = int(config.mem_threshold * peak_bytes)  # type: ignore[operator]
+        taken = ckpt.schedule.taken_fractions
+        out["max_save_memory_fraction"] = max(taken) if taken else None
     out["verified"] = "bitwise"
     out.update(lost)
     return out

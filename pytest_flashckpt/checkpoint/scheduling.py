@@ -3,6 +3,14 @@
 A save falls due every ``save_interval`` steps. While memory in use is at or above ``mem_threshold`` of capacity it is
 deferred (each deferral recorded with the step and the reading); after ``max_defer_steps`` steps of deferral it is
 forced, so a save is never skipped forever. The gauge is injectable so tests and the runner can drive it.
+
+Where the schedule looks: after every optimizer step (``should_save``: the only place a save can be taken, the
+state is consistent there) and, when the training loop calls ``observe``, in the middle of a step (after the
+forward pass, while the step's activations are alive). A save that falls due during a step and sees memory above
+the threshold there is recorded as deferred (phase ``mid-step``) and waits for the step's end, as a save requested
+by a timer or a signal would. With ``mem_basis: peak`` (``config.scenario.SaveConfig``) the capacity is the
+scenario's measured peak step memory and the gauge counts live tensor bytes, so the threshold is a fraction of
+what this workload really uses, not of a host's RAM that a small model never approaches.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ class Deferral:
     capacity_bytes: int
     fraction: float
     threshold: float
+    phase: str = "step end"  # "mid-step" (after the forward pass) or "step end" (after the optimizer step)
 
 
 class SaveSchedule:
@@ -64,7 +73,24 @@ class SaveSchedule:
         self.gauge = gauge
         self.deferrals: list[Deferral] = []
         self.forced: list[int] = []  # steps at which a deferred save was forced over the threshold
+        self.taken_fractions: list[float] = []  # memory fraction read when each save was taken (threshold set)
         self._due_step: int | None = None
+
+    def _reading(self) -> tuple[int, int, float]:
+        used, capacity = self.gauge()
+        return used, capacity, (used / capacity if capacity else 1.0)
+
+    def observe(self, step: int) -> None:
+        """A look in the middle of step ``step`` (1-based: the step being run): a save due in it that sees memory at
+        or above the threshold is recorded as deferred to the step's end. Never takes a save."""
+        if self.threshold is None:
+            return
+        due = self._due_step if self._due_step is not None else (step if step % self.interval == 0 else None)
+        if due is None:
+            return
+        used, capacity, fraction = self._reading()
+        if fraction >= self.threshold:
+            self.deferrals.append(Deferral(step, due, used, capacity, fraction, self.threshold, phase="mid-step"))
 
     def should_save(self, step: int) -> bool:
         if self._due_step is None and step > 0 and step % self.interval == 0:
@@ -72,10 +98,11 @@ class SaveSchedule:
         if self._due_step is None:
             return False
         if self.threshold is not None:
-            used, capacity = self.gauge()
-            fraction = used / capacity if capacity else 1.0
+            used, capacity, fraction = self._reading()
+            self.taken_fractions.append(fraction)
             if fraction >= self.threshold:
                 if step - self._due_step < self.max_defer_steps:
+                    self.taken_fractions.pop()
                     self.deferrals.append(Deferral(step, self._due_step, used, capacity, fraction, self.threshold))
                     return False
                 self.forced.append(step)

@@ -68,6 +68,7 @@ class SaveConfig:
     max_keep: int | None = None  # keep the newest N complete checkpoints
     select_params: bool | str | list[str] | None = None  # true = non-embedding (article); "trainable"; glob patterns
     mem_threshold: float | None = None  # scheduled: save only while memory in use is under this fraction of capacity
+    mem_basis: Literal["capacity", "peak"] = "capacity"  # scheduled: capacity = device/host memory; peak = this scenario's measured peak step memory (live tensor bytes vs it)
     max_defer_steps: int = 10  # scheduled: a deferred save is forced after this many steps
     layer_checkpoint_dir: str | None = None  # layerwise: folder (relative to the checkpoint) for per-block files
     saves: int = 3  # how many saves the checkpoint pass measures
@@ -102,6 +103,8 @@ class SaveConfig:
             raise ValueError(f"max_keep must be at least 1 (the newest checkpoint is always kept), got {self.max_keep}")
         if self.mem_threshold is not None and not 0.0 < self.mem_threshold <= 1.0:
             raise ValueError(f"mem_threshold is a fraction of memory capacity in (0, 1], got {self.mem_threshold}")
+        if self.mem_basis == "peak" and self.mem_threshold is None:
+            raise ValueError("mem_basis: peak needs mem_threshold (a fraction of the measured peak step memory)")
         if self.max_defer_steps < 0:
             raise ValueError(f"max_defer_steps must be >= 0, got {self.max_defer_steps}")
         if self.time_lost_rounds < 0:
@@ -190,6 +193,8 @@ class Scenario:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if checkpoint.mem_basis == "peak" and "memory" not in self.measure:
+            raise ValueError("checkpoint.mem_basis: peak compares memory with the measured peak; add 'memory' to measure")
         if self.world_size < 1:
             raise ValueError(f"world_size must be a positive number of ranks, got {self.world_size}")
         if self.world_size > 1:
@@ -213,9 +218,17 @@ class Scenario:
         return self.activation.strategy == "none"
 
     def reference(self) -> "Scenario":
-        """The same model, kernel, batch and sequence with no activation checkpointing and a plain sync save."""
-        save = SaveConfig(strategy="sync", format=self.save.format, saves=self.save.saves) if self.save.strategy != "none" else SaveConfig()
-        return dataclasses.replace(self, name=f"{self.name}.reference", activation=ActivationConfig(), save=save, article=None)
+        """The same model, kernel, batch and sequence with no activation checkpointing and a plain sync save.
+
+        The model's article keys (``gradient_checkpointing``, ``checkpoint_level``, ``layer_checkpoint_dir``) are
+        cleared too: ``dataclasses.replace`` runs ``__post_init__`` again, which would fold them back into the
+        activation and save strategies and make the reference checkpoint itself."""
+        plain = "dcp" if self.world_size > 1 else "sync"  # sharded state: the plain synchronous save is DCP's
+        save = SaveConfig(strategy=plain, format=self.save.format, saves=self.save.saves) if self.save.strategy != "none" else SaveConfig()
+        model = dataclasses.replace(self.model, gradient_checkpointing=None, checkpoint_level=None, layer_checkpoint_dir=None)  # type: ignore[arg-type]
+        return dataclasses.replace(
+            self, name=f"{self.name}.reference", model=model, activation=ActivationConfig(), save=save, article=None
+        )
 
 
 def _flag(value) -> bool:

@@ -107,3 +107,26 @@ class LiveTensorProbe:
         finally:
             reading.peak_bytes = mode.peak_bytes
             reading.end_bytes = mode.live_bytes
+
+
+class LiveBytes:
+    """A running count of live tensor bytes for a gauge (memory-aware save scheduling): the ``cpu`` probe's exact
+    accounting, active only inside ``with live.counting():`` blocks (training steps), so the saves in between are
+    not slowed by a dispatch mode; storages freed outside a block are still subtracted (weak references)."""
+
+    def __init__(self, resident: Iterable[torch.Tensor] = (), device_type: str = "cpu") -> None:
+        self._mode = _LiveStorages(device_type)
+        for tensor in resident:
+            self._mode.add(tensor)
+
+    @property
+    def live_bytes(self) -> int:
+        return self._mode.live_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self._mode.peak_bytes
+
+    def counting(self) -> _LiveStorages:
+        return self._mode
+

@@ -13,7 +13,7 @@ from pytest_flashckpt.metrics import COMPARED
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import change, metric
 from pytest_flashckpt.report.tables import escape, table
-from pytest_flashckpt.report.claim_verdicts import judge
+from pytest_flashckpt.report.claim_verdicts import judge, judge_row
 from pytest_flashckpt.result import Result, RunRecord
 
 DEFAULT_METRICS = COMPARED  # the vocabulary says which metrics a comparison shows by default
@@ -72,8 +72,7 @@ def compare_markdown(
 
 def _verdict(record: RunRecord, claim_id: str) -> str:
     tagged = select.by_article(record.results).get(claim_id, [])
-    verdicts = [judge(CLAIMS[claim_id], r).word for r in tagged] or [judge(CLAIMS[claim_id], None).word]
-    return ", ".join(verdicts)
+    return judge_row(CLAIMS[claim_id], tagged).word if tagged else judge(CLAIMS[claim_id], None).word
 
 
 def _claims(a: RunRecord, b: RunRecord) -> list[str]:

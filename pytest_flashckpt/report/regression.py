@@ -11,7 +11,7 @@ from pytest_flashckpt.comparison import VERDICT_ORDER, Comparison, RegressionVer
 from pytest_flashckpt.report.format import MISSING, change, metric, p_value
 from pytest_flashckpt.report.tables import escape, table
 
-HEADERS = ["scenario", "metric", "baseline", "current", "change", "p-value", "verdict"]
+HEADERS = ["scenario", "metric", "baseline", "current", "change", "p-value", "smallest reachable p", "verdict", "why"]
 
 STATUS_TEXT = {
     "no-baseline": "no stored baseline for this profile yet",
@@ -24,7 +24,8 @@ def _verdict_row(v: RegressionVerdict) -> list[str]:
     name = v.metric
     return [
         f"`{v.scenario}`", name, metric(name, v.baseline), metric(name, v.current), _change(name, v),
-        p_value(v.p_value), f"**{v.verdict}**" if v.verdict in ("regressed", "improved") else v.verdict,
+        p_value(v.p_value), "" if v.smallest_p is None else f"{v.smallest_p:.2g}",
+        f"**{v.verdict}**" if v.verdict in ("regressed", "improved", "missing") else v.verdict, escape(v.reason or ""),
     ]
 
 
@@ -55,7 +56,9 @@ def regression_section(comparison: Comparison | Mapping[str, Any] | None) -> lis
     if verdicts:
         lines += ["", verdict_table(verdicts), "",
                   "Verdicts: **regressed** / **improved** = a significant change beyond the tolerance; ok = within "
-                  "it; ~ = too noisy to tell."]
+                  "it; ~ = beyond it but not significant (the samples overlap); **missing** = the baseline has it, this "
+                  "run did not measure it; unguarded = the sample sizes cannot reach p < alpha, so it cannot fail "
+                  "(baselines/README.md)."]
     return lines
 
 

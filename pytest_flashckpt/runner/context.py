@@ -13,6 +13,7 @@ import torch
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.registry import default_probe_name
+from pytest_flashckpt.config.injection import Injection
 
 
 class SkipScenario(Exception):
@@ -55,12 +56,16 @@ class RunContext:
     workdir: Path | None = None
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)
     dtypes: tuple[str, ...] = ("float32",)  # the scenarios' dtypes: the profile's kernel is resolved with the most common
+    inject: Injection | None = None  # a known regression on purpose, to check the gate can fail (config/injection.py)
     _profile: tuple[dict[str, Any], str] | None = None
 
     @classmethod
-    def resolve(cls, device: str = "auto", probe: str = "auto", workdir: str | Path | None = None) -> "RunContext":
+    def resolve(
+        cls, device: str = "auto", probe: str = "auto", workdir: str | Path | None = None, inject: str = ""
+    ) -> "RunContext":
         dev = resolve_device(device)
-        return cls(device=dev, probe=resolve_probe(probe, dev), workdir=Path(workdir) if workdir else None)
+        return cls(device=dev, probe=resolve_probe(probe, dev), workdir=Path(workdir) if workdir else None,
+                   inject=Injection.parse(inject))
 
     def cached(self, kind: str, scenario: Scenario, compute: Callable[[], Any]) -> Any:
         key = f"{kind}:{scenario_key(scenario)}"

@@ -9,6 +9,7 @@ memory, the reference save) are cached per run, keyed by the reference's configu
 from __future__ import annotations
 
 import shutil
+import statistics
 import tempfile
 import traceback
 from pathlib import Path
@@ -129,6 +130,9 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     trainer = _build_trainer(scenario, ctx, backend)
     _apply_activation(trainer, scenario, result)
     op_names = _warmup(trainer, max(scenario.warmup, 1))
+    if ctx.inject is not None:
+        trainer.train_step = ctx.inject.slow_step(trainer.train_step)  # type: ignore[method-assign]
+        result.notes.append(ctx.inject.describe())
     result.kernel = detect_kernel(op_names, backend)
     reference = None if scenario.is_reference else _reference_trainer(scenario, ctx, backend)
     metrics, samples = result.metrics, result.samples
@@ -167,7 +171,9 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
 
     root = Path(tempfile.mkdtemp(prefix="flashckpt-", dir=ctx.workdir))
     try:
-        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe)
+        peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
+        stall = ctx.inject.stall if ctx.inject is not None else 0.0
+        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak, stall_increase=stall)
         for key, value in measured.items():
             if isinstance(value, list):
                 result.samples[key] = value
@@ -181,11 +187,20 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
                 return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe)
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
-            result.metrics["reference_save_total_s"] = ref["save_total_s"]
-            result.metrics["reference_save_stall_s"] = ref["save_stall_s"]
-            result.metrics["stall_vs_sync"] = result.metrics["save_stall_s"] / ref["save_total_s"]
-            if ref.get("time_lost_s") and "time_lost_s" in result.metrics:  # measured unless time_lost_rounds: 0
-                result.metrics["reference_time_lost_s"] = ref["time_lost_s"]
-                result.metrics["time_lost_vs_sync"] = result.metrics["time_lost_s"] / ref["time_lost_s"]
+            metrics = result.metrics
+            metrics["reference_save_total_s"] = ref["save_total_s"]
+            metrics["reference_save_stall_s"] = ref["save_stall_s"]
+            metrics["reference_bytes_written"] = ref["bytes_written"]
+            if ref["bytes_written"]:
+                metrics["bytes_vs_full"] = metrics["bytes_written"] / ref["bytes_written"]
+            stalls, totals = result.samples["save_stall_s_samples"], ref["save_total_s_samples"]
+            # save i's stall over the reference's save i: each sample carries both sides' noise, so the rank test
+            # sees it (one shared denominator would shift every sample of a run together, a false alarm waiting)
+            ratios = [s / totals[i % len(totals)] for i, s in enumerate(stalls)]
+            result.samples["stall_vs_sync"] = ratios
+            metrics["stall_vs_sync"] = statistics.median(ratios)
+            if ref.get("time_lost_s") and "time_lost_s" in metrics:  # measured unless time_lost_rounds: 0
+                metrics["reference_time_lost_s"] = ref["time_lost_s"]
+                metrics["time_lost_vs_sync"] = metrics["time_lost_s"] / ref["time_lost_s"]
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -71,13 +71,15 @@ class SuiteRun:
         self._measure = measure
         self._ctx: RunContext | None = None
         self._gate = None  # baselines.Gate, made at the first judgement (needs the profile, hence torch)
+        self.subset: str | None = "--flashckpt-subset" if options.subset else None  # why a subset is intended
+        self.missing: list[RegressionVerdict] = []  # missing rows that fail the run (set by finish)
 
     # -- context ------------------------------------------------------------------------------------
     @property
     def context(self) -> RunContext:
         if self._ctx is None:
             o = self.options
-            self._ctx = RunContext.resolve(o.device, o.probe, o.workdir or None)
+            self._ctx = RunContext.resolve(o.device, o.probe, o.workdir or None, o.inject)
             self._ctx.dtypes = tuple(s.dtype for s in self.suite.scenarios)
         return self._ctx
 
@@ -91,9 +93,11 @@ class SuiteRun:
 
     # -- per scenario -------------------------------------------------------------------------------
     def run(self, scenario: Scenario) -> Result:
-        """Measure one scenario (``--rounds`` applied) and keep its result for the record."""
+        """Measure one scenario (``--rounds`` and ``--saves`` applied) and keep its result for the record."""
         if self.options.rounds:
             scenario = dataclasses.replace(scenario, rounds=self.options.rounds)
+        if self.options.saves and scenario.save.strategy != "none":
+            scenario = dataclasses.replace(scenario, save=dataclasses.replace(scenario.save, saves=self.options.saves))
         measure = self._measure
         if measure is None:
             from pytest_flashckpt.runner.run import run_scenario
@@ -161,6 +165,8 @@ class SuiteRun:
         from pytest_flashckpt.config.run_options import DEFAULT_REPORT_DIR
         from pytest_flashckpt.report.folder import make_report_folder
 
+        if self._gate is not None and not self.options.save_baseline:
+            self.missing = self._gate.finish({s.suite for s in self.suite.scenarios}, self.results, self.subset)
         record = self.record()
         make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
         baseline = save_run(self.baseline_dir, record) if self.options.save_baseline else None
@@ -171,10 +177,11 @@ class SuiteRun:
         return RunOutputs(record, results_path, report_path, baseline, summary)
 
     def failed(self) -> bool:
-        """A scenario broke, or a metric regressed (not while the baseline is being refreshed)."""
+        """A scenario broke, a metric regressed, or a baseline scenario/metric is missing without an intended
+        subset (not while the baseline is being refreshed)."""
         if any(r.status == "error" for r in self.results):
             return True
-        return not self.options.save_baseline and bool(self.comparison().regressed)
+        return not self.options.save_baseline and bool(self.comparison().regressed or self.missing)
 
 
 def run_suite(suite: Suite | str, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> RunRecord:

@@ -10,7 +10,7 @@ from pytest_flashckpt.report.regression import append_step_summary, markdown_tab
 from pytest_flashckpt.result import Result
 
 KEYS = {"status", "baseline_path", "baseline_profile_id", "message", "verdicts"}
-ROW_KEYS = {"scenario", "metric", "baseline", "current", "change", "p_value", "verdict"}
+ROW_KEYS = {"scenario", "metric", "baseline", "current", "change", "p_value", "verdict", "smallest_p", "reason"}
 
 
 def _result(name, overhead_samples, peak=100, status="measured"):
@@ -64,7 +64,7 @@ def test_terminal_and_step_summary(baseline_dir, tmp_path):
     gate.judge(_result("a", [1.00, 1.01, 0.99, 1.00, 1.00], peak=90))
     comparison = gate.comparison()
     lines = terminal_lines(comparison)
-    assert lines[0].startswith("baseline: compared with") and "0 regressed, 2 improved" in lines[0]
+    assert lines[0].startswith("baseline: compared with") and "0 regressed, 0 missing, 2 improved" in lines[0]
     assert any("refresh the baseline with --flashckpt-save-baseline" in line for line in lines)
     summary = tmp_path / "summary.md"
     summary.write_text("before\n")

@@ -97,3 +97,60 @@ def test_benchmark_plugin_receives_the_step_timings(pytester, suite):
     assert len(bench) == 1 and bench[0]["fullname"].endswith("reference")
     assert bench[0]["group"] == "flashckpt:mini" and len(bench[0]["stats"]["data"]) == 2
     assert bench[0]["extra_info"]["peak_bytes"] > 0 and bench[0]["extra_info"]["kernel"]
+
+
+def test_a_scenario_removed_from_the_suite_is_missing_and_fails_unless_the_subset_is_intended(pytester, suite):
+    _run(pytester, suite, "--flashckpt-save-baseline").assert_outcomes(passed=2, skipped=1)
+    smaller = pytester.makefile(".yaml", smaller=SUITE.replace("  - name: eager\n    attention: eager\n", ""))
+    result = _run(pytester, smaller)
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*1 missing*", "*missing mini::eager *: *not measured in this run*", "*FAILED: 1 scenario(s)/metric(s)*missing*"])
+    comparison = json.loads((pytester.path / "out" / "results.json").read_text())["comparison"]
+    assert [v for v in comparison["verdicts"] if v["verdict"] == "missing"][0]["scenario"] == "mini::eager"
+
+    # an intended subset: -k deselects (implied), or the option says so; the rows stay, nothing fails
+    result = _run(pytester, suite, "-k", "reference")
+    result.assert_outcomes(passed=1, deselected=2)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*1 missing*a subset on purpose (2 scenario(s) deselected with -k/-m)*"])
+    assert _run(pytester, smaller, "--flashckpt-subset").ret == 0
+
+
+def test_a_metric_the_baseline_has_and_the_run_lacks_is_missing(pytester, suite):
+    _run(pytester, suite, "--flashckpt-save-baseline")
+    path, data = _baseline(pytester)
+    data["scenarios"]["mini::eager"]["metrics"]["step_flops"] = 1000  # the baseline measured FLOPs; this run does not
+    path.write_text(json.dumps(data))
+    result = _run(pytester, suite)
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*step_flops: missing: the baseline has this metric, this run did not measure it*"])
+
+
+def test_inject_cannot_write_a_baseline(pytester, suite):
+    result = _run(pytester, suite, "--flashckpt-save-baseline", "--flashckpt-inject=step=0.1")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--flashckpt-inject with --flashckpt-save-baseline*"])
+
+
+SAVE_SUITE = """
+name: saves
+defaults: {model: tiny, batch_size: 1, seq_len: 32, measure: [checkpoint]}
+scenarios:
+  - name: save-async
+    checkpoint: {strategy: async, save_interval: 2, saves: 6, max_keep: 2}
+"""
+
+
+@pytest.mark.slow
+def test_an_injected_stall_increase_fails_the_stall_gate(pytester):
+    """What the issue asks to check: a suite run with saves blocking longer fails on stall_vs_sync. The stall is
+    made 4x (stall=3.0) so the check holds on a busy machine too; benchmarks/gate_power.py measures +25%."""
+    suite = pytester.makefile(".yaml", saves=SAVE_SUITE)
+    _run(pytester, suite, "--flashckpt-save-baseline", "--flashckpt-saves=12").assert_outcomes(passed=1)
+    result = _run(pytester, suite)
+    result.assert_outcomes(passed=1)
+    result = _run(pytester, suite, "--flashckpt-inject=stall=3.0")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*stall_vs_sync: baseline *, current *, change +*", "*WARNING: injected regression: save stall +300%*",
+                                 "*regressed saves::save-async stall_vs_sync*"])

@@ -42,19 +42,53 @@ def test_bandwidth_probes(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_checkpoint_suite_covers_every_strategy_and_the_article_rows() -> None:
+def test_checkpoint_suite_covers_every_save_strategy() -> None:
     suite = load_suite("checkpoint")
     strategies = {s.save.strategy for s in suite.scenarios}
     assert strategies == {"sync", "async", "dcp", "selective", "layerwise", "scheduled"}
-    rows = {s.article: s for s in suite.scenarios if s.article}
-    assert set(rows) == {"prototype", "medium", "large"}
-    assert rows["prototype"].save.strategy == "async" and rows["prototype"].activation.strategy == "full"
-    assert rows["medium"].save.strategy == "selective"
-    assert rows["large"].save.layer_checkpoint_dir and rows["large"].save.mem_threshold
     # every save strategy runs on a card whose training state (model + AdamW) is at least 100 MB
     from pytest_flashckpt.models import load_card
 
-    io_rows = [s for s in suite.scenarios if not s.article]
-    assert {s.save.strategy for s in io_rows} == strategies
-    for scenario in io_rows:
+    for scenario in suite.scenarios:
         assert load_card(scenario.card).num_params() * 4 * 3 >= 100e6, scenario.name
+
+
+def test_article_suite_rows_are_distinct_configurations_over_three_workloads() -> None:
+    from pytest_flashckpt.claims import MIN_WORKLOADS, TABLE
+
+    rows: dict[str, list] = {}
+    for scenario in load_suite("article").scenarios:
+        rows.setdefault(scenario.article, []).append(scenario)
+    assert set(rows) == {c.id for c in TABLE}
+    configs = {tag: {(s.activation.strategy, s.save.strategy, s.save.layer_checkpoint_dir) for s in group} for tag, group in rows.items()}
+    assert configs == {
+        "prototype": {("selective_op", "async", None)},
+        "medium": {("full", "selective", None)},
+        "large": {("full", "scheduled", "layers")},
+    }
+    for tag, group in rows.items():
+        assert len({(s.card, s.batch_size, s.seq_len) for s in group}) >= MIN_WORKLOADS, tag
+        assert all({"memory", "timing", "checkpoint"} <= set(s.measure) for s in group), tag
+    assert all(s.save.mem_basis == "peak" for s in rows["large"])
+
+
+@pytest.mark.slow
+def test_the_large_row_defers_saves_and_takes_none_above_its_threshold(tmp_path) -> None:
+    """The shipped ``large`` row's schedule really defers (the threshold is a fraction of the measured peak, the
+    gauge live tensor bytes): at every workload, deferrals > 0 and no save forced above the threshold."""
+    import dataclasses
+
+    import torch
+
+    from pytest_flashckpt.runner.run import RunContext, run_scenario
+
+    ctx = RunContext(device=torch.device("cpu"), probe="cpu", workdir=tmp_path)
+    for scenario in load_suite("article").scenarios:
+        if scenario.article != "large":
+            continue
+        quick = dataclasses.replace(scenario, measure=("memory", "checkpoint"), save=dataclasses.replace(scenario.save, saves=2))
+        result = run_scenario(quick, ctx)
+        assert result.status == "measured", result.reason
+        m = result.metrics
+        assert m["deferrals"] > 0 and m["forced_saves"] == 0, (scenario.name, m["deferrals"], m["forced_saves"])
+        assert m["max_save_memory_fraction"] < scenario.save.mem_threshold

@@ -50,3 +50,39 @@ def test_checkpointer_defers_under_pressure_and_records_it(tmp_path) -> None:
 def test_default_gauge_reads_this_process() -> None:
     used, capacity = process_memory()
     assert 0 < used < capacity
+
+
+def test_a_mid_step_look_defers_a_due_save_to_the_step_end() -> None:
+    """``observe`` (after the forward pass) records the deferral of a save due in this step while memory is high;
+    it never takes a save; the step-end look takes it when memory has dropped, and says at what reading."""
+    readings = iter([0.8, 0.3, 0.8, 0.3])  # mid-step high, step end low, twice
+    schedule = SaveSchedule(2, 0.6, 2, gauge=lambda: (int(next(readings) * 100), 100))
+    schedule.observe(1)  # nothing due in step 1: no reading taken
+    assert not schedule.should_save(1)
+    schedule.observe(2)
+    assert schedule.should_save(2)
+    schedule.observe(3)
+    assert not schedule.should_save(3)
+    schedule.observe(4)
+    assert schedule.should_save(4)
+    assert [(d.step, d.due_step, d.phase) for d in schedule.deferrals] == [(2, 2, "mid-step"), (4, 4, "mid-step")]
+    assert schedule.taken_fractions == [0.3, 0.3] and schedule.forced == []
+
+
+def test_peak_basis_gauge_counts_live_tensor_bytes_against_the_measured_peak(tmp_path) -> None:
+    from pytest_flashckpt.checkpoint import run_checkpoint_pass
+    from pytest_flashckpt.probes import make_probe
+
+    trainer = make_trainer()
+    trainer.train_step()  # AdamW state exists from here on: the state between steps is complete
+    with make_probe("cpu").track(resident=trainer.state_tensors()) as reading:
+        trainer.train_step()
+    state, peak = reading.start_bytes, reading.peak_bytes
+    threshold = (state / peak + 1.0) / 2  # above the training state alone, below the step's peak
+    config = SaveConfig(save_interval=1, mem_threshold=threshold, mem_basis="peak", max_defer_steps=2, saves=2)
+    metrics = run_checkpoint_pass(trainer, config, tmp_path, peak_bytes=peak)
+    assert metrics["forced_saves"] == 0 and metrics["max_save_memory_fraction"] < threshold
+    assert metrics["mem_threshold_bytes"] == int(threshold * peak)
+    # a threshold under the training state itself can never be met: every save is forced, and says so
+    low = SaveConfig(save_interval=1, mem_threshold=0.5 * state / peak, mem_basis="peak", max_defer_steps=1, saves=1)
+    assert run_checkpoint_pass(trainer, low, tmp_path / "low", peak_bytes=peak)["forced_saves"] == 1

@@ -87,3 +87,4 @@ def test_claims_lists_the_article(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["claims"]) == 0
     out = capsys.readouterr().out
     assert "prototype" in out and "gradient_checkpointing" in out and "±10 pp" in out
+    assert "save: async stall <= 10% of a sync save" in out

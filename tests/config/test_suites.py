@@ -1,6 +1,7 @@
 """Suite files: the shipped suites validate; bad input names the file, the key path and the valid choices;
 the article's keys are accepted as written there."""
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -101,3 +102,38 @@ def test_preflight_checks_the_model_card(tmp_path):
         preflight(suite.scenarios[0])
     with pytest.raises(ConfigError, match="activation.k 9 is larger than the 4 blocks of 'tiny' \\(valid: 1..4\\)"):
         preflight(suite.scenarios[1])
+
+
+def _assert_plain_reference(scenario):
+    reference = scenario.reference()
+    assert reference.activation.strategy == "none", f"{scenario.name}: reference recomputes activations"
+    assert reference.is_reference
+    plain = ("none", "dcp") if scenario.world_size > 1 else ("none", "sync")
+    assert reference.save.strategy in plain and not reference.save.async_save, f"{scenario.name}: reference saves {reference.save.strategy}"
+    assert reference.model.gradient_checkpointing is None and reference.model.checkpoint_level is None
+    assert reference.model.card == scenario.model.card and reference.seq_len == scenario.seq_len
+    assert reference.reference() == dataclasses.replace(reference, name=f"{reference.name}.reference")
+
+
+@pytest.mark.parametrize("name", shipped_names("suites"))
+def test_a_reference_never_checkpoints_activations_in_any_shipped_suite(name):
+    for scenario in load_suite(name).scenarios:
+        _assert_plain_reference(scenario)
+
+
+def test_reference_of_the_article_aliases_is_plain(tmp_path):
+    """``gradient_checkpointing: true`` and ``checkpoint_level: layer`` on the model are folded into the strategies
+    by ``__post_init__``; ``dataclasses.replace`` re-runs it, so the reference must clear them, not inherit them."""
+    suite = load_suite(_suite(tmp_path, """
+        scenarios:
+          - name: gc
+            model: {card: tiny, gradient_checkpointing: true}
+          - name: layer
+            model: {card: tiny, gradient_checkpointing: true, checkpoint_level: layer, layer_checkpoint_dir: layers}
+            checkpoint: {save_interval: 2}
+    """))
+    for scenario in suite.scenarios:
+        assert scenario.activation.strategy == "full"
+        _assert_plain_reference(scenario)
+    layer = suite.scenarios[1]
+    assert layer.save.strategy == "layerwise" and layer.reference().save.strategy == "sync"

@@ -22,21 +22,40 @@ def result(scenario: Scenario, status: str = "measured", reason: str | None = No
 
 
 def strategy(name: str, saving: float, overhead: float, activation: ActivationConfig, save: SaveConfig | None = None,
-             article: str | None = None, **extra) -> Result:
-    scenario = Scenario(name=name, suite="synthetic", attention="sdpa", activation=activation,
-                        save=save or SaveConfig(), article=article)
+             article: str | None = None, spread: float = 0.05, seq_len: int = 512, **extra) -> Result:
+    measure = ("memory", "timing", "checkpoint") if save is not None else ("memory", "timing")
+    scenario = Scenario(name=name, suite="synthetic", attention="sdpa", activation=activation, seq_len=seq_len,
+                        save=save or SaveConfig(), article=article, measure=measure)
     return result(
         scenario,
         peak_bytes=int(REF_PEAK * (1 - saving)), reference_peak_bytes=REF_PEAK, state_bytes=STATE, memory_saving=saving,
-        step_time_s=overhead, reference_step_time_s=1.0, overhead=overhead, overhead_min=overhead - 0.05,
-        overhead_max=overhead + 0.05, **extra,
+        step_time_s=overhead, reference_step_time_s=1.0, overhead=overhead, overhead_min=overhead - spread,
+        overhead_max=overhead + spread, **extra,
     )
 
 
-def save_metrics(stall: float, total: float) -> dict:
-    return dict(save_stall_s=stall, save_total_s=total, bytes_written=50 * MIB, write_MBps=500.0, load_s=0.1,
-                save_extra_peak_bytes=10 * MIB, files=3, raw_write_MBps=1000.0, copy_GBps=10.0,
-                reference_save_total_s=1.0, stall_vs_sync=stall / 1.0, write_vs_raw=0.5, format="torch")
+def save_metrics(stall: float, total: float, bytes_share: float = 1.0, deferrals: int = 0, forced: int = 0) -> dict:
+    return dict(save_stall_s=stall, save_total_s=total, bytes_written=int(50 * MIB * bytes_share), write_MBps=500.0,
+                load_s=0.1, save_extra_peak_bytes=10 * MIB, files=3, raw_write_MBps=1000.0, copy_GBps=10.0,
+                reference_save_total_s=1.0, stall_vs_sync=stall / 1.0, write_vs_raw=0.5, format="torch",
+                reference_bytes_written=50 * MIB, bytes_vs_full=bytes_share, deferrals=deferrals, forced_saves=forced)
+
+
+def article_rows() -> list[Result]:
+    """The article's three rows, each over three workloads (seq 256, 512, 1024): prototype holds on all three,
+    medium on two (its 1024 workload saves too much), large on none (the schedule never deferred)."""
+    out = []
+    for seq, medium_saving in ((256, 0.45), (512, 0.55), (1024, 0.65)):
+        out += [
+            strategy(f"prototype-s{seq}", 0.30, 1.05, ActivationConfig("selective_op"), SaveConfig(strategy="async"),
+                     article="prototype", spread=0.02, seq_len=seq, **save_metrics(0.05, 1.0)),
+            strategy(f"medium-s{seq}", medium_saving, 1.30, ActivationConfig("full"), SaveConfig(strategy="selective"),
+                     article="medium", spread=0.02, seq_len=seq, **save_metrics(0.80, 0.80, bytes_share=0.6)),
+            strategy(f"large-s{seq}", 0.55, 1.30, ActivationConfig("full"),
+                     SaveConfig(strategy="scheduled", mem_threshold=0.6, layer_checkpoint_dir="layers"),
+                     article="large", spread=0.02, seq_len=seq, **save_metrics(0.90, 0.90, deferrals=0)),
+        ]
+    return out
 
 
 def attention(backend: str, seq_len: int, peak_mib: int | None, reason: str | None = None) -> Result:
@@ -49,12 +68,7 @@ def attention(backend: str, seq_len: int, peak_mib: int | None, reason: str | No
 def results() -> list[Result]:
     """Every section has data: the three table claims, the single claim, a skip, attention pairs, saves."""
     return [
-        strategy("prototype", 0.30, 1.05, ActivationConfig("every_k", k=2), SaveConfig(strategy="async"),
-                 article="prototype", flop_ratio=1.15, **save_metrics(0.05, 1.0)),
-        strategy("medium", 0.55, 1.30, ActivationConfig("full"), SaveConfig(strategy="selective"),
-                 article="medium", flop_ratio=1.33, **save_metrics(0.80, 0.80)),
-        strategy("large", 0.55, 1.30, ActivationConfig("full"), SaveConfig(strategy="layerwise"),
-                 article="large", flop_ratio=1.33, **save_metrics(0.90, 0.90)),
+        *article_rows(),
         strategy("gc", 0.40, 1.18, ActivationConfig("full"), article="gradient_checkpointing", flop_ratio=1.33,
                  analytic_peak_bytes=50 * MIB),
         result(Scenario(name="offload", suite="synthetic", activation=ActivationConfig("offload")), status="skipped",

@@ -23,7 +23,12 @@ SECTIONS = [
 def _table_rows(text: str, heading: str) -> list[str]:
     """The data rows of the first table in the section that starts with ``heading``."""
     section = text.split(heading, 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")]
+    rows: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break  # the first table ended
     return rows[2:]  # skip header and separator
 
 
@@ -43,9 +48,17 @@ def test_header_names_profile_commit_versions_kernel_probe_rounds(record: RunRec
 def test_article_table_has_one_row_per_claim_with_verdicts(record: RunRecord) -> None:
     rows = _table_rows(render(record), "## The article's scenario table, measured")
     assert [r.split("|")[1].strip() for r in rows] == ["quick prototype", "medium-scale training", "very large models"]
-    assert "**holds**" in rows[0] and "**holds**" in rows[1] and "**does not hold**" in rows[2]
-    assert "5.0% of a sync save" in rows[0]  # the measured save stall column
+    # each row is its own configuration, over three workloads, with its save criterion and the measured save
+    assert "recompute selective_op; save async (torch)" in rows[0] and "recompute full; save selective (torch)" in rows[1]
+    assert "3: tiny 4x256, tiny 4x512, tiny 4x1024" in rows[0]
+    assert "async stall <= 10% of a sync save" in rows[0] and "5% of a sync save" in rows[0]
+    assert "fewer bytes than a full save" in rows[1] and "60% of a full save's bytes" in rows[1]
+    assert "deferred saves" in rows[2] and "0 deferrals" in rows[2]
+    assert "**holds on 3 of 3**" in rows[0] and "**holds on 2 of 3**" in rows[1] and "**holds on 0 of 3**" in rows[2]
+    assert "saving 45-65%" in rows[1]  # the count comes with the range
     assert "~30%" in rows[0] and "low (<= 1.10x)" in rows[0]
+    details = _table_rows(render(record), "Per workload:")
+    assert len(details) == 9 and any("never deferred" in d for d in details)
 
 
 def test_article_table_says_why_a_claim_was_not_measured() -> None:
@@ -57,10 +70,12 @@ def test_article_table_says_why_a_claim_was_not_measured() -> None:
 
 def test_skipped_article_scenario_shows_its_reason() -> None:
     results = syn.results()
-    medium = next(r for r in results if r.scenario == "medium")
+    medium = next(r for r in results if r.scenario == "medium-s512")
     medium.status, medium.reason, medium.metrics = "skipped", "SYNTHETIC-SKIP needs a GPU", {}
-    row = [r for r in _table_rows(render(syn.record(results)), "## The article's scenario table") if "medium-scale" in r][0]
-    assert "**not measurable**: skipped on this hardware: SYNTHETIC-SKIP needs a GPU" in row
+    text = render(syn.record(results))
+    row = [r for r in _table_rows(text, "## The article's scenario table") if "medium-scale" in r][0]
+    assert "**holds on 1 of 3**, 1 not measurable" in row
+    assert "**not measurable**: skipped on this hardware: SYNTHETIC-SKIP needs a GPU" in text
 
 
 def test_unknown_article_tag_is_reported() -> None:
@@ -123,5 +138,5 @@ def test_sections_without_data_say_so_in_one_line() -> None:
 
 def test_summary_lines_include_article_verdicts(record: RunRecord) -> None:
     lines = summary_lines(record.results)
-    assert any(line.startswith("article quick prototype (synthetic::prototype): holds") for line in lines)
+    assert any(line.startswith("article quick prototype (synthetic::prototype-s512): holds") for line in lines)
     assert any("skipped (SYNTHETIC-SKIP offload" in line for line in lines)

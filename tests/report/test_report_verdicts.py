@@ -6,12 +6,19 @@ import pytest
 import report_synthetic as syn
 
 from pytest_flashckpt.claims import CLAIMS, GRADIENT_CHECKPOINTING, LARGE, MEDIUM, OVERHEAD_BANDS, PROTOTYPE, TABLE
-from pytest_flashckpt.config.scenario import ActivationConfig, Scenario
-from pytest_flashckpt.report.claim_verdicts import judge
+from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
+from pytest_flashckpt.report.claim_verdicts import judge, judge_row
 
 
-def _measured(saving: float, overhead: float):
-    return syn.strategy("x", saving, overhead, ActivationConfig("full"))
+def _measured(saving: float, overhead: float, spread: float = 0.01):
+    """An activation-only result (no save measured: a table row's save half is then not measurable)."""
+    return syn.strategy("x", saving, overhead, ActivationConfig("full"), spread=spread)
+
+
+def _row_result(claim, saving: float, overhead: float, **save):
+    """A result with a save that meets ``claim``'s criterion unless ``save`` says otherwise."""
+    metrics = syn.save_metrics(0.05, 1.0, bytes_share=0.5, deferrals=3) | save
+    return syn.strategy("x", saving, overhead, ActivationConfig("full"), SaveConfig(strategy="sync"), spread=0.01, **metrics)
 
 
 @pytest.mark.parametrize(
@@ -30,13 +37,42 @@ def _measured(saving: float, overhead: float):
     ],
 )
 def test_measured_verdicts(claim, saving: float, overhead: float, word: str) -> None:
-    assert judge(claim, _measured(saving, overhead)).word == word
+    assert judge(claim, _row_result(claim, saving, overhead)).word == word
+
+
+@pytest.mark.parametrize(
+    ("claim", "save", "text"),
+    [
+        (PROTOTYPE, {"stall_vs_sync": 0.25}, "save stall 25.0% of a sync save is above 10%"),
+        (MEDIUM, {"bytes_vs_full": 1.0}, "a save writes 100.0% of a full save's bytes: not fewer"),
+        (LARGE, {"deferrals": 0}, "schedule: 0 deferrals, 0 saves forced above the threshold (never deferred)"),
+        (LARGE, {"deferrals": 4, "forced_saves": 1}, "schedule: 4 deferrals, 1 saves forced above the threshold"),
+    ],
+)
+def test_the_save_half_of_a_row_is_judged(claim, save, text) -> None:
+    good = {PROTOTYPE: (0.30, 1.05), MEDIUM: (0.50, 1.20), LARGE: (0.70, 1.50)}[claim]
+    assert judge(claim, _row_result(claim, *good)).word == "holds"
+    verdict = judge(claim, _row_result(claim, *good, **save))
+    assert verdict.word == "does not hold" and text in verdict.reason
+
+
+def test_a_row_without_a_measured_save_is_not_measurable() -> None:
+    verdict = judge(PROTOTYPE, _measured(0.30, 1.05))
+    assert verdict.word == "not measurable" and "the scenario did not measure a save" in verdict.reason
+
+
+def test_a_row_over_workloads_is_a_count_and_a_range() -> None:
+    results = [_row_result(MEDIUM, saving, 1.20) for saving in (0.38, 0.52, 0.58)]
+    row = judge_row(MEDIUM, results)
+    assert row.word == "holds on 2 of 3" and "saving 38-58%" in row.ranges
+    assert row.cell().startswith("**holds on 2 of 3**: saving 38-58%")
+    assert "only 2 workloads" in judge_row(MEDIUM, results[:2]).cell()
 
 
 def test_reason_names_the_part_that_missed() -> None:
     verdict = judge(LARGE, _measured(0.55, 1.30))
     assert "saving 55.0% is below ~70% ± 10 pp" in verdict.reason
-    assert "overhead 1.30x is below high (> 1.35x)" in verdict.reason
+    assert "overhead 1.30x (rounds 1.29-1.31) is below high (> 1.35x)" in verdict.reason
 
 
 def test_no_result_is_not_measurable_with_reason() -> None:
@@ -73,10 +109,16 @@ def test_claims_cover_the_article_table() -> None:
     assert all(c.quote for c in CLAIMS.values())
 
 
-def test_noisy_overhead_is_not_judged() -> None:
-    r = _measured(0.70, 1.30)
-    r.metrics["overhead_min"], r.metrics["overhead_max"] = 1.10, 1.60  # the rounds reach into "high"
+def test_overhead_is_judged_on_the_rounds_interval_symmetrically() -> None:
+    r = _row_result(LARGE, 0.70, 1.30)
+    r.metrics["overhead_min"], r.metrics["overhead_max"] = 1.10, 1.60  # median outside "high", rounds reach into it
     verdict = judge(LARGE, r)
-    assert verdict.word == "not measurable" and "too noisy to judge" in verdict.reason
-    r.metrics["overhead_max"] = 1.34  # entirely below "high": a miss
+    assert verdict.word == "not measurable" and "straddles high" in verdict.reason
+    r = _row_result(MEDIUM, 0.50, 1.30)
+    r.metrics["overhead_min"], r.metrics["overhead_max"] = 1.20, 1.40  # median inside "medium", rounds leave it
+    assert judge(MEDIUM, r).word == "not measurable"
+    r.metrics["overhead_max"] = 1.34  # the whole interval inside: holds
+    assert judge(MEDIUM, r).word == "holds"
+    r = _row_result(LARGE, 0.70, 1.30)
+    r.metrics["overhead_min"], r.metrics["overhead_max"] = 1.20, 1.34  # entirely below "high": a miss
     assert judge(LARGE, r).word == "does not hold"
