@@ -47,3 +47,14 @@ def resident_bytes() -> int:
     """The process's resident set size (``/proc/self/statm``, second field, in pages)."""
     with open("/proc/self/statm", encoding="ascii") as fh:
         return int(fh.read().split()[1]) * PAGE_SIZE
+
+
+def shown_path(path: Path | str, root: Path | str | None = None) -> str:
+    """``path`` as a user should read it: relative to ``root`` (default: the current folder) when it lies below it,
+    as given otherwise. Reports and terminal lines show ``baselines/<profile>.json``, never a machine's home folder."""
+    path = Path(path)
+    base = Path(root) if root is not None else Path.cwd()
+    try:
+        return path.resolve().relative_to(base.resolve()).as_posix() if path.is_absolute() else path.as_posix()
+    except ValueError:
+        return path.as_posix()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -21,7 +22,9 @@ from pytest_flashckpt.training import Trainer
 Metrics = dict[str, "float | int | str | None | list[float]"]
 
 
-def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu") -> Metrics:
+def run_checkpoint_pass(
+    trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu", on_phase: Callable[[str], None] | None = None
+) -> Metrics:
     """Train ``trainer`` and save it ``config.saves`` times with ``config``'s strategy under ``workdir/checkpoints``,
     then load the newest checkpoint back into ``trainer`` and check it bit for bit against the state it saved.
 
@@ -37,12 +40,16 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
     On a GPU ``save_extra_peak_bytes`` is device memory only and the pinned host staging is reported apart as
     ``save_staging_host_bytes`` (on a CPU both are host memory, and staging is part of ``save_extra_peak_bytes``).
     The trainer ends in the state of the last save. Raises ``CheckpointError`` if the round trip is not exact.
+    ``on_phase`` is told each phase ("time lost", "save 2/6", "load check") for progress lines.
     """
+    say = on_phase or (lambda text: None)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     raw_write = write_bandwidth_MBps(workdir)
     state_device = next(trainer.model.parameters()).device
     copy_gbps = copy_bandwidth_GBps(device=state_device)
+    if config.time_lost_rounds > 0:
+        say("time lost per save")
     lost = measure_time_lost(trainer, config, workdir / "time-lost") if config.time_lost_rounds > 0 else {}
     probe = make_probe(probe_name, state_device) if probe_name else None
     ckpt = Checkpointer(workdir / "checkpoints", config, probe=probe, gauge=memory_gauge(state_device))
@@ -52,12 +59,14 @@ def run_checkpoint_pass(trainer: Trainer, config: SaveConfig, workdir: Path, pro
         while len(ckpt.records) < config.saves and steps < max_steps:
             trainer.train_step()
             steps += 1
+            say(f"save {len(ckpt.records) + 1}/{config.saves}")
             ckpt.maybe_save(trainer)
     finally:
         ckpt.close()
     records = ckpt.records
     if not records:
         raise CheckpointError(f"no save happened in {steps} steps with {config}")
+    say("load check")
     expected = {k: t.detach().to("cpu", copy=True) for k, t in capture(trainer).tensors.items()}
     last = ckpt.store.root / records[-1].name
     loaded = load_into(trainer, last)

@@ -3,11 +3,13 @@ single gradient-checkpointing claim beside our number."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pytest_flashckpt.claims import GRADIENT_CHECKPOINTING, OVERHEAD_BANDS, SAVING_TOLERANCE, TABLE, Claim
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, ms, pct, ratio, spread
 from pytest_flashckpt.report.tables import escape, table
-from pytest_flashckpt.report.claim_verdicts import judge
+from pytest_flashckpt.report.claim_verdicts import Verdict as ClaimVerdict, judge
 from pytest_flashckpt.result import Result, RunRecord
 
 HEADERS = [
@@ -31,18 +33,50 @@ def _stall(r: Result) -> str:
     return f"{ms(stall)} ({pct(share)} of a sync save)" if isinstance(share, (int, float)) else ms(stall)
 
 
-def _row(claim: Claim, r: Result | None, missing: str | None = None) -> list[str]:
-    verdict = judge(claim, r, missing)
+@dataclass(frozen=True)
+class ArticleRow:
+    """One row of the article's table: a claim, the result that tested it (None: nothing did), and the verdict.
+    The markdown report (``article_table``) and the terminal summary (``report.terminal``) both render these."""
+
+    claim: Claim
+    result: Result | None
+    verdict: ClaimVerdict
+    measured_saving: str
+    measured_overhead: str
+    measured_stall: str
+
+    @property
+    def measured(self) -> bool:
+        return self.result is not None and self.result.status == "measured"
+
+
+def article_rows(record: RunRecord) -> list[ArticleRow]:
+    """Every claim of the article's table with each result tagged with it (a claim nothing tested: one row)."""
+    tagged = select.by_article(record.results)
+    rows = []
+    for claim in TABLE:
+        results = tagged.get(claim.id, [])
+        rows.extend(_article_row(claim, r) for r in (results or [None]))
+    return rows
+
+
+def _article_row(claim: Claim, r: Result | None) -> ArticleRow:
+    verdict = judge(claim, r, None)
     if r is None or r.status != "measured":
-        measured = ["not measured"] * 3
-        by = f"`{r.id}`" if r is not None else "nothing"
+        return ArticleRow(claim, r, verdict, "not measured", "not measured", "not measured")
+    saving = r.metrics.get("memory_saving")
+    return ArticleRow(claim, r, verdict, pct(saving) if isinstance(saving, (int, float)) else MISSING, _overhead(r), _stall(r))
+
+
+def _cells(row: ArticleRow) -> list[str]:
+    r, claim = row.result, row.claim
+    if row.measured:
+        by = f"`{r.id}`: {select.describe_strategies(r)}"  # type: ignore[union-attr]
     else:
-        saving = r.metrics.get("memory_saving")
-        measured = [pct(saving) if isinstance(saving, (int, float)) else MISSING, _overhead(r), _stall(r)]
-        by = f"`{r.id}`: {select.describe_strategies(r)}"
+        by = f"`{r.id}`" if r is not None else "nothing"
     return [
-        claim.title, claim.strategy, by, claim.describe_saving(), measured[0],
-        claim.describe_overhead(), measured[1], measured[2], escape(verdict.cell()),
+        claim.title, claim.strategy, by, claim.describe_saving(), row.measured_saving,
+        claim.describe_overhead(), row.measured_overhead, row.measured_stall, escape(row.verdict.cell()),
     ]
 
 
@@ -60,12 +94,7 @@ def definitions() -> list[str]:
 
 def article_table(record: RunRecord) -> list[str]:
     tagged = select.by_article(record.results)
-    rows = []
-    for claim in TABLE:
-        results = tagged.get(claim.id, [])
-        if not results:
-            rows.append(_row(claim, None))
-        rows.extend(_row(claim, r) for r in results)
+    rows = [_cells(row) for row in article_rows(record)]
     known = {c.id for c in TABLE} | {GRADIENT_CHECKPOINTING.id}
     unknown = sorted(tag for tag in tagged if tag not in known)
     warning = [

@@ -126,6 +126,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     dtype = DTYPES[scenario.dtype]
     backend = resolve_backend(scenario.attention, ctx.device, dtype)
     result.backend = backend
+    ctx.phase("build and warm-up")
     trainer = _build_trainer(scenario, ctx, backend)
     _apply_activation(trainer, scenario, result)
     op_names = _warmup(trainer, max(scenario.warmup, 1))
@@ -134,6 +135,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     metrics, samples = result.metrics, result.samples
 
     if "memory" in scenario.measure:
+        ctx.phase("memory pass")
         metrics.update(_peak(trainer, ctx.probe, ctx.device))
         if reference is not None:
             ref = ctx.cached("memory", scenario.reference(), lambda: _peak(reference, ctx.probe, ctx.device))
@@ -145,13 +147,15 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
 
     if "timing" in scenario.measure:
         timing = timing_pass(trainer.train_step, None if reference is None else reference.train_step,
-                             scenario.rounds, scenario.steps, ctx.device)
+                             scenario.rounds, scenario.steps, ctx.device,
+                             on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"))
         metrics.update(timing.metrics())
         samples.update(timing.samples())
 
     if "flops" in scenario.measure:
         from pytest_flashckpt.activation.flops import count_step_flops
 
+        ctx.phase("FLOP count")
         metrics["step_flops"] = count_step_flops(trainer)
         if reference is not None:
             ref_flops = ctx.cached("flops", scenario.reference(), lambda: count_step_flops(reference))
@@ -167,7 +171,7 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
 
     root = Path(tempfile.mkdtemp(prefix="flashckpt-", dir=ctx.workdir))
     try:
-        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe)
+        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, on_phase=ctx.phase)
         for key, value in measured.items():
             if isinstance(value, list):
                 result.samples[key] = value
@@ -178,7 +182,9 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
 
             def reference_save() -> dict[str, Any]:
                 ref_trainer = _reference_trainer(scenario, ctx, result.backend or "sdpa")
-                return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe)
+                ctx.phase("reference save (sync)")
+                return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe,
+                                           on_phase=lambda text: ctx.phase(f"reference {text}"))
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
             result.metrics["reference_save_total_s"] = ref["save_total_s"]

@@ -45,7 +45,7 @@ def test_save_then_compare_then_flag_a_regression(pytester, suite, monkeypatch):
     result.assert_outcomes(passed=2, skipped=1)
     result.stdout.fnmatch_lines(["*baseline: compared with *: 0 regressed*"])
     comparison = json.loads((pytester.path / "out" / "results.json").read_text())["comparison"]
-    assert comparison["status"] == "compared" and comparison["baseline_path"] == str(path)
+    assert comparison["status"] == "compared" and comparison["baseline_path"] == f"baselines/{path.name}"  # relative to the invocation folder
     verdicts = {(v["scenario"], v["metric"]): v["verdict"] for v in comparison["verdicts"]}
     assert verdicts[("mini::eager", "peak_bytes")] == "ok" and verdicts[("mini::reference", "state_bytes")] == "ok"
     assert ("mini::eager", "step_time_s") not in verdicts
