@@ -31,8 +31,6 @@ class ScenarioItem(pytest.Item):
         self.result: Result | None = None
         for keyword in (scenario.attention, scenario.activation.strategy, scenario.save.strategy, scenario.card):
             self.keywords[keyword] = True
-        if session_state.xdist_worker:  # one group: xdist's loadgroup sends every scenario to one worker, in order
-            self.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
 
     def runtest(self) -> None:
         self.result = self.state.run(self.scenario)
@@ -51,7 +49,6 @@ class ScenarioItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
 
-XDIST_GROUP = "flashckpt-suite"
 WORKER_OUTPUT_KEY = "flashckpt_run"  # what a pytest-xdist worker hands the controller (config.workeroutput)
 
 
@@ -73,6 +70,20 @@ class SuiteCollector(pytest.Collector):
         return [ScenarioItem.from_parent(self, name=s.name, scenario=s, session_state=self.state) for s in self.scenarios]
 
 
+def _keep_scenarios_on_one_xdist_worker(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``) the scenarios must not run at the same time (each would time the other's
+    load): the controller's scheduler (``xdist_scheduling``) sends them all to one worker, which runs them one
+    after another while the other tests still spread over the workers. A CI with ``-n auto`` in its ``addopts``
+    keeps working; refusing to run (as pytest-benchmark disables itself) would turn the suite off in exactly the
+    CI jobs that should gate on it. ``--dist each`` (every test on every worker) cannot be made safe: refused.
+    The report's header notes that other tests shared the CPU."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "each":
+        raise pytest.UsageError(
+            "flashckpt: --flashckpt-suite cannot run under pytest-xdist's --dist each (every worker would measure "
+            "every scenario at the same time); drop -n / --dist each, or use --dist load"
+        )
+
+
 class SuiteSession:
     """The pytest face of a ``SuiteRun``: it adds test items, pytest-benchmark and the terminal summary."""
 
@@ -86,12 +97,16 @@ class SuiteSession:
         self.suite = suite
         self.run_state = SuiteRun(suite, options, root=Path(config.invocation_params.dir), progress=self._on_phase)
         self.xdist_worker = hasattr(config, "workerinput")  # a pytest-xdist worker: measures, the controller writes
-        self.xdist_controller = config.pluginmanager.has_plugin("dsession")  # the pytest-xdist controller (-n N)
         self._heartbeat = Heartbeat()
         self._running: str | None = None  # the node id of the scenario item running (None: another test)
         self._scenario_ids: set[str] = set()  # node ids of the suite's items (filled at collection)
         self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.outputs = None  # runner.suite.RunOutputs once the session finished
+
+    @property
+    def xdist_controller(self) -> bool:
+        """This is pytest-xdist's controller (``-n N``): it collects and measures nothing, it gathers and writes."""
+        return self.config.pluginmanager.has_plugin("dsession")
 
     @property
     def results(self) -> list[Result]:
@@ -108,6 +123,7 @@ class SuiteSession:
             raise pytest.UsageError(
                 f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"
             )
+        _keep_scenarios_on_one_xdist_worker(config)
         try:
             suite = load_checked_suite(suite_arg)
         except ConfigError as exc:  # a problem with no file is the option's: an unknown suite name
@@ -263,6 +279,15 @@ class SuiteSession:
             self._write(report.flashckpt_compact)
 
     # -- pytest-xdist: the workers measure, the controller gathers and writes ---------------------------
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)  # a pytest-xdist hook: absent without it
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
+        """Every scenario on one worker, one after another (``xdist_scheduling``)."""
+        from pytest_flashckpt.xdist_scheduling import SuiteScheduling
+
+        ids = frozenset(f"{s.suite}::{s.name}" for s in self.suite.scenarios)
+        return SuiteScheduling(config, log, scenario_ids=ids, dist=config.getvalue("dist"))
+
+    @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
     def pytest_testnodedown(self, node, error) -> None:
         """A worker finished: take its results and verdicts (sent in ``pytest_sessionfinish`` below)."""
         payload = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
@@ -287,7 +312,7 @@ class SuiteSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.results or self.xdist_worker:
             return
-        from pytest_flashckpt.report.terminal import article_lines, regression_lines, where_lines
+        from pytest_flashckpt.report.terminal import article_lines, regression_lines, where_lines, wrap
 
         run, out = self.run_state, self.outputs
         terminalreporter.section("flashckpt")
@@ -298,7 +323,8 @@ class SuiteSession:
             lines += where_lines(run.shown(out.report_path), run.shown(out.results_path),
                                  run.shown(out.baseline_path) if out.baseline_path is not None else None,
                                  str(out.step_summary) if out.step_summary is not None else None)
-        lines += [f"note: {note}" for note in run.notes]
+        for note in run.notes:
+            lines += wrap(f"note: {note}", indent="")
         if self._bench is not None and self._bench.note:
             lines.append(f"pytest-benchmark: {self._bench.note}")
         for line in lines:
