@@ -58,3 +58,21 @@ def shown_path(path: Path | str, root: Path | str | None = None) -> str:
         return path.resolve().relative_to(base.resolve()).as_posix() if path.is_absolute() else path.as_posix()
     except ValueError:
         return path.as_posix()
+
+
+@contextlib.contextmanager
+def locked(folder: Path | str) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (``fcntl.flock`` on the folder itself, so no lock file is left in a
+    committed folder such as ``baselines/``): another process or thread taking the same lock waits until the
+    block ends. Used around a baseline's read-merge-write and around writing a report folder's files as one unit,
+    so two runs at once neither drop each other's scenarios nor leave one run's results beside another's report."""
+    import fcntl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -218,18 +218,14 @@ class SuiteRun:
     def finish(self) -> RunOutputs:
         """Save the baseline (when asked), write ``results.json``, the report, and the CI step summary."""
         from pytest_flashckpt.baselines import save_run
-        from pytest_flashckpt.report.regression import append_step_summary
-        from pytest_flashckpt.report import write_report
-
         from pytest_flashckpt.config.run_options import DEFAULT_REPORT_DIR
-        from pytest_flashckpt.report.folder import make_report_folder
+        from pytest_flashckpt.report.folder import make_report_folder, write_run_folder
+        from pytest_flashckpt.report.regression import append_step_summary
 
         record = self.record()
         make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
-        baseline = save_run(self.baseline_dir, record) if self.options.save_baseline else None
-        results_path = self.report_dir / "results.json"
-        record.write_json(results_path)
-        report_path = write_report(record, self.report_dir)
+        baseline = save_run(self.baseline_dir, record) if self.options.save_baseline else None  # locked merge
+        results_path, report_path = write_run_folder(record, self.report_dir)  # results + report + plots, locked
         summary = append_step_summary(record.comparison) if record.comparison is not None else None
         return RunOutputs(record, results_path, report_path, baseline, summary)
 
