@@ -217,7 +217,10 @@ class SuiteSession:
         current = reporter.currentfspath
         with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
             if self._verbosity() <= 0 and self._running is not None:
-                reporter.currentfspath = None  # no newline first: the line starts where the last one ended
+                writer = getattr(reporter, "_tw", None)
+                at_line_start = writer is not None and writer.width_of_current_line == 0
+                if at_line_start:
+                    reporter.currentfspath = None  # no blank line first: the line starts where the last one ended
                 reporter.write_line(line)
                 reporter.currentfspath = current
             else:

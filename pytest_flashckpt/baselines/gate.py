@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_flashckpt.baselines.store import Baseline, locate
+from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
 from pytest_flashckpt.comparison import Comparison, RegressionVerdict
 from pytest_flashckpt.files import shown_path
@@ -34,7 +34,10 @@ class Gate:
         if not enabled:
             self.status = "disabled"
         elif self.lookup.exists:
-            self.baseline = Baseline.read(self.lookup.path)  # BaselineError names the file
+            try:
+                self.baseline = Baseline.read(self.lookup.path)  # BaselineError names the file ...
+            except BaselineError as exc:  # ... as the user types it
+                raise BaselineError(str(exc).replace(str(self.lookup.path), self.shown_path)) from None
             self.status = "compared"
         elif self.lookup.others:
             self.status = "other-profile"

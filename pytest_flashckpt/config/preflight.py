@@ -18,11 +18,16 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
     def bad(key: str, problem: str, fix: str = "") -> ConfigError:
         return ConfigError(where, problem, fix, scenario=scenario.name, key=key)
 
-    overrides = {} if scenario.model.dropout is None else {"dropout": scenario.model.dropout}  # type: ignore[union-attr]
     try:
-        card = load_card(scenario.card, **overrides)
+        card = load_card(scenario.card)
     except ConfigError as exc:
-        raise exc.within(where, scenario.name, "model.card" if not overrides else "model") from None
+        raise exc.within(where, scenario.name, "model.card") from None
+    dropout = scenario.model.dropout  # type: ignore[union-attr]
+    if dropout is not None:  # the scenario's override of the card's dropout: the bad value is the scenario's
+        try:
+            load_card(scenario.card, dropout=dropout)
+        except ConfigError as exc:
+            raise bad("model.dropout", exc.problem.removeprefix("dropout "), exc.fix) from None
     if scenario.seq_len > card.block_size:
         raise bad("seq_len", f"{scenario.seq_len} exceeds block_size {card.block_size} of model card {card.name!r}",
                   "use a shorter seq_len or a card with more positions")

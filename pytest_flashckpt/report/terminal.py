@@ -74,9 +74,13 @@ def _clip(line: str, width: int = WIDTH) -> str:
 
 
 def article_lines(record: RunRecord) -> list[str]:
-    """The article's table (claims, what measured them, claimed vs measured, verdict word) as a plain table."""
+    """The article's table (claims, what measured them, claimed vs measured, verdict word) as a plain table; none
+    when no scenario of the run tests a claim."""
+    found = article_rows(record)
+    if not any(row.result is not None for row in found):
+        return []  # no scenario of this suite tests a claim: a table of "nothing" rows would be noise
     rows = []
-    for row in article_rows(record):
+    for row in found:
         by = row.result.scenario if row.result is not None else "nothing"
         rows.append([
             row.claim.title, by, f"{row.claim.describe_saving()} / {row.measured_saving}",

@@ -34,7 +34,7 @@ def _load(tmp_path, monkeypatch, text: str, name: str = "x.yaml") -> ConfigError
         ("- {name: foo, batch_size: 3, simulate: {enabled: true, world_size: 2}}",
          "suites/x.yaml: scenario 'foo': simulate.world_size: 2 does not divide batch_size 3 (use a batch"),
         ("- {name: foo, model: {card: tiny, dropout: 1.5}}",
-         "suites/x.yaml: scenario 'foo': model: "),
+         "suites/x.yaml: scenario 'foo': model.dropout: must be in [0, 1), got 1.5"),
         ("- {name: foo, attention: fast}",
          "suites/x.yaml: scenario 'foo': attention: 'fast' is not a valid choice (valid: auto, flash_attn, sdpa, eager)"),
         ("- {name: foo, activation: {strategy: budget, budget: 6 GB/s}}",
