@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -20,7 +21,8 @@ def atomic_write(path: Path | str) -> Iterator[BinaryIO]:
     """``with atomic_write(path) as fh: fh.write(data)``: ``path`` is replaced only when the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    # a temporary name of this writer's own: two writers of one file at once never rename each other's half file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             yield fh
