@@ -65,40 +65,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options = Options.from_lookup(args.suite, lookup)
     except OptionError as exc:
         raise InputError(str(exc)) from None
-    from pytest_flashckpt.report import summary_lines
+    from pytest_flashckpt.report.terminal import Heartbeat, article_lines, regression_lines, scenario_line, where_lines
     from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
 
     try:
         suite = load_checked_suite(args.suite)
-    except ConfigError as exc:
-        raise InputError(str(exc)) from None
-    run = SuiteRun(suite, options)
+    except ConfigError as exc:  # a problem with no file is the option's: an unknown suite name
+        raise InputError(str(exc if exc.where else exc.within("--suite"))) from None
+    heartbeat = Heartbeat()
+
+    def progress(scenario, phase: str) -> None:  # a long scenario says which phase it is in every few seconds
+        if heartbeat.due():
+            print(f"  ... {scenario.suite}::{scenario.name}: {phase}", flush=True)
+
+    run = SuiteRun(suite, options, progress=progress)
     from pytest_flashckpt.baselines import BaselineError
 
     for scenario in suite.scenarios:
+        heartbeat.printed()
         result = run.run(scenario)
-        line = f"{result.id}: {result.status}" + (f" ({result.reason})" if result.reason else "")
-        print(line, flush=True)
+        failure = None
         if result.status == "measured":
             try:
-                judgement = run.judge(result)
+                failure = run.judge(result).failure
             except BaselineError as exc:
-                print(f"  baseline: {exc}", flush=True)
-                continue
-            if judgement.failure:
-                print("  " + judgement.failure.replace("\n", "\n  "), flush=True)
+                failure = f"baseline: {exc}"
+        print(scenario_line(result, run.verdict(result)), flush=True)
+        if failure:
+            print("  " + failure.replace("\n", "\n  "), flush=True)
     outputs = run.finish()
-    for line in summary_lines(run.results):
+    for line in article_lines(outputs.record) + regression_lines(outputs.record.comparison):
         print(line)
-    if outputs.record.comparison is not None:
-        from pytest_flashckpt.baselines.summary import terminal_lines
-
-        for line in terminal_lines(outputs.record.comparison):
-            print(line)
-    print(f"results: {outputs.results_path}")
-    print(f"report: {outputs.report_path}")
-    if outputs.baseline_path is not None:
-        print(f"baseline saved: {outputs.baseline_path}")
+    for line in where_lines(run.shown(outputs.report_path), run.shown(outputs.results_path),
+                            run.shown(outputs.baseline_path) if outputs.baseline_path is not None else None,
+                            str(outputs.step_summary) if outputs.step_summary is not None else None):
+        print(line)
     return FAILED if run.failed() else 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -20,7 +21,8 @@ def atomic_write(path: Path | str) -> Iterator[BinaryIO]:
     """``with atomic_write(path) as fh: fh.write(data)``: ``path`` is replaced only when the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    # a temporary name of this writer's own: two writers of one file at once never rename each other's half file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             yield fh
@@ -47,3 +49,32 @@ def resident_bytes() -> int:
     """The process's resident set size (``/proc/self/statm``, second field, in pages)."""
     with open("/proc/self/statm", encoding="ascii") as fh:
         return int(fh.read().split()[1]) * PAGE_SIZE
+
+
+def shown_path(path: Path | str, root: Path | str | None = None) -> str:
+    """``path`` as a user should read it: relative to ``root`` (default: the current folder) when it lies below it,
+    as given otherwise. Reports and terminal lines show ``baselines/<profile>.json``, never a machine's home folder."""
+    path = Path(path)
+    base = Path(root) if root is not None else Path.cwd()
+    try:
+        return path.resolve().relative_to(base.resolve()).as_posix() if path.is_absolute() else path.as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+@contextlib.contextmanager
+def locked(folder: Path | str) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (``fcntl.flock`` on the folder itself, so no lock file is left in a
+    committed folder such as ``baselines/``): another process or thread taking the same lock waits until the
+    block ends. Used around a baseline's read-merge-write and around writing a report folder's files as one unit,
+    so two runs at once neither drop each other's scenarios nor leave one run's results beside another's report."""
+    import fcntl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

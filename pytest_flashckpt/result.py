@@ -62,6 +62,7 @@ class RunRecord:
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
     comparison: Comparison | None = None  # regression verdicts, when a baseline was compared
+    notes: list[str] = field(default_factory=list)  # conditions of the run a reader must know (parallel xdist workers)
 
     def __post_init__(self) -> None:
         self.comparison = Comparison.coerce(self.comparison)  # its JSON form (a mapping) is accepted too

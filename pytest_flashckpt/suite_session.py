@@ -8,6 +8,8 @@ every model card read), so a run that fails to configure writes nothing.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -47,6 +49,9 @@ class ScenarioItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
 
+WORKER_OUTPUT_KEY = "flashckpt_run"  # what a pytest-xdist worker hands the controller (config.workeroutput)
+
+
 class RegressionFailure(AssertionError):
     """A metric regressed against the stored baseline; the message lists each one."""
 
@@ -65,19 +70,44 @@ class SuiteCollector(pytest.Collector):
         return [ScenarioItem.from_parent(self, name=s.name, scenario=s, session_state=self.state) for s in self.scenarios]
 
 
+def _keep_scenarios_on_one_xdist_worker(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``) the scenarios must not run at the same time (each would time the other's
+    load): the controller's scheduler (``xdist_scheduling``) sends them all to one worker, which runs them one
+    after another while the other tests still spread over the workers. A CI with ``-n auto`` in its ``addopts``
+    keeps working; refusing to run (as pytest-benchmark disables itself) would turn the suite off in exactly the
+    CI jobs that should gate on it. ``--dist each`` (every test on every worker) cannot be made safe: refused.
+    The report's header notes that other tests shared the CPU."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "each":
+        raise pytest.UsageError(
+            "flashckpt: --flashckpt-suite cannot run under pytest-xdist's --dist each (every worker would measure "
+            "every scenario at the same time); drop -n / --dist each, or use --dist load"
+        )
+
+
 class SuiteSession:
     """The pytest face of a ``SuiteRun``: it adds test items, pytest-benchmark and the terminal summary."""
 
     def __init__(self, config: pytest.Config, options: Options, suite) -> None:
         from pytest_flashckpt.runner.suite import SuiteRun  # imports torch: only when a suite is asked for
 
+        from pytest_flashckpt.report.terminal import Heartbeat
+
         self.config = config
         self.options = options
         self.suite = suite
-        self.run_state = SuiteRun(suite, options, root=Path(config.invocation_params.dir))
+        self.run_state = SuiteRun(suite, options, root=Path(config.invocation_params.dir), progress=self._on_phase)
+        self.xdist_worker = hasattr(config, "workerinput")  # a pytest-xdist worker: measures, the controller writes
+        self._heartbeat = Heartbeat()
+        self._running: str | None = None  # the node id of the scenario item running (None: another test)
+        self._scenario_ids: set[str] = set()  # node ids of the suite's items (filled at collection)
         self.deselected = 0  # scenarios deselected with -k / -m
         self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.outputs = None  # runner.suite.RunOutputs once the session finished
+
+    @property
+    def xdist_controller(self) -> bool:
+        """This is pytest-xdist's controller (``-n N``): it collects and measures nothing, it gathers and writes."""
+        return self.config.pluginmanager.has_plugin("dsession")
 
     @property
     def results(self) -> list[Result]:
@@ -98,10 +128,11 @@ class SuiteSession:
             raise pytest.UsageError(
                 f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"
             )
+        _keep_scenarios_on_one_xdist_worker(config)
         try:
             suite = load_checked_suite(suite_arg)
-        except ConfigError as exc:
-            raise pytest.UsageError(f"flashckpt: {exc}") from None
+        except ConfigError as exc:  # a problem with no file is the option's: an unknown suite name
+            raise pytest.UsageError(f"flashckpt: {exc if exc.where else exc.within('--flashckpt-suite')}") from None
         return cls(config, options, suite)
 
     # -- collection -----------------------------------------------------------------------------------
@@ -117,6 +148,8 @@ class SuiteSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session):
         """With no test paths on the command line, the suite is the whole collection."""
+        if self.xdist_controller:
+            return None  # pytest-xdist's controller collects nothing; its workers do
         if self.config.args_source == pytest.Config.ArgsSource.ARGS:
             return None  # explicit paths: collect them normally; suite items are added in modifyitems
         hook = self.config.hook
@@ -138,13 +171,23 @@ class SuiteSession:
             for collector in self._collectors(session):
                 items.extend(collector.collect())
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._scenario_ids = {i.nodeid for i in session.items if isinstance(i, ScenarioItem)}
+
     # -- running --------------------------------------------------------------------------------------
     def run(self, scenario: Scenario) -> Result:
+        self._heartbeat.printed()  # the scenario's start counts as a line: the heartbeat waits from here
         return self.run_state.run(scenario)
 
     def check(self, item: ScenarioItem, result: Result) -> None:
-        """Attach metrics to the test report (JUnit properties), feed pytest-benchmark, and fail on a baseline
-        regression (not while ``--flashckpt-save-baseline`` refreshes the baseline: then it is reported only)."""
+        """Attach what ran and the metrics to the test report (JUnit properties), feed pytest-benchmark, and fail
+        on a baseline regression (not while ``--flashckpt-save-baseline`` refreshes the baseline: then it is
+        reported only)."""
+        for key, value in (("kernel", result.kernel), ("backend", result.backend), ("probe", result.probe),
+                           ("device", result.device)):
+            if value:
+                item.user_properties.append((key, value))
         for key, value in sorted(result.metrics.items()):
             if isinstance(value, (int, float)):
                 item.user_properties.append((key, value))
@@ -164,6 +207,101 @@ class SuiteSession:
         if judgement.failure is not None:
             raise RegressionFailure(judgement.failure)
 
+    # -- live progress --------------------------------------------------------------------------------
+    def _verbosity(self) -> int:
+        return int(self.config.get_verbosity())
+
+    def _write(self, line: str) -> None:
+        """A line through pytest's terminal reporter, outside output capturing (as pytest's live logging does).
+        Without ``-v`` the scenario lines replace pytest's dots (see ``pytest_report_teststatus``); the reporter's
+        current file is kept, so pytest does not repeat the suite's name before every line."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        current = reporter.currentfspath
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            if self._verbosity() <= 0 and self._running is not None:
+                writer = getattr(reporter, "_tw", None)
+                at_line_start = writer is not None and writer.width_of_current_line == 0
+                if at_line_start:
+                    reporter.currentfspath = None  # no blank line first: the line starts where the last one ended
+                reporter.write_line(line)
+                reporter.currentfspath = current
+            else:
+                reporter.write_line(line)
+        self._heartbeat.printed()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid: str, location) -> None:
+        """Without ``-v``: the suite's lines stand on their own (pytest writes no file name and no dots for them)."""
+        if self.xdist_worker or nodeid not in self._scenario_ids:
+            self._running = None
+            return
+        self._running = nodeid
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and self._verbosity() <= 0 and reporter.currentfspath is None:
+            if self._verbosity() == 0:
+                reporter.write_line("")
+            reporter.currentfspath = self.config.rootpath / nodeid.split("::")[0]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report, config):
+        """Without ``-v`` a scenario's progress is its line (``pytest_runtest_logreport``), not a dot."""
+        if getattr(report, "flashckpt_line", None) is not None and self._verbosity() in (0, -1):
+            word = {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED"}[report.outcome]
+            return report.outcome, "", word
+        return None
+
+    def _on_phase(self, scenario: Scenario, phase: str) -> None:
+        """Heartbeat: the phase of a scenario that has been quiet for more than a few seconds."""
+        if self.xdist_worker or self._verbosity() < -1 or not self._heartbeat.due():
+            return
+        self._write(f"  ... {scenario.suite}::{scenario.name}: {phase}")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call):
+        """The scenario's one-line summary rides on its call report (so it reaches the pytest-xdist controller)."""
+        report = yield
+        if isinstance(item, ScenarioItem) and call.when == "call" and item.result is not None:
+            from pytest_flashckpt.report.terminal import scenario_line
+
+            verdict = self.run_state.verdict(item.result)
+            report.flashckpt_line = scenario_line(item.result, verdict)
+            report.flashckpt_compact = scenario_line(item.result, verdict, compact=True)
+        return report
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """One line per scenario as it finishes, after pytest's own status: full by default and with ``-v``,
+        compact with ``-q``, none with ``-qq``."""
+        line = getattr(report, "flashckpt_line", None)
+        if line is None or self.xdist_worker:
+            return
+        verbosity = self._verbosity()
+        if verbosity >= 1:  # pytest already wrote the node id and its outcome: the numbers, indented below it
+            self._write("    " + line.split(": ", 1)[-1])
+        elif verbosity == 0:
+            self._write(line)
+        elif verbosity == -1:
+            self._write(report.flashckpt_compact)
+
+    # -- pytest-xdist: the workers measure, the controller gathers and writes ---------------------------
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)  # a pytest-xdist hook: absent without it
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
+        """Every scenario on one worker, one after another (``xdist_scheduling``)."""
+        from pytest_flashckpt.xdist_scheduling import SuiteScheduling
+
+        ids = frozenset(f"{s.suite}::{s.name}" for s in self.suite.scenarios)
+        return SuiteScheduling(config, log, scenario_ids=ids, dist=config.getvalue("dist"))
+
+    @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+    def pytest_testnodedown(self, node, error) -> None:
+        """A worker finished: take its results and verdicts (sent in ``pytest_sessionfinish`` below)."""
+        payload = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
+        if payload:
+            self.run_state.absorb(json.loads(payload))
+
     # -- reporting ------------------------------------------------------------------------------------
     def pytest_deselected(self, items: list) -> None:
         """Scenarios deselected with -k / -m: the run is a subset on purpose, so missing ones do not fail it."""
@@ -173,16 +311,27 @@ class SuiteSession:
             self.run_state.subset = f"{self.deselected} scenario(s) deselected with -k/-m"
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.xdist_worker:  # hand everything to the controller, which writes results.json, report, baseline once
+            if self.results:
+                self.config.workeroutput[WORKER_OUTPUT_KEY] = json.dumps(self.run_state.handoff())
+            return
         if self.results:
+            if self.xdist_controller:
+                self.run_state.notes.append(
+                    f"pytest-xdist ran this session on {self.config.getoption('numprocesses', '?')} worker(s): the "
+                    "scenarios ran one after another on one worker, but other tests may have run in parallel on the "
+                    "other workers, sharing the CPU with the timings"
+                )
             self.outputs = self.run_state.finish()
             if self.run_state.missing and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.results:
+        if not self.results or self.xdist_worker:
             return
-        from pytest_flashckpt.report import summary_lines
+        from pytest_flashckpt.report.terminal import article_lines, regression_lines, where_lines, wrap
 
+        run, out = self.run_state, self.outputs
         terminalreporter.section("flashckpt")
         if self.options.inject:
             from pytest_flashckpt.config.injection import Injection
@@ -190,25 +339,21 @@ class SuiteSession:
             injection = Injection.parse(self.options.inject)
             if injection is not None:
                 terminalreporter.write_line(f"WARNING: {injection.describe()} (--flashckpt-inject): these are not real measurements")
-        for line in summary_lines(self.results):
-            terminalreporter.write_line(line)
-        out = self.outputs
+        record = out.record if out is not None else run.record()
+        lines = article_lines(record) if self._verbosity() >= 0 else []
+        lines += regression_lines(record.comparison)
         if out is not None:
-            terminalreporter.write_line(f"report: {out.report_path}")
-        comparison = out.record.comparison if out is not None else self.run_state.comparison()
-        if comparison is not None:
-            from pytest_flashckpt.baselines.summary import terminal_lines
-
-            for line in terminal_lines(comparison):
-                terminalreporter.write_line(line)
-        if self.run_state.missing:
-            terminalreporter.write_line(
-                f"FAILED: {len(self.run_state.missing)} scenario(s)/metric(s) of the baseline were not measured (missing); "
+            lines += where_lines(run.shown(out.report_path), run.shown(out.results_path),
+                                 run.shown(out.baseline_path) if out.baseline_path is not None else None,
+                                 str(out.step_summary) if out.step_summary is not None else None)
+        for note in run.notes:
+            lines += wrap(f"note: {note}", indent="")
+        if run.missing:
+            lines.append(
+                f"FAILED: {len(run.missing)} scenario(s)/metric(s) of the baseline were not measured (missing); "
                 "pass --flashckpt-subset if the subset is intended"
             )
-        if out is not None and out.baseline_path is not None:
-            terminalreporter.write_line(f"baseline saved: {out.baseline_path}")
-        if out is not None and out.step_summary is not None:
-            terminalreporter.write_line(f"verdicts appended to $GITHUB_STEP_SUMMARY ({out.step_summary})")
         if self._bench is not None and self._bench.note:
-            terminalreporter.write_line(f"pytest-benchmark: {self._bench.note}")
+            lines.append(f"pytest-benchmark: {self._bench.note}")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -15,17 +15,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_flashckpt.baselines.store import Baseline, locate
+from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario
 from pytest_flashckpt.comparison import Comparison, RegressionVerdict
+from pytest_flashckpt.files import shown_path
 from pytest_flashckpt.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.result import Result
 
 
 class Gate:
-    def __init__(self, directory: Path, profile_id: str, thresholds: Thresholds, enabled: bool = True) -> None:
+    def __init__(self, directory: Path, profile_id: str, thresholds: Thresholds, enabled: bool = True,
+                 display_root: Path | None = None) -> None:
         self.thresholds = thresholds
         self.lookup = locate(directory, profile_id)
+        # paths in messages and the report: relative to the invocation folder (``baselines/<profile>.json``)
+        self.shown_path = shown_path(self.lookup.path, display_root)
+        self.shown_dir = shown_path(self.lookup.directory, display_root)
         self.profile_id = profile_id
         self.baseline: Baseline | None = None
         self.verdicts: list[RegressionVerdict] = []
@@ -35,7 +40,10 @@ class Gate:
         if not enabled:
             self.status = "disabled"
         elif self.lookup.exists:
-            self.baseline = Baseline.read(self.lookup.path)  # BaselineError names the file
+            try:
+                self.baseline = Baseline.read(self.lookup.path)  # BaselineError names the file ...
+            except BaselineError as exc:  # ... as the user types it
+                raise BaselineError(str(exc).replace(str(self.lookup.path), self.shown_path)) from None
             self.status = "compared"
         elif self.lookup.others:
             self.status = "other-profile"
@@ -83,16 +91,16 @@ class Gate:
         if self.status == "disabled":
             return "baseline comparison disabled (--flashckpt-no-compare)"
         if self.status == "no-baseline":
-            return f"no baseline for profile {self.profile_id} in {self.lookup.directory}; create one with --flashckpt-save-baseline"
+            return f"no baseline for profile {self.profile_id} in {self.shown_dir}; create one with --flashckpt-save-baseline"
         if self.status == "other-profile":
             names = ", ".join(p.stem for p in self.lookup.others)
             return (
-                f"baselines in {self.lookup.directory} are for other profiles ({names}), not this one ({self.profile_id}); "
+                f"baselines in {self.shown_dir} are for other profiles ({names}), not this one ({self.profile_id}); "
                 "comparison skipped; create this profile's with --flashckpt-save-baseline"
             )
         counts = {v: sum(r.verdict == v for r in self.verdicts) for v in ("regressed", "missing", "improved", "~", "unguarded", "ok")}
         text = (
-            f"compared with {self.lookup.path}: {counts['regressed']} regressed, {counts['missing']} missing, "
+            f"compared with {self.shown_path}: {counts['regressed']} regressed, {counts['missing']} missing, "
             f"{counts['improved']} improved, {counts['~']} within noise (~), {counts['unguarded']} unguarded "
             f"(cannot fail at these sample sizes), {counts['ok']} ok"
         )
@@ -113,7 +121,7 @@ class Gate:
         """What ``RunRecord.comparison`` holds (the report renders it)."""
         return Comparison(
             status=self.status,  # type: ignore[arg-type]
-            baseline_path=str(self.lookup.path) if self.status == "compared" else None,
+            baseline_path=self.shown_path if self.status == "compared" else None,
             baseline_profile_id=self._baseline_profile_id(),
             message="; ".join([self.message(), *self.notes]),
             verdicts=list(self.verdicts),
@@ -125,7 +133,7 @@ def unreadable_baseline(message: str) -> Comparison:
     return Comparison("compared", None, None, message, [])
 
 
-def failure_text(rows: list[RegressionVerdict], baseline_path: Path, thresholds: Thresholds) -> str | None:
+def failure_text(rows: list[RegressionVerdict], baseline_path: Path | str, thresholds: Thresholds) -> str | None:
     """The failure message of a scenario with regressed metrics, or None when nothing regressed."""
     bad = [r for r in rows if r.verdict in ("regressed", "missing")]
     if not bad:

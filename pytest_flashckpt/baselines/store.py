@@ -14,7 +14,8 @@
     }
 
 Keys are sorted and indented so a refreshed baseline shows as a small diff. Saving merges: only the scenarios
-that ran are replaced, the others are kept as they were; the file is replaced atomically (temp + rename).
+that ran are replaced, the others are kept as they were; the file is replaced atomically (temp + rename), and the
+read-merge-write holds a lock on the folder (``files.locked``), so two runs saving at once keep both's scenarios.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, ratio_samples
-from pytest_flashckpt.files import atomic_write_text
+from pytest_flashckpt.files import atomic_write_text, locked
 from pytest_flashckpt.result import Result, RunRecord
 
 BASELINE_SCHEMA = 1
@@ -107,12 +108,13 @@ def locate(directory: Path, profile_id: str) -> Lookup:
 def save_run(directory: Path, record: RunRecord) -> Path:
     """Write or update ``record``'s profile baseline in ``directory`` with the scenarios that ran (the others in the
     file are kept as they were); an unreadable file is replaced by this run's. Returns the file written."""
-    lookup = locate(directory, record.profile_id)
-    try:
-        baseline = Baseline.read(lookup.path) if lookup.exists else Baseline(record.profile_id, record.profile)
-    except BaselineError:
-        baseline = Baseline(record.profile_id, record.profile)
-    baseline.profile = record.profile
-    baseline.update(record.results, record.commit, record.created)
-    baseline.write(lookup.path)
+    with locked(directory):  # two runs saving at once: the second reads the first's file and merges into it
+        lookup = locate(directory, record.profile_id)
+        try:
+            baseline = Baseline.read(lookup.path) if lookup.exists else Baseline(record.profile_id, record.profile)
+        except BaselineError:
+            baseline = Baseline(record.profile_id, record.profile)
+        baseline.profile = record.profile
+        baseline.update(record.results, record.commit, record.created)
+        baseline.write(lookup.path)
     return lookup.path

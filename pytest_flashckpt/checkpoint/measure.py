@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -58,7 +59,7 @@ def _lengthen_stalls(ckpt: Checkpointer, fraction: float) -> None:
 
 def run_checkpoint_pass(
     trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu", peak_bytes: int | None = None,
-    stall_increase: float = 0.0,
+    stall_increase: float = 0.0, on_phase: Callable[[str], None] | None = None,
 ) -> Metrics:
     """Train ``trainer`` and save it ``config.saves`` times with ``config``'s strategy under ``workdir/checkpoints``,
     then load the newest checkpoint back into ``trainer`` and check it bit for bit against the state it saved.
@@ -79,12 +80,16 @@ def run_checkpoint_pass(
     tensor bytes, looked at after each forward pass and after each step, and ``mem_threshold_bytes`` and
     ``max_save_memory_fraction`` (the highest reading a save was taken at, of the peak) are reported too.
     The trainer ends in the state of the last save. Raises ``CheckpointError`` if the round trip is not exact.
+    ``on_phase`` is told each phase ("time lost", "save 2/6", "load check") for progress lines.
     """
+    say = on_phase or (lambda text: None)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     raw_write = write_bandwidth_MBps(workdir)
     state_device = next(trainer.model.parameters()).device
     copy_gbps = copy_bandwidth_GBps(device=state_device)
+    if config.time_lost_rounds > 0:
+        say("time lost per save")
     lost = measure_time_lost(trainer, config, workdir / "time-lost") if config.time_lost_rounds > 0 else {}
     probe = make_probe(probe_name, state_device) if probe_name else None
     step_context = contextlib.nullcontext
@@ -105,6 +110,7 @@ def run_checkpoint_pass(
             with step_context():
                 trainer.train_step()
             steps += 1
+            say(f"save {len(ckpt.records) + 1}/{config.saves}")
             ckpt.maybe_save(trainer)
     finally:
         if hook is not None:
@@ -113,6 +119,7 @@ def run_checkpoint_pass(
     records = ckpt.records
     if not records:
         raise CheckpointError(f"no save happened in {steps} steps with {config}")
+    say("load check")
     expected = {k: t.detach().to("cpu", copy=True) for k, t in capture(trainer).tensors.items()}
     last = ckpt.store.root / records[-1].name
     loaded = load_into(trainer, last)

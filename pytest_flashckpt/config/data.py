@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent.parent
+KIND_WORDS = {"models": "model card", "suites": "suite"}  # what errors call one file of each kind
 
 
 def data_dir(kind: str) -> Path:
@@ -35,10 +36,11 @@ def resolve(kind: str, name_or_path: str) -> Path:
     if candidate.suffix in {".yaml", ".yml"} or candidate.parent != Path("."):
         if candidate.is_file():
             return candidate
-        raise ConfigError(str(candidate), f"{kind[:-1]} file not found", f"shipped {kind}: {', '.join(shipped_names(kind))}")
+        raise ConfigError(str(candidate), f"{KIND_WORDS.get(kind, kind[:-1])} file not found", f"shipped {kind}: {', '.join(shipped_names(kind))}")
     shipped = data_dir(kind) / f"{name_or_path}.yaml"
     if shipped.is_file():
         return shipped
     raise ConfigError(
-        "", f"unknown {kind[:-1]} {name_or_path!r}", f"valid names: {', '.join(shipped_names(kind))}, or a path to a .yaml file"
+        "", f"unknown {KIND_WORDS.get(kind, kind[:-1])} {name_or_path!r}",
+        f"valid names: {', '.join(shipped_names(kind))}, or a path to a .yaml file",
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pytest_flashckpt.config.data import resolve
 from pytest_flashckpt.config.typed import build, load_yaml
+from pytest_flashckpt.files import shown_path
 
 
 @dataclass(frozen=True)
@@ -58,4 +59,4 @@ def load_card(name_or_path: str | Path, **overrides) -> GPTConfig:
     data = load_yaml(path) or {}
     if isinstance(data, dict):
         data = {**data, **overrides}
-    return build(GPTConfig, data, where=str(path))
+    return build(GPTConfig, data, where=shown_path(path))

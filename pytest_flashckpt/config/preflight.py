@@ -1,5 +1,6 @@
 """Static checks of a scenario before anything runs: the model card is readable, the sequence fits it, the
-activation strategy fits the model. Each problem is a ``ConfigError`` naming the scenario and the fix."""
+activation strategy fits the model. Each problem is a ``ConfigError`` naming the suite file, the scenario, the key
+and the fix (``suites/x.yaml: scenario 'foo': model.card: unknown model card 'gpt5-huge' (valid names: ...)``)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,31 @@ from pytest_flashckpt.config.model_card import load_card
 from pytest_flashckpt.config.scenario import Scenario
 
 
-def preflight(scenario: Scenario) -> None:
-    """Static checks before anything runs (model card readable, sequence fits, strategy fits the model);
-    raises ConfigError naming the scenario and the fix."""
-    where = f"{scenario.suite}::{scenario.name}"
-    card = load_card(scenario.card)
+def preflight(scenario: Scenario, where: str | None = None) -> None:
+    """Static checks before anything runs (model card readable, sequence fits, strategy fits the model); raises
+    ConfigError naming ``where`` (the suite file the scenario came from; its suite's name when not given), the
+    scenario, the key and the fix."""
+    where = where if where is not None else f"suite {scenario.suite!r}"
+
+    def bad(key: str, problem: str, fix: str = "") -> ConfigError:
+        return ConfigError(where, problem, fix, scenario=scenario.name, key=key)
+
+    try:
+        card = load_card(scenario.card)
+    except ConfigError as exc:
+        raise exc.within(where, scenario.name, "model.card") from None
+    dropout = scenario.model.dropout  # type: ignore[union-attr]
+    if dropout is not None:  # the scenario's override of the card's dropout: the bad value is the scenario's
+        try:
+            load_card(scenario.card, dropout=dropout)
+        except ConfigError as exc:
+            raise bad("model.dropout", exc.problem.removeprefix("dropout "), exc.fix) from None
     if scenario.seq_len > card.block_size:
-        raise ConfigError(where, f"seq_len {scenario.seq_len} exceeds block_size {card.block_size} of model card {card.name!r}", "use a shorter seq_len or a card with more positions")
+        raise bad("seq_len", f"{scenario.seq_len} exceeds block_size {card.block_size} of model card {card.name!r}",
+                  "use a shorter seq_len or a card with more positions")
     if scenario.simulate.enabled and scenario.batch_size % scenario.simulate.world_size:
-        raise ConfigError(where, f"simulate.world_size {scenario.simulate.world_size} does not divide batch_size {scenario.batch_size}", "use a batch that is a multiple of the world size")
+        raise bad("simulate.world_size", f"{scenario.simulate.world_size} does not divide batch_size {scenario.batch_size}",
+                  "use a batch that is a multiple of the world size")
     if scenario.activation.strategy == "every_k" and scenario.activation.k > card.n_layer:
-        raise ConfigError(where, f"activation.k {scenario.activation.k} is larger than the {card.n_layer} blocks of {card.name!r}", f"valid: 1..{card.n_layer}")
+        raise bad("activation.k", f"{scenario.activation.k} is larger than the {card.n_layer} blocks of {card.name!r}",
+                  f"valid: 1..{card.n_layer}")

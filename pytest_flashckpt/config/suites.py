@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from pytest_flashckpt.config.data import resolve
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build, load_yaml
+from pytest_flashckpt.files import shown_path
 
 _SUITE_KEYS = ("name", "description", "defaults", "include", "scenarios")
 
@@ -31,6 +32,11 @@ class Suite:
     description: str
     path: Path
     scenarios: tuple[Scenario, ...]
+    origins: dict[str, str] = field(default_factory=dict, compare=False)  # scenario id -> the file it came from
+
+    def origin(self, scenario: Scenario) -> str:
+        """The file ``scenario`` was written in (an included suite's file for its scenarios), as errors show it."""
+        return self.origins.get(f"{scenario.suite}::{scenario.name}", shown_path(self.path))
 
 
 AUTO_SUITE = "auto"  # what ``--flashckpt-suite`` with no value means
@@ -49,7 +55,7 @@ def default_suite_for(device: str) -> str:
 def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
     """Load and validate a suite by shipped name or path; every scenario is fully typed and checked."""
     path = resolve("suites", name_or_path)
-    where = str(path)
+    where = shown_path(path)
     if path.resolve().as_posix() in _seen:
         raise ConfigError(where, f"include cycle: {' -> '.join(_seen)} -> {path}")
     data = load_yaml(path)
@@ -63,8 +69,14 @@ def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
     if not isinstance(defaults, dict):
         raise ConfigError(where, "defaults must be a mapping of scenario fields")
     scenarios: list[Scenario] = []
-    for included in data.get("include") or []:
-        scenarios.extend(load_suite(str(included), (*_seen, path.resolve().as_posix())).scenarios)
+    origins: dict[str, str] = {}
+    for i, included in enumerate(data.get("include") or []):
+        try:
+            other = load_suite(str(included), (*_seen, path.resolve().as_posix()))
+        except ConfigError as exc:
+            raise (exc.within(where, key=f"include[{i}]") if not exc.where else exc) from None
+        scenarios.extend(other.scenarios)
+        origins.update({f"{s.suite}::{s.name}": other.origin(s) for s in other.scenarios})
     entries = data.get("scenarios") or []
     if not isinstance(entries, list):
         raise ConfigError(where, "scenarios must be a list of mappings")
@@ -74,7 +86,12 @@ def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
         for expanded in _expand(entry, where, index):
             merged = _deep_merge(defaults, expanded)
             merged.setdefault("suite", suite_name)
-            scenarios.append(build(Scenario, merged, where, f"scenarios[{index}]"))
+            try:
+                scenario = build(Scenario, merged, where)
+            except ConfigError as exc:
+                raise exc.within(where, str(merged.get("name"))) from None
+            scenarios.append(scenario)
+            origins[f"{scenario.suite}::{scenario.name}"] = where
     if not scenarios:
         raise ConfigError(where, "the suite has no scenarios")
     seen: dict[str, int] = {}
@@ -83,7 +100,7 @@ def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
         if key in seen:
             raise ConfigError(where, f"scenario name {key!r} is used twice", "give each scenario (or matrix template) a unique name")
         seen[key] = i
-    return Suite(suite_name, data.get("description", ""), path, tuple(scenarios))
+    return Suite(suite_name, data.get("description", ""), path, tuple(scenarios), origins)
 
 
 def _expand(entry: dict[str, Any], where: str, index: int) -> list[dict[str, Any]]:
@@ -95,7 +112,7 @@ def _expand(entry: dict[str, Any], where: str, index: int) -> list[dict[str, Any
     if matrix is None:
         return [base]
     if not isinstance(matrix, dict) or not all(isinstance(v, list) and v for v in matrix.values()):
-        raise ConfigError(where, f"scenarios[{index}].matrix must map keys to non-empty lists of values")
+        raise ConfigError(where, "must map keys to non-empty lists of values", scenario=str(base["name"]), key="matrix")
     out = []
     for combo in itertools.product(*matrix.values()):
         values = dict(zip(matrix, combo))
@@ -106,7 +123,8 @@ def _expand(entry: dict[str, Any], where: str, index: int) -> list[dict[str, Any
         try:
             scenario["name"] = str(base["name"]).format(**fill)
         except (KeyError, IndexError) as exc:
-            raise ConfigError(where, f"scenarios[{index}].name template uses {exc} which is not a matrix key", f"matrix keys: {', '.join(fill)}") from None
+            raise ConfigError(where, f"the template uses {exc}, which is not a matrix key", f"matrix keys: {', '.join(fill)}",
+                              scenario=str(base["name"]), key="name") from None
         out.append(scenario)
     return out
 

@@ -45,10 +45,15 @@ def build(cls: type[T], data: Any, where: str, path: str = "") -> T:
         values[key] = coerce(hints[key], raw, where, key_path)
     try:
         return cls(**values)
-    except ValueError as exc:
-        raise ConfigError(where, f"{path + ': ' if path else ''}{exc}") from None
-    except TypeError as exc:  # a required field is missing
-        raise ConfigError(where, f"{path + ': ' if path else ''}{exc}") from None
+    except (ValueError, TypeError) as exc:  # TypeError: a required field is missing
+        raise ConfigError(where, _placed(path, str(exc))) from None
+
+
+def _placed(path: str, message: str) -> str:
+    """``path: message``, unless the message already starts with the key (``activation.k must be ...``)."""
+    if not path or message.startswith((path + ".", path + ":", path + " ", path.rsplit(".", 1)[-1] + ".")):
+        return message
+    return f"{path}: {message}"
 
 
 def coerce(tp: Any, value: Any, where: str, path: str) -> Any:

@@ -3,6 +3,7 @@ single gradient-checkpointing claim beside our number."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import statistics
 
 from pytest_flashckpt.claims import GRADIENT_CHECKPOINTING, MIN_WORKLOADS, OVERHEAD_BANDS, SAVING_TOLERANCE, TABLE, Claim
@@ -87,6 +88,37 @@ def _row(claim: Claim, results: list[Result]) -> list[str]:
         _range(results, "overhead", lambda v: f"{v:.2f}x"), claim.save.text if claim.save else MISSING,
         _save_range(claim, results), escape(row.cell()),
     ]
+
+
+@dataclass(frozen=True)
+class ArticleRow:
+    """One claim of the article's table over the workloads that tested it (``result``: the first of them, None when
+    nothing did), with its verdict and measured ranges. The terminal summary (``report.terminal``) renders these;
+    the markdown table (``article_table``) shows the same verdicts with more columns."""
+
+    claim: Claim
+    result: Result | None
+    verdict: object  # claim_verdicts.RowVerdict (or Verdict when nothing tested the claim): .word, .cell()
+    measured_saving: str
+    measured_overhead: str
+    measured_stall: str
+
+
+def article_rows(record: RunRecord) -> list[ArticleRow]:
+    """Every claim of the article's table, judged over all the results tagged with it."""
+    tagged = select.by_article(record.results)
+    rows = []
+    for claim in TABLE:
+        results = tagged.get(claim.id, [])
+        if not results:
+            rows.append(ArticleRow(claim, None, judge(claim, None), "not measured", "not measured", "not measured"))
+            continue
+        rows.append(ArticleRow(
+            claim, results[0], judge_row(claim, results),
+            _range(results, "memory_saving", lambda v: f"{v * 100:.1f}%"),
+            _range(results, "overhead", lambda v: f"{v:.2f}x"), _save_range(claim, results),
+        ))
+    return rows
 
 
 def _detail(claim: Claim, r: Result) -> list[str]:

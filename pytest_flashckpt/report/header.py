@@ -47,4 +47,5 @@ def header(record: RunRecord) -> list[str]:
         f"- **memory probe** {probe}",
         f"- **timing**: {rounds_line(record)}; ratios are medians of per-round strategy / reference step times",
         f"- **run** {record.created}, commit `{record.commit or 'unknown'}`",
+        *(f"- **note**: {note}" for note in record.notes),
     ]

@@ -62,10 +62,21 @@ def regression_section(comparison: Comparison | Mapping[str, Any] | None) -> lis
     return lines
 
 
+def _order(v: RegressionVerdict) -> tuple:
+    return (VERDICT_ORDER.index(v.verdict) if v.verdict in VERDICT_ORDER else 4, v.scenario, v.metric)
+
+
 def verdict_table(verdicts: list[RegressionVerdict]) -> str:
-    """The one rendering of regression verdicts (the report's section and the CI step summary): regressed first."""
-    ordered = sorted(verdicts, key=lambda v: (VERDICT_ORDER.index(v.verdict) if v.verdict in VERDICT_ORDER else 4, v.scenario, v.metric))
-    return table([_verdict_row(v) for v in ordered], HEADERS)
+    """The one rendering of regression verdicts (the report's section and the CI step summary): what is not ``ok``
+    first (regressed, improved, ~), then the ``ok`` rows folded in a ``<details>`` block, so a reader sees what
+    changed without scrolling past a hundred ``ok`` rows."""
+    attention = sorted((v for v in verdicts if v.verdict != "ok"), key=_order)
+    ok = sorted((v for v in verdicts if v.verdict == "ok"), key=_order)
+    parts = [table([_verdict_row(v) for v in attention], HEADERS)] if attention else ["Every compared metric is ok."]
+    if ok:
+        parts += ["", f"<details><summary>{len(ok)} ok verdict{'s' if len(ok) != 1 else ''}</summary>", "",
+                  table([_verdict_row(v) for v in ok], HEADERS), "", "</details>"]
+    return "\n".join(parts)
 
 
 def markdown_table(comparison: Comparison | Mapping[str, Any]) -> str:

@@ -57,6 +57,8 @@ class RunContext:
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)
     dtypes: tuple[str, ...] = ("float32",)  # the scenarios' dtypes: the profile's kernel is resolved with the most common
     inject: Injection | None = None  # a known regression on purpose, to check the gate can fail (config/injection.py)
+    # told the phase a scenario is in ("memory pass", "timing round 3/5", "save 2/6"): front ends print a heartbeat
+    on_phase: Callable[[str], None] | None = None
     _profile: tuple[dict[str, Any], str] | None = None
 
     @classmethod
@@ -66,6 +68,11 @@ class RunContext:
         dev = resolve_device(device)
         return cls(device=dev, probe=resolve_probe(probe, dev), workdir=Path(workdir) if workdir else None,
                    inject=Injection.parse(inject))
+
+    def phase(self, text: str) -> None:
+        """Say which phase the running scenario is in (a no-op unless a front end listens)."""
+        if self.on_phase is not None:
+            self.on_phase(text)
 
     def cached(self, kind: str, scenario: Scenario, compute: Callable[[], Any]) -> Any:
         key = f"{kind}:{scenario_key(scenario)}"

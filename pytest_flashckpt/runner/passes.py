@@ -90,11 +90,12 @@ class TimingPass:
 
 
 def timing_pass(
-    step: Callable[[], object], reference: Callable[[], object] | None, rounds: int, steps: int, device: torch.device
+    step: Callable[[], object], reference: Callable[[], object] | None, rounds: int, steps: int, device: torch.device,
+    on_round: Callable[[int, int], None] | None = None,
 ) -> TimingPass:
     """``rounds`` interleaved rounds of ``steps`` calls each (reference first in even rounds, last in odd ones)."""
     variants = [step] if reference is None else [reference, step]
-    times = interleaved(variants, rounds, steps, device)
+    times = interleaved(variants, rounds, steps, device, on_round)
     return TimingPass(times[-1], None if reference is None else times[0])
 
 

@@ -127,6 +127,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     dtype = DTYPES[scenario.dtype]
     backend = resolve_backend(scenario.attention, ctx.device, dtype)
     result.backend = backend
+    ctx.phase("build and warm-up")
     trainer = _build_trainer(scenario, ctx, backend)
     _apply_activation(trainer, scenario, result)
     op_names = _warmup(trainer, max(scenario.warmup, 1))
@@ -138,6 +139,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     metrics, samples = result.metrics, result.samples
 
     if "memory" in scenario.measure:
+        ctx.phase("memory pass")
         metrics.update(_peak(trainer, ctx.probe, ctx.device))
         if reference is not None:
             ref = ctx.cached("memory", scenario.reference(), lambda: _peak(reference, ctx.probe, ctx.device))
@@ -149,13 +151,15 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
 
     if "timing" in scenario.measure:
         timing = timing_pass(trainer.train_step, None if reference is None else reference.train_step,
-                             scenario.rounds, scenario.steps, ctx.device)
+                             scenario.rounds, scenario.steps, ctx.device,
+                             on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"))
         metrics.update(timing.metrics())
         samples.update(timing.samples())
 
     if "flops" in scenario.measure:
         from pytest_flashckpt.activation.flops import count_step_flops
 
+        ctx.phase("FLOP count")
         metrics["step_flops"] = count_step_flops(trainer)
         if reference is not None:
             ref_flops = ctx.cached("flops", scenario.reference(), lambda: count_step_flops(reference))
@@ -173,7 +177,8 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
     try:
         peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
-        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak, stall_increase=stall)
+        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak,
+                                       stall_increase=stall, on_phase=ctx.phase)
         for key, value in measured.items():
             if isinstance(value, list):
                 result.samples[key] = value
@@ -184,7 +189,9 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
 
             def reference_save() -> dict[str, Any]:
                 ref_trainer = _reference_trainer(scenario, ctx, result.backend or "sdpa")
-                return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe)
+                ctx.phase("reference save (sync)")
+                return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe,
+                                           on_phase=lambda text: ctx.phase(f"reference {text}"))
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
             metrics = result.metrics

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from pytest_flashckpt import __version__
 from pytest_flashckpt.comparison import Comparison, RegressionVerdict
@@ -25,6 +25,9 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.suites import Suite, load_suite
 from pytest_flashckpt.result import Result, RunRecord
 from pytest_flashckpt.runner.context import RunContext
+
+
+Progress = Callable[[Scenario, str], None]  # (scenario, phase: "memory pass", "timing round 3/5", "save 2/6")
 
 
 class ScenarioRunner(Protocol):
@@ -55,18 +58,22 @@ def load_checked_suite(name_or_path: str) -> Suite:
     """Load a suite and preflight every scenario (model cards read, sequences fit): ConfigError before anything runs."""
     suite = load_suite(name_or_path)
     for scenario in suite.scenarios:
-        preflight(scenario)
+        preflight(scenario, suite.origin(scenario))
     return suite
 
 
 class SuiteRun:
     """The state of one suite run; ``root`` is the folder relative paths (report, baselines) are resolved from."""
 
-    def __init__(self, suite: Suite, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> None:
+    def __init__(self, suite: Suite, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None,
+                 progress: Progress | None = None) -> None:
         self.suite = suite
         self.options = options
         self.root = Path(root) if root is not None else Path.cwd()
+        self.progress = progress  # told (scenario, phase) as a scenario goes: front ends print a heartbeat
         self.results: list[Result] = []
+        self.verdicts: dict[str, str] = {}  # scenario id -> one word (report.terminal.scenario_verdict)
+        self.notes: list[str] = []  # conditions of the run the report's header states (e.g. parallel xdist workers)
         self.started = datetime.now(timezone.utc)
         self._measure = measure
         self._ctx: RunContext | None = None
@@ -103,7 +110,14 @@ class SuiteRun:
             from pytest_flashckpt.runner.run import run_scenario
 
             measure = run_scenario
-        result = measure(scenario, self.context)
+        ctx = self.context
+        if self.progress is not None:
+            progress = self.progress
+            ctx.on_phase = lambda phase: progress(scenario, phase)
+        try:
+            result = measure(scenario, ctx)
+        finally:
+            ctx.on_phase = None
         self.results.append(result)
         return result
 
@@ -114,7 +128,8 @@ class SuiteRun:
 
             o = self.options
             thresholds = Thresholds(o.timing_tolerance, o.memory_tolerance, o.alpha, o.gate_times)
-            self._gate = Gate(self.baseline_dir, self.context.profile()[1], thresholds, enabled=not o.no_compare)
+            self._gate = Gate(self.baseline_dir, self.context.profile()[1], thresholds, enabled=not o.no_compare,
+                              display_root=self.root)
             if o.save_baseline and self._gate.status == "compared":
                 self._gate.notes.append("--flashckpt-save-baseline: regressions are reported, not failed; the baseline is refreshed")
         return self._gate
@@ -123,10 +138,57 @@ class SuiteRun:
         """Regression verdicts of one result against the stored baseline (raises BaselineError for a bad file)."""
         from pytest_flashckpt.baselines import failure_text
 
+        from pytest_flashckpt.report.terminal import scenario_verdict
+
         gate = self.gate()
         rows = gate.judge(result)
-        text = failure_text(rows, gate.lookup.path, gate.thresholds)
+        self.verdicts[result.id] = scenario_verdict(result, rows, gate.status)
+        text = failure_text(rows, gate.shown_path, gate.thresholds)
         return Judgement(rows, None if self.options.save_baseline else text)
+
+    def verdict(self, result: Result) -> str:
+        """One word for a finished scenario (its worst verdict, or skipped / error / no baseline ...)."""
+        from pytest_flashckpt.report.terminal import scenario_verdict
+
+        return self.verdicts.get(result.id) or scenario_verdict(result, None, self._gate.status if self._gate else None)
+
+    def shown(self, path: Path | str) -> str:
+        """``path`` relative to the run's root (the invocation folder) when below it."""
+        from pytest_flashckpt.files import shown_path
+
+        return shown_path(path, self.root)
+
+    # -- a run measured in other processes (pytest-xdist workers) -------------------------------------------
+    def handoff(self) -> dict:
+        """What this process measured and judged, as JSON-able data for ``absorb`` in the process that writes."""
+        gate = self._gate
+        return {
+            "results": [r.to_dict() for r in self.results],
+            "verdict_words": dict(self.verdicts),
+            "verdicts": [v.to_dict() for v in gate.verdicts] if gate is not None else [],
+            "gate_notes": list(gate.notes) if gate is not None else [],
+            "not_in_baseline": list(gate.not_in_baseline) if gate is not None else [],
+        }
+
+    def absorb(self, handoff: dict) -> None:
+        """Take another process's ``handoff`` as if this run had measured and judged it (results kept in the
+        suite's order)."""
+        from pytest_flashckpt.comparison import RegressionVerdict
+
+        self.results.extend(Result.from_dict(r) for r in handoff.get("results", []))
+        order = {f"{s.suite}::{s.name}": i for i, s in enumerate(self.suite.scenarios)}
+        self.results.sort(key=lambda r: order.get(r.id, len(order)))
+        self.verdicts.update(handoff.get("verdict_words", {}))
+        if handoff.get("verdicts") or handoff.get("gate_notes") or handoff.get("not_in_baseline"):
+            from pytest_flashckpt.baselines import BaselineError
+
+            try:
+                gate = self.gate()
+            except BaselineError:  # an unreadable baseline file: comparison() reports it
+                return
+            gate.verdicts.extend(RegressionVerdict.from_dict(v) for v in handoff.get("verdicts", []))
+            gate.notes.extend(n for n in handoff.get("gate_notes", []) if n not in gate.notes)
+            gate.not_in_baseline.extend(handoff.get("not_in_baseline", []))
 
     # -- the whole run ------------------------------------------------------------------------------
     def comparison(self) -> Comparison:
@@ -154,25 +216,22 @@ class SuiteRun:
             results=self.results,
             tool_version=__version__,
             comparison=self.comparison(),
+            notes=list(self.notes),
         )
 
     def finish(self) -> RunOutputs:
         """Save the baseline (when asked), write ``results.json``, the report, and the CI step summary."""
         from pytest_flashckpt.baselines import save_run
-        from pytest_flashckpt.report.regression import append_step_summary
-        from pytest_flashckpt.report import write_report
-
         from pytest_flashckpt.config.run_options import DEFAULT_REPORT_DIR
-        from pytest_flashckpt.report.folder import make_report_folder
+        from pytest_flashckpt.report.folder import make_report_folder, write_run_folder
+        from pytest_flashckpt.report.regression import append_step_summary
 
         if self._gate is not None and not self.options.save_baseline:
             self.missing = self._gate.finish({s.suite for s in self.suite.scenarios}, self.results, self.subset)
         record = self.record()
         make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
-        baseline = save_run(self.baseline_dir, record) if self.options.save_baseline else None
-        results_path = self.report_dir / "results.json"
-        record.write_json(results_path)
-        report_path = write_report(record, self.report_dir)
+        baseline = save_run(self.baseline_dir, record) if self.options.save_baseline else None  # locked merge
+        results_path, report_path = write_run_folder(record, self.report_dir)  # results + report + plots, locked
         summary = append_step_summary(record.comparison) if record.comparison is not None else None
         return RunOutputs(record, results_path, report_path, baseline, summary)
 

@@ -27,7 +27,9 @@ def test_run_writes_results_and_report(tmp_path: Path, monkeypatch, capsys) -> N
     assert [(r.id, r.status) for r in record.results] == [("clirun::ref", "measured")]
     assert record.results[0].metrics["peak_bytes"] > 0 and record.comparison.status == "no-baseline"
     assert (tmp_path / "out" / "flashckpt-report.md").is_file()
-    assert "clirun::ref: measured" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "clirun::ref: kernel eager, peak " in out and "-> no baseline" in out  # one line per scenario, its verdict
+    assert "report: out/flashckpt-report.md (results: out/results.json)" in out  # paths relative to the folder
 
 
 def test_run_bad_option_and_bad_suite_are_usage_errors(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -68,8 +68,8 @@ def test_article_keys_are_accepted_as_written(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("scenarios:\n  - name: a\n    sequence: 5\n", r"unknown key 'scenarios\[0\].sequence' \(valid keys: .*seq_len"),
-        ("scenarios:\n  - name: a\n    seq_len: long\n", r"scenarios\[0\].seq_len: expected an integer, got str 'long'"),
+        ("scenarios:\n  - name: a\n    sequence: 5\n", r"scenario 'a': unknown key 'sequence' \(valid keys: .*seq_len"),
+        ("scenarios:\n  - name: a\n    seq_len: long\n", r"scenario 'a': seq_len: expected an integer, got str 'long'"),
         ("scenarios:\n  - name: a\n    attention: xformers\n", r"'xformers' is not a valid choice \(valid: auto, flash_attn, sdpa, eager\)"),
         ("scenarios:\n  - name: a\n    activation: {strategy: magic}\n", r"activation.strategy: 'magic' is not a valid choice \(valid: none, full, every_k"),
         ("scenarios:\n  - name: a\n    activation: {strategy: every_k, k: 0}\n", r"activation.k must be a positive number of blocks, got 0"),
@@ -77,7 +77,7 @@ def test_article_keys_are_accepted_as_written(tmp_path):
         ("scenarios:\n  - name: a\n    checkpoint: {mem_threshold: 80}\n", r"mem_threshold is a fraction of memory capacity in \(0, 1\], got 80"),
         ("scenarios:\n  - name: a\n    checkpoint: {async_save: true, select_params: true}\n", r"imply several save strategies \(async, selective\)"),
         ("scenarios:\n  - name: a\n  - name: a\n", r"scenario name '.*::a' is used twice"),
-        ("scenarios:\n  - name: '{nope}'\n    matrix: {seq_len: [1]}\n", r"name template uses 'nope' which is not a matrix key"),
+        ("scenarios:\n  - name: '{nope}'\n    matrix: {seq_len: [1]}\n", r"scenario '{nope}': name: the template uses 'nope', which is not a matrix key"),
         ("scenarios:\n  - seq_len: 5\n", r"scenarios\[0\] has no name"),
         ("scenario: []\n", r"unknown key 'scenario' \(valid keys: name, description, defaults, include, scenarios\)"),
         ("scenarios: [\n", r"not valid YAML"),
@@ -98,9 +98,9 @@ def test_preflight_checks_the_model_card(tmp_path):
           - {name: too-long, model: tiny, seq_len: 4096}
           - {name: k-too-big, model: tiny, activation: {strategy: every_k, k: 9}}
     """))
-    with pytest.raises(ConfigError, match="seq_len 4096 exceeds block_size 2048"):
+    with pytest.raises(ConfigError, match="scenario 'too-long': seq_len: 4096 exceeds block_size 2048"):
         preflight(suite.scenarios[0])
-    with pytest.raises(ConfigError, match="activation.k 9 is larger than the 4 blocks of 'tiny' \\(valid: 1..4\\)"):
+    with pytest.raises(ConfigError, match="scenario 'k-too-big': activation.k: 9 is larger than the 4 blocks of 'tiny' \\(valid: 1..4\\)"):
         preflight(suite.scenarios[1])
 
 

@@ -115,5 +115,5 @@ def test_card_errors_name_file_key_and_valid_choices(tmp_path):
     bad.write_text("name: bad\nn_layer: four\n")
     with pytest.raises(ConfigError, match="n_layer: expected an integer, got str 'four'"):
         load_card(str(bad))
-    with pytest.raises(ConfigError, match="unknown model 'gpt5'.*valid names: .*tiny"):
+    with pytest.raises(ConfigError, match="unknown model card 'gpt5'.*valid names: .*tiny"):
         load_card("gpt5")

@@ -102,7 +102,7 @@ def test_bad_suite_is_a_usage_error_and_writes_nothing(pytester):
     bad = pytester.makefile(".yaml", bad="scenarios:\n  - name: a\n    model: tiny\n  - name: b\n    model: tiny\n    activation: {strategy: every_k, k: 7}\n")
     result = pytester.runpytest(f"--flashckpt-suite={bad}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*flashckpt: *::b: activation.k 7 is larger than the 4 blocks of 'tiny' (valid: 1..4)*"])
+    result.stderr.fnmatch_lines(["ERROR: flashckpt: bad.yaml: scenario 'b': activation.k: 7 is larger than the 4 blocks of 'tiny' (valid: 1..4)"])
     assert not (pytester.path / "flashckpt-report").exists()
 
 

@@ -1,0 +1,49 @@
+"""Under pytest-xdist (``-n 2``) the suite's scenarios run one after another on one worker, the controller gathers
+every result and writes results.json and the report once, and the header says other tests shared the CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("xdist", reason="pytest-xdist is not installed (pip install pytest-xdist to run this test)")
+
+pytestmark = pytest.mark.xdist
+
+SUITE = """
+name: par
+defaults: {model: tiny, batch_size: 1, seq_len: 64, rounds: 2, measure: [memory, timing], attention: eager}
+scenarios:
+  - name: reference
+  - name: full
+    activation: {strategy: full}
+  - name: every2
+    activation: {strategy: every_k, k: 2}
+"""
+
+
+def test_two_workers_lose_no_result_and_never_run_scenarios_side_by_side(pytester):
+    suite = pytester.makefile(".yaml", par=SUITE)
+    pytester.makepyfile(test_other="def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    result = pytester.runpytest("test_other.py", f"--flashckpt-suite={suite}", "--flashckpt-device=cpu",
+                                "-p", "no:benchmark", "-n", "2", "-v")
+    result.assert_outcomes(passed=5)
+    workers = {m.group(2): m.group(1) for m in re.finditer(r"\[(gw\d+)\].*? PASSED (par::\S+?)(@\S+)?\s", result.stdout.str())}
+    assert set(workers) == {"par::reference", "par::full", "par::every2"}, result.stdout.str()
+    assert len(set(workers.values())) == 1  # one worker: the scenarios ran one after another
+    data = json.loads((pytester.path / "flashckpt-report" / "results.json").read_text())
+    assert [r["scenario"] for r in data["results"]] == ["reference", "full", "every2"]  # all of them, in suite order
+    assert all(r["status"] == "measured" for r in data["results"])
+    assert any("pytest-xdist ran this session on 2 worker(s)" in note for note in data["notes"])
+    report = (pytester.path / "flashckpt-report" / "flashckpt-report.md").read_text()
+    assert "- **note**: pytest-xdist ran this session on 2 worker(s)" in report
+    result.stdout.fnmatch_lines(["*PASSED par::full*", "    kernel eager, peak *", "report: flashckpt-report/flashckpt-report.md*"])
+
+
+def test_dist_each_is_refused_naming_the_option(pytester):
+    suite = pytester.makefile(".yaml", par=SUITE)
+    result = pytester.runpytest(f"--flashckpt-suite={suite}", "-p", "no:benchmark", "-n", "2", "--dist", "each")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--flashckpt-suite cannot run under pytest-xdist's --dist each*drop -n*"])
