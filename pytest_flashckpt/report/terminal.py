@@ -112,7 +112,11 @@ def regression_lines(comparison: Comparison | None) -> list[str]:
     ordered = sorted((v for v in comparison.verdicts if v.verdict != "ok"), key=lambda v: (VERDICT_ORDER.index(v.verdict), v.scenario, v.metric))
     for v in ordered:
         p = f", p={v.p_value:.3g}" if v.p_value is not None else ""
-        lines.append(_clip(f"  {v.verdict:>9} {v.scenario} {v.metric}: {fmt(v.baseline)} -> {fmt(v.current)} ({fmt_change(v.change) or 'n/a'}{p})"))
+        if v.verdict == "missing":
+            text = f"  {v.verdict:>9} {v.scenario} {v.metric}: {getattr(v, 'reason', '') or 'not measured in this run'}"
+        else:
+            text = f"  {v.verdict:>9} {v.scenario} {v.metric}: {fmt(v.baseline)} -> {fmt(v.current)} ({fmt_change(v.change) or 'n/a'}{p})"
+        lines.append(_clip(text))
     notes = (comparison.message or "").split("; ")[1:]  # the first part is the counts line above
     if notes:
         lines += wrap("; ".join(notes))

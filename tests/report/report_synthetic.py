@@ -84,9 +84,9 @@ def comparison() -> dict:
         "status": "compared", "baseline_path": "baselines/synthetic.json", "baseline_profile_id": "synthetic-profile",
         "message": None,
         "verdicts": [
-            {"scenario": "synthetic::medium", "metric": "peak_bytes", "baseline": 40 * MIB, "current": 45 * MIB,
+            {"scenario": "synthetic::medium-s512", "metric": "peak_bytes", "baseline": 40 * MIB, "current": 45 * MIB,
              "change": 0.125, "p_value": None, "verdict": "regressed"},
-            {"scenario": "synthetic::medium", "metric": "overhead", "baseline": 1.3, "current": 1.31, "change": 0.0077,
+            {"scenario": "synthetic::medium-s512", "metric": "overhead", "baseline": 1.3, "current": 1.31, "change": 0.0077,
              "p_value": 0.5, "verdict": "ok"},
         ],
     }

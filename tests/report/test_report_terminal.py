@@ -20,19 +20,19 @@ def _by_id(record: RunRecord, scenario: str):
 
 
 def test_scenario_line_names_kernel_numbers_and_verdict(record: RunRecord) -> None:
-    r = _by_id(record, "medium")
+    r = _by_id(record, "medium-s512")
     rows = [v for v in Comparison.coerce(record.comparison).verdicts if v.scenario == r.id]
     verdict = scenario_verdict(r, rows, "compared")
     assert verdict == "regressed"  # the worst of its rows (one regressed, one ok)
     line = scenario_line(r, verdict)
-    assert line.startswith("synthetic::medium: kernel ") and "saving " in line and "overhead " in line
+    assert line.startswith("synthetic::medium-s512: kernel ") and "saving " in line and "overhead " in line
     assert line.endswith("-> regressed")
     compact = scenario_line(r, verdict, compact=True)
     assert "kernel" not in compact and len(compact) < len(line)
 
 
 def test_scenario_verdict_says_why_there_is_none(record: RunRecord) -> None:
-    measured, skipped = _by_id(record, "medium"), _by_id(record, "offload")
+    measured, skipped = _by_id(record, "medium-s512"), _by_id(record, "offload")
     assert scenario_verdict(skipped, None, "compared") == "skipped"
     assert scenario_verdict(measured, [], "compared") == "not in the baseline"
     assert scenario_verdict(measured, [], "no-baseline") == "no baseline"
@@ -46,7 +46,7 @@ def test_regression_lines_show_only_what_is_not_ok_in_short_lines() -> None:
     comparison.message = "compared with baselines/synthetic.json: 1 regressed, 0 improved, 0 within noise (~), 1 ok; " + long_notes
     lines = regression_lines(comparison)
     assert lines[0] == "baseline baselines/synthetic.json: 1 regressed, 1 ok"
-    assert any("regressed synthetic::medium peak_bytes" in line for line in lines)
+    assert any("regressed synthetic::medium-s512 peak_bytes" in line for line in lines)
     assert not any(" ok " in line and "overhead" in line for line in lines)  # ok rows are not listed
     assert max(len(line) for line in lines) <= WIDTH and len(lines) > 30  # the notes split, one per line
 
