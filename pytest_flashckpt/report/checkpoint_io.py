@@ -1,15 +1,19 @@
-"""Checkpoint I/O: how long a save blocks training (stall) beside how long until it is durable (total), the
+"""Checkpoint I/O: how long a save blocks training (stall) beside how long until it is durable (total) and what it
+costs the training loop (time lost per save, K steps with a save minus K without, where measured), the
 write throughput beside the raw disk bandwidth and memory-copy bandwidth measured in the same run and folder
 (so a slow save can be told from a slow disk), load time, files, and the memory a save adds."""
 
 from __future__ import annotations
 
 from pytest_flashckpt.report import select
-from pytest_flashckpt.report.format import MISSING, count, gbps, mbps, mib, ms, pct
+from pytest_flashckpt.report.format import MISSING, count, gbps, mbps, mib, ms, pct, ratio
 from pytest_flashckpt.report.tables import Footnotes, table
 from pytest_flashckpt.result import Result
 
-TIMING_HEADERS = ["scenario", "save strategy", "stall", "total", "stall / sync save", "reference sync total", "load"]
+TIMING_HEADERS = [
+    "scenario", "save strategy", "stall", "total", "stall / sync save", "reference sync total", "time lost per save",
+    "time lost / sync's", "copy bound", "load",
+]
 IO_HEADERS = ["scenario", "written", "files", "write", "raw disk write", "write / raw", "memory copy", "extra memory during save"]
 
 
@@ -22,10 +26,11 @@ def _rows(r: Result, notes: Footnotes) -> tuple[list[str], list[str]]:
     name = f"`{r.id}`"
     if r.status != "measured":
         skipped = notes.skipped(r.status, r.reason)
-        return [name, select.describe_save(r), skipped, *[MISSING] * 4], [name, skipped, *[MISSING] * 6]
+        return [name, select.describe_save(r), skipped, *[MISSING] * 7], [name, skipped, *[MISSING] * 6]
     timing = [
         name, select.describe_save(r), ms(_num(r, "save_stall_s")), ms(_num(r, "save_total_s")),
-        pct(_num(r, "stall_vs_sync")), ms(_num(r, "reference_save_total_s")), ms(_num(r, "load_s")),
+        pct(_num(r, "stall_vs_sync")), ms(_num(r, "reference_save_total_s")), ms(_num(r, "time_lost_s")),
+        ratio(_num(r, "time_lost_vs_sync")), ms(_num(r, "copy_bound_s")), ms(_num(r, "load_s")),
     ]
     io = [
         name, mib(_num(r, "bytes_written")), count(_num(r, "files")), mbps(_num(r, "write_MBps")),
