@@ -10,12 +10,6 @@ measured step).
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterable, Iterator
-
-import torch
-
-from pytest_flashckpt.probes.base import MemoryReading
 from pytest_flashckpt.probes.cpu import LiveTensorProbe, _LiveStorages
 
 
@@ -39,15 +33,4 @@ class _ResizeAwareStorages(_LiveStorages):
 class ShardedLiveTensorProbe(LiveTensorProbe):
     """Exact live tensor bytes on one rank, FSDP2's in-place storage frees included."""
 
-    @contextlib.contextmanager
-    def track(self, resident: Iterable[torch.Tensor] = ()) -> Iterator[MemoryReading]:
-        mode = _ResizeAwareStorages(self.device_type)
-        for tensor in resident:
-            mode.add(tensor)
-        reading = MemoryReading(self.name, start_bytes=mode.live_bytes, exact=True)
-        try:
-            with mode:
-                yield reading
-        finally:
-            reading.peak_bytes = mode.peak_bytes
-            reading.end_bytes = mode.live_bytes
+    mode_class = _ResizeAwareStorages

@@ -91,13 +91,14 @@ class LiveTensorProbe:
     """The ``cpu`` probe: exact bytes of live tensor storages."""
 
     name = "cpu"
+    mode_class: type[_LiveStorages] = _LiveStorages  # the dispatch mode that counts (a subclass may re-check sizes)
 
     def __init__(self, device_type: str = "cpu") -> None:
         self.device_type = device_type
 
     @contextlib.contextmanager
     def track(self, resident: Iterable[torch.Tensor] = ()) -> Iterator[MemoryReading]:
-        mode = _LiveStorages(self.device_type)
+        mode = self.mode_class(self.device_type)
         for tensor in resident:
             mode.add(tensor)
         reading = MemoryReading(self.name, start_bytes=mode.live_bytes, exact=True)
