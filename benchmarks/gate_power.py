@@ -7,7 +7,7 @@ baseline recorded the way ``baselines/README.md`` says: ``--flashckpt-rounds=20 
   injected 10% slowdown of its strategy's steps (``--flashckpt-inject step=0.10``: a sleep of 10% of each step's
   own duration, see ``pytest_flashckpt/config/injection.py``) and judged on ``overhead``;
 - **save-stall detection**: a shipped save scenario (default ``checkpoint::save-async``) re-run with every save
-  blocking 25% longer (``stall=0.25``) and judged on ``stall_vs_sync``;
+  blocking 25% longer (``stall=0.25``) and judged on ``stall_vs_copy`` (each save's stall over a staging copy of the same state timed just before it);
 - **false alarms**: both re-run unchanged (0%), judged on both metrics.
 
 Each condition runs ``--runs`` times (>= 20), interleaved (0%, step, stall, 0%, ...) so slow drifts of the machine
@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 BASELINE_ROUNDS = 20  # = baselines/README.md's recipe
 BASELINE_SAVES = 12
+STALL = "stall_vs_copy"  # the gated stall ratio (pytest_flashckpt/metrics.py)
 
 
 # -- binomial confidence intervals (95%) -------------------------------------------------------------------------
@@ -116,7 +117,7 @@ def measure(scenario: Scenario, injection: Injection | None, workdir: Path | Non
 def baseline_run(args) -> None:
     """The separate process: print the baseline entries of both scenarios as JSON (what a baseline file keeps)."""
     out = {}
-    for scenario_id, metric in ((args.timing_scenario, "overhead"), (args.stall_scenario, "stall_vs_sync")):
+    for scenario_id, metric in ((args.timing_scenario, "overhead"), (args.stall_scenario, STALL)):
         result = measure(for_baseline(shipped(find(scenario_id, args.suite), metric)), None, args.workdir)
         out[scenario_id] = entry(result, None, "gate-power")
     print(json.dumps(out))
@@ -155,11 +156,11 @@ def main() -> None:
     baseline = json.loads(proc.stdout.strip().splitlines()[-1])
 
     timing = shipped(find(args.timing_scenario, args.suite), "overhead")
-    stall = shipped(find(args.stall_scenario, args.suite), "stall_vs_sync")
+    stall = shipped(find(args.stall_scenario, args.suite), STALL)
     conditions = {
-        "0%": [(timing, "overhead", None), (stall, "stall_vs_sync", None)],
+        "0%": [(timing, "overhead", None), (stall, STALL, None)],
         f"step +{args.slowdown:.0%}": [(timing, "overhead", Injection(step=args.slowdown))],
-        f"stall +{args.stall:.0%}": [(stall, "stall_vs_sync", Injection(stall=args.stall))],
+        f"stall +{args.stall:.0%}": [(stall, STALL, Injection(stall=args.stall))],
     }
     verdicts: dict[str, dict[str, list[dict]]] = {c: {} for c in conditions}
     names = list(conditions)
@@ -174,9 +175,10 @@ def main() -> None:
         print(f"run {run + 1}/{args.runs}: " + "; ".join(
             f"{c} {m}: {rows[-1]['verdict']} ({(rows[-1]['change'] or 0):+.1%})" for c in names for m, rows in verdicts[c].items()
         ), flush=True)
-    elapsed, load_after = time.time() - began, os.getloadavg()
-    write_report(Path(args.out), args, timing, stall, baseline, verdicts, thresholds, elapsed, load_before, load_after)
-    Path(args.out).with_suffix(".json").write_text(json.dumps({"baseline": baseline, "verdicts": verdicts}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        # written after every run: a run stopped early still leaves its report (with the runs it has)
+        elapsed, load_after = time.time() - began, os.getloadavg()
+        write_report(Path(args.out), args, timing, stall, baseline, verdicts, thresholds, elapsed, load_before, load_after, run + 1)
+        Path(args.out).with_suffix(".json").write_text(json.dumps({"baseline": baseline, "verdicts": verdicts}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
 
 
@@ -190,9 +192,9 @@ def summarise(rows: list[dict]) -> dict:
     }
 
 
-def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds, elapsed, load_before, load_after) -> None:
+def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds, elapsed, load_before, load_after, done: int) -> None:
     t_id, s_id = f"{timing.suite}::{timing.name}", f"{stall.suite}::{stall.name}"
-    t_base, s_base = baseline[t_id]["samples"]["overhead"], baseline[s_id]["samples"]["stall_vs_sync"]
+    t_base, s_base = baseline[t_id]["samples"]["overhead"], baseline[s_id]["samples"][STALL]
     rounds, saves = timing.rounds, stall.save.saves
     load_line = (
         f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs"
@@ -201,6 +203,7 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
     lines = [
         "# Gate power at the shipped settings",
         "",
+        *([] if done == args.runs else [f"**Partial: {done} of {args.runs} runs** (the report is rewritten after every run).", ""]),
         f"Command: `python benchmarks/gate_power.py --runs {args.runs} --suite {args.suite} --timing-scenario {t_id} "
         f"--stall-scenario {s_id}`  ",
         f"Machine: torch {torch.__version__}, {torch.get_num_threads()} threads; {load_line}; {elapsed / 60:.1f} min.  ",
@@ -209,7 +212,7 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
         f"Step time: `{t_id}` as shipped ({rounds} interleaved rounds x {timing.steps} step(s), seq {timing.seq_len}, batch "
         f"{timing.batch_size}) vs a {len(t_base)}-round baseline (median overhead {statistics.median(t_base):.3f}, range "
         f"{min(t_base):.3f}-{max(t_base):.3f}); smallest reachable p {smallest_p(rounds, len(t_base)):.2g}.  ",
-        f"Save stall: `{s_id}` as shipped ({saves} saves) vs a {len(s_base)}-save baseline (median stall_vs_sync "
+        f"Save stall: `{s_id}` as shipped ({saves} saves) vs a {len(s_base)}-save baseline (median stall_vs_copy "
         f"{statistics.median(s_base):.3f}, range {min(s_base):.3f}-{max(s_base):.3f}); smallest reachable p "
         f"{smallest_p(saves, len(s_base)):.2g}.",
         "",
@@ -227,13 +230,13 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
                 f"{s['wilson'][0]:.0%}-{s['wilson'][1]:.0%} | {mc} | {s['noise']} |"
             )
     step = summary[(f"step +{args.slowdown:.0%}", "overhead")]
-    stall_s = summary[(f"stall +{args.stall:.0%}", "stall_vs_sync")]
-    false = [summary[("0%", m)] for m in ("overhead", "stall_vs_sync")]
+    stall_s = summary[(f"stall +{args.stall:.0%}", STALL)]
+    false = [summary[("0%", m)] for m in ("overhead", STALL)]
     lines += [
         "",
         f"Detection: step +{args.slowdown:.0%} {step['flagged']}/{step['n']} ({step['rate']:.0%}, 95% CI {step['cp'][0]:.0%}-{step['cp'][1]:.0%}); "
         f"stall +{args.stall:.0%} {stall_s['flagged']}/{stall_s['n']} ({stall_s['rate']:.0%}, 95% CI {stall_s['cp'][0]:.0%}-{stall_s['cp'][1]:.0%}). "
-        f"False alarms: overhead {false[0]['flagged']}/{false[0]['n']}, stall_vs_sync {false[1]['flagged']}/{false[1]['n']}. "
+        f"False alarms: overhead {false[0]['flagged']}/{false[0]['n']}, stall_vs_copy {false[1]['flagged']}/{false[1]['n']}. "
         f"Targets (quiet machine): detection >= 90%, <= 1 false alarm in 20.",
         "",
     ]

@@ -13,8 +13,9 @@ How each kind of metric is judged, and why:
 - **memory** read by a sampled or allocator probe (``nvml``, ``rss``, ``cuda``), and ``save_extra_peak_bytes``
   with any probe (an async save frees its staging buffers from a writer thread, at a time that varies):
   compared with the memory tolerance (``--flashckpt-memory-tolerance``); no test, one reading per run.
-- **ratio** timings (``overhead``, ``stall_vs_sync``): the strategy and its reference ran interleaved in the
-  same run, so machine-wide slowness cancels. A regression needs BOTH a median change beyond the timing
+- **ratio** timings (``overhead``: the strategy and its reference ran interleaved, round by round;
+  ``stall_vs_copy``: each staged save's stall over a copy of the same state timed just before it), measured side
+  by side in the same run, so machine-wide slowness cancels. A regression needs BOTH a median change beyond the timing
   tolerance AND a one-sided Mann-Whitney p-value below alpha on the per-round samples. The tolerance is the
   effect size we care about (and absorbs run-to-run drift the within-run samples cannot see); the test says the
   shift is more than round-to-round noise. Beyond the tolerance but not significant is ``~`` (within noise).
@@ -62,16 +63,8 @@ def _samples_of(name: str, samples: dict[str, list[float]]) -> list[float] | Non
 
 
 def ratio_samples(name: str, metrics: dict[str, Any], samples: dict[str, list[float]]) -> list[float] | None:
-    """Per-round samples behind a ratio or time: stored ones, or ``stall_vs_sync`` rebuilt from the per-save
-    stalls over the (single) reference save total."""
-    values = _samples_of(name, samples)
-    if values:
-        return values
-    stalls = _samples_of("save_stall_s", samples)
-    if name == "stall_vs_sync" and stalls and metrics.get("reference_save_total_s"):
-        total = float(metrics["reference_save_total_s"])
-        return [v / total for v in stalls] if total > 0 else None
-    return None
+    """Per-round (per-save) samples behind a ratio or time, as the run stored them."""
+    return _samples_of(name, samples)
 
 
 def _change(baseline: float, current: float) -> float | None:
@@ -200,7 +193,7 @@ def compare_scenario(
             base = ratio_samples(name, base_metrics, base_samples)
             if not cur or not base:
                 row = judge_tolerance(scenario, name, base_value, value, thresholds.timing_tolerance)
-                why = (f"no per-{'save' if name == 'stall_vs_sync' else 'round'} samples on "
+                why = (f"no per-{'save' if name == 'stall_vs_copy' else 'round'} samples on "
                        f"{'this run' if not cur else 'the baseline'}'s side: cannot be tested; refresh the baseline")
                 row = dataclasses.replace(row, verdict="unguarded", reason=why)  # no test: no change can be told from noise
                 notes.append(f"{scenario}: {name} unguarded: {why}")

@@ -4,6 +4,10 @@
 stall against ``snapshot bytes / copy_bandwidth_GBps`` (the copy it cannot avoid). For state on a GPU that copy is
 device-to-host into pinned memory (what the staging area does), so that is what :func:`copy_bandwidth_GBps` times
 when given a CUDA device; a host memcpy would be an order of magnitude off.
+
+:class:`SnapshotCopyTimer` times the copy itself, per save, in the training loop just before the save: a staged
+save's stall over that copy (``stall_vs_copy``) is a ratio of two neighbouring measurements of the same bytes on the
+same machine state, so a busier or quieter machine, or another process, moves both alike (docs: baselines/README.md).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import uuid
 from pathlib import Path
 
 import torch
+
+from pytest_flashckpt.checkpoint.staging import StagingArea
 
 
 def write_bandwidth_MBps(folder: Path, megabytes: int = 64, chunk_mb: int = 8) -> float:
@@ -67,3 +73,21 @@ def _device_to_host_GBps(device: torch.device, megabytes: int, repeats: int, syn
         synchronize(device)
         best = min(best, time.perf_counter() - start)
     return n * 4 / 1e9 / max(best, 1e-9)
+
+
+class SnapshotCopyTimer:
+    """Times a blocking staging snapshot of the given tensors into its own reused :class:`StagingArea` (the same code
+    and the same kind of buffers an async save copies into; pinned host memory for GPU state): what a staged save
+    cannot avoid paying, measured now. The buffers are allocated and touched on the first call, which is not timed."""
+
+    def __init__(self) -> None:
+        self._staging = StagingArea()
+        self._warm = False
+
+    def time(self, tensors: dict[str, torch.Tensor]) -> float:
+        if not self._warm:
+            self._staging.snapshot(tensors)
+            self._warm = True
+        start = time.perf_counter()
+        self._staging.snapshot(tensors)
+        return time.perf_counter() - start

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
+from pytest_flashckpt.checkpoint.bandwidth import SnapshotCopyTimer, copy_bandwidth_GBps, write_bandwidth_MBps
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
 from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.loading import load_into
@@ -68,9 +68,11 @@ def run_checkpoint_pass(
     ``save_extra_peak_bytes``, ``files`` (plus ``<metric>_samples`` lists), ``load_s`` (one verified load),
     ``raw_write_MBps`` and ``copy_GBps`` (this machine's limits, measured in the same folder in the same run;
     ``copy_GBps`` is device-to-host into pinned memory when the state is on a GPU),
+    for staged (background) saves ``snapshot_copy_s`` (a blocking staging copy of the same state, timed just before
+    each save) and ``stall_vs_copy`` (save i's stall over copy i, the gated stall ratio; saves 2..n, the first one's
+    cold stall is ``first_save_stall_s``),
     ``snapshot_bytes`` (training state bytes), ``copy_bound_s`` (= snapshot_bytes / copy bandwidth, the least an
     in-memory snapshot can stall), ``write_vs_raw`` (= write_MBps / raw_write_MBps), ``saves``, ``steps``,
-    ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise").
     ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise"), and, when
     ``config.time_lost_rounds`` > 0, the time lost per save (``time_lost_s`` and its samples, see ``time_lost``;
     measured first, in ``workdir/time-lost``).
@@ -105,13 +107,18 @@ def run_checkpoint_pass(
         _lengthen_stalls(ckpt, stall_increase)
     max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
     steps = 0
+    # a staged save's stall is a copy: time that copy of the same state just before each save (stall_vs_copy)
+    copy_timer = SnapshotCopyTimer() if ckpt.strategy.background else None
+    copies: list[float] = []
     try:
         while len(ckpt.records) < config.saves and steps < max_steps:
             with step_context():
                 trainer.train_step()
             steps += 1
             say(f"save {len(ckpt.records) + 1}/{config.saves}")
-            ckpt.maybe_save(trainer)
+            copy_s = copy_timer.time(capture(trainer).tensors) if copy_timer and ckpt.schedule.may_save(trainer.step) else None
+            if ckpt.maybe_save(trainer) is not None and copy_s is not None:
+                copies.append(copy_s)
     finally:
         if hook is not None:
             hook.remove()
@@ -144,6 +151,16 @@ def run_checkpoint_pass(
         out[f"{name}_samples"] = values  # type: ignore[assignment]
     for name in ("bytes_written", "save_extra_peak_bytes", "files"):
         out[name] = int(out[name]) if out[name] is not None else None  # type: ignore[arg-type]
+    if len(copies) == len(records) > 1:
+        # save i's stall over the copy timed just before it: the gated stall ratio (bandwidth.SnapshotCopyTimer).
+        # The first save is left out: it allocates the staging buffers and starts the writer thread (10-30x a
+        # steady-state stall here), a one-off cost that would make every run's first sample an outlier of its own.
+        ratios = [r.save_stall_s / c for r, c in zip(records[1:], copies[1:])]
+        out["snapshot_copy_s"] = median(copies[1:])
+        out["snapshot_copy_s_samples"] = copies[1:]  # type: ignore[assignment]
+        out["stall_vs_copy"] = median(ratios)
+        out["stall_vs_copy_samples"] = ratios  # type: ignore[assignment]
+        out["first_save_stall_s"] = records[0].save_stall_s
     out["load_s"] = loaded.load_s
     out["raw_write_MBps"] = raw_write
     out["copy_GBps"] = copy_gbps

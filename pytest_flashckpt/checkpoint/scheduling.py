@@ -92,6 +92,10 @@ class SaveSchedule:
         if fraction >= self.threshold:
             self.deferrals.append(Deferral(step, due, used, capacity, fraction, self.threshold, phase="mid-step"))
 
+    def may_save(self, step: int) -> bool:
+        """Whether :meth:`should_save` could say yes at ``step`` (a save is due or pending); changes nothing."""
+        return self._due_step is not None or (step > 0 and step % self.interval == 0)
+
     def should_save(self, step: int) -> bool:
         if self._due_step is None and step > 0 and step % self.interval == 0:
             self._due_step = step

@@ -144,7 +144,7 @@ scenarios:
 
 @pytest.mark.slow
 def test_an_injected_stall_increase_fails_the_stall_gate(pytester):
-    """What the issue asks to check: a suite run with saves blocking longer fails on stall_vs_sync. The stall is
+    """What the issue asks to check: a suite run with saves blocking longer fails on stall_vs_copy. The stall is
     made 4x (stall=3.0) so the check holds on a busy machine too; benchmarks/gate_power.py measures +25%."""
     suite = pytester.makefile(".yaml", saves=SAVE_SUITE)
     _run(pytester, suite, "--flashckpt-save-baseline", "--flashckpt-saves=12").assert_outcomes(passed=1)
@@ -152,5 +152,5 @@ def test_an_injected_stall_increase_fails_the_stall_gate(pytester):
     result.assert_outcomes(passed=1)
     result = _run(pytester, suite, "--flashckpt-inject=stall=3.0")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*stall_vs_sync: baseline *, current *, change +*", "*WARNING: injected regression: save stall +300%*",
-                                 "*regressed saves::save-async stall_vs_sync*"])
+    result.stdout.fnmatch_lines(["*stall_vs_copy: baseline *, current *, change +*", "*WARNING: injected regression: save stall +300%*",
+                                 "*regressed saves::save-async stall_vs_copy*"])

@@ -50,9 +50,9 @@ def test_two_rounds_cannot_be_significant_and_say_so():
 def test_a_metric_that_cannot_fail_is_never_called_ok():
     """3 saves vs a 3-save baseline (what the checkpoint suite used to ship): unguarded whatever the change."""
     for current in ([0.1, 0.1, 0.1], [0.5, 0.5, 0.5]):
-        row = judge_sampled("s::a", "stall_vs_sync", [0.1, 0.1, 0.1], current, 0.05, 0.01)
+        row = judge_sampled("s::a", "stall_vs_copy", [0.1, 0.1, 0.1], current, 0.05, 0.01)
         assert row["verdict"] == "unguarded" and row["smallest_p"] == pytest.approx(0.05)
-    row = judge_sampled("s::a", "stall_vs_sync", [0.1] * 12, [0.5] * 6, 0.05, 0.01)
+    row = judge_sampled("s::a", "stall_vs_copy", [0.1] * 12, [0.5] * 6, 0.05, 0.01)
     assert row["verdict"] == "regressed" and row["smallest_p"] == pytest.approx(1 / 18564)
 
 
@@ -99,11 +99,13 @@ def test_absolute_times_are_gated_only_on_opt_in():
     assert rows[0]["metric"] == "step_time_s" and rows[0]["verdict"] == "regressed"
 
 
-def test_stall_vs_sync_samples_are_rebuilt_from_per_save_stalls():
-    base = {"metrics": {"stall_vs_sync": 0.1}, "samples": {"stall_vs_sync": [0.1] * 10}, "probe": "cpu"}
-    metrics = {"stall_vs_sync": 0.5, "reference_save_total_s": 2.0}
-    rows, _ = compare_scenario("s::a", base, metrics, {"save_stall_s": [1.0, 1.0, 1.0]}, "cpu", Thresholds())
-    assert rows[0]["current"] == pytest.approx(0.5) and rows[0]["verdict"] == "regressed"
+def test_stall_vs_sync_is_not_gated_the_stall_is_judged_on_stall_vs_copy():
+    """stall_vs_sync divides by one reference save per process (fsync-bound, cached): a separate-process baseline
+    sat 27-43% away with nothing changed (baselines/README.md), so it is reported, not gated."""
+    base = {"metrics": {"stall_vs_sync": 0.1, "stall_vs_copy": 1.1}, "samples": {"stall_vs_copy": [1.1] * 12}, "probe": "cpu"}
+    metrics = {"stall_vs_sync": 0.5, "stall_vs_copy": 1.5}
+    rows, _ = compare_scenario("s::a", base, metrics, {"stall_vs_copy_samples": [1.5] * 6}, "cpu", Thresholds())
+    assert [(r["metric"], r["verdict"]) for r in rows] == [("stall_vs_copy", "regressed")]
 
 
 def test_threshold_defaults_match_the_option_defaults():
@@ -123,10 +125,11 @@ def test_bytes_written_has_a_tiny_slack_and_save_extra_memory_the_memory_toleran
 
 
 def test_checkpoint_pass_sample_lists_are_found():
-    base = {"metrics": {"stall_vs_sync": 0.1}, "samples": {"stall_vs_sync": [0.1] * 10}, "probe": "cpu"}
-    metrics = {"stall_vs_sync": 0.5, "reference_save_total_s": 2.0}
-    rows, _ = compare_scenario("s::a", base, metrics, {"save_stall_s_samples": [1.0, 1.0, 1.0]}, "cpu", Thresholds())
+    base = {"metrics": {"stall_vs_copy": 1.1}, "samples": {"stall_vs_copy": [1.1] * 10}, "probe": "cpu"}
+    rows, _ = compare_scenario("s::a", base, {"stall_vs_copy": 2.0}, {"stall_vs_copy_samples": [2.0, 2.1, 1.9]}, "cpu", Thresholds())
     assert rows[0]["verdict"] == "regressed"
+    rows, _ = compare_scenario("s::a", base, {"stall_vs_copy": 2.0}, {}, "cpu", Thresholds())
+    assert rows[0]["verdict"] == "unguarded" and "no per-save samples" in rows[0]["reason"]
 
 
 def test_a_slowdown_that_also_widens_the_scatter_still_fails():
