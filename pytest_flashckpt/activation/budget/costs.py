@@ -9,7 +9,9 @@
   the step: embeddings' backward and the optimizer step), *minus* what the blocks below keep. The head (final
   LayerNorm, logits, loss and their backward) is folded into the top block's ``reach``;
 - ``flops`` / ``pointwise``: matmul FLOPs and pointwise output elements counted in those segments, minus the
-  same count with no checkpointing: the recomputation the option adds.
+  same count with no checkpointing: the recomputation the option adds;
+- ``transfer`` (offload only; empty when no option offloads): bytes the option moves between device and host
+  (each saved tensor out in the forward and back in the backward), priced by ``transfer_weight``.
 
 A plan's peak is then ``max(before, max_i(sum(kept[j][o_j] for j < i) + reach[i][o_i]))`` (``before``: the
 embeddings' forward). This is additive by construction: the blocks below a block are the only plan-dependent
@@ -17,8 +19,9 @@ memory alive while it runs. ``tests/activation/test_budget.py`` checks it agains
 
 Sources: ``MeasuredCosts`` runs one real step per option (every block under that option) under the exact
 ``cpu`` probe with segment marks, on a private copy of the model (built from its config), so planning never
-touches the trained model's weights, RNG or measured memory. Another source (the simulator on the ``meta``
-device, for cards too large for a CPU) only has to return a ``PlanCosts``: see ``CostSource``.
+touches the trained model's weights, RNG or measured memory. ``simulate.costs.SimulatedCosts`` runs the same
+steps on the ``meta`` device (cards too large for a CPU, CUDA kernels); both derive their ``PlanCosts`` with
+``segment_costs`` below, so a simulated plan is read off a step exactly as a measured one is.
 """
 
 from __future__ import annotations
@@ -53,8 +56,12 @@ class PlanCosts:
     before: int  # peak before the first block (embeddings' forward), bytes
     measured_peaks: dict[str, int] = field(default_factory=dict)  # option name -> measured uniform-plan peak
     pointwise_weight: float = 0.0  # FLOP-equivalents of one recomputed pointwise element
-    source: str = "measured"
-    seconds: float = 0.0  # time spent measuring
+    transfer: list[list[int]] = field(default_factory=list)  # [block][option] bytes moved to host and back
+    transfer_weight: float = 0.0  # FLOP-equivalents of one byte moved between device and host
+    source: str = "measured"  # measured | simulated
+    seconds: float = 0.0  # time spent measuring (or simulating)
+    excluded: dict[str, str] = field(default_factory=dict)  # option name -> why the source does not offer it
+    notes: tuple[str, ...] = ()  # what the source could not do as measured (e.g. no pointwise weight)
 
     @property
     def n_blocks(self) -> int:
@@ -64,8 +71,9 @@ class PlanCosts:
         return self.options.index(option)
 
     def cost(self, i: int, o: int) -> float:
-        """The objective: recomputed FLOPs plus pointwise elements at their measured weight."""
-        return self.flops[i][o] + self.pointwise_weight * self.pointwise[i][o]
+        """The objective: recomputed FLOPs plus pointwise elements and offloaded bytes at their measured weights."""
+        moved = self.transfer_weight * self.transfer[i][o] if self.transfer else 0.0
+        return self.flops[i][o] + self.pointwise_weight * self.pointwise[i][o] + moved
 
     def predict_peak(self, plan: Iterable[int]) -> int:
         """Predicted whole-step peak (bytes) of a plan given as option indices per block."""
@@ -98,8 +106,8 @@ class _Segments(_LiveStorages):
     recomputed tensors of checkpointed blocks alive until the end of the backward pass, which would falsify the
     very memory measured here."""
 
-    def __init__(self) -> None:
-        super().__init__("cpu")
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__(device_type)
         self.flops = 0
         self.segment_peak = 0
         self.pointwise_elements = 0
@@ -157,8 +165,8 @@ class _Uniform:
     pointwise: list[int]
 
 
-def _segment_step(trainer: Trainer, n_blocks: int, probe_ref: list) -> _Uniform:
-    probe = _Segments()
+def _segment_step(trainer: Trainer, n_blocks: int, probe_ref: list, device_type: str = "cpu") -> _Uniform:
+    probe = _Segments(device_type)
     for tensor in trainer.state_tensors():
         probe.add(tensor)
     probe.segment_peak = probe.live_bytes
@@ -214,6 +222,33 @@ def measure_pointwise_weight(device: torch.device | str = "cpu", dtype: torch.dt
     return gelu / matmul
 
 
+def measure_transfer_weight(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> float:
+    """FLOP-equivalents of one byte offloaded on this device: the time per byte of a device-to-host copy into
+    pinned memory (what ``save_on_cpu(pin_memory=True)`` does) over the time per FLOP of a matmul, both measured
+    now (median of 5). Without it an offload would look free to a FLOP objective."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"offload moves tensors from a GPU to host memory; there is no transfer to time on {device.type}")
+    n = 2048
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    src = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
+
+    def median_time(fn) -> float:
+        times = []
+        for _ in range(5):
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[2]
+
+    per_flop = median_time(lambda: a @ a) / (2 * n**3)
+    per_byte = median_time(lambda: dst.copy_(src, non_blocking=True)) / src.numel()
+    return per_byte / per_flop
+
+
 class MeasuredCosts:
     """``CostSource`` that measures real steps on a private model built like ``model`` (config, backend, device,
     dtype). Measuring runs with the caller's dispatch modes (probes, FLOP counters) disabled and the RNG state
@@ -258,37 +293,54 @@ class MeasuredCosts:
         return self._cache[batch_size, seq_len]
 
     def _measure(self, batch_size: int, seq_len: int) -> PlanCosts:
-        start = time.perf_counter()
         with _quiet():
             if self._trainer is None:
                 self._trainer = Trainer.create(self.model, batch_size, seq_len)
-            trainer = self._trainer
-            trainer.batch_size, trainer.seq_len = batch_size, seq_len
-            self._set(NONE)
-            trainer.train_step()  # optimizer state exists (as in a measured step) and this shape is warm
-            steps = {}
-            for option in self.options:
-                self._set(option)
-                steps[option] = _segment_step(trainer, len(self.model.blocks), self._probe_ref)
-        n = len(self.model.blocks)
-        none = steps[NONE]
-        return PlanCosts(
-            batch_size,
-            seq_len,
-            self.options,
-            kept=[[steps[o].kept[i] for o in self.options] for i in range(n)],
-            reach=[[steps[o].reach[i] for o in self.options] for i in range(n)],
-            flops=[[steps[o].flops[i] - none.flops[i] for o in self.options] for i in range(n)],
-            pointwise=[[max(0, steps[o].pointwise[i] - none.pointwise[i]) for o in self.options] for i in range(n)],
-            before=max(s.before for s in steps.values()),
-            measured_peaks={o.name: s.peak for o, s in steps.items()},
-            pointwise_weight=self.pointwise_weight,
-            seconds=time.perf_counter() - start,
-        )
+            return segment_costs(
+                self._trainer, self.forwards, self.options, self._probe_ref, batch_size, seq_len,
+                pointwise_weight=self.pointwise_weight,
+            )
 
-    def _set(self, option: BlockOption) -> None:
-        for forward in self.forwards:
-            forward.option = option
+
+def segment_costs(
+    trainer: Trainer, forwards: list, options: tuple[BlockOption, ...], probe_ref: list, batch_size: int, seq_len: int,
+    *, device_type: str = "cpu", resident_bytes: int = 0, pointwise_weight: float = 0.0, source: str = "measured",
+) -> PlanCosts:
+    """``PlanCosts`` of ``trainer``'s model (its blocks' ``forwards`` switchable, marks installed by
+    ``_install_marks(model, probe_ref)``) at one shape: one warm step with no checkpointing (AdamW state exists,
+    as in a measured step), then one step per option under the segment probe on ``device_type``.
+    ``resident_bytes``: memory alive through the whole step that the probe cannot see (a ``cpu`` prediction made
+    on ``meta``: AdamW's host step counters), added to every absolute number (``reach``, ``before``, peaks)."""
+    start = time.perf_counter()
+    trainer.batch_size, trainer.seq_len = batch_size, seq_len
+    n = len(forwards)
+    _set(forwards, NONE)
+    trainer.train_step()  # optimizer state exists (as in a measured step) and this shape is warm
+    steps = {}
+    for option in options:
+        _set(forwards, option)
+        steps[option] = _segment_step(trainer, n, probe_ref, device_type)
+    _set(forwards, NONE)
+    none = steps[NONE]
+    return PlanCosts(
+        batch_size,
+        seq_len,
+        options,
+        kept=[[steps[o].kept[i] for o in options] for i in range(n)],
+        reach=[[steps[o].reach[i] + resident_bytes for o in options] for i in range(n)],
+        flops=[[steps[o].flops[i] - none.flops[i] for o in options] for i in range(n)],
+        pointwise=[[max(0, steps[o].pointwise[i] - none.pointwise[i]) for o in options] for i in range(n)],
+        before=max(s.before for s in steps.values()) + resident_bytes,
+        measured_peaks={o.name: s.peak + resident_bytes for o, s in steps.items()},
+        pointwise_weight=pointwise_weight,
+        source=source,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _set(forwards: list, option: BlockOption) -> None:
+    for forward in forwards:
+        forward.option = option
 
 
 @contextlib.contextmanager

@@ -1,0 +1,149 @@
+"""``SimulatedCosts``: the budget planner's costs simulated on ``meta`` equal the costs measured on a real CPU step
+to the byte (target cpu), are additive on ``meta`` too (a simulated planned step peaks where the plan predicts,
+offload included), leave out or refuse what cannot be simulated with the reason, and plan suite scenarios and
+``flashckpt simulate --budget``, with the clear error naming the minimum below it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from pytest_flashckpt.activation.budget import BudgetTooSmall, MeasuredCosts, min_peak
+from pytest_flashckpt.activation.budget.options import FULL, NONE, OFFLOAD, SELECTIVE, default_options
+from pytest_flashckpt.cli import main
+from pytest_flashckpt.config.scenario import ActivationConfig, Scenario, SimulateConfig
+from pytest_flashckpt.models import GPTConfig
+from pytest_flashckpt.models.cards import build_model, load_card
+from pytest_flashckpt.runner.run import RunContext, run_scenario
+from pytest_flashckpt.simulate import simulate_step
+from pytest_flashckpt.simulate.costs import SimulatedCosts
+
+EXACT_FIELDS = ("kept", "reach", "flops", "pointwise", "before", "measured_peaks")
+
+
+def micro(n_layer: int = 3) -> GPTConfig:
+    return GPTConfig(vocab_size=64, block_size=64, n_layer=n_layer, n_head=2, n_embd=32, dropout=0.0)
+
+
+@pytest.mark.parametrize(("card", "batch", "seq"), [("tiny", 1, 64), ("small", 1, 32)])
+def test_simulated_costs_equal_measured_costs_on_cpu(card, batch, seq):
+    """Every option the planner knows on a CPU, every block: the same step, read the same way, on meta."""
+    config = load_card(card)
+    measured = MeasuredCosts(build_model(config, "sdpa", "cpu", torch.float32), pointwise_weight=1.0).costs(batch, seq)
+    simulated = SimulatedCosts(card, "float32", "sdpa", "cpu", pointwise_weight=1.0).costs(batch, seq)
+    assert simulated.options == measured.options == default_options("cpu")
+    for name in EXACT_FIELDS:
+        assert getattr(simulated, name) == getattr(measured, name), name
+    assert (simulated.source, measured.source) == ("simulated", "measured")
+    assert simulated.excluded == {"offload": "target cpu: there is no device memory to offload from"}
+
+
+def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_included():
+    """Additivity on meta, for CUDA's flash kernel in bf16: mixed plans were never simulated as such."""
+    config = micro()
+    costs = SimulatedCosts(config, "bf16", "flash", "cuda", options=default_options("cuda"), transfer_weight=1.0).costs(2, 32)
+    assert OFFLOAD in costs.options and costs.transfer
+    offload = costs.option_index(OFFLOAD)
+    assert all(row[offload] > 0 and sum(row) == row[offload] for row in costs.transfer)  # only offload moves bytes
+    assert all(row[offload] == 0 for row in costs.flops)  # and recomputes nothing
+    from pytest_flashckpt.activation.budget.runtime import PlannedForward
+    from pytest_flashckpt.simulate.costs import SimulatedOffload
+    from pytest_flashckpt.simulate.step import _measured_step, simulated_model, simulated_trainer
+
+    rng = random.Random(0)
+    plans = [[offload] * costs.n_blocks] + [[rng.randrange(len(costs.options)) for _ in range(costs.n_blocks)] for _ in range(5)]
+    for plan in plans:
+        model = simulated_model(config, "bfloat16", "flash", "cuda")
+        counter = [0] * costs.n_blocks
+        for i, (block, o) in enumerate(zip(model.blocks, plan)):
+            block.forward = PlannedForward(block.forward, costs.options[o], lambda i=i: SimulatedOffload(counter, i))
+        trainer = simulated_trainer(model, 2, 32, "cuda")
+        trainer.train_step()
+        probe, _host = _measured_step(trainer, count_host=False)
+        assert probe.peak_bytes == costs.predict_peak(plan), [costs.options[o].name for o in plan]
+
+
+@pytest.mark.parametrize("budget", ["min", "min + 40%", "min + 100%"])
+def test_simulate_step_with_a_budget_simulates_the_plan_and_its_peak_is_the_predicted_one(budget):
+    sim = simulate_step(micro(), "bf16", 2, 32, "flash", "budget", target="cuda", budget=budget)
+    plan = sim.plan
+    assert sim.peak_bytes == plan["predicted_peak_bytes"] <= plan["budget_bytes"]
+    assert plan["min_peak_bytes"] <= plan["budget_bytes"] <= plan["none_peak_bytes"]
+    assert len(plan["blocks"]) == 3 and plan["plan_s"] > 0
+    assert "offload" in plan["excluded"] and plan["notes"]
+
+
+def test_offload_is_left_out_with_its_reason_or_refused_when_unpriced():
+    costs = SimulatedCosts(micro(2), "bf16", "flash", "cuda").costs(1, 16)
+    assert OFFLOAD not in costs.options and "transfer_weight" in costs.excluded["offload"]
+    assert costs.options == (NONE, *SELECTIVE, FULL)
+    with pytest.raises(ValueError, match="'offload' needs transfer_weight"):
+        SimulatedCosts(micro(2), "bf16", "flash", "cuda", options=(NONE, OFFLOAD))
+    with pytest.raises(ValueError, match="on target 'cpu' there is no device memory to free"):
+        SimulatedCosts(micro(2), "float32", "sdpa", "cpu", options=(NONE, OFFLOAD), transfer_weight=1.0)
+    with pytest.raises(ValueError, match="world_size 2 is not simulated for budget plans"):
+        SimulatedCosts(micro(2), "bf16", "flash", "cuda", world_size=2)
+
+
+def test_a_budget_below_the_minimum_names_the_minimum():
+    costs = SimulatedCosts.shared(micro(), "bf16", "flash", "cuda").costs(2, 32)
+    minimum = min_peak(costs).predicted_peak
+    with pytest.raises(BudgetTooSmall, match="below the smallest achievable peak") as info:
+        simulate_step(micro(), "bf16", 2, 32, "flash", "budget", target="cuda", budget=minimum - 1)
+    assert info.value.minimum == minimum
+
+
+def _scenario(budget: str) -> Scenario:
+    return Scenario(
+        name=f"tiny-budget-{budget}", suite="simulate", model="tiny", dtype="bfloat16", batch_size=2, seq_len=128,
+        activation=ActivationConfig(strategy="budget", budget=budget), simulate=SimulateConfig(enabled=True),
+    )
+
+
+def test_a_simulated_budget_scenario_records_the_plan_its_peak_and_the_planning_time():
+    ctx = RunContext(torch.device("cpu"), "cpu")
+    result = run_scenario(_scenario("min + 50%"), ctx)
+    assert result.status == "measured", result.reason
+    m = result.metrics
+    assert m["budget_predicted_peak_bytes"] == m["simulated_peak_bytes"] <= m["budget_bytes"]
+    assert m["budget_min_peak_bytes"] <= m["budget_bytes"] <= m["budget_none_peak_bytes"]
+    assert m["budget_plan_seconds"] > 0 and m["budget_plan"].startswith("b2xs128: ")
+    assert any("left out" in note for note in result.notes)
+    too_small = run_scenario(_scenario("1 MiB"), ctx)
+    assert too_small.status == "error"
+    assert "activation.budget: 1.0 MiB" in too_small.reason and "raise activation.budget to at least" in too_small.reason
+
+
+def test_cli_plans_a_budget_and_names_the_minimum_below_it(capsys):
+    assert main(["simulate", "--model", "tiny", "--seq", "128", "--batch", "2", "--budget", "min + 20%"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy budget" in out and "budget plan (" in out and "option offload left out" in out
+    assert main(["simulate", "--model", "tiny", "--seq", "128", "--batch", "2", "--budget", "1 MiB"]) == 2
+    err = capsys.readouterr().err
+    assert "--budget: 1.0 MiB" in err and "below the smallest achievable peak" in err and "raise --budget to at least" in err
+    assert main(["simulate", "--model", "tiny", "--strategy", "budget"]) == 2
+    assert "--strategy budget needs --budget" in capsys.readouterr().err
+
+
+def test_the_suite_scenario_plans_gpt3_2_7b_and_passes_preflight():
+    from pytest_flashckpt.config.suites import load_suite
+    from pytest_flashckpt.config.preflight import preflight
+
+    suite = load_suite("simulate")
+    scenario = next(s for s in suite.scenarios if s.activation.strategy == "budget")
+    preflight(scenario)
+    assert scenario.card == "gpt3-2.7b" and scenario.simulate.enabled and scenario.activation.budget == "40 GiB"
+
+
+@pytest.mark.slow
+def test_gpt3_2_7b_budget_scenario_fits_its_budget():
+    ctx = RunContext(torch.device("cpu"), "cpu")
+    from pytest_flashckpt.config.suites import load_suite
+
+    scenario = next(s for s in load_suite("simulate").scenarios if s.activation.strategy == "budget")
+    result = run_scenario(scenario, ctx)
+    assert result.status == "measured", result.reason
+    m = result.metrics
+    assert m["budget_predicted_peak_bytes"] == m["simulated_peak_bytes"] <= m["budget_bytes"] == 40 * 2**30
