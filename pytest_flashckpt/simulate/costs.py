@@ -158,10 +158,11 @@ class SimulatedCosts:
         with _quiet():
             if self._trainer is None:
                 self._trainer = simulated_trainer(self.model, batch_size, seq_len, self.target, self.seed)
+                self._trainer.train_step()  # AdamW's state exists from here on; on meta no shape needs warming
             costs = segment_costs(
                 self._trainer, self.forwards, self.options, self._probe_ref, batch_size, seq_len,
                 device_type="meta", resident_bytes=self._host_bytes(), pointwise_weight=self.pointwise_weight,
-                source="simulated",
+                source="simulated", warm_step=False, optimizer_once=True,
             )
         if OFFLOAD in self.options:
             o = self.options.index(OFFLOAD)
@@ -175,12 +176,10 @@ class SimulatedCosts:
     def _host_bytes(self) -> int:
         """A ``cpu`` prediction counts AdamW's step counters: CPU tensors even for ``meta`` parameters, so the
         ``meta`` probe never sees them (``simulate_step`` counts them the same way); a ``cuda`` one does not (host
-        memory there). They exist after the first step, so a fresh trainer takes one first."""
+        memory there). They exist after the trainer's first step."""
         if self.target != "cpu":
             return 0
         optimizer = self._trainer.optimizer
-        if not optimizer.state:
-            self._trainer.train_step()
         return sum(
             value.untyped_storage().nbytes()
             for state in optimizer.state.values()

@@ -165,26 +165,75 @@ class _Uniform:
     pointwise: list[int]
 
 
-def _segment_step(trainer: Trainer, n_blocks: int, probe_ref: list, device_type: str = "cpu") -> _Uniform:
+@dataclass(frozen=True)
+class _OptimizerSegment:
+    """The optimizer step of a measured step: live bytes when it starts, the highest live bytes from there to the
+    step's end, and its FLOPs and pointwise elements. Nothing a plan keeps is alive by then (every block's saved
+    tensors were freed by the backward pass), so it is the same for every plan: ``optimizer_once`` measures it once."""
+
+    live: int
+    peak: int
+    flops: int
+    pointwise: int
+
+
+def _forward_backward(trainer: Trainer) -> None:
+    """``Trainer.train_step`` up to the optimizer step, then the gradients dropped as its ``zero_grad`` drops them."""
+    trainer.model.train()
+    x, y = trainer.batch()
+    loss = trainer.model(x, y)
+    loss.backward()
+    probe_mark = getattr(trainer, "_segment_probe_mark", None)
+    if probe_mark is not None:
+        probe_mark("opt")
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.step += 1
+
+
+def _segment_step(
+    trainer: Trainer, n_blocks: int, probe_ref: list, device_type: str = "cpu", optimizer: _OptimizerSegment | None = None
+) -> tuple[_Uniform, _OptimizerSegment] | None:
+    """One step under the segment probe, read per block. With ``optimizer`` (measured by an earlier step) the step
+    stops after the backward pass and the optimizer segment is taken from it; None if the live bytes at the
+    optimizer step differ from that step's (then the caller measures the whole step)."""
     probe = _Segments(device_type)
     for tensor in trainer.state_tensors():
         probe.add(tensor)
     probe.segment_peak = probe.live_bytes
     probe_ref.append(probe)
+    hook = None
     try:
         with probe:
-            trainer.train_step()
-            probe.mark("end")
+            if optimizer is None:
+                hook = trainer.optimizer.register_step_pre_hook(lambda *_: probe.mark("opt"))
+                trainer.train_step()
+                probe.mark("end")
+            else:
+                trainer._segment_probe_mark = probe.mark  # type: ignore[attr-defined]
+                try:
+                    _forward_backward(trainer)
+                finally:
+                    del trainer._segment_probe_mark  # type: ignore[attr-defined]
     finally:
         probe_ref.clear()
+        if hook is not None:
+            hook.remove()
     m = probe.marks
+    peak = probe.peak_bytes
+    if optimizer is None:
+        optimizer = _OptimizerSegment(m["opt"][0], m["end"][1], m["end"][2] - m["opt"][2], m["end"][3] - m["opt"][3])
+    else:
+        if m["opt"][0] != optimizer.live:
+            return None
+        m["end"] = (m["opt"][0], optimizer.peak, m["opt"][2] + optimizer.flops, m["opt"][3] + optimizer.pointwise)
+        peak = max(peak, optimizer.peak)
     base = m["f0"][0]
     below = [m[f"f{i}"][0] - base for i in range(n_blocks)] + [m[f"e{n_blocks - 1}"][0] - base]
     kept, reach, flops, pointwise = [], [], [], []
     for i in range(n_blocks):
         backward_end = f"b{i - 1}" if i > 0 else "end"
         forward_peak = m[f"e{i}"][1]
-        backward_peak = m[backward_end][1]
+        backward_peak = m[backward_end][1] if i > 0 else max(m["opt"][1], m["end"][1])  # embeddings' backward, optimizer
         seg_flops = (m[f"e{i}"][2] - m[f"f{i}"][2]) + (m[backward_end][2] - m[f"b{i}"][2])
         seg_pointwise = (m[f"e{i}"][3] - m[f"f{i}"][3]) + (m[backward_end][3] - m[f"b{i}"][3])
         top = max(forward_peak, backward_peak)
@@ -194,7 +243,7 @@ def _segment_step(trainer: Trainer, n_blocks: int, probe_ref: list, device_type:
         reach.append(top - below[i])
         flops.append(seg_flops)
         pointwise.append(seg_pointwise)
-    return _Uniform(probe.peak_bytes, m["f0"][1], kept, reach, flops, pointwise)
+    return _Uniform(peak, m["f0"][1], kept, reach, flops, pointwise), optimizer
 
 
 def measure_pointwise_weight(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> float:
@@ -305,21 +354,29 @@ class MeasuredCosts:
 def segment_costs(
     trainer: Trainer, forwards: list, options: tuple[BlockOption, ...], probe_ref: list, batch_size: int, seq_len: int,
     *, device_type: str = "cpu", resident_bytes: int = 0, pointwise_weight: float = 0.0, source: str = "measured",
+    warm_step: bool = True, optimizer_once: bool = False,
 ) -> PlanCosts:
     """``PlanCosts`` of ``trainer``'s model (its blocks' ``forwards`` switchable, marks installed by
     ``_install_marks(model, probe_ref)``) at one shape: one warm step with no checkpointing (AdamW state exists,
-    as in a measured step), then one step per option under the segment probe on ``device_type``.
+    as in a measured step), then one step per option under the segment probe on ``device_type``. ``warm_step``
+    False skips the warm step where nothing warms up (``meta``) and the optimizer state already exists;
+    ``optimizer_once`` runs the optimizer step in the first option's step only (``_OptimizerSegment``: it is the
+    same for every plan), which halves a ``meta`` step of a per-tensor AdamW (a CPU target).
     ``resident_bytes``: memory alive through the whole step that the probe cannot see (a ``cpu`` prediction made
     on ``meta``: AdamW's host step counters), added to every absolute number (``reach``, ``before``, peaks)."""
     start = time.perf_counter()
     trainer.batch_size, trainer.seq_len = batch_size, seq_len
     n = len(forwards)
     _set(forwards, NONE)
-    trainer.train_step()  # optimizer state exists (as in a measured step) and this shape is warm
-    steps = {}
+    if warm_step or not trainer.optimizer.state:
+        trainer.train_step()  # optimizer state exists (as in a measured step) and this shape is warm
+    steps, optimizer = {}, None
     for option in options:
         _set(forwards, option)
-        steps[option] = _segment_step(trainer, n, probe_ref, device_type)
+        measured = _segment_step(trainer, n, probe_ref, device_type, optimizer if optimizer_once else None)
+        if measured is None:  # the optimizer step would start from other live bytes: measure it in this step too
+            measured = _segment_step(trainer, n, probe_ref, device_type)
+        steps[option], optimizer = measured[0], optimizer or measured[1]
     _set(forwards, NONE)
     none = steps[NONE]
     return PlanCosts(
