@@ -73,7 +73,7 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
     from pytest_flashckpt.activation import StrategyUnavailable, apply_ac
 
     source = None
-    if scenario.activation.strategy == "budget" and ctx.device.type == "cuda":
+    if scenario.activation.strategy == "budget" and next(trainer.model.parameters()).device.type == "cuda":
         from pytest_flashckpt.simulate.costs import cuda_costs_for
 
         source = cuda_costs_for(trainer.model)  # no exact probe on a GPU: costs simulated on meta, weights timed here
