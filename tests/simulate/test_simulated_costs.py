@@ -177,3 +177,12 @@ def test_a_gpu_run_plans_from_simulated_costs_with_weights_timed_on_its_device(m
     applied = apply_ac(build_model(micro(), "sdpa", "meta", torch.bfloat16), ActivationConfig(strategy="budget", budget="min"),
                        shape=(2, 32), source=source)
     assert applied.plans[2, 32].plan.predicted_peak == min_peak(costs).predicted_peak
+
+
+def test_the_report_lists_a_simulated_budget_plan():
+    from pytest_flashckpt.report.simulation import simulation_section
+
+    result = run_scenario(_scenario("min + 50%"), RunContext(torch.device("cpu"), "cpu"))
+    text = "\n".join(simulation_section([result]))
+    row = next(line for line in text.splitlines() if line.startswith("| `") and "b2xs128:" in line)
+    assert "Budget plans from simulated costs" in text and "TFLOP" in row
