@@ -61,6 +61,8 @@ def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_
     offload = costs.option_index(OFFLOAD)
     assert all(row[offload] > 0 and sum(row) == row[offload] for row in costs.transfer)  # only offload moves bytes
     assert all(row[offload] == 0 for row in costs.flops)  # and recomputes nothing
+    for strategy in ("none", "full"):  # the uniform plans are simulate_step's strategies, peak for peak
+        assert costs.measured_peaks[strategy] == simulate_step(config, "bf16", 2, 32, "flash", strategy, target="cuda").peak_bytes
     from pytest_flashckpt.activation.budget.runtime import PlannedForward
     from pytest_flashckpt.simulate.costs import SimulatedOffload
     from pytest_flashckpt.simulate.step import _measured_step, simulated_model, simulated_trainer
