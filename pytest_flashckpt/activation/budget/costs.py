@@ -177,15 +177,14 @@ class _OptimizerSegment:
     pointwise: int
 
 
-def _forward_backward(trainer: Trainer) -> None:
-    """``Trainer.train_step`` up to the optimizer step, then the gradients dropped as its ``zero_grad`` drops them."""
+def _forward_backward(trainer: Trainer, mark) -> None:
+    """``Trainer.train_step`` up to its optimizer step (``mark("opt")`` where that step would start, the batch and
+    loss alive as there), then the gradients dropped as its ``zero_grad`` drops them."""
     trainer.model.train()
     x, y = trainer.batch()
     loss = trainer.model(x, y)
     loss.backward()
-    probe_mark = getattr(trainer, "_segment_probe_mark", None)
-    if probe_mark is not None:
-        probe_mark("opt")
+    mark("opt")
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer.step += 1
 
@@ -209,11 +208,7 @@ def _segment_step(
                 trainer.train_step()
                 probe.mark("end")
             else:
-                trainer._segment_probe_mark = probe.mark  # type: ignore[attr-defined]
-                try:
-                    _forward_backward(trainer)
-                finally:
-                    del trainer._segment_probe_mark  # type: ignore[attr-defined]
+                _forward_backward(trainer, probe.mark)
     finally:
         probe_ref.clear()
         if hook is not None:
