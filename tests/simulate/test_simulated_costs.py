@@ -198,3 +198,15 @@ def test_the_report_lists_a_simulated_budget_plan():
     text = "\n".join(simulation_section([result]))
     row = next(line for line in text.splitlines() if line.startswith("| `") and "b2xs128:" in line)
     assert "Budget plans from simulated costs" in text and "TFLOP" in row
+
+
+def test_a_simulated_budget_scenario_on_several_ranks_is_refused_before_it_runs():
+    from pytest_flashckpt.config.errors import ConfigError
+    from pytest_flashckpt.config.preflight import preflight
+
+    scenario = Scenario(
+        name="tiny-budget-fsdp2", suite="simulate", model="tiny", dtype="bfloat16", batch_size=2, seq_len=128,
+        activation=ActivationConfig(strategy="budget", budget="min"), simulate=SimulateConfig(enabled=True, world_size=2),
+    )
+    with pytest.raises(ConfigError, match="simulate.world_size.*one device only"):
+        preflight(scenario)
