@@ -143,6 +143,15 @@ _TABLE = (
     Metric("analytic_block_kept_bytes", "B", "info", "the analytic model's bytes kept per block", fmt="mib"),
     Metric("korthikanti_block_bytes", "B", "info", "the published per-layer formula s*b*h*(34 + 5*a*s/h) (16-bit)", fmt="mib"),
     Metric("simulate_seconds", "s", "info", "wall time of the simulation", fmt="ms"),
+    # the budget strategy planned from simulated costs (simulate.costs): the plan and what it predicts
+    Metric("budget_plan", "text", "info", "the budget strategy's plan: option per block, predicted peak, solve time"),
+    Metric("budget_bytes", "B", "info", "the budget the plan had to fit (resolved to bytes)", fmt="mib"),
+    Metric("budget_predicted_peak_bytes", "B", "info", "the plan's predicted peak", fmt="mib"),
+    Metric("budget_min_peak_bytes", "B", "info", "the smallest achievable peak (every block planned for least memory)", fmt="mib"),
+    Metric("budget_none_peak_bytes", "B", "info", "the predicted peak without checkpointing", fmt="mib"),
+    Metric("budget_recompute_flops", "FLOP", "info", "matmul FLOPs the plan recomputes", fmt="gflop"),
+    Metric("budget_plan_seconds", "s", "info", "wall time of planning: costs for the shape plus the solve", fmt="ms"),
+    Metric("budget_costs_seconds", "s", "info", "wall time of the plan's costs (simulated steps)", fmt="ms"),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}

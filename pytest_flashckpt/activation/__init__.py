@@ -100,12 +100,16 @@ class CheckpointedForward:
         return f"CheckpointedForward({self.strategy})"
 
 
-def apply_ac(model: nn.Module, config: ActivationConfig, shape: tuple[int, int] | None = None) -> AppliedActivation:
+def apply_ac(
+    model: nn.Module, config: ActivationConfig, shape: tuple[int, int] | None = None, source=None
+) -> AppliedActivation:
     """Apply ``config.strategy`` to ``model.blocks`` in place and return what was applied.
 
     ``shape`` (batch, seq): the ``budget`` strategy plans that input shape now, so a budget below the smallest
     achievable peak is an error (``BudgetTooSmall``, a ValueError naming the minimum) before training starts;
-    other shapes are planned at their first forward. Other strategies ignore it.
+    other shapes are planned at their first forward. ``source``: the budget planner's ``CostSource`` (default:
+    costs measured on a private CPU copy; a GPU run passes simulated costs, ``simulate.costs.SimulatedCosts``).
+    Other strategies ignore both.
 
     Raises ValueError for a configuration that cannot fit this model (k outside 1..n_layer, unknown save op),
     StrategyUnavailable for a strategy this device cannot run (offload without a GPU), and RuntimeError if the
@@ -141,13 +145,13 @@ def apply_ac(model: nn.Module, config: ActivationConfig, shape: tuple[int, int] 
         from pytest_flashckpt.activation.budget.runtime import apply_budget
 
         device = next(model.parameters()).device
-        if device.type != "cpu":
+        if device.type != "cpu" and source is None:
             raise StrategyUnavailable(
-                f"budget plans from costs measured with the exact cpu probe; a {device.type.upper()} run needs the "
-                "simulated cost source (pytest_flashckpt/simulate, not wired yet)"
+                f"budget plans from costs measured with the exact cpu probe; a {device.type.upper()} run needs a cost "
+                "source: pass source=SimulatedCosts(...) (pytest_flashckpt.simulate.costs; the runner does)"
             )
 
-        return apply_budget(model, config.budget, shape)  # type: ignore[return-value]  # same interface
+        return apply_budget(model, config.budget, shape, source=source)  # type: ignore[return-value]  # same interface
     raise ValueError(f"unknown activation strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
 
 

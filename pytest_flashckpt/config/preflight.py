@@ -34,6 +34,9 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
     if scenario.simulate.enabled and scenario.batch_size % scenario.simulate.world_size:
         raise bad("simulate.world_size", f"{scenario.simulate.world_size} does not divide batch_size {scenario.batch_size}",
                   "use a batch that is a multiple of the world size")
+    if scenario.simulate.enabled and scenario.activation.strategy == "budget" and scenario.simulate.world_size != 1:
+        raise bad("simulate.world_size", f"{scenario.simulate.world_size}: budget plans are simulated for one device only "
+                  "(no per-rank plan costs yet)", "use simulate.world_size 1 for strategy budget")
     if scenario.activation.strategy == "every_k" and scenario.activation.k > card.n_layer:
         raise bad("activation.k", f"{scenario.activation.k} is larger than the {card.n_layer} blocks of {card.name!r}",
                   f"valid: 1..{card.n_layer}")

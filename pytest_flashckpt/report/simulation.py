@@ -109,4 +109,30 @@ def simulation_section(results: list[Result], article_card: str = ARTICLE_CARD) 
             "",
             table(formula, ["scenario", "kernel", "simulated block", "simulated - analytic (bytes)", "Korthikanti block", "simulated peak", "analytic peak"]),
         ]
+    budget = _budget_rows(simulated)
+    if budget:
+        lines += [
+            "",
+            "Budget plans from simulated costs (simulate/costs.py): per block, the option with the least recomputation "
+            "whose predicted whole-step peak fits the budget; the simulated peak is the planned step's, run on meta.",
+            "",
+            table(budget, ["scenario", "budget", "predicted peak", "simulated peak", "min / none", "recomputed", "planned in", "plan"]),
+        ]
     return lines
+
+
+def _budget_rows(results: list[Result]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        predicted = _int(r, "budget_predicted_peak_bytes")
+        if predicted is None:
+            continue
+        flops = r.metrics.get("budget_recompute_flops") or 0
+        plan = str(r.metrics.get("budget_plan", ""))
+        rows.append([
+            f"`{r.id}`", gib(_int(r, "budget_bytes") or 0), gib(predicted), gib(_int(r, "simulated_peak_bytes") or 0),
+            f"{gib(_int(r, 'budget_min_peak_bytes') or 0)} / {gib(_int(r, 'budget_none_peak_bytes') or 0)}",
+            f"{flops / 1e12:,.1f} TFLOP", f"{float(r.metrics.get('budget_plan_seconds') or 0):.1f} s",
+            escape(plan.split(" (predicted peak")[0]),
+        ])
+    return rows

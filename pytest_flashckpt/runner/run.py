@@ -72,8 +72,13 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
         return
     from pytest_flashckpt.activation import StrategyUnavailable, apply_ac
 
+    source = None
+    if scenario.activation.strategy == "budget" and next(trainer.model.parameters()).device.type == "cuda":
+        from pytest_flashckpt.simulate.costs import cuda_costs_for
+
+        source = cuda_costs_for(trainer.model)  # no exact probe on a GPU: costs simulated on meta, weights timed here
     try:
-        applied = apply_ac(trainer.model, scenario.activation, shape=(scenario.batch_size, scenario.seq_len))
+        applied = apply_ac(trainer.model, scenario.activation, shape=(scenario.batch_size, scenario.seq_len), source=source)
     except StrategyUnavailable as exc:
         raise SkipScenario(str(exc)) from None
     result.notes.append(f"activation: {applied.describe()}")

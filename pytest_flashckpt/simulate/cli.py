@@ -1,6 +1,7 @@
 """``flashckpt simulate``: predicted peak of one training step, its breakdown, and whether it fits a device.
 
     flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
+    flashckpt simulate --model gpt3-2.7b --budget "40 GiB"   # plan the budget strategy, simulate the planned step
 
 Exit status: 0 when it fits (or no --device-memory was given), 1 when it does not fit, 2 on bad input.
 """
@@ -11,7 +12,7 @@ import argparse
 
 from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
 
-STRATEGIES = ("none", "full", "every_k", "selective_op")
+STRATEGIES = ("none", "full", "every_k", "selective_op", "budget")
 
 
 def add_parser(sub) -> None:
@@ -29,6 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", type=int, default=8, help="global batch size (default 8)")
     p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 (default bf16)")
     p.add_argument("--strategy", default="none", choices=STRATEGIES, help="activation checkpointing (default none)")
+    p.add_argument("--budget", metavar="BUDGET", help="plan strategy budget to fit BUDGET ('40 GiB', 0.6, 'min + 30%%'); implies --strategy budget")
     p.add_argument("--k", type=int, default=2, help="every_k: checkpoint blocks 0, k, 2k, ... (default 2)")
     p.add_argument("--kernel", default="flash", choices=KERNELS, help="attention kernel (default flash)")
     p.add_argument("--target", default="cuda", choices=("cuda", "cpu"), help="device the prediction is for (default cuda)")
@@ -40,16 +42,23 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pytest_flashckpt.config.errors import InputError
 
+    strategy = args.strategy
+    if args.budget is not None:
+        if strategy not in ("none", "budget"):
+            raise InputError(f"--budget plans the budget strategy; it cannot be combined with --strategy {strategy}")
+        strategy = "budget"
+    elif strategy == "budget":
+        raise InputError("--strategy budget needs --budget, e.g. --budget '40 GiB', --budget 0.6 or --budget 'min + 30%'")
     try:
         device_bytes = None if args.device_memory is None else parse_device_memory(args.device_memory)
         from pytest_flashckpt.simulate import simulate_step
 
         peak = simulate_step(
-            args.model, args.dtype, args.batch, args.seq, args.kernel, args.strategy, k=args.k,
-            target=args.target, world_size=args.world_size,
+            args.model, args.dtype, args.batch, args.seq, args.kernel, strategy, k=args.k,
+            target=args.target, world_size=args.world_size, budget=args.budget,
         )
     except (ValueError, FileNotFoundError) as exc:
-        raise InputError(str(exc)) from None
+        raise InputError(str(exc).replace("activation.budget", "--budget")) from None
     print("\n".join(describe(peak)))
     if device_bytes is None:
         for label, size in REPORT_DEVICES:
@@ -71,5 +80,9 @@ def describe(peak) -> list[str]:
         lines.append(f"  {category:<16} {gib(nbytes):>12}")
     if peak.sharding:
         lines.append(f"  (FSDP: includes {gib(peak.sharding['all_gathered_bytes'])} of all-gathered unsharded parameters, modelled)")
+    if peak.plan:
+        lines.append(f"budget plan ({peak.plan['plan_s']:.1f} s to plan): {peak.plan['describe']}")
+        lines += [f"  option {name} left out: {why}" for name, why in peak.plan["excluded"].items()]
+        lines += [f"  {note}" for note in peak.plan["notes"]]
     lines.append("  not counted: CUDA context, cuBLAS/NCCL workspaces, allocator rounding and fragmentation")
     return lines

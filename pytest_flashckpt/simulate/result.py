@@ -34,6 +34,7 @@ class SimulatedPeak:
     world_size: int = 1
     sharding: dict[str, int] = field(default_factory=dict)  # FSDP: what the per-rank numbers replaced
     seconds: float = 0.0
+    plan: dict = field(default_factory=dict)  # strategy budget: the plan (ShapePlan.to_dict, plan_s, describe)
 
     def headroom(self, device_bytes: int) -> int:
         """Bytes left on a device of ``device_bytes`` (negative: does not fit)."""

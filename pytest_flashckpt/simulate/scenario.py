@@ -1,5 +1,11 @@
 """A suite scenario with ``simulate: {enabled: true}``: its step simulated on meta, recorded as ``simulated_*``
-metrics (never ``peak_bytes``: a prediction is not a measurement, and the report marks it as simulated)."""
+metrics (never ``peak_bytes``: a prediction is not a measurement, and the report marks it as simulated).
+
+Strategy ``budget``: the plan is chosen from simulated costs (``simulate.costs.SimulatedCosts``), the planned step
+is simulated, and the result records the plan (``budget_plan``, the notes), its predicted peak, the budget, the
+smallest achievable and the no-checkpointing peaks and the planning time (``budget_*`` metrics);
+``simulated_peak_bytes`` is the planned step's simulated peak, which equals the predicted one when the costs are
+additive (``tests/simulate/test_simulated_costs.py``)."""
 
 from __future__ import annotations
 
@@ -10,9 +16,10 @@ from pytest_flashckpt.simulate.step import simulate_step
 
 
 @lru_cache(maxsize=64)
-def _cached(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy: str, k: int, target: str, world_size: int) -> SimulatedPeak:
+def _cached(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy: str, k: int, target: str, world_size: int,
+            budget: str | int | float | None = None) -> SimulatedPeak:
     """The simulation is deterministic: a reference shared by several scenarios of a suite is simulated once."""
-    return simulate_step(card, dtype, batch, seq, kernel, strategy, k=k, target=target, world_size=world_size)
+    return simulate_step(card, dtype, batch, seq, kernel, strategy, k=k, target=target, world_size=world_size, budget=budget)
 
 
 def run_simulated(scenario, result) -> None:
@@ -23,7 +30,8 @@ def run_simulated(scenario, result) -> None:
         raise ValueError("simulate: a custom activation.save_ops list is not supported in suites; use the Python API")
     common = (scenario.card, scenario.dtype, scenario.batch_size, scenario.seq_len, sim.kernel)
     tail = (sim.target, sim.world_size)
-    peak = _cached(*common, scenario.activation.strategy, scenario.activation.k, *tail)
+    budget = scenario.activation.budget if scenario.activation.strategy == "budget" else None
+    peak = _cached(*common, scenario.activation.strategy, scenario.activation.k, *tail, budget)
     result.device = "meta"
     result.probe = "simulated"
     result.backend = sim.kernel
@@ -42,7 +50,26 @@ def run_simulated(scenario, result) -> None:
     m["simulated_kept_bytes"] = sum(peak.block_kept_bytes) + peak.outside_kept_bytes
     m["simulated_block_kept_bytes"] = max(peak.block_kept_bytes)
     m.update(_formulas(scenario, peak))
+    if peak.plan:
+        _record_plan(peak.plan, result)
     result.notes.append(f"simulated on meta: peak at {peak.peak_op} in the {peak.peak_phase}")
+
+
+def _record_plan(plan: dict, result) -> None:
+    m = result.metrics
+    m["budget_bytes"] = plan["budget_bytes"]
+    m["budget_predicted_peak_bytes"] = plan["predicted_peak_bytes"]
+    m["budget_min_peak_bytes"] = plan["min_peak_bytes"]
+    m["budget_none_peak_bytes"] = plan["none_peak_bytes"]
+    m["budget_recompute_flops"] = plan["recompute_flops"]
+    m["budget_plan_seconds"] = plan["plan_s"]
+    m["budget_costs_seconds"] = plan["measure_s"]
+    m["budget_plan"] = plan["describe"]
+    result.notes.append(f"activation: budget plan (simulated costs): {plan['describe']}")
+    for name, why in plan["excluded"].items():
+        result.notes.append(f"budget plan: option {name} left out: {why}")
+    for note in plan["notes"]:
+        result.notes.append(f"budget plan: {note}")
 
 
 def _formulas(scenario, peak: SimulatedPeak) -> dict[str, int]:

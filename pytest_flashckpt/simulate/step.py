@@ -68,22 +68,26 @@ def simulate_step(
     world_size: int = 1,
     save_ops: tuple[str, ...] | None = None,
     seed: int = 0,
+    budget: str | int | float | None = None,
 ) -> SimulatedPeak:
     """The exact peak of one training step of ``card`` on ``target`` (per rank when ``world_size`` > 1: the
     rank's batch is ``batch_size / world_size`` and parameters, gradients and optimizer state are FSDP shards,
-    see ``simulate.fsdp``)."""
+    see ``simulate.fsdp``). Strategy ``budget`` plans ``budget`` from simulated costs (``simulate.costs``) and
+    simulates the planned step; the plan is in ``SimulatedPeak.plan``."""
     started = time.perf_counter()
     config = load_card(card) if isinstance(card, str) else card
     name = dtype_name(dtype)
     check_workload(config, batch_size, seq_len, world_size)
-    backend = simulated_backend(kernel, target, name, config.dropout)
-    model = build_model(config, backend, "meta", getattr(torch, name), seed=seed)
-    if strategy != "none":
+    model = simulated_model(config, name, kernel, target, seed)
+    backend = model.backend
+    plan: dict = {}
+    if strategy == "budget":
+        plan = _apply_budget(model, config, name, kernel, target, world_size, budget, (batch_size // world_size, seq_len), seed)
+    elif strategy != "none":
         from pytest_flashckpt.activation import apply_ac
 
         apply_ac(model, ActivationConfig(strategy=strategy, k=k, save_ops=save_ops))
-    # CUDA's default AdamW is the multi-tensor (foreach) one; on a CPU (and on meta) PyTorch picks per-tensor.
-    trainer = Trainer.create(model, batch_size // world_size, seq_len, seed=seed, foreach=True if target == "cuda" else None)
+    trainer = simulated_trainer(model, batch_size // world_size, seq_len, target, seed)
     trainer.train_step()  # AdamW state exists after it, as after the runner's warm-up
     sharding: dict[str, int] = {}
     ratio = 1.0
@@ -96,7 +100,34 @@ def simulate_step(
                     "all_gathered_bytes": all_gathered_bytes(model)}
     probe, host_bytes = _measured_step(trainer, count_host=target == "cpu", shard_ratio=ratio)
     peak = _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding)
-    return replace(peak, seconds=time.perf_counter() - started)
+    return replace(peak, seconds=time.perf_counter() - started, plan=plan)
+
+
+def simulated_model(config: GPTConfig, dtype: str, kernel: str, target: str, seed: int = 0):
+    """The card's model on ``meta`` with the backend that reproduces ``kernel`` on ``target`` (``kernels``)."""
+    backend = simulated_backend(kernel, target, dtype, config.dropout)
+    return build_model(config, backend, "meta", getattr(torch, dtype), seed=seed)
+
+
+def simulated_trainer(model, batch_size: int, seq_len: int, target: str, seed: int = 0) -> Trainer:
+    """The trainer a run on ``target`` has: CUDA's default AdamW is the multi-tensor (foreach) one; on a CPU (and
+    on meta) PyTorch picks per-tensor, so a ``cuda`` prediction asks for foreach explicitly."""
+    return Trainer.create(model, batch_size, seq_len, seed=seed, foreach=True if target == "cuda" else None)
+
+
+def _apply_budget(model, config, dtype, kernel, target, world_size, budget, shape, seed) -> dict:
+    """Plan ``budget`` for ``shape`` from simulated costs and put ``model``'s blocks under the plan."""
+    if budget is None:
+        raise ValueError("strategy 'budget' needs a budget (a size such as '60 GiB', a fraction, or 'min + 30%')")
+    from pytest_flashckpt.activation.budget.runtime import apply_budget
+    from pytest_flashckpt.simulate.costs import SimulatedCosts
+
+    source = SimulatedCosts.shared(config, dtype, kernel, target, world_size, seed=seed)
+    started = time.perf_counter()
+    applied = apply_budget(model, budget, shape, source=source)
+    shape_plan = applied.plans[shape]
+    return {**shape_plan.to_dict(), "plan_s": time.perf_counter() - started, "describe": shape_plan.describe(),
+            "excluded": dict(shape_plan.costs.excluded), "notes": list(shape_plan.costs.notes)}
 
 
 def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0) -> tuple[AttributedStorages, int]:

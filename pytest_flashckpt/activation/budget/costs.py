@@ -9,7 +9,9 @@
   the step: embeddings' backward and the optimizer step), *minus* what the blocks below keep. The head (final
   LayerNorm, logits, loss and their backward) is folded into the top block's ``reach``;
 - ``flops`` / ``pointwise``: matmul FLOPs and pointwise output elements counted in those segments, minus the
-  same count with no checkpointing: the recomputation the option adds.
+  same count with no checkpointing: the recomputation the option adds;
+- ``transfer`` (offload only; empty when no option offloads): bytes the option moves between device and host
+  (each saved tensor out in the forward and back in the backward), priced by ``transfer_weight``.
 
 A plan's peak is then ``max(before, max_i(sum(kept[j][o_j] for j < i) + reach[i][o_i]))`` (``before``: the
 embeddings' forward). This is additive by construction: the blocks below a block are the only plan-dependent
@@ -17,8 +19,9 @@ memory alive while it runs. ``tests/activation/test_budget.py`` checks it agains
 
 Sources: ``MeasuredCosts`` runs one real step per option (every block under that option) under the exact
 ``cpu`` probe with segment marks, on a private copy of the model (built from its config), so planning never
-touches the trained model's weights, RNG or measured memory. Another source (the simulator on the ``meta``
-device, for cards too large for a CPU) only has to return a ``PlanCosts``: see ``CostSource``.
+touches the trained model's weights, RNG or measured memory. ``simulate.costs.SimulatedCosts`` runs the same
+steps on the ``meta`` device (cards too large for a CPU, CUDA kernels); both derive their ``PlanCosts`` with
+``segment_costs`` below, so a simulated plan is read off a step exactly as a measured one is.
 """
 
 from __future__ import annotations
@@ -53,8 +56,12 @@ class PlanCosts:
     before: int  # peak before the first block (embeddings' forward), bytes
     measured_peaks: dict[str, int] = field(default_factory=dict)  # option name -> measured uniform-plan peak
     pointwise_weight: float = 0.0  # FLOP-equivalents of one recomputed pointwise element
-    source: str = "measured"
-    seconds: float = 0.0  # time spent measuring
+    transfer: list[list[int]] = field(default_factory=list)  # [block][option] bytes moved to host and back
+    transfer_weight: float = 0.0  # FLOP-equivalents of one byte moved between device and host
+    source: str = "measured"  # measured | simulated
+    seconds: float = 0.0  # time spent measuring (or simulating)
+    excluded: dict[str, str] = field(default_factory=dict)  # option name -> why the source does not offer it
+    notes: tuple[str, ...] = ()  # what the source could not do as measured (e.g. no pointwise weight)
 
     @property
     def n_blocks(self) -> int:
@@ -64,8 +71,9 @@ class PlanCosts:
         return self.options.index(option)
 
     def cost(self, i: int, o: int) -> float:
-        """The objective: recomputed FLOPs plus pointwise elements at their measured weight."""
-        return self.flops[i][o] + self.pointwise_weight * self.pointwise[i][o]
+        """The objective: recomputed FLOPs plus pointwise elements and offloaded bytes at their measured weights."""
+        moved = self.transfer_weight * self.transfer[i][o] if self.transfer else 0.0
+        return self.flops[i][o] + self.pointwise_weight * self.pointwise[i][o] + moved
 
     def predict_peak(self, plan: Iterable[int]) -> int:
         """Predicted whole-step peak (bytes) of a plan given as option indices per block."""
@@ -98,8 +106,8 @@ class _Segments(_LiveStorages):
     recomputed tensors of checkpointed blocks alive until the end of the backward pass, which would falsify the
     very memory measured here."""
 
-    def __init__(self) -> None:
-        super().__init__("cpu")
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__(device_type)
         self.flops = 0
         self.segment_peak = 0
         self.pointwise_elements = 0
@@ -157,26 +165,70 @@ class _Uniform:
     pointwise: list[int]
 
 
-def _segment_step(trainer: Trainer, n_blocks: int, probe_ref: list) -> _Uniform:
-    probe = _Segments()
+@dataclass(frozen=True)
+class _OptimizerSegment:
+    """The optimizer step of a measured step: live bytes when it starts, the highest live bytes from there to the
+    step's end, and its FLOPs and pointwise elements. Nothing a plan keeps is alive by then (every block's saved
+    tensors were freed by the backward pass), so it is the same for every plan: ``optimizer_once`` measures it once."""
+
+    live: int
+    peak: int
+    flops: int
+    pointwise: int
+
+
+def _forward_backward(trainer: Trainer, mark) -> None:
+    """``Trainer.train_step`` up to its optimizer step (``mark("opt")`` where that step would start, the batch and
+    loss alive as there), then the gradients dropped as its ``zero_grad`` drops them."""
+    trainer.model.train()
+    x, y = trainer.batch()
+    loss = trainer.model(x, y)
+    loss.backward()
+    mark("opt")
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.step += 1
+
+
+def _segment_step(
+    trainer: Trainer, n_blocks: int, probe_ref: list, device_type: str = "cpu", optimizer: _OptimizerSegment | None = None
+) -> tuple[_Uniform, _OptimizerSegment] | None:
+    """One step under the segment probe, read per block. With ``optimizer`` (measured by an earlier step) the step
+    stops after the backward pass and the optimizer segment is taken from it; None if the live bytes at the
+    optimizer step differ from that step's (then the caller measures the whole step)."""
+    probe = _Segments(device_type)
     for tensor in trainer.state_tensors():
         probe.add(tensor)
     probe.segment_peak = probe.live_bytes
     probe_ref.append(probe)
+    hook = None
     try:
         with probe:
-            trainer.train_step()
-            probe.mark("end")
+            if optimizer is None:
+                hook = trainer.optimizer.register_step_pre_hook(lambda *_: probe.mark("opt"))
+                trainer.train_step()
+                probe.mark("end")
+            else:
+                _forward_backward(trainer, probe.mark)
     finally:
         probe_ref.clear()
+        if hook is not None:
+            hook.remove()
     m = probe.marks
+    peak = probe.peak_bytes
+    if optimizer is None:
+        optimizer = _OptimizerSegment(m["opt"][0], m["end"][1], m["end"][2] - m["opt"][2], m["end"][3] - m["opt"][3])
+    else:
+        if m["opt"][0] != optimizer.live:
+            return None
+        m["end"] = (m["opt"][0], optimizer.peak, m["opt"][2] + optimizer.flops, m["opt"][3] + optimizer.pointwise)
+        peak = max(peak, optimizer.peak)
     base = m["f0"][0]
     below = [m[f"f{i}"][0] - base for i in range(n_blocks)] + [m[f"e{n_blocks - 1}"][0] - base]
     kept, reach, flops, pointwise = [], [], [], []
     for i in range(n_blocks):
         backward_end = f"b{i - 1}" if i > 0 else "end"
         forward_peak = m[f"e{i}"][1]
-        backward_peak = m[backward_end][1]
+        backward_peak = m[backward_end][1] if i > 0 else max(m["opt"][1], m["end"][1])  # embeddings' backward, optimizer
         seg_flops = (m[f"e{i}"][2] - m[f"f{i}"][2]) + (m[backward_end][2] - m[f"b{i}"][2])
         seg_pointwise = (m[f"e{i}"][3] - m[f"f{i}"][3]) + (m[backward_end][3] - m[f"b{i}"][3])
         top = max(forward_peak, backward_peak)
@@ -186,7 +238,7 @@ def _segment_step(trainer: Trainer, n_blocks: int, probe_ref: list) -> _Uniform:
         reach.append(top - below[i])
         flops.append(seg_flops)
         pointwise.append(seg_pointwise)
-    return _Uniform(probe.peak_bytes, m["f0"][1], kept, reach, flops, pointwise)
+    return _Uniform(peak, m["f0"][1], kept, reach, flops, pointwise), optimizer
 
 
 def measure_pointwise_weight(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> float:
@@ -212,6 +264,33 @@ def measure_pointwise_weight(device: torch.device | str = "cpu", dtype: torch.dt
     matmul = median_time(lambda: a @ a) / (2 * n**3)
     gelu = median_time(lambda: torch.nn.functional.gelu(x, approximate="tanh")) / x.numel()
     return gelu / matmul
+
+
+def measure_transfer_weight(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> float:
+    """FLOP-equivalents of one byte offloaded on this device: the time per byte of a device-to-host copy into
+    pinned memory (what ``save_on_cpu(pin_memory=True)`` does) over the time per FLOP of a matmul, both measured
+    now (median of 5). Without it an offload would look free to a FLOP objective."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"offload moves tensors from a GPU to host memory; there is no transfer to time on {device.type}")
+    n = 2048
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    src = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
+
+    def median_time(fn) -> float:
+        times = []
+        for _ in range(5):
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[2]
+
+    per_flop = median_time(lambda: a @ a) / (2 * n**3)
+    per_byte = median_time(lambda: dst.copy_(src, non_blocking=True)) / src.numel()
+    return per_byte / per_flop
 
 
 class MeasuredCosts:
@@ -258,37 +337,62 @@ class MeasuredCosts:
         return self._cache[batch_size, seq_len]
 
     def _measure(self, batch_size: int, seq_len: int) -> PlanCosts:
-        start = time.perf_counter()
         with _quiet():
             if self._trainer is None:
                 self._trainer = Trainer.create(self.model, batch_size, seq_len)
-            trainer = self._trainer
-            trainer.batch_size, trainer.seq_len = batch_size, seq_len
-            self._set(NONE)
-            trainer.train_step()  # optimizer state exists (as in a measured step) and this shape is warm
-            steps = {}
-            for option in self.options:
-                self._set(option)
-                steps[option] = _segment_step(trainer, len(self.model.blocks), self._probe_ref)
-        n = len(self.model.blocks)
-        none = steps[NONE]
-        return PlanCosts(
-            batch_size,
-            seq_len,
-            self.options,
-            kept=[[steps[o].kept[i] for o in self.options] for i in range(n)],
-            reach=[[steps[o].reach[i] for o in self.options] for i in range(n)],
-            flops=[[steps[o].flops[i] - none.flops[i] for o in self.options] for i in range(n)],
-            pointwise=[[max(0, steps[o].pointwise[i] - none.pointwise[i]) for o in self.options] for i in range(n)],
-            before=max(s.before for s in steps.values()),
-            measured_peaks={o.name: s.peak for o, s in steps.items()},
-            pointwise_weight=self.pointwise_weight,
-            seconds=time.perf_counter() - start,
-        )
+            return segment_costs(
+                self._trainer, self.forwards, self.options, self._probe_ref, batch_size, seq_len,
+                pointwise_weight=self.pointwise_weight,
+            )
 
-    def _set(self, option: BlockOption) -> None:
-        for forward in self.forwards:
-            forward.option = option
+
+def segment_costs(
+    trainer: Trainer, forwards: list, options: tuple[BlockOption, ...], probe_ref: list, batch_size: int, seq_len: int,
+    *, device_type: str = "cpu", resident_bytes: int = 0, pointwise_weight: float = 0.0, source: str = "measured",
+    warm_step: bool = True, optimizer_once: bool = False,
+) -> PlanCosts:
+    """``PlanCosts`` of ``trainer``'s model (its blocks' ``forwards`` switchable, marks installed by
+    ``_install_marks(model, probe_ref)``) at one shape: one warm step with no checkpointing (AdamW state exists,
+    as in a measured step), then one step per option under the segment probe on ``device_type``. ``warm_step``
+    False skips the warm step where nothing warms up (``meta``) and the optimizer state already exists;
+    ``optimizer_once`` runs the optimizer step in the first option's step only (``_OptimizerSegment``: it is the
+    same for every plan), which halves a ``meta`` step of a per-tensor AdamW (a CPU target).
+    ``resident_bytes``: memory alive through the whole step that the probe cannot see (a ``cpu`` prediction made
+    on ``meta``: AdamW's host step counters), added to every absolute number (``reach``, ``before``, peaks)."""
+    start = time.perf_counter()
+    trainer.batch_size, trainer.seq_len = batch_size, seq_len
+    n = len(forwards)
+    _set(forwards, NONE)
+    if warm_step or not trainer.optimizer.state:
+        trainer.train_step()  # optimizer state exists (as in a measured step) and this shape is warm
+    steps, optimizer = {}, None
+    for option in options:
+        _set(forwards, option)
+        measured = _segment_step(trainer, n, probe_ref, device_type, optimizer if optimizer_once else None)
+        if measured is None:  # the optimizer step would start from other live bytes: measure it in this step too
+            measured = _segment_step(trainer, n, probe_ref, device_type)
+        steps[option], optimizer = measured[0], optimizer or measured[1]
+    _set(forwards, NONE)
+    none = steps[NONE]
+    return PlanCosts(
+        batch_size,
+        seq_len,
+        options,
+        kept=[[steps[o].kept[i] for o in options] for i in range(n)],
+        reach=[[steps[o].reach[i] + resident_bytes for o in options] for i in range(n)],
+        flops=[[steps[o].flops[i] - none.flops[i] for o in options] for i in range(n)],
+        pointwise=[[max(0, steps[o].pointwise[i] - none.pointwise[i]) for o in options] for i in range(n)],
+        before=max(s.before for s in steps.values()) + resident_bytes,
+        measured_peaks={o.name: s.peak + resident_bytes for o, s in steps.items()},
+        pointwise_weight=pointwise_weight,
+        source=source,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _set(forwards: list, option: BlockOption) -> None:
+    for forward in forwards:
+        forward.option = option
 
 
 @contextlib.contextmanager

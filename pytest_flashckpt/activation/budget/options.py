@@ -18,6 +18,8 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from pytest_flashckpt.activation.selective import FLASH_ATTN_OPS
+
 ROLES = ("qkv", "attn", "proj", "fc", "fc2")
 _LINEAR_ROLES = ("qkv", "proj", "fc", "fc2")  # the block's Linears in forward order
 _aten = torch.ops.aten
@@ -87,7 +89,8 @@ def _contexts(saves: frozenset[str]):
 class _RolePolicy:
     """Per checkpointed forward: MUST_SAVE for the outputs of the chosen roles, PREFER_RECOMPUTE otherwise.
     Linears are numbered in forward order (the replay runs the same ops in the same order); math attention's two
-    ``bmm`` belong to ``attn``."""
+    ``bmm`` and the flash-attn package's custom forward ops (>= 2.7, ``selective.FLASH_ATTN_OPS``) belong to
+    ``attn``, so a plan simulated with the aten flash op (``simulate.kernels``) saves the same tensors on a GPU."""
 
     def __init__(self, saves: frozenset[str]) -> None:
         self.saves = saves
@@ -99,6 +102,6 @@ class _RolePolicy:
             index = self.linears[ctx.is_recompute]
             self.linears[ctx.is_recompute] += 1
             role = _LINEAR_ROLES[index] if index < len(_LINEAR_ROLES) else None
-        elif func in _ATTENTION_OPS or func is _aten.bmm.default:
+        elif func in _ATTENTION_OPS or func is _aten.bmm.default or str(func) in FLASH_ATTN_OPS:
             role = "attn"
         return CheckpointPolicy.MUST_SAVE if role in self.saves else CheckpointPolicy.PREFER_RECOMPUTE

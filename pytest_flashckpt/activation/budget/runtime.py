@@ -21,20 +21,27 @@ from pytest_flashckpt.activation.budget.options import NONE, BlockOption
 from pytest_flashckpt.activation.budget.solver import BudgetTooSmall, Plan, min_peak, solve
 from pytest_flashckpt.config.budget import BudgetSpec, format_bytes
 
-class PlannedForward:
-    """Stands in for a block's ``forward``; runs the original under ``option`` (switchable between steps)."""
+def _save_on_host():
+    return torch.autograd.graph.save_on_cpu(pin_memory=True)
 
-    def __init__(self, forward, option: BlockOption = NONE) -> None:
+
+class PlannedForward:
+    """Stands in for a block's ``forward``; runs the original under ``option`` (switchable between steps).
+    ``offload_context`` makes the offload option's saved-tensor hooks (``save_on_cpu``; the simulator swaps in
+    hooks that do to device memory what ``save_on_cpu`` does, on ``meta`` where no data can be copied)."""
+
+    def __init__(self, forward, option: BlockOption = NONE, offload_context=_save_on_host) -> None:
         self.forward = forward
         self.option = option
         self.strategy = "budget"
+        self.offload_context = offload_context
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         kind = self.option.kind
         if kind == "none" or not torch.is_grad_enabled():
             return self.forward(x)
         if kind == "offload":
-            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            with self.offload_context():
                 return self.forward(x)
         if kind == "full":
             return checkpoint(self.forward, x, use_reentrant=False, preserve_rng_state=True)

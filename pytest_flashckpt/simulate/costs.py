@@ -1,0 +1,209 @@
+"""``SimulatedCosts``: the budget planner's per-block costs (``activation.budget.costs.PlanCosts``) for a card no
+CPU holds, read off training steps simulated on the ``meta`` device.
+
+The steps are the ones ``MeasuredCosts`` measures on a CPU (one warm step, then one step per block option with
+every block under that option) and the numbers come from the same segment probe and the same derivation
+(``activation.budget.costs.segment_costs``); only the device (``meta``: nothing is allocated) and the attention
+op differ (``simulate.kernels``: the op the predicted device runs). A ``cpu`` prediction therefore equals
+``MeasuredCosts`` to the byte (``tests/simulate/test_simulated_costs.py``), AdamW's host step counters included
+(CPU tensors the ``meta`` probe cannot see, added as resident bytes, as ``simulate_step`` does).
+
+What is modelled rather than run:
+
+- ``offload`` (``cuda`` targets only): ``save_on_cpu`` cannot copy data off ``meta``. ``SimulatedOffload`` does to
+  device memory what ``save_on_cpu`` does: packing drops the device tensor (its bytes live on the host), unpacking
+  allocates a contiguous device tensor of the same size, once per saved tensor, when its backward node runs. The
+  bytes packed are counted (``PlanCosts.transfer``: out and back); their time is priced by ``transfer_weight``
+  (FLOP-equivalents per byte, ``measure_transfer_weight`` on a GPU). Without a weight an offload would look free
+  to the FLOP objective and win every block, so offload is then left out, with that reason in
+  ``PlanCosts.excluded``; asking for it explicitly without a weight is a ValueError.
+- the pointwise weight (FLOP-equivalents of one recomputed pointwise element) is measured on this CPU for a ``cpu``
+  target, as ``MeasuredCosts`` does; for ``cuda`` there is no device to time, so it is 0 unless given: the plan
+  then minimises recomputed matmul FLOPs (``PlanCosts.notes`` says so).
+- FSDP (``world_size`` > 1) is refused: the segment probe has no per-rank view yet (``simulate.probe`` has one for
+  whole-step peaks), so a per-rank plan would be wrong, not approximate.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import torch
+
+from pytest_flashckpt.activation.budget.costs import (
+    PlanCosts,
+    _install_marks,
+    _quiet,
+    measure_pointwise_weight,
+    segment_costs,
+)
+from pytest_flashckpt.activation.budget.options import OFFLOAD, BlockOption, default_options
+from pytest_flashckpt.activation.budget.runtime import install_planned_forwards
+from pytest_flashckpt.models.cards import load_card
+from pytest_flashckpt.models.gpt import GPTConfig
+from pytest_flashckpt.simulate.kernels import TARGETS
+from pytest_flashckpt.simulate.step import check_workload, dtype_name, simulated_model, simulated_trainer
+
+
+class SimulatedOffload(torch.autograd.graph.saved_tensors_hooks):
+    """``save_on_cpu(pin_memory=True)`` as device memory sees it, on ``meta`` (see the module docstring); adds the
+    bytes each packed tensor would copy to ``counter[index]``."""
+
+    def __init__(self, counter: list[int], index: int) -> None:
+        def pack(tensor: torch.Tensor):
+            counter[index] += tensor.numel() * tensor.element_size()
+            return tensor.device, tensor.size(), tensor.dtype, tensor.layout
+
+        def unpack(packed) -> torch.Tensor:
+            device, size, dtype, layout = packed
+            return torch.empty(size, dtype=dtype, layout=layout, device=device)
+
+        super().__init__(pack, unpack)
+
+
+class SimulatedCosts:
+    """``CostSource`` for ``card`` in ``dtype`` with attention ``kernel`` on ``target`` (``cuda`` or ``cpu``),
+    simulated on ``meta``. ``options`` defaults to every option the planner knows on ``target`` (offload on
+    ``cuda`` only); an option that cannot be simulated is a ValueError naming it. Costs are cached per shape."""
+
+    def __init__(
+        self,
+        card: GPTConfig | str,
+        dtype: str | torch.dtype = "bfloat16",
+        kernel: str = "flash",
+        target: str = "cuda",
+        world_size: int = 1,
+        options: tuple[BlockOption, ...] | None = None,
+        pointwise_weight: float | None = None,
+        transfer_weight: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        if target not in TARGETS:
+            raise ValueError(f"SimulatedCosts: unknown target {target!r}; valid: {', '.join(TARGETS)}")
+        if world_size != 1:
+            raise ValueError(
+                f"SimulatedCosts: world_size {world_size} is not simulated for budget plans (the segment probe has no "
+                "per-rank FSDP view yet); plan with world_size 1, or simulate fixed strategies per rank with simulate_step"
+            )
+        self.config = load_card(card) if isinstance(card, str) else card
+        self.dtype = dtype_name(dtype)
+        self.kernel, self.target, self.world_size, self.seed = kernel, target, world_size, seed
+        self.excluded: dict[str, str] = {}
+        if options is None:
+            options = default_options(target)
+            if target != "cuda":
+                self.excluded[OFFLOAD.name] = f"target {target}: there is no device memory to offload from"
+            elif transfer_weight is None:
+                options = tuple(o for o in options if o != OFFLOAD)
+                self.excluded[OFFLOAD.name] = (
+                    "no transfer_weight (no GPU to time host copies on): its cost is not FLOPs, so unpriced it would "
+                    "look free; pass transfer_weight (measure_transfer_weight on the GPU) to plan with it"
+                )
+        elif OFFLOAD in options and target != "cuda":
+            raise ValueError(
+                f"SimulatedCosts: option 'offload' moves saved tensors from GPU to host memory; on target {target!r} "
+                "there is no device memory to free (drop it from options, or use target 'cuda')"
+            )
+        elif OFFLOAD in options and transfer_weight is None:
+            raise ValueError(
+                "SimulatedCosts: option 'offload' needs transfer_weight (FLOP-equivalents per byte moved to the host, "
+                "measure_transfer_weight on the GPU): unpriced, an offload would look free and win every block"
+            )
+        self.options = tuple(options)
+        self.transfer_weight = transfer_weight or 0.0
+        self.notes: tuple[str, ...] = ()
+        with _quiet():
+            self.model = simulated_model(self.config, self.dtype, kernel, target, seed)
+            self.forwards = install_planned_forwards(self.model)
+            self._packed = [0] * len(self.forwards)
+            for i, forward in enumerate(self.forwards):
+                forward.offload_context = partial(SimulatedOffload, self._packed, i)
+            if pointwise_weight is None and target == "cpu":
+                pointwise_weight = measure_pointwise_weight("cpu", getattr(torch, self.dtype))
+            elif pointwise_weight is None:
+                self.notes = (
+                    "pointwise recomputation unweighted (no CUDA device to time it): the plan minimises matmul FLOPs",
+                )
+                pointwise_weight = 0.0
+        self.pointwise_weight = pointwise_weight
+        self._probe_ref: list = []
+        _install_marks(self.model, self._probe_ref)
+        self._trainer = None
+        self._cache: dict[tuple[int, int], PlanCosts] = {}
+
+    _shared: dict = {}
+
+    @classmethod
+    def shared(cls, card: GPTConfig | str, dtype="bfloat16", kernel="flash", target="cuda", world_size=1, seed=0,
+               pointwise_weight: float | None = None, transfer_weight: float | None = None) -> "SimulatedCosts":
+        """One source per (card, dtype, kernel, target, weights) in this process: scenarios planning the same card
+        share its simulated costs (per shape) instead of simulating again."""
+        config = load_card(card) if isinstance(card, str) else card
+        key = (config, dtype_name(dtype), kernel, target, world_size, seed, pointwise_weight, transfer_weight)
+        if key not in cls._shared:
+            cls._shared[key] = cls(config, dtype, kernel, target, world_size, seed=seed,
+                                   pointwise_weight=pointwise_weight, transfer_weight=transfer_weight)
+        return cls._shared[key]
+
+    def costs(self, batch_size: int, seq_len: int) -> PlanCosts:
+        if (batch_size, seq_len) not in self._cache:
+            check_workload(self.config, batch_size, seq_len, self.world_size)
+            self._cache[batch_size, seq_len] = self._simulate(batch_size, seq_len)
+        return self._cache[batch_size, seq_len]
+
+    def _simulate(self, batch_size: int, seq_len: int) -> PlanCosts:
+        started = time.perf_counter()
+        self._packed[:] = [0] * len(self._packed)  # only the offload step packs: its bytes per block
+        with _quiet():
+            if self._trainer is None:
+                self._trainer = simulated_trainer(self.model, batch_size, seq_len, self.target, self.seed)
+                self._trainer.train_step()  # AdamW's state exists from here on; on meta no shape needs warming
+            costs = segment_costs(
+                self._trainer, self.forwards, self.options, self._probe_ref, batch_size, seq_len,
+                device_type="meta", resident_bytes=self._host_bytes(), pointwise_weight=self.pointwise_weight,
+                source="simulated", warm_step=False, optimizer_once=True,
+            )
+        if OFFLOAD in self.options:
+            o = self.options.index(OFFLOAD)
+            costs.transfer = [[2 * self._packed[i] if j == o else 0 for j in range(len(self.options))] for i in range(len(self._packed))]
+            costs.transfer_weight = self.transfer_weight
+        costs.excluded = dict(self.excluded)
+        costs.notes = self.notes
+        costs.seconds = time.perf_counter() - started
+        return costs
+
+    def _host_bytes(self) -> int:
+        """A ``cpu`` prediction counts AdamW's step counters: CPU tensors even for ``meta`` parameters, so the
+        ``meta`` probe never sees them (``simulate_step`` counts them the same way); a ``cuda`` one does not (host
+        memory there). They exist after the trainer's first step."""
+        if self.target != "cpu":
+            return 0
+        optimizer = self._trainer.optimizer
+        return sum(
+            value.untyped_storage().nbytes()
+            for state in optimizer.state.values()
+            for value in state.values()
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu"
+        )
+
+
+_KERNEL_OF_BACKEND = {"flash_attn": "flash_attn", "sdpa": "sdpa", "eager": "eager"}
+
+
+def cuda_costs_for(model: torch.nn.Module) -> SimulatedCosts:
+    """The cost source of a ``budget`` run on a GPU: the exact probe needs a CPU, so the model's costs are simulated
+    (same card, dtype and attention kernel, target ``cuda``), with the pointwise and transfer weights timed on the
+    model's GPU (``measure_pointwise_weight``, ``measure_transfer_weight``), so offload is planned too. The plan's
+    peak is then a prediction of the allocator's live bytes (no CUDA context, workspaces or fragmentation)."""
+    from pytest_flashckpt.activation.budget.costs import measure_transfer_weight
+
+    param = next(model.parameters())
+    backend = getattr(model, "backend", "sdpa")
+    if backend not in _KERNEL_OF_BACKEND:
+        raise ValueError(f"budget on a GPU: no simulated kernel for attention backend {backend!r}")
+    with _quiet():
+        pointwise = measure_pointwise_weight(param.device, param.dtype)
+        transfer = measure_transfer_weight(param.device, param.dtype)
+    return SimulatedCosts.shared(model.config, param.dtype, _KERNEL_OF_BACKEND[backend], "cuda",
+                                 pointwise_weight=pointwise, transfer_weight=transfer)
