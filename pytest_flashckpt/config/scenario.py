@@ -19,6 +19,8 @@ ActivationStrategy = Literal[tuple(ACTIVATION_STRATEGIES)]  # type: ignore[valid
 SaveStrategy = Literal[tuple(SAVE_STRATEGIES)]  # type: ignore[valid-type]
 MeasurePass = Literal["memory", "timing", "flops", "checkpoint"]  # the passes a scenario runs
 
+REFERENCE_SAVES = 3  # a reference sync save pass makes at most this many saves (Scenario.reference)
+
 
 def _set(obj, **values) -> None:
     for name, value in values.items():
@@ -222,9 +224,17 @@ class Scenario:
 
         The model's article keys (``gradient_checkpointing``, ``checkpoint_level``, ``layer_checkpoint_dir``) are
         cleared too: ``dataclasses.replace`` runs ``__post_init__`` again, which would fold them back into the
-        activation and save strategies and make the reference checkpoint itself."""
+        activation and save strategies and make the reference checkpoint itself.
+
+        The reference save makes at most ``REFERENCE_SAVES`` saves and measures the time lost per save only when the
+        scenario does: what it feeds (``bytes_vs_full``, ``stall_vs_sync``, ``time_lost_vs_sync``) is not gated, and
+        the scenarios of one workload then share one reference save pass (``RunContext.cached``)."""
         plain = "dcp" if self.world_size > 1 else "sync"  # sharded state: the plain synchronous save is DCP's
-        save = SaveConfig(strategy=plain, format=self.save.format, saves=self.save.saves) if self.save.strategy != "none" else SaveConfig()
+        save = (
+            SaveConfig(strategy=plain, format=self.save.format, saves=min(self.save.saves, REFERENCE_SAVES),
+                       time_lost_rounds=self.save.time_lost_rounds)
+            if self.save.strategy != "none" else SaveConfig()
+        )
         model = dataclasses.replace(self.model, gradient_checkpointing=None, checkpoint_level=None, layer_checkpoint_dir=None)  # type: ignore[arg-type]
         return dataclasses.replace(
             self, name=f"{self.name}.reference", model=model, activation=ActivationConfig(), save=save, article=None

@@ -40,9 +40,9 @@ def resolve_probe(name: str, device: torch.device) -> str:
     return default_probe_name(device.type) if name == "auto" else name
 
 
-def scenario_key(scenario: Scenario) -> str:
+def scenario_key(scenario: Scenario, with_save: bool = True) -> str:
     plain = to_plain(scenario)
-    for field in ("name", "suite", "description", "article", "measure", "rounds"):
+    for field in ("name", "suite", "description", "article", "measure", "rounds", *(() if with_save else ("save",))):
         plain.pop(field, None)
     return repr(sorted(plain.items()))
 
@@ -75,7 +75,9 @@ class RunContext:
             self.on_phase(text)
 
     def cached(self, kind: str, scenario: Scenario, compute: Callable[[], Any]) -> Any:
-        key = f"{kind}:{scenario_key(scenario)}"
+        """``compute()`` once per kind and scenario; only the checkpoint kind depends on the save settings, so the
+        other kinds (memory, flops, trainer) share one entry across scenarios that differ in their save alone."""
+        key = f"{kind}:{scenario_key(scenario, with_save=kind == 'checkpoint')}"
         if key not in self.cache:
             self.cache[key] = compute()
         return self.cache[key]
