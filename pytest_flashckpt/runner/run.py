@@ -143,9 +143,17 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     reference = None if scenario.is_reference else _reference_trainer(scenario, ctx, backend)
     metrics, samples = result.metrics, result.samples
 
+    # Scenarios that differ only in their save (the article's medium and large rows) train the same step: its
+    # memory and timing are measured once per run and shared, with a note naming where they were measured.
+    def shared(kind: str, compute):
+        first = ctx.cached(kind, scenario, lambda: (result.id, compute()))
+        if first[0] != result.id:
+            result.notes.append(f"{kind}: measured once in this run for {first[0]} (same model, activation and workload)")
+        return first[1]
+
     if "memory" in scenario.measure:
         ctx.phase("memory pass")
-        metrics.update(_peak(trainer, ctx.probe, ctx.device))
+        metrics.update(shared("memory pass", lambda: _peak(trainer, ctx.probe, ctx.device)))
         if reference is not None:
             ref = ctx.cached("memory", scenario.reference(), lambda: _peak(reference, ctx.probe, ctx.device))
             metrics["reference_peak_bytes"] = ref["peak_bytes"]
@@ -155,9 +163,9 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
         metrics.update(_analytic(scenario, trainer, ctx.device))
 
     if "timing" in scenario.measure:
-        timing = timing_pass(trainer.train_step, None if reference is None else reference.train_step,
-                             scenario.rounds, scenario.steps, ctx.device,
-                             on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"))
+        timing = shared(f"timing pass ({scenario.rounds} rounds)", lambda: timing_pass(
+            trainer.train_step, None if reference is None else reference.train_step, scenario.rounds, scenario.steps,
+            ctx.device, on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}")))
         metrics.update(timing.metrics())
         samples.update(timing.samples())
 
