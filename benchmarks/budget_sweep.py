@@ -1,7 +1,7 @@
 """Budget sweep: the ``budget`` strategy from the smallest achievable peak to the no-checkpointing peak, beside
 the fixed strategies, measured in one run. Writes ``reports/budget-sweep.{md,json,png}``.
 
-    .venv/bin/python benchmarks/budget_sweep.py                      # tiny, batch 4 x 256, 10 points, 3 rounds
+    .venv/bin/python benchmarks/budget_sweep.py                      # tiny, batch 4 x 256, 10 points, 10 rounds
     .venv/bin/python benchmarks/budget_sweep.py --card small --seq 256 --rounds 5 --out reports/budget-sweep-small
 
 Every number comes from this run: peaks from the exact ``cpu`` probe on a real training step (after a warm-up
@@ -9,6 +9,13 @@ step, so AdamW's state is resident), FLOPs from ``FlopCounterMode`` (``activatio
 from interleaved rounds against the no-checkpointing reference (median of per-round ratios). Targets (issue 15)
 are evaluated and printed, not asserted: measured peak <= budget at every point and >= 95% of it; peak monotone in
 the budget; FLOP ratio no worse than the best fixed strategy that fits, strictly better at >= 2 points.
+
+Step time against the fixed strategies is measured side by side: each point's plan and the fastest fitting fixed
+strategy run interleaved round by round (``--rounds``), and a one-sided Mann-Whitney test on the per-round step
+times (``baselines.stats``, alpha ``ALPHA``) says whether the plan is slower (``worse``), faster (``better``) or
+neither (``tie``: the rounds cannot tell them apart). "No worse" counts better + tie.
+Costs come from ``SimulatedCosts`` for a CPU target by default (byte-equal to the measured ones,
+``tests/simulate/test_simulated_costs.py``, and ~25x faster); ``--costs measured`` uses ``MeasuredCosts``.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.budget import MeasuredCosts, min_peak
+from pytest_flashckpt.baselines.stats import mann_whitney_greater
 from pytest_flashckpt.activation.budget.runtime import apply_budget
 from pytest_flashckpt.activation.flops import count_step_flops
 from pytest_flashckpt.config.scenario import ActivationConfig
@@ -34,6 +42,7 @@ from pytest_flashckpt.runner.timing import interleaved
 from pytest_flashckpt.training import Trainer
 
 FIXED = (("none", {}), ("full", {}), ("every_k", {"k": 2}), ("selective_op", {}))
+ALPHA = 0.05  # one-sided, per point: the sweep reports each comparison, it does not gate a run
 
 
 def peak(trainer: Trainer) -> int:
@@ -60,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="sdpa", choices=["sdpa", "eager"])
     parser.add_argument("--dropout", type=float, default=None, help="override the card's dropout")
     parser.add_argument("--points", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds per point and per fixed strategy")
+    parser.add_argument("--costs", default="simulated", choices=["simulated", "measured"], help="the planner's cost source (byte-equal; simulated is faster)")
     parser.add_argument("--out", default="reports/budget-sweep", help="path prefix of the .md, .json and .png")
     parser.add_argument("--render", action="store_true", help="only re-render the .md and .png from the .json at --out")
     args = parser.parse_args(argv)
@@ -79,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         return build_model(config, args.backend)
 
     start = time.perf_counter()
-    source = MeasuredCosts.shared(fresh())
+    if args.costs == "simulated":
+        from pytest_flashckpt.simulate.costs import SimulatedCosts
+
+        source = SimulatedCosts(config, "float32", args.backend, "cpu")
+    else:
+        source = MeasuredCosts.shared(fresh())
     costs = source.costs(*shape)
     lowest = min_peak(costs)
     none_peak = costs.none_peak()
@@ -89,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     reference.train_step()
     ref_flops = count_step_flops(reference)
 
-    fixed = []
+    fixed, fixed_trainers = [], {}
     for name, extra in FIXED:
         model = fresh()
         apply_ac(model, ActivationConfig(strategy=name, **extra))
-        row = {"strategy": name if name != "every_k" else "every_k(2)", **measure(Trainer.create(model, *shape), reference, ref_flops, args.rounds)}
+        label = name if name != "every_k" else "every_k(2)"
+        fixed_trainers[label] = Trainer.create(model, *shape)
+        row = {"strategy": label, **measure(fixed_trainers[label], reference, ref_flops, args.rounds)}
         fixed.append(row)
         print(row, flush=True)
 
@@ -110,20 +127,27 @@ def main(argv: list[str] | None = None) -> int:
             "plan": list(shape_plan.options),
             "solve_s": shape_plan.plan.seconds,
             "exact": shape_plan.plan.exact,
-            **measure(Trainer.create(model, *shape), reference, ref_flops, args.rounds),
         }
+        plan_trainer = Trainer.create(model, *shape)
+        row.update(measure(plan_trainer, reference, ref_flops, args.rounds))
         fits = [f for f in fixed if f["peak_bytes"] <= row["budget_bytes"]]
         best = min(fits, key=lambda f: f["flop_ratio"]) if fits else None
         row["best_fixed"] = best["strategy"] if best else None
         row["best_fixed_flop_ratio"] = best["flop_ratio"] if best else None
         row["best_fixed_time_ratio"] = min(f["time_ratio"] for f in fits) if fits else None
+        if fits:
+            # the fastest fitting fixed strategy (by its own rounds), re-timed side by side with this plan
+            fastest = min(fits, key=lambda f: f["time_ratio"])
+            plan_s, fixed_s = interleaved([plan_trainer.train_step, fixed_trainers[fastest["strategy"]].train_step],
+                                          args.rounds, 1, torch.device("cpu"))
+            row.update(versus_fixed(fastest["strategy"], plan_s, fixed_s))
         points.append(row)
         print({k: v for k, v in row.items() if k != "plan"}, flush=True)
 
     targets = evaluate(points)
     record = {
         "card": config.name, "batch_size": args.batch, "seq_len": args.seq, "backend": args.backend,
-        "dropout": config.dropout, "rounds": args.rounds, "torch": torch.__version__, "machine": platform.platform(),
+        "dropout": config.dropout, "rounds": args.rounds, "costs": args.costs, "torch": torch.__version__, "machine": platform.platform(),
         "measure_costs_s": costs.seconds, "pointwise_weight": costs.pointwise_weight,
         "min_peak_bytes": lowest.predicted_peak, "none_peak_bytes": none_peak, "options": [o.name for o in costs.options],
         "fixed": fixed, "points": points, "targets": targets, "wall_s": time.perf_counter() - start,
@@ -138,6 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def versus_fixed(strategy: str, plan_s: list[float], fixed_s: list[float]) -> dict:
+    """The plan against the fastest fitting fixed strategy, timed in the same interleaved rounds."""
+    p_slower, p_faster = mann_whitney_greater(plan_s, fixed_s), mann_whitney_greater(fixed_s, plan_s)
+    verdict = "worse" if p_slower < ALPHA else "better" if p_faster < ALPHA else "tie"
+    return {
+        "vs_fixed": strategy, "vs_fixed_ratio": statistics.median(p / f for p, f in zip(plan_s, fixed_s)),
+        "vs_fixed_p_slower": p_slower, "vs_fixed_p_faster": p_faster, "vs_fixed_verdict": verdict,
+    }
+
+
 def evaluate(points: list[dict]) -> dict:
     under = [p["peak_bytes"] <= p["budget_bytes"] for p in points]
     close = [p["peak_bytes"] >= 0.95 * p["budget_bytes"] for p in points]
@@ -145,17 +179,27 @@ def evaluate(points: list[dict]) -> dict:
     compared = [p for p in points if p["best_fixed_flop_ratio"] is not None]
     no_worse = [p["flop_ratio"] <= p["best_fixed_flop_ratio"] * (1 + 1e-9) for p in compared]
     better = [p["flop_ratio"] < p["best_fixed_flop_ratio"] * (1 - 1e-9) for p in compared]
-    time_no_worse = [p["time_ratio"] <= p["best_fixed_time_ratio"] for p in compared]
+    timed = [p for p in compared if "vs_fixed_verdict" in p]
+    time_no_worse = [p["vs_fixed_verdict"] != "worse" for p in timed]
+    time_better = [p["vs_fixed_verdict"] == "better" for p in timed]
     return {
         "peak_under_budget": f"{sum(under)}/{len(points)}",
         "peak_within_5pct_below_budget": f"{sum(close)}/{len(points)}",
         "peak_monotone_in_budget": all(a <= b for a, b in zip(peaks, peaks[1:])),
         "flop_ratio_no_worse_than_best_fitting_fixed": f"{sum(no_worse)}/{len(compared)}",
         "flop_ratio_strictly_better": f"{sum(better)}/{len(compared)}",
-        "time_ratio_no_worse_than_best_fitting_fixed": f"{sum(time_no_worse)}/{len(compared)}",
+        "time_no_worse_than_fastest_fitting_fixed_side_by_side": f"{sum(time_no_worse)}/{len(timed)}",
+        "time_strictly_better_side_by_side": f"{sum(time_better)}/{len(timed)}",
         "points_without_a_fitting_fixed_strategy": len(points) - len(compared),
         "solve_s_max": max(p["solve_s"] for p in points),
     }
+
+
+def _versus(p: dict) -> str:
+    if "vs_fixed_verdict" not in p:
+        return "—"
+    p_value = p["vs_fixed_p_slower"] if p["vs_fixed_verdict"] == "worse" else p["vs_fixed_p_faster"]
+    return f"{p['vs_fixed_ratio']:.3f}x vs {p['vs_fixed']}: {p['vs_fixed_verdict']} (p {p_value:.3g})"
 
 
 def mib(value: float) -> str:
@@ -168,13 +212,13 @@ def markdown(r: dict, png: str) -> str:
         "",
         f"Command: `{r['command']}` (torch {r['torch']}, {r['machine']}; {r['rounds']} interleaved timing rounds;"
         f" wall {r['wall_s']:.0f} s). Peaks: exact `cpu` probe on a real training step. Costs measured in"
-        f" {r['measure_costs_s']:.1f} s ({len(r['options'])} options x 1 step); pointwise weight"
+        f" {r['measure_costs_s']:.1f} s ({len(r['options'])} options x 1 step, {r.get('costs', 'measured')}); pointwise weight"
         f" {r['pointwise_weight']:.0f} FLOP-equivalents per element (measured).",
         "",
         f"Smallest achievable peak: {mib(r['min_peak_bytes'])} MiB; no checkpointing: {mib(r['none_peak_bytes'])} MiB.",
         "",
-        "| budget (MiB) | predicted peak | measured peak | peak / budget | FLOP ratio | time ratio (min-max) | best fixed that fits (FLOP ratio) | plan (per block) | solve |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| budget (MiB) | predicted peak | measured peak | peak / budget | FLOP ratio | time ratio (min-max) | best fixed that fits (FLOP ratio) | plan / fastest fitting fixed, same rounds | plan (per block) | solve |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in r["points"]:
         best = f"{p['best_fixed']} ({p['best_fixed_flop_ratio']:.3f}x)" if p["best_fixed"] else "none fits"
@@ -182,7 +226,7 @@ def markdown(r: dict, png: str) -> str:
         lines.append(
             f"| {mib(p['budget_bytes'])} | {mib(p['predicted_peak_bytes'])} | {mib(p['peak_bytes'])} | "
             f"{p['peak_bytes'] / p['budget_bytes']:.3f} | {p['flop_ratio']:.3f}x | {p['time_ratio']:.3f}x ({lo:.2f}-{hi:.2f}) | "
-            f"{best} | {', '.join(p['plan'])} | {p['solve_s'] * 1e3:.1f} ms{'' if p['exact'] else ' (fallback)'} |"
+            f"{best} | {_versus(p)} | {', '.join(p['plan'])} | {p['solve_s'] * 1e3:.1f} ms{'' if p['exact'] else ' (fallback)'} |"
         )
     lines += ["", "Fixed strategies at the same shape:", "", "| strategy | measured peak (MiB) | FLOP ratio | time ratio (min-max) |", "|---|---|---|---|"]
     for f in r["fixed"]:
