@@ -191,6 +191,18 @@ class SimulatedCosts:
 _KERNEL_OF_BACKEND = {"flash_attn": "flash_attn", "sdpa": "sdpa", "eager": "eager"}
 
 
+def cpu_costs_for(model: torch.nn.Module) -> SimulatedCosts | None:
+    """The cost source of a ``budget`` run on a CPU: costs simulated for a ``cpu`` target, which equal the ones
+    measured with the exact probe to the byte (``tests/simulate/test_simulated_costs.py``) at a fraction of the time
+    (``reports/budget-plan-speed.md``). None (plan from measured costs) where that equality is not tested: dropout
+    (SDPA then takes another path) or an attention backend other than ``sdpa``."""
+    backend = getattr(model, "backend", None)
+    if backend != "sdpa" or getattr(model.config, "dropout", 0.0):
+        return None
+    param = next(model.parameters())
+    return SimulatedCosts.shared(model.config, param.dtype, backend, "cpu")
+
+
 def cuda_costs_for(model: torch.nn.Module) -> SimulatedCosts:
     """The cost source of a ``budget`` run on a GPU: the exact probe needs a CPU, so the model's costs are simulated
     (same card, dtype and attention kernel, target ``cuda``), with the pointwise and transfer weights timed on the

@@ -210,3 +210,25 @@ def test_a_simulated_budget_scenario_on_several_ranks_is_refused_before_it_runs(
     )
     with pytest.raises(ConfigError, match="simulate.world_size.*one device only"):
         preflight(scenario)
+
+
+def test_cpu_budget_runs_plan_from_simulated_costs_where_they_are_tested_equal():
+    """The runner's CPU source: simulated (byte-equal, fast) for sdpa without dropout; measured (None) otherwise."""
+    from pytest_flashckpt.simulate.costs import cpu_costs_for
+
+    source = cpu_costs_for(build_model(micro(), "sdpa", "cpu", torch.float32))
+    assert isinstance(source, SimulatedCosts) and (source.target, source.kernel, source.dtype) == ("cpu", "sdpa", "float32")
+    dropout = GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
+    assert cpu_costs_for(build_model(dropout, "sdpa", "cpu", torch.float32)) is None
+    assert cpu_costs_for(build_model(micro(), "eager", "cpu", torch.float32)) is None
+
+
+def test_a_cpu_budget_scenario_peaks_where_its_simulated_plan_predicts():
+    """End to end through the runner: the plan comes from simulated costs, the exact probe measures the step."""
+    scenario = Scenario(name="b", model="tiny", attention="sdpa", batch_size=1, seq_len=32, measure=("memory",),
+                        activation=ActivationConfig(strategy="budget", budget="min + 50%"), rounds=1)
+    result = run_scenario(scenario, RunContext(device=torch.device("cpu"), probe="cpu"))
+    assert result.status == "measured", result.reason
+    plan_note = next(n for n in result.notes if n.startswith("activation: "))
+    predicted_mib = plan_note.split("predicted peak ")[1].split(" MiB")[0]  # the note rounds; tests above are byte-exact
+    assert f"{result.metrics['peak_bytes'] / 2**20:,.1f}" == predicted_mib, plan_note
