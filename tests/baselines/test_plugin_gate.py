@@ -133,9 +133,11 @@ def test_inject_cannot_write_a_baseline(pytester, suite):
     result.stderr.fnmatch_lines(["*--flashckpt-inject with --flashckpt-save-baseline*"])
 
 
+# The article prototype's workload: a step (~0.2 s) outlasts a background write of the tiny state (~0.15 s), so a
+# save never waits for the previous one; at 1 x 32 tokens it did, and that back-pressure scattered the stall 2x.
 SAVE_SUITE = """
 name: saves
-defaults: {model: tiny, batch_size: 1, seq_len: 32, measure: [checkpoint]}
+defaults: {model: tiny, batch_size: 4, seq_len: 256, measure: [checkpoint]}
 scenarios:
   - name: save-async
     checkpoint: {strategy: async, save_interval: 2, saves: 6, max_keep: 2}
