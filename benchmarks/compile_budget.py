@@ -60,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", type=float, nargs="+", default=[0.0, 50.0, 100.0], help="our budgets, as min + N%%")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="reports/compile-budget")
+    parser.add_argument("--render", action="store_true", help="only re-render the .md and .png from the .json at --out")
     args = parser.parse_args(argv)
+    if args.render:
+        out = Path(args.out)
+        write(json.loads(out.with_suffix(".json").read_text()), out)
+        return 0
     config, shape = load_card(args.card), (args.batch, args.seq)
     start = time.perf_counter()
 
@@ -97,10 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    write(record, out)
+    return 0
+
+
+def write(record: dict, out: Path) -> None:
+    """The markdown table and the peak-vs-time plot, from a record (``--render`` re-draws them from the .json)."""
+    rows = record["rows"]
+    plot(rows, out.with_suffix(".png"), f"{record['card']} b{record['batch_size']}xs{record['seq_len']}")
     lines = [
-        f"# torch.compile activation_memory_budget vs the budget strategy: {config.name}, batch {args.batch} x {args.seq}, sdpa",
+        f"# torch.compile activation_memory_budget vs the budget strategy: {record['card']}, batch {record['batch_size']} x {record['seq_len']}, sdpa",
         "",
-        f"Command: `{record['command']}` (torch {record['torch']}, {record['machine']}; {args.rounds} interleaved rounds"
+        f"Command: `{record['command']}` (torch {record['torch']}, {record['machine']}; {record['rounds']} interleaved rounds"
         f" against the eager reference; wall {record['wall_s']:.0f} s). Peak added by one training step on top of the"
         " resident state, from the CPU allocator's events (torch.profiler, profile_memory), for every row alike.",
         "",
@@ -114,9 +127,34 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "How to read it: torch.compile's budget is a fraction of its own activation estimate, so equal numbers"
               " in the two families do not mean equal memory; compare the measured columns. A compiled step is also"
               " faster for reasons unrelated to checkpointing (fused kernels), which its time ratio includes.", ""]
+    lines += [f"![peak vs step time]({out.with_suffix('.png').name})", ""]
     out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
-    return 0
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for family, marker in (("budget strategy", "o-"), ("torch.compile", "s")):
+        chosen = [r for r in rows if r["what"].startswith(family)]
+        ax.plot([r["added_peak_bytes"] / 2**20 for r in chosen], [r["time_ratio"] for r in chosen], marker, label=family)
+        for r in chosen:
+            label = r["what"].split("budget ")[-1] if family == "torch.compile" else r["what"].split(",")[1].split("(")[0].strip()
+            ax.annotate(label, (r["added_peak_bytes"] / 2**20, r["time_ratio"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ref = rows[0]
+    ax.plot(ref["added_peak_bytes"] / 2**20, 1.0, "k*", markersize=10, label="eager, no checkpointing")
+    ax.set_xlabel("step peak added on top of the resident state (MiB, allocator events)")
+    ax.set_ylabel("step time / eager reference (median of rounds)")
+    ax.set_title(f"activation_memory_budget vs budget strategy: {title}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
