@@ -153,8 +153,9 @@ def run_checkpoint_pass(
         out[name] = int(out[name]) if out[name] is not None else None  # type: ignore[arg-type]
     if len(copies) == len(records) > 1:
         # save i's stall over the copy timed just before it: the gated stall ratio (bandwidth.SnapshotCopyTimer).
-        # The first save is left out: it allocates the staging buffers and starts the writer thread (10-30x a
-        # steady-state stall here), a one-off cost that would make every run's first sample an outlier of its own.
+        # The first save is left out: it allocates the staging buffers and starts the writer thread (2-5x a
+        # steady-state stall on the quiet 2-core CPU, 13-49x under load), a one-off cost that would make every
+        # run's first sample an outlier of its own.
         ratios = [r.save_stall_s / c for r, c in zip(records[1:], copies[1:])]
         out["snapshot_copy_s"] = median(copies[1:])
         out["snapshot_copy_s_samples"] = copies[1:]  # type: ignore[assignment]
