@@ -134,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         best = min(fits, key=lambda f: f["flop_ratio"]) if fits else None
         row["best_fixed"] = best["strategy"] if best else None
         row["best_fixed_flop_ratio"] = best["flop_ratio"] if best else None
-        row["best_fixed_time_ratio"] = min(f["time_ratio"] for f in fits) if fits else None
         if fits:
             # the fastest fitting fixed strategy (by its own rounds), re-timed side by side with this plan
             fastest = min(fits, key=lambda f: f["time_ratio"])

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_gap import _profiler_added_peak  # noqa: E402  (the allocator-event peak, shared with probe_gap)
+from probe_gap import profiler_added_peak  # noqa: E402  (the allocator-event peak, shared with probe_gap)
 
 from pytest_flashckpt.activation.budget.runtime import apply_budget  # noqa: E402
 from pytest_flashckpt.models.cards import build_model, load_card  # noqa: E402
@@ -42,7 +42,7 @@ from pytest_flashckpt.training import Trainer  # noqa: E402
 
 def added_peak(trainer: Trainer) -> int:
     trainer.train_step()  # warm-up (and, compiled, the compile itself): optimizer state exists afterwards
-    return _profiler_added_peak(trainer.train_step)
+    return profiler_added_peak(trainer.train_step)
 
 
 def timed_ratio(trainer: Trainer, reference: Trainer, rounds: int) -> dict:

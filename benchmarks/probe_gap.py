@@ -58,7 +58,7 @@ class _RecordingStorages(_LiveStorages):
         super().add(tensor)
 
 
-def _profiler_added_peak(step: Callable[[], None]) -> int:
+def profiler_added_peak(step: Callable[[], None]) -> int:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     cpu = sorted((e for e in _walk(prof.profiler.kineto_results.experimental_event_tree())
@@ -72,7 +72,7 @@ def measure(step: Callable[[], None], resident: Callable[[], list[torch.Tensor]]
     with LiveTensorProbe().track(resident=resident()) as reading:  # the probe alone, as a suite run uses it
         step()
     probe_added = reading.peak_bytes - reading.start_bytes
-    alone = _profiler_added_peak(step)  # the profiler alone, on the next (identical) step
+    alone = profiler_added_peak(step)  # the profiler alone, on the next (identical) step
     # diagnostic only: both at once, to match allocations to storages; the profiler's bookkeeping changes what the
     # probe sees (on the sdpa step it counts megabytes more), so the peaks compared are the separate ones above
     mode = _RecordingStorages()

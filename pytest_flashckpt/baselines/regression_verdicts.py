@@ -56,15 +56,11 @@ def metric_kind(name: str, probe: str | None) -> Kind | None:
     return vocabulary.judged_as(name, is_exact_probe(probe))
 
 
-def _samples_of(name: str, samples: dict[str, list[float]]) -> list[float] | None:
-    """The checkpoint pass stores per-save lists as ``<metric>_samples``; timing rounds as ``<metric>``."""
+def ratio_samples(name: str, samples: dict[str, list[float]]) -> list[float] | None:
+    """Per-round (per-save) samples behind a ratio or time, as the run stored them: the checkpoint pass stores
+    per-save lists as ``<metric>_samples``, timing rounds as ``<metric>``."""
     values = samples.get(name) or samples.get(f"{name}_samples")
     return [float(v) for v in values] if values else None
-
-
-def ratio_samples(name: str, metrics: dict[str, Any], samples: dict[str, list[float]]) -> list[float] | None:
-    """Per-round (per-save) samples behind a ratio or time, as the run stored them."""
-    return _samples_of(name, samples)
 
 
 def _change(baseline: float, current: float) -> float | None:
@@ -189,8 +185,8 @@ def compare_scenario(
         elif kind == "memory":
             rows.append(judge_tolerance(scenario, name, base_value, value, thresholds.memory_tolerance))
         elif kind == "ratio" or (kind == "time" and thresholds.gate_times):
-            cur = ratio_samples(name, metrics, samples)
-            base = ratio_samples(name, base_metrics, base_samples)
+            cur = ratio_samples(name, samples)
+            base = ratio_samples(name, base_samples)
             if not cur or not base:
                 row = judge_tolerance(scenario, name, base_value, value, thresholds.timing_tolerance)
                 why = (f"no per-{'save' if name == 'stall_vs_copy' else 'round'} samples on "

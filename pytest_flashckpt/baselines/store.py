@@ -79,7 +79,7 @@ def entry(result: Result, commit: str | None, updated: str) -> dict[str, Any]:
     metrics = {k: v for k, v in result.metrics.items() if k in GUARDED and isinstance(v, (int, float)) and not isinstance(v, bool)}
     samples = {}
     for name in SAMPLED:
-        values = ratio_samples(name, result.metrics, result.samples)
+        values = ratio_samples(name, result.samples)
         if values:
             samples[name] = [float(v) for v in values]
     rounds = max((len(v) for v in samples.values()), default=0)
