@@ -1,4 +1,4 @@
-"""Checkpoints opened with plain tools: `flashckpt export` / `inspect`, and README's snippet run as written."""
+"""Checkpoints opened with plain tools: `flashckpt export` / `inspect`, and the docs' snippet run as written."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pytest_flashckpt.cli import main
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.models import build_model
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md"
 
 
 def saved(root: Path, config: SaveConfig, steps: int = 1):
@@ -107,12 +107,12 @@ def test_inspect_prints_step_strategy_files_and_the_check(tmp_path, capsys) -> N
 
 
 def _blocks(lang: str, after: str) -> list[str]:
-    section = README.read_text(encoding="utf-8").split(after, 1)[1]
+    section = DOCS.read_text(encoding="utf-8").split(after, 1)[1]
     return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S)
 
 
-def test_readme_plain_tools_snippet_runs_as_written(tmp_path, monkeypatch) -> None:
-    """README's commands and python block, executed in a folder that holds what they name."""
+def test_docs_plain_tools_snippet_runs_as_written(tmp_path, monkeypatch) -> None:
+    """docs/checkpoints.md's commands and python block, executed in a folder that holds what they name."""
     monkeypatch.chdir(tmp_path)
     trainer, folder = saved(tmp_path / "runs" / "ckpt", SaveConfig(strategy="sync", format="torch"))
     bash = _blocks("bash", "## Checkpoints with plain tools")[0]
@@ -123,5 +123,5 @@ def test_readme_plain_tools_snippet_runs_as_written(tmp_path, monkeypatch) -> No
         assert argv[0] == "flashckpt"
         assert main(argv[1:]) == 0, line
     model = build_model(TINY, "sdpa", seed=7)
-    exec(compile(python, "README.md", "exec"), {"model": model})
+    exec(compile(python, "docs/checkpoints.md", "exec"), {"model": model})
     _same_weights(model, trainer.model)
