@@ -168,6 +168,8 @@ _TABLE = (
     Metric("roofline_shape", "text", "info", "the GEMM shape (M x K x N, dtype) where the roofline was reached"),
     Metric("mfu_roofline", "fraction", "info", "model FLOP/s / the measured matmul roofline", worse="lower", fmt="pct"),
     Metric("hfu_roofline", "fraction", "info", "hardware FLOP/s / the measured matmul roofline", worse="lower", fmt="pct"),
+    Metric("reference_mfu", "fraction", "info", "the reference's MFU over the same interleaved rounds (its HFU is the same)", worse="lower", fmt="pct"),
+    Metric("reference_mfu_roofline", "fraction", "info", "the reference's MFU / roofline over the same interleaved rounds", worse="lower", fmt="pct"),
     # checkpoint I/O against its limits (write_vs_raw above): the staging copy against the measured memory copy
     Metric("staging_GBps", "GB/s", "info", "snapshot bytes / the blocking staging copy's time (staged saves)", worse="lower", fmt="gbps"),
     Metric("staging_vs_copy", "fraction", "info", "staging_GBps / copy_GBps: the staging copy against this machine's measured memory copy", worse="lower", fmt="pct"),

@@ -14,7 +14,8 @@ from pytest_flashckpt.result import Result, RunRecord
 
 HEADERS = [
     "scenario", "strategy", "kernel", "dtype", "tokens/s", "model FLOP/s", "hardware FLOP/s", "FLOP ratio",
-    "overhead", "MFU", "HFU", "MFU / roofline", "HFU / roofline", "peak memory",
+    "overhead", "MFU", "HFU", "reference MFU", "MFU / roofline", "HFU / roofline", "reference MFU / roofline",
+    "peak memory",
 ]
 
 
@@ -66,14 +67,15 @@ def _row(r: Result, notes: Footnotes) -> list[str]:
         return [*head, notes.skipped(r.status, r.reason), *[MISSING] * (len(HEADERS) - 3)]
     mfu, hfu = _num(r, "mfu"), _num(r, "hfu")
     absent = r.metrics.get("mfu_absent")
-    datasheet = [pct(mfu), pct(hfu)] if mfu is not None else [f"{MISSING} {notes.mark(str(absent))}" if absent else MISSING] * 2
+    datasheet = ([pct(mfu), pct(hfu), pct(_num(r, "reference_mfu"))] if mfu is not None
+                 else [f"{MISSING} {notes.mark(str(absent))}" if absent else MISSING] * 3)
     return [
         *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.get("dtype", MISSING)),
         metric("tokens_per_s", _num(r, "tokens_per_s")), metric("model_flops_per_s", _num(r, "model_flops_per_s")),
         metric("hardware_flops_per_s", _num(r, "hardware_flops_per_s")),
         ratio(_num(r, "hardware_step_flops") / _num(r, "model_step_flops")) if _num(r, "model_step_flops") else MISSING,
         ratio(_num(r, "overhead")), *datasheet, pct(_num(r, "mfu_roofline")), pct(_num(r, "hfu_roofline")),
-        mib(_num(r, "peak_bytes")),
+        pct(_num(r, "reference_mfu_roofline")), mib(_num(r, "peak_bytes")),
     ]
 
 
@@ -93,7 +95,9 @@ def throughput_section(results: list[Result]) -> list[str]:
         "= this step's own count (recomputation included); both / the median step time (forward, backward and "
         "optimizer step). MFU / HFU = those rates over the device's dense datasheet peak for the dtype (source in "
         "the header); MFU / roofline and HFU / roofline over the best `torch.mm` rate measured in this run at the "
-        "step's own GEMM shapes. FLOP ratio = hardware / model FLOPs. Recomputation adds hardware FLOPs but no "
+        "step's own GEMM shapes. Reference MFU = the reference's, from its step times in the same interleaved rounds "
+        "(read a strategy's MFU against it: absolute rates move with the machine's load, ratios of neighbours "
+        "do not). FLOP ratio = hardware / model FLOPs. Recomputation adds hardware FLOPs but no "
         "model FLOPs, so MFU falls as recompute rises while HFU need not; a strategy's MFU over its reference's "
         "is 1 / overhead (gated as the overhead). FLOPs are matmul and attention FLOPs (torch's FlopCounterMode); "
         "pointwise ops are not counted.",

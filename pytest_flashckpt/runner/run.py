@@ -185,13 +185,13 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
                 metrics["flop_ratio"] = own.matmul_flops / ref.matmul_flops
         if "timing" in scenario.measure:
             ctx.phase("matmul roofline")
-            metrics.update(_throughput(scenario, ctx, metrics["step_time_s"], own, ref))
+            metrics.update(_throughput(scenario, ctx, metrics["step_time_s"], metrics.get("reference_step_time_s"), own, ref))
 
     if "checkpoint" in scenario.measure:
         _checkpoint_pass(scenario, ctx, trainer, result)
 
 
-def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, own, ref) -> dict[str, Any]:
+def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, reference_step_time_s: float | None, own, ref) -> dict[str, Any]:
     """Tokens/s, model and hardware FLOP/s, MFU and HFU against the datasheet peak (or why there is none) and the
     measured matmul roofline at this step's GEMM shapes (once per run per dtype and shapes): ``throughput.mfu``."""
     from pytest_flashckpt.throughput import peaks, roofline
@@ -204,7 +204,7 @@ def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, own, re
     measured = roofline.cached(ctx.cache, device, DTYPES[scenario.dtype], shapes) if shapes else None
     model_flops = (ref or own).matmul_flops  # the reference's step: no recompute (a reference is its own)
     return throughput_metrics(scenario.batch_size * scenario.seq_len, step_time_s, model_flops, own.matmul_flops,
-                              peak, measured)
+                              peak, measured, reference_step_time_s)
 
 
 def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result) -> None:

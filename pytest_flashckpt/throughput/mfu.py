@@ -22,10 +22,14 @@ from pytest_flashckpt.throughput.roofline import Roofline
 
 def throughput_metrics(
     tokens_per_step: int, step_time_s: float, model_flops: int, hardware_flops: int,
-    peak: Peak | None, roofline: Roofline | None,
+    peak: Peak | None, roofline: Roofline | None, reference_step_time_s: float | None = None,
 ) -> dict[str, float | int | str]:
     """The vocabulary's throughput metrics (``pytest_flashckpt.metrics``) of one step of ``tokens_per_step`` tokens
-    taking ``step_time_s`` (median), with ``model_flops`` useful and ``hardware_flops`` executed FLOPs."""
+    taking ``step_time_s`` (median), with ``model_flops`` useful and ``hardware_flops`` executed FLOPs.
+
+    With ``reference_step_time_s`` (the reference's median over the same interleaved rounds) the reference's MFU
+    from those rounds is given too (``reference_mfu``, ``reference_mfu_roofline``): on a machine whose load drifts
+    during a run, a strategy's MFU is read against that, not against a reference timed minutes earlier."""
     if step_time_s <= 0:
         raise ValueError(f"step time must be positive, got {step_time_s}")
     if hardware_flops < model_flops:
@@ -38,13 +42,18 @@ def throughput_metrics(
         "model_flops_per_s": model_rate,
         "hardware_flops_per_s": hardware_rate,
     }
+    reference_rate = model_flops / reference_step_time_s if reference_step_time_s else None
     if peak is not None and peak.flops_per_s:
         out.update(mfu=model_rate / peak.flops_per_s, hfu=hardware_rate / peak.flops_per_s,
                    peak_flops_per_s=peak.flops_per_s, peak_source=peak.describe())
+        if reference_rate is not None:
+            out["reference_mfu"] = reference_rate / peak.flops_per_s
     elif peak is not None:
         out["mfu_absent"] = peak.reason
     if roofline is not None:
         m, k, n = roofline.best_shape
         out.update(roofline_flops_per_s=roofline.flops_per_s, roofline_shape=f"{m}x{k}x{n} {roofline.dtype}",
                    mfu_roofline=model_rate / roofline.flops_per_s, hfu_roofline=hardware_rate / roofline.flops_per_s)
+        if reference_rate is not None:
+            out["reference_mfu_roofline"] = reference_rate / roofline.flops_per_s
     return out

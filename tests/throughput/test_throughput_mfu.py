@@ -57,3 +57,10 @@ def test_flash_attn_ops_get_sdpas_formulas_on_their_own_layout():
     assert flops._flash_attn_forward((B, T, H, D), (B, T, H, D), (B, T, H, D)) == 4 * B * H * T * T * D
     assert flops._flash_attn_backward(*[(B, T, H, D)] * 4, None, None) == 10 * B * H * T * T * D  # scores recomputed
     assert all("flash" in str(op) for op in flops.flash_attn_formulas())  # none here unless flash-attn is imported
+
+
+def test_the_references_mfu_from_the_same_rounds_puts_the_strategy_at_one_over_its_overhead():
+    m = throughput_metrics(64, 1.25, 1_000, 1_210, FAKE_PEAK, ROOF, reference_step_time_s=1.0)
+    assert m["reference_mfu"] == 1_000 / 1e12 and m["reference_mfu_roofline"] == 1_000 / 5e11
+    assert m["mfu"] / m["reference_mfu"] == pytest.approx(1 / 1.25)  # the gated overhead, seen as MFU
+    assert "reference_mfu" not in throughput_metrics(64, 1.0, 1, 1, FAKE_PEAK, ROOF)  # a reference has none
