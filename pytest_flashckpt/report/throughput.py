@@ -100,6 +100,7 @@ def throughput_section(results: list[Result]) -> list[str]:
         "do not). FLOP ratio = hardware / model FLOPs. Recomputation adds hardware FLOPs but no "
         "model FLOPs, so MFU falls as recompute rises while HFU need not; a strategy's MFU over its reference's "
         "is 1 / overhead (gated as the overhead). FLOPs are matmul and attention FLOPs (torch's FlopCounterMode); "
-        "pointwise ops are not counted.",
+        "pointwise ops are not counted. Scenarios without a timing pass (checkpoint-only) have no step time and are "
+        "not listed.",
     ]
     return lines

@@ -200,7 +200,8 @@ def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, referen
     device = ctx.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = peaks.lookup(device.type, name, peaks.precision_for(scenario.dtype, torch.get_float32_matmul_precision()))
-    shapes = roofline.roofline_shapes(own.gemm_shapes)
+    # the model's matmuls, the reference's (no recompute): every strategy of a workload shares one roofline
+    shapes = roofline.roofline_shapes((ref or own).gemm_shapes)
     measured = roofline.cached(ctx.cache, device, DTYPES[scenario.dtype], shapes) if shapes else None
     model_flops = (ref or own).matmul_flops  # the reference's step: no recompute (a reference is its own)
     return throughput_metrics(scenario.batch_size * scenario.seq_len, step_time_s, model_flops, own.matmul_flops,
