@@ -14,8 +14,8 @@ from pytest_flashckpt.result import Result, RunRecord
 
 HEADERS = [
     "scenario", "strategy", "kernel", "dtype", "tokens/s", "model FLOP/s", "hardware FLOP/s", "FLOP ratio",
-    "overhead", "MFU", "HFU", "reference MFU", "MFU / roofline", "HFU / roofline", "reference MFU / roofline",
-    "peak memory",
+    "overhead", "MFU", "HFU", "reference MFU", "roofline", "MFU / roofline", "HFU / roofline",
+    "reference MFU / roofline", "peak memory",
 ]
 
 
@@ -43,22 +43,31 @@ def mfu_of(r: Result) -> tuple[float | None, float | None, str]:
 
 
 def header_lines(record: RunRecord) -> list[str]:
-    """What MFU is judged against in this run, one line per device and dtype: the datasheet peak with its source,
-    or the reason there is none; and the measured roofline."""
-    seen: dict[str, str] = {}
+    """What MFU is judged against in this run, one line per dtype: the datasheet peak with its source (a GPU), or
+    the reason there is none; and each matmul roofline measured (one per workload's GEMM shapes)."""
+    datasheet: dict[str, str] = {}
+    rooflines: dict[str, list[str]] = {}
     for r in record.results:
         if not select.measured(r) or _num(r, "model_flops_per_s") is None:
             continue
         dtype = str(r.config.get("dtype", "?"))
-        peak = r.metrics.get("peak_source") or f"none ({r.metrics.get('mfu_absent') or 'not recorded'})"
-        roof = metric("roofline_flops_per_s", _num(r, "roofline_flops_per_s"))
-        seen.setdefault(dtype, f"datasheet {peak}; measured matmul roofline {roof} (best, {r.metrics.get('roofline_shape', '?')})")
-    if not seen:
+        datasheet.setdefault(dtype, str(r.metrics.get("peak_source") or f"none: {r.metrics.get('mfu_absent') or 'not recorded'}"))
+        roof = _num(r, "roofline_flops_per_s")
+        if roof is not None:
+            text = f"{metric('roofline_flops_per_s', roof)} at {r.metrics.get('roofline_shape', '?')}"
+            if text not in rooflines.setdefault(dtype, []):
+                rooflines[dtype].append(text)
+    if not datasheet:
         return []
     cpu = record.profile.get("device_type") == "cpu"
     head = ("- **peak FLOP/s** (CPU: the measured matmul roofline only; CPU datasheet peaks are not comparable):"
             if cpu else "- **peak FLOP/s** (dense datasheet peak per dtype, and the measured matmul roofline):")
-    return [head, *(f"  - `{dtype}`: {escape(text)}" for dtype, text in sorted(seen.items()))]
+    lines = [head]
+    for dtype in sorted(datasheet):
+        roofs = "; ".join(rooflines.get(dtype, [])) or "not measured"
+        peak = "" if cpu else f"datasheet {datasheet[dtype]}; "
+        lines.append(f"  - `{dtype}`: {escape(peak)}measured matmul roofline (best `torch.mm` at the step's GEMM shapes) {roofs}")
+    return lines
 
 
 def _row(r: Result, notes: Footnotes) -> list[str]:
@@ -74,7 +83,8 @@ def _row(r: Result, notes: Footnotes) -> list[str]:
         metric("tokens_per_s", _num(r, "tokens_per_s")), metric("model_flops_per_s", _num(r, "model_flops_per_s")),
         metric("hardware_flops_per_s", _num(r, "hardware_flops_per_s")),
         ratio(_num(r, "hardware_step_flops") / _num(r, "model_step_flops")) if _num(r, "model_step_flops") else MISSING,
-        ratio(_num(r, "overhead")), *datasheet, pct(_num(r, "mfu_roofline")), pct(_num(r, "hfu_roofline")),
+        ratio(_num(r, "overhead")), *datasheet, metric("roofline_flops_per_s", _num(r, "roofline_flops_per_s")),
+        pct(_num(r, "mfu_roofline")), pct(_num(r, "hfu_roofline")),
         pct(_num(r, "reference_mfu_roofline")), mib(_num(r, "peak_bytes")),
     ]
 
