@@ -32,7 +32,7 @@ Worse = Literal["higher", "lower"]
 @dataclass(frozen=True)
 class Metric:
     name: str
-    unit: str  # "B", "s", "ratio", "fraction", "FLOP", "count", "MB/s", "GB/s", "text"
+    unit: str  # "B", "s", "ratio", "fraction", "FLOP", "FLOP/s", "tokens/s", "count", "MB/s", "GB/s", "text"
     kind: Kind
     description: str
     worse: Worse = "higher"
@@ -152,6 +152,27 @@ _TABLE = (
     Metric("budget_recompute_flops", "FLOP", "info", "matmul FLOPs the plan recomputes", fmt="gflop"),
     Metric("budget_plan_seconds", "s", "info", "wall time of planning: costs for the shape plus the solve", fmt="ms"),
     Metric("budget_costs_seconds", "s", "info", "wall time of the plan's costs (simulated steps)", fmt="ms"),
+    # throughput (pytest_flashckpt/throughput): how close the step is to the machine's limit; reported, never gated
+    # (a strategy's MFU over its reference's is 1 / overhead, gated as overhead; absolute rates are time-like)
+    Metric("tokens_per_s", "tokens/s", "info", "tokens of one step / median step time", worse="lower", fmt="tokens_rate"),
+    Metric("model_step_flops", "FLOP", "info", "useful FLOPs of one step: the reference's (no recompute) counted step", fmt="gflop"),
+    Metric("hardware_step_flops", "FLOP", "info", "FLOPs one step executes, recomputation included (the scenario's own count)", fmt="gflop"),
+    Metric("model_flops_per_s", "FLOP/s", "info", "model FLOPs / median step time", worse="lower", fmt="flops_rate"),
+    Metric("hardware_flops_per_s", "FLOP/s", "info", "hardware FLOPs / median step time", worse="lower", fmt="flops_rate"),
+    Metric("mfu", "fraction", "info", "model FLOP/s / the device's dense datasheet peak for the dtype (MFU)", worse="lower", fmt="pct"),
+    Metric("hfu", "fraction", "info", "hardware FLOP/s / the device's dense datasheet peak for the dtype (HFU)", worse="lower", fmt="pct"),
+    Metric("peak_flops_per_s", "FLOP/s", "info", "the dense datasheet peak MFU is judged against", fmt="flops_rate"),
+    Metric("peak_source", "text", "info", "the datasheet peak's product, precision and source document"),
+    Metric("mfu_absent", "text", "info", "why there is no datasheet MFU (a CPU, an unknown device, a precision the datasheet lacks)"),
+    Metric("roofline_flops_per_s", "FLOP/s", "info", "measured matmul roofline: best torch.mm FLOP/s at the step's GEMM shapes and dtype", worse="lower", fmt="flops_rate"),
+    Metric("roofline_shape", "text", "info", "the GEMM shape (M x K x N, dtype) where the roofline was reached"),
+    Metric("mfu_roofline", "fraction", "info", "model FLOP/s / the measured matmul roofline", worse="lower", fmt="pct"),
+    Metric("hfu_roofline", "fraction", "info", "hardware FLOP/s / the measured matmul roofline", worse="lower", fmt="pct"),
+    Metric("reference_mfu", "fraction", "info", "the reference's MFU over the same interleaved rounds (its HFU is the same)", worse="lower", fmt="pct"),
+    Metric("reference_mfu_roofline", "fraction", "info", "the reference's MFU / roofline over the same interleaved rounds", worse="lower", fmt="pct"),
+    # checkpoint I/O against its limits (write_vs_raw above): the staging copy against the measured memory copy
+    Metric("staging_GBps", "GB/s", "info", "snapshot bytes / the blocking staging copy's time (staged saves)", worse="lower", fmt="gbps"),
+    Metric("staging_vs_copy", "fraction", "info", "staging_GBps / copy_GBps: the staging copy against this machine's measured memory copy", worse="lower", fmt="pct"),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}

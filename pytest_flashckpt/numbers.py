@@ -59,6 +59,17 @@ def gflop(value: Number) -> str:
     return MISSING if value is None else f"{value / 1e9:,.2f} GFLOP"
 
 
+def flops_rate(value: Number) -> str:
+    """FLOP/s: ``41.3 GFLOP/s`` below 1 TFLOP/s (a CPU), ``312.0 TFLOP/s`` above (a GPU)."""
+    if value is None:
+        return MISSING
+    return f"{value / 1e12:,.1f} TFLOP/s" if value >= 1e12 else f"{value / 1e9:,.1f} GFLOP/s"
+
+
+def tokens_rate(value: Number) -> str:
+    return MISSING if value is None else f"{value:,.0f} tok/s"
+
+
 def count(value: Number) -> str:
     return MISSING if value is None else f"{value:,.0f}"
 
@@ -101,5 +112,6 @@ def p_value(value: Number) -> str:
 
 FORMATTERS = {
     "mib": mib, "ms": ms, "pct": pct, "ratio": ratio, "mbps": mbps, "gbps": gbps, "gflop": gflop, "count": count,
+    "flops_rate": flops_rate, "tokens_rate": tokens_rate,
     "number": number,
 }

@@ -8,6 +8,10 @@ when given a CUDA device; a host memcpy would be an order of magnitude off.
 :class:`SnapshotCopyTimer` times the copy itself, per save, in the training loop just before the save: a staged
 save's stall over that copy (``stall_vs_copy``) is a ratio of two neighbouring measurements of the same bytes on the
 same machine state, so a busier or quieter machine, or another process, moves both alike (docs: baselines/README.md).
+
+:func:`against_limits` states both against their limit as fractions: ``write_vs_raw`` (a save's write rate over the
+raw disk's) and ``staging_vs_copy`` (the staging copy's rate, snapshot bytes / ``snapshot_copy_s``, over the
+measured memory copy: host to host on a CPU, device to pinned host on a GPU).
 """
 
 from __future__ import annotations
@@ -73,6 +77,18 @@ def _device_to_host_GBps(device: torch.device, megabytes: int, repeats: int, syn
         synchronize(device)
         best = min(best, time.perf_counter() - start)
     return n * 4 / 1e9 / max(best, 1e-9)
+
+
+def against_limits(measured: dict) -> dict[str, float]:
+    """``staging_GBps`` and ``staging_vs_copy`` from a checkpoint pass's ``snapshot_bytes``, ``snapshot_copy_s`` and
+    ``copy_GBps`` (staged saves only: a blocking save has no staging copy, so nothing is returned for it)."""
+    nbytes, copy_s, copy_gbps = (measured.get(k) for k in ("snapshot_bytes", "snapshot_copy_s", "copy_GBps"))
+    if not (isinstance(nbytes, (int, float)) and isinstance(copy_s, (int, float)) and isinstance(copy_gbps, (int, float))):
+        return {}
+    if nbytes <= 0 or copy_s <= 0 or copy_gbps <= 0:
+        return {}
+    staging = nbytes / copy_s / 1e9
+    return {"staging_GBps": staging, "staging_vs_copy": staging / copy_gbps}
 
 
 class SnapshotCopyTimer:

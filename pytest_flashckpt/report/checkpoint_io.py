@@ -14,7 +14,10 @@ TIMING_HEADERS = [
     "scenario", "save strategy", "stall", "total", "stall / copy (gated)", "stall / sync save", "reference sync total", "time lost per save",
     "time lost / sync's", "copy bound", "load",
 ]
-IO_HEADERS = ["scenario", "written", "files", "write", "raw disk write", "write / raw", "memory copy", "extra memory during save"]
+IO_HEADERS = [
+    "scenario", "written", "files", "write", "raw disk write", "write / raw", "staging copy", "memory copy",
+    "staging / memory copy", "extra memory during save",
+]
 
 
 def _num(r: Result, key: str) -> float | None:
@@ -26,7 +29,7 @@ def _rows(r: Result, notes: Footnotes) -> tuple[list[str], list[str]]:
     name = f"`{r.id}`"
     if r.status != "measured":
         skipped = notes.skipped(r.status, r.reason)
-        return [name, select.describe_save(r), skipped, *[MISSING] * 8], [name, skipped, *[MISSING] * 6]
+        return [name, select.describe_save(r), skipped, *[MISSING] * 8], [name, skipped, *[MISSING] * (len(IO_HEADERS) - 2)]
     timing = [
         name, select.describe_save(r), ms(_num(r, "save_stall_s")), ms(_num(r, "save_total_s")),
         ratio(_num(r, "stall_vs_copy")), pct(_num(r, "stall_vs_sync")), ms(_num(r, "reference_save_total_s")), ms(_num(r, "time_lost_s")),
@@ -34,8 +37,8 @@ def _rows(r: Result, notes: Footnotes) -> tuple[list[str], list[str]]:
     ]
     io = [
         name, mib(_num(r, "bytes_written")), count(_num(r, "files")), mbps(_num(r, "write_MBps")),
-        mbps(_num(r, "raw_write_MBps")), pct(_num(r, "write_vs_raw")), gbps(_num(r, "copy_GBps")),
-        mib(_num(r, "save_extra_peak_bytes")),
+        mbps(_num(r, "raw_write_MBps")), pct(_num(r, "write_vs_raw")), gbps(_num(r, "staging_GBps")),
+        gbps(_num(r, "copy_GBps")), pct(_num(r, "staging_vs_copy")), mib(_num(r, "save_extra_peak_bytes")),
     ]
     return timing, io
 
@@ -59,6 +62,8 @@ def checkpoint_section(results: list[Result]) -> list[str]:
         "stall, staged saves only) = each save's stall over a blocking staging copy of the same state timed just "
         "before it, saves 2..n (the first allocates the staging buffers). Stall / sync save = "
         "stall against the total of a plain synchronous save of the reference (a separate pass; not gated). Raw disk write (fdatasync'd) and "
-        "memory copy are this machine's limits, measured in the same run and folder.",
+        "memory copy are this machine's limits, measured in the same run and folder; write / raw and staging / memory copy "
+        "are each save's rate against its limit (staging copy = snapshot bytes / the blocking staging copy timed before "
+        "each staged save; memory copy = host to host on a CPU, device to pinned host on a GPU; staged saves only).",
     ]
     return lines

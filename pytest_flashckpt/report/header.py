@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from pytest_flashckpt.registry import PROBES
+from pytest_flashckpt.report.throughput import header_lines as throughput_header
 from pytest_flashckpt.result import RunRecord
 
 
@@ -46,6 +47,7 @@ def header(record: RunRecord) -> list[str]:
         f"- **attention kernel that ran**: {kernels_line(record)}",
         f"- **memory probe** {probe}",
         f"- **timing**: {rounds_line(record)}; ratios are medians of per-round strategy / reference step times",
+        *throughput_header(record),
         f"- **run** {record.created}, commit `{record.commit or 'unknown'}`",
         *(f"- **note**: {note}" for note in record.notes),
     ]

@@ -24,6 +24,7 @@ from pytest_flashckpt.report.regression import regression_section
 from pytest_flashckpt.report.scenarios import scenarios_section
 from pytest_flashckpt.report.claim_verdicts import judge
 from pytest_flashckpt.report.simulation import simulation_section
+from pytest_flashckpt.report.throughput import throughput_section
 from pytest_flashckpt.result import Result, RunRecord
 
 REPORT_NAME = "flashckpt-report.md"
@@ -43,6 +44,7 @@ def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
         single_claim(record),
         activation_section(results) + _plot(plots, "pareto"),
         attention_section(results) + _plot(plots, "attention"),
+        throughput_section(results) + _plot(plots, "throughput"),
         checkpoint_section(results) + _plot(plots, "saves"),
         distributed_section(results),
         simulation_section(results),

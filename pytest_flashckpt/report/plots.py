@@ -1,6 +1,6 @@
 """The report's plots, PNGs beside the markdown: memory saving vs overhead (the Pareto view, with the article's
 claims drawn as target boxes), peak memory vs sequence length per attention backend, save stall vs total per
-save strategy.
+save strategy, MFU (filled) and HFU (hollow) vs peak memory per activation strategy.
 
 matplotlib is imported only when a plot is drawn, and through its object API (``Figure`` + the Agg canvas), so
 importing the plugin stays cheap and no global pyplot backend is switched under a user's feet. A plot whose
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 PARETO = "flashckpt-pareto.png"
 ATTENTION = "flashckpt-attention-memory.png"
 SAVES = "flashckpt-save-stall.png"
+THROUGHPUT = "flashckpt-mfu-memory.png"
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,53 @@ def draw_saves(results: list[Result], path: Path) -> None:
     _save(draw, path, (7.5, 2.2 + 0.7 * len(chosen)))
 
 
+# -- MFU vs peak memory -------------------------------------------------------------------------------------
+def draw_throughput(results: list[Result], path: Path) -> None:
+    from pytest_flashckpt.report.throughput import mfu_of, plotted
+
+    chosen = plotted(results)
+    against = {mfu_of(r)[2] for r in chosen}
+    basis = against.pop() if len(against) == 1 else "datasheet peak or measured roofline"
+
+    def draw(ax: "Axes") -> None:
+        strategies = sorted({select.describe_activation(r) for r in chosen})
+        workloads: dict[tuple, list[Result]] = {}
+        for r in chosen:
+            workloads.setdefault((select.card(r), r.config.get("seq_len"), r.kernel, r.config.get("dtype")), []).append(r)
+        for group in workloads.values():  # one workload's strategies joined: the memory / MFU trade-off
+            group = sorted(group, key=lambda r: _num(r, "peak_bytes") or 0.0)
+            ax.plot([(_num(r, "peak_bytes") or 0.0) / 2**20 for r in group], [(mfu_of(r)[0] or 0.0) * 100 for r in group],
+                    "-", color="lightgrey", zorder=1)
+        for i, strategy in enumerate(strategies):
+            mine = [r for r in chosen if select.describe_activation(r) == strategy]
+            color = f"C{i % 10}"
+            xs = [(_num(r, "peak_bytes") or 0.0) / 2**20 for r in mine]
+            ax.scatter(xs, [(mfu_of(r)[0] or 0.0) * 100 for r in mine], color=color, label=f"{strategy}: MFU", zorder=3)
+            hfu = [(x, mfu_of(r)[1]) for x, r in zip(xs, mine) if mfu_of(r)[1] is not None]
+            if hfu:
+                ax.scatter([x for x, _ in hfu], [h * 100 for _, h in hfu], facecolors="none", edgecolors=color,
+                           label=f"{strategy}: HFU", zorder=2)
+        for group in workloads.values():
+            top = max(group, key=lambda r: mfu_of(r)[0] or 0.0)
+            ax.annotate(f"{select.card(top)} s{top.config.get('seq_len')}", ((_num(top, "peak_bytes") or 0.0) / 2**20,
+                        (mfu_of(top)[0] or 0.0) * 100), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        ax.set_xlabel("peak training-step memory (MiB)")
+        ax.set_ylabel(f"% of the {basis}")
+        ax.set_ylim(bottom=0)
+        ax.set_title("MFU (filled) and HFU (hollow) vs peak memory per activation strategy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+
+    _save(draw, path)
+
+
 # -- all of them ---------------------------------------------------------------------------------------------
+def _throughput_points(results: list[Result]) -> list[Result]:
+    from pytest_flashckpt.report.throughput import plotted
+
+    return plotted(results)
+
+
 def write_plots(record: RunRecord, out_dir: Path) -> dict[str, Plot]:
     """Draw every plot whose data exists into ``out_dir``; the rest come back with the reason."""
     results = record.results
@@ -263,6 +310,8 @@ def write_plots(record: RunRecord, out_dir: Path) -> dict[str, Plot]:
          None if plotted else "no reference-configuration scenario (no activation strategy, no save) measured peak memory"),
         ("saves", "Save stall vs total per save strategy", SAVES, draw_saves,
          None if save_points(results) else "no scenario with a save strategy was measured"),
+        ("throughput", "MFU and HFU vs peak memory per activation strategy", THROUGHPUT, draw_throughput,
+         None if _throughput_points(results) else "no timed scenario measured both its MFU (datasheet or roofline) and its peak memory"),
     ]
     out: dict[str, Plot] = {}
     for key, title, name, draw, missing in specs:

@@ -36,7 +36,8 @@ def scenario_verdict(result: Result, rows: Sequence[RegressionVerdict] | None, g
 
 
 def metric_parts(r: Result, compact: bool = False) -> list[str]:
-    """The headline numbers of a measured result: kernel, peak, saving, overhead or step time, save stall."""
+    """The headline numbers of a measured result: kernel, peak, saving, overhead or step time, MFU and HFU (of the
+    datasheet peak, else of the measured matmul roofline), save stall."""
     m = r.metrics
 
     def num(key: str) -> float | None:
@@ -54,6 +55,10 @@ def metric_parts(r: Result, compact: bool = False) -> list[str]:
         parts.append(f"overhead {ratio(num('overhead'))}")
     elif num("step_time_s") is not None and not compact:
         parts.append(f"step {ms(num('step_time_s'))}")
+    if not compact and num("mfu") is not None:  # against the datasheet peak where there is one
+        parts.append(f"MFU {pct(num('mfu'))} (HFU {pct(num('hfu'))})")
+    elif not compact and num("mfu_roofline") is not None:  # a CPU, or a GPU missing from the peak table
+        parts.append(f"MFU {pct(num('mfu_roofline'))} of roofline (HFU {pct(num('hfu_roofline'))})")
     if num("save_stall_s") is not None:
         parts.append(f"stall {ms(num('save_stall_s'))}")
     return parts

@@ -172,18 +172,40 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
         metrics.update(timing.metrics())
         samples.update(timing.samples())
 
-    if "flops" in scenario.measure:
-        from pytest_flashckpt.activation.flops import count_step_flops
+    if "flops" in scenario.measure or "timing" in scenario.measure:  # timed steps get their throughput too
+        from pytest_flashckpt.activation.flops import count_step
 
         ctx.phase("FLOP count")
-        metrics["step_flops"] = count_step_flops(trainer)
-        if reference is not None:
-            ref_flops = ctx.cached("flops", scenario.reference(), lambda: count_step_flops(reference))
-            metrics["reference_step_flops"] = ref_flops
-            metrics["flop_ratio"] = metrics["step_flops"] / ref_flops
+        own = count_step(trainer)
+        ref = None if reference is None else ctx.cached("flop count", scenario.reference(), lambda: count_step(reference))
+        if "flops" in scenario.measure:
+            metrics["step_flops"] = own.matmul_flops
+            if ref is not None:
+                metrics["reference_step_flops"] = ref.matmul_flops
+                metrics["flop_ratio"] = own.matmul_flops / ref.matmul_flops
+        if "timing" in scenario.measure:
+            ctx.phase("matmul roofline")
+            metrics.update(_throughput(scenario, ctx, metrics["step_time_s"], metrics.get("reference_step_time_s"), own, ref))
 
     if "checkpoint" in scenario.measure:
         _checkpoint_pass(scenario, ctx, trainer, result)
+
+
+def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, reference_step_time_s: float | None, own, ref) -> dict[str, Any]:
+    """Tokens/s, model and hardware FLOP/s, MFU and HFU against the datasheet peak (or why there is none) and the
+    measured matmul roofline at this step's GEMM shapes (once per run per dtype and shapes): ``throughput.mfu``."""
+    from pytest_flashckpt.throughput import peaks, roofline
+    from pytest_flashckpt.throughput.mfu import throughput_metrics
+
+    device = ctx.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = peaks.lookup(device.type, name, peaks.precision_for(scenario.dtype, torch.get_float32_matmul_precision()))
+    # the model's matmuls, the reference's (no recompute): every strategy of a workload shares one roofline
+    shapes = roofline.roofline_shapes((ref or own).gemm_shapes)
+    measured = roofline.cached(ctx.cache, device, DTYPES[scenario.dtype], shapes) if shapes else None
+    model_flops = (ref or own).matmul_flops  # the reference's step: no recompute (a reference is its own)
+    return throughput_metrics(scenario.batch_size * scenario.seq_len, step_time_s, model_flops, own.matmul_flops,
+                              peak, measured, reference_step_time_s)
 
 
 def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result) -> None:
@@ -200,6 +222,9 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
                 result.samples[key] = value
             else:
                 result.metrics[key] = value
+        from pytest_flashckpt.checkpoint.bandwidth import against_limits
+
+        result.metrics.update(against_limits(measured))  # the staging copy against the measured memory copy
         if scenario.save.strategy != "sync":
             ref_scenario = scenario.reference()
 

@@ -23,7 +23,7 @@ def test_a_line_per_scenario_an_end_table_and_junit_properties(pytester):
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([
         "prog::reference: kernel eager, peak *MiB*-> no baseline",
-        "prog::full: kernel eager, peak *MiB, saving *, overhead *x -> no baseline",
+        "prog::full: kernel eager, peak *MiB, saving *, overhead *x, MFU *% of roofline (HFU *%) -> no baseline",
         "*= flashckpt =*",
         "the article's claims*",
         "quick prototype*full*",

@@ -9,7 +9,7 @@ from pathlib import Path
 import report_synthetic as syn
 
 from pytest_flashckpt.report import REPORT_NAME, write_report
-from pytest_flashckpt.report.plots import ATTENTION, PARETO, SAVES
+from pytest_flashckpt.report.plots import ATTENTION, PARETO, SAVES, THROUGHPUT
 from pytest_flashckpt.result import RunRecord
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,12 +27,12 @@ def test_plots_written_and_linked(record: RunRecord, tmp_path: Path) -> None:
 
 
 def test_plots_skipped_with_reason_and_stale_ones_removed(tmp_path: Path) -> None:
-    for name in (PARETO, ATTENTION, SAVES):
+    for name in (PARETO, ATTENTION, SAVES, THROUGHPUT):
         (tmp_path / name).write_bytes(PNG_MAGIC)  # left over from an earlier run
     text = write_report(syn.record([]), tmp_path).read_text(encoding="utf-8")
-    for name in (PARETO, ATTENTION, SAVES):
+    for name in (PARETO, ATTENTION, SAVES, THROUGHPUT):
         assert not (tmp_path / name).exists()
-    assert text.count("not drawn:") == 3
+    assert text.count("not drawn:") == 4
     assert "no activation-checkpointing scenario measured both memory saving and overhead" in text
 
 
