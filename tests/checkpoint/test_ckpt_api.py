@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from pytest_flashckpt.checkpoint import CheckpointError, CheckpointManager, SelectiveResumeWarning, resume, save
+from pytest_flashckpt.models.anatomy import BlockAnatomy, ModelAnatomy
 
 STRATEGIES: dict[str, dict] = {
     "sync": {"strategy": "sync"},
@@ -34,6 +35,10 @@ class Net(nn.Module):
         self.embed = nn.Embedding(20, 16)
         self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16), nn.GELU()) for _ in range(2))
         self.head = nn.Linear(16, 20)
+
+    def anatomy(self) -> ModelAnatomy:
+        """Where the blocks are (a layer-wise save writes one file per block) and which module embeds."""
+        return ModelAnatomy("custom", "layers", BlockAnatomy({"up": "1"}, attention="1", norms=("0",)), ("embed",), "head")
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.embed(tokens)
@@ -112,6 +117,22 @@ def test_own_loop_resumes_bitwise(name: str, with_scheduler: bool, tmp_path: Pat
     assert step == 3 and again[3].position == 3
     train(*again, 2)
     assert_bitwise(again, straight)
+
+
+def test_layerwise_writes_a_file_per_block_of_the_anatomy(tmp_path: Path) -> None:
+    model, opt, sched, cursor = make()
+    train(model, opt, sched, cursor, 1)
+    record = save(tmp_path, model=model, optimizer=opt, step=1, strategy="layerwise")
+    files = sorted(p.name for p in (tmp_path / record.name / "layers").iterdir())
+    assert files == ["block_000.pt", "block_001.pt", "rest.pt"]
+
+
+def test_layerwise_without_an_anatomy_says_how_to_give_one(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="one file per block, but its blocks are unknown: no anatomy for a Sequential.*anatomy\\(\\)"):
+        save(tmp_path, model=model, optimizer=opt, step=0, strategy="layerwise")
+    assert not any(tmp_path.iterdir()) or not (tmp_path / "latest").exists()
 
 
 def test_one_call_save_and_resume(tmp_path: Path) -> None:
