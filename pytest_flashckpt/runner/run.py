@@ -91,7 +91,7 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
                 raise SkipScenario("budget on a GPU plans from costs simulated from a model card; a Hugging Face model "
                                    "has no card to simulate: plan it on a CPU (costs measured on the model itself)")
             source = cuda_costs_for(trainer.model)  # no exact probe on a GPU: costs simulated on meta, weights timed here
-        else:
+        elif scenario.model.hf is None:  # a Hugging Face model has no card to simulate: its costs are measured
             source = cpu_costs_for(trainer.model)  # byte-equal to measured costs, ~25x faster; None: measured
     try:
         applied = apply_ac(trainer.model, scenario.activation, shape=(scenario.batch_size, scenario.seq_len), source=source)

@@ -21,6 +21,15 @@ transformers = pytest.importorskip("transformers", reason="Hugging Face models n
 from pytest_flashckpt.models.anatomy import check_block, get_anatomy, get_blocks  # noqa: E402
 from pytest_flashckpt.models.hf import build_hf_model  # noqa: E402
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one intra-op thread is faster and steadier on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32}
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
          "num_key_value_heads": 2, "intermediate_size": 48, "vocab_size": 64, "max_position_embeddings": 32}

@@ -309,7 +309,7 @@ class MeasuredCosts:
             )
         self.options = options or default_options(self.device.type)
         with _quiet():
-            self.model = build_model(model.config, model.backend, self.device, param.dtype, seed=0)
+            self.model = _private_model(model, self.device, param.dtype, build_model)
             from pytest_flashckpt.activation.budget.runtime import install_planned_forwards
 
             self.forwards = install_planned_forwards(self.model)
@@ -326,7 +326,7 @@ class MeasuredCosts:
         """One source per (config, backend, device, dtype) in this process, its costs cached per shape: every
         scenario of a budget sweep plans from the same measurements instead of measuring again."""
         param = next(model.parameters())
-        key = (model.config, model.backend, str(param.device), param.dtype)
+        key = (*_model_key(model), str(param.device), param.dtype)
         if key not in cls._shared:
             cls._shared[key] = cls(model)
         return cls._shared[key]
@@ -400,3 +400,31 @@ def _quiet():
     """No caller dispatch modes, forked RNG, grad enabled: measuring is invisible to the caller."""
     with _disable_current_modes(), torch.random.fork_rng(devices=[]), torch.enable_grad():
         yield
+
+
+def _is_card_model(model: nn.Module) -> bool:
+    """One of the project's families, rebuilt from its card (``config``, ``backend``)."""
+    return type(model).__module__.startswith("pytest_flashckpt.models") and hasattr(model, "backend")
+
+
+def _private_model(model: nn.Module, device, dtype, build_model) -> nn.Module:
+    """The model costs are measured on: rebuilt from its card (seed 0) for the project's families; any other model
+    (a Hugging Face model, a module of the user's own) is deep-copied before a strategy is applied (its weights do
+    not change the costs, its structure does)."""
+    if _is_card_model(model):
+        return build_model(model.config, model.backend, device, dtype, seed=0)
+    import copy
+
+    return copy.deepcopy(model).to(device=device, dtype=dtype)
+
+
+def _model_key(model: nn.Module) -> tuple:
+    """What makes two models' costs equal: card and backend; a Hugging Face model's config (attention included);
+    any other model only itself."""
+    if _is_card_model(model):
+        return (model.config, model.backend)
+    config = getattr(model, "config", None)
+    if config is not None and callable(getattr(config, "to_json_string", None)):
+        return (type(model).__qualname__, config.to_json_string(), getattr(config, "_attn_implementation", None))
+    return (id(model),)
+

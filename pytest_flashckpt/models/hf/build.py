@@ -85,6 +85,10 @@ def hf_config(spec: Mapping[str, Any] | str | Path, dropout: float | None = None
         config = transformers.AutoConfig.for_model(model_type, **data)
     except ValueError as exc:
         raise ValueError(f"model.hf: model_type {model_type!r}: {exc}") from None
+    # training, not generation: no KV cache. With one, a checkpointed layer's recomputation would append its keys
+    # and values to the cache the first forward filled (transformers turns it off under its own checkpointing too)
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
     if dropout is not None:
         for key in DROPOUT_KEYS:
             if isinstance(getattr(config, key, None), float):
@@ -102,16 +106,16 @@ def max_positions(config) -> int | None:
 
 def loss_forward(model: nn.Module) -> nn.Module:
     """Give ``model`` (an instance) the training-step call ``model(tokens, targets) -> loss``; see the module doc."""
-    own = type(model).forward.__get__(model)
-
-    def forward(self, input_ids=None, targets=None, **kwargs):
-        if targets is None:
-            return own(input_ids=input_ids, **kwargs)
-        logits = own(input_ids=input_ids, **kwargs).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-    model.forward = types.MethodType(forward, model)
+    model.forward = types.MethodType(_loss_forward, model)  # bound to the instance: a deep copy rebinds it
     return model
+
+
+def _loss_forward(self, input_ids=None, targets=None, **kwargs):
+    own = type(self).forward  # the class's forward on *this* instance (never a closure over another one)
+    if targets is None:
+        return own(self, input_ids=input_ids, **kwargs)
+    logits = own(self, input_ids=input_ids, **kwargs).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 def build_hf_model(
@@ -142,6 +146,17 @@ def build_hf_model(
     found = stated_anatomy(model, anatomy) if anatomy else discover_anatomy(model)
     if found is None:
         raise ValueError(explain_anatomy(model))
-    model.anatomy = types.MethodType(lambda self, _a=found: _a, model)  # get_anatomy asks model.anatomy() first
+    model.anatomy = types.MethodType(_Stated(found), model)  # get_anatomy asks model.anatomy() first
     model.flashckpt_family = found.family
     return loss_forward(model)
+
+
+class _Stated:
+    """``model.anatomy()`` for a built model: the anatomy found (or stated) when it was built."""
+
+    def __init__(self, anatomy) -> None:
+        self.anatomy = anatomy
+
+    def __call__(self, _model):
+        return self.anatomy
+
