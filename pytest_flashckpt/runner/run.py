@@ -134,6 +134,8 @@ def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> dic
     if scenario.model.hf is not None:  # the analytic formulas are the project's families': none for a HF model ("—")
         return {}
     config = trainer.model.config
+    if not analytic.supports(config):  # no analytic model of this family's blocks: the report shows "—"
+        return {}
     work = analytic.Workload(
         scenario.batch_size, scenario.seq_len, trainer.model.backend, DTYPES[scenario.dtype].itemsize, device.type
     )

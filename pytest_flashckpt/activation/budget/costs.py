@@ -135,8 +135,10 @@ class _Segments(_LiveStorages):
 
 def _install_marks(model: nn.Module, probe_ref: list) -> list:
     """Forward pre-/post-hooks on every block and a gradient hook on each block's output; returns handles."""
+    from pytest_flashckpt.models.anatomy import get_blocks
+
     handles = []
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(get_blocks(model)):
 
         def pre(_module, _args, i=i) -> None:
             if probe_ref:
