@@ -194,7 +194,7 @@ def apply_budget(
     from pytest_flashckpt.activation.budget.costs import MeasuredCosts
 
     spec = BudgetSpec.parse(budget)
-    planner = BudgetPlanner(spec, source if source is not None else MeasuredCosts.shared(model))
+    planner = BudgetPlanner(spec, source if source is not None else MeasuredCosts.shared(model, blocks, anatomy))
     forwards = install_planned_forwards(model, blocks, anatomy)
     applied = AppliedBudget(planner, blocks=tuple(range(len(forwards))))
 
