@@ -47,3 +47,10 @@ def hf_limits(hf: dict | str) -> tuple[int | None, int | None]:
     layers = next((data[k] for k in LAYER_KEYS if isinstance(data.get(k), int)), None)
     positions = next((data[k] for k in POSITION_KEYS if isinstance(data.get(k), int)), None)
     return layers, positions
+
+
+def hf_label(hf: dict | str) -> str:
+    """How reports name a Hugging Face model in their card column: ``hf:gpt2``, ``hf:llama``, ``hf:config.json``."""
+    if isinstance(hf, str):
+        return f"hf:{Path(hf).name}"
+    return f"hf:{hf.get('model_type', '?')}"

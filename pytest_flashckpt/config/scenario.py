@@ -149,9 +149,12 @@ class ModelSpec:
         if self.anatomy is not None and self.hf is None:
             raise ValueError("model.anatomy states a Hugging Face model's anatomy; it needs model.hf (the project's cards state their own)")
         if self.hf is not None:
-            from pytest_flashckpt.config.hf_spec import check_hf_spec
+            from pytest_flashckpt.config.hf_spec import check_hf_spec, hf_label
 
             check_hf_spec(self.hf, self.anatomy)
+            if self.card not in ("tiny", hf_label(self.hf)):  # "tiny" is the default: the card was not named
+                raise ValueError(f"model.card {self.card!r} and model.hf name two models; keep one")
+            object.__setattr__(self, "card", hf_label(self.hf))  # what reports show in the card column
 
 
 @dataclass(frozen=True)

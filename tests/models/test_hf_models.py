@@ -106,6 +106,7 @@ def test_a_config_json_path_is_read_locally(tmp_path, monkeypatch) -> None:
     ("{name: a, model: {card: tiny, anatomy: {blocks: h}}}", r"scenario 'a'.*model\.anatomy .*needs model\.hf"),
     ("{name: a, model: {hf: {model_type: gpt2}, anatomy: {block: h}}}", r"model\.anatomy: unknown key\(s\) block; valid: blocks"),
     ("{name: a, model: {hf: {model_type: gpt2}}, simulate: {enabled: true}}", r"model\.hf: .*simulate builds the project's cards only"),
+    ("{name: a, model: {card: small, hf: {model_type: gpt2}}}", r"model\.card 'small' and model\.hf name two models"),
 ])
 def test_bad_hf_input_is_named_before_anything_runs(tmp_path, monkeypatch, body: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
@@ -133,6 +134,8 @@ def test_the_hf_suite_loads_and_passes_preflight() -> None:
     suite = load_suite("hf")
     families = {s.model.hf["model_type"] for s in suite.scenarios}
     assert families == {"gpt2", "llama"}
+    assert {s.card for s in suite.scenarios} == {"hf:gpt2", "hf:llama"}  # the report's card column
+    assert all(s.reference().card == s.card for s in suite.scenarios)
     for scenario in suite.scenarios:
         preflight(scenario)
     assert "hf" not in {s.suite for s in load_suite("default").scenarios}
