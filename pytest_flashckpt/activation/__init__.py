@@ -1,17 +1,21 @@
-"""Activation checkpointing strategies applied to a GPT in place: ``apply_ac(model, config)``.
+"""Activation checkpointing strategies applied to a model in place: ``apply_ac(model, config)``.
 
-Each strategy replaces the ``forward`` of the chosen blocks with a ``CheckpointedForward`` that runs the original
-forward under ``torch.utils.checkpoint`` (non-reentrant, RNG state preserved, so recomputation reproduces dropout
-masks bit for bit) or under ``save_on_cpu``. No wrapper module is inserted, so parameter names (``blocks.<i>.*``,
-which the save strategies rely on) are exactly those of the plain model.
+The blocks are the model's anatomy's (``models.anatomy``: ``model.anatomy()`` or a registered discoverer; each
+block is checked against it first) or, for any other ``nn.Module``, the ones passed as ``blocks=``. Each strategy
+replaces the ``forward`` of the chosen blocks with a ``CheckpointedForward`` that runs the original forward, with
+whatever positional and keyword arguments the block takes, under ``torch.utils.checkpoint`` (non-reentrant, RNG
+state preserved, so recomputation reproduces dropout masks bit for bit) or under ``save_on_cpu``. No wrapper module
+is inserted, so parameter names (``blocks.<i>.*``, which the save strategies rely on) are exactly those of the
+plain model.
 
 - ``none``: nothing changes (the reference).
 - ``full``: every block is recomputed in the backward pass; only block inputs are kept.
 - ``every_k``: blocks 0, k, 2k, ... are recomputed.
 - ``selective_op``: every block under a selective-checkpoint policy that keeps matmul and attention outputs and
   recomputes pointwise ops (see ``selective``); the configured ops must match at least once per forward. The
-  default list also recomputes the attention output projection (``DEFAULT_RECOMPUTE_LINEARS``), and attention
-  with dropout is recomputed rather than saved (a saved random op would shift the RNG for the ops after it).
+  default list also recomputes the attention output projection (role ``o``, ``DEFAULT_RECOMPUTE_ROLES``; roles are
+  read from the anatomy, so blocks given without one save every listed op), and attention with dropout is
+  recomputed rather than saved (a saved random op would shift the RNG for the ops after it).
 - ``offload``: every block's saved tensors go to pinned CPU memory (GPU runs only).
 - ``budget``: per input shape, each block gets the option (keep, save some ops, recompute, offload on a GPU)
   that fits ``config.budget`` with the least recomputation, from measured costs (see ``activation.budget``).
@@ -20,17 +24,19 @@ which the save strategies rely on) are exactly those of the plain model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from functools import partial
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from pytest_flashckpt.activation.selective import DEFAULT_RECOMPUTE_LINEARS, DEFAULT_SAVE_OPS, SavePolicy, default_save_ops
+from pytest_flashckpt.activation.selective import DEFAULT_RECOMPUTE_ROLES, DEFAULT_SAVE_OPS, SavePolicy, default_save_ops
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.models.anatomy import ModelAnatomy, check_block, get_anatomy, get_blocks, role_hooks
 from pytest_flashckpt.registry import ACTIVATION_STRATEGIES
 
-__all__ = ["DEFAULT_SAVE_OPS", "AppliedActivation", "StrategyUnavailable", "apply_ac"]
+__all__ = ["DEFAULT_SAVE_OPS", "AppliedActivation", "StrategyUnavailable", "apply_ac", "resolve_blocks"]
 
 STRATEGIES = tuple(ACTIVATION_STRATEGIES)  # names and descriptions: pytest_flashckpt.registry
 
@@ -81,29 +87,68 @@ def _ranges(indices: tuple[int, ...]) -> str:
 
 
 class CheckpointedForward:
-    """Stands in for a block's ``forward``: runs the original one under a strategy's context."""
+    """Stands in for a block's ``forward``: runs the original one, with the block's own arguments (any positional
+    and keyword arguments: hidden states, rotary tables, masks), under a strategy's context."""
 
     def __init__(self, forward: Callable, strategy: str, context_fn: Callable | None = None) -> None:
         self.forward = forward
         self.strategy = strategy
         self.context_fn = context_fn
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.strategy == "offload":
             with torch.autograd.graph.save_on_cpu(pin_memory=True):
-                return self.forward(x)
+                return self.forward(*args, **kwargs)
         if self.context_fn is None:
-            return checkpoint(self.forward, x, use_reentrant=False)
-        return checkpoint(self.forward, x, use_reentrant=False, context_fn=self.context_fn)
+            return checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(self.forward, *args, use_reentrant=False, context_fn=self.context_fn, **kwargs)
 
     def __repr__(self) -> str:
         return f"CheckpointedForward({self.strategy})"
 
 
+def resolve_blocks(
+    model: nn.Module, blocks: nn.ModuleList | Iterable[nn.Module] | str | None = None
+) -> tuple[list[nn.Module], ModelAnatomy | None]:
+    """The blocks a strategy wraps and the anatomy that names their modules (None when ``blocks`` is given for a
+    model without one). ``blocks``: None (the anatomy's, each checked with ``check_block``), a dotted submodule
+    path (``"model.layers"``) or the block modules themselves."""
+    anatomy: ModelAnatomy | None
+    try:
+        anatomy = get_anatomy(model)
+    except ValueError:
+        if blocks is None:
+            raise
+        anatomy = None
+    if blocks is None:
+        found = list(get_blocks(model, anatomy))
+        names = [f"{anatomy.blocks}.{i}" for i in range(len(found))]
+    else:
+        if isinstance(blocks, str):
+            blocks = model.get_submodule(blocks)
+        found = list(blocks)
+        if not found or not all(isinstance(b, nn.Module) for b in found):
+            raise ValueError("apply_ac: blocks= must name a non-empty ModuleList (or a dotted path to one) of nn.Modules")
+        by_id = {id(m): name for name, m in model.named_modules()}
+        names = [by_id.get(id(b), f"blocks[{i}]") for i, b in enumerate(found)]
+    if anatomy is not None:
+        for name, block in zip(names, found):
+            check_block(anatomy, block, where=name)
+    return found, anatomy
+
+
 def apply_ac(
-    model: nn.Module, config: ActivationConfig, shape: tuple[int, int] | None = None, source=None
+    model: nn.Module,
+    config: ActivationConfig,
+    shape: tuple[int, int] | None = None,
+    source=None,
+    blocks: nn.ModuleList | Iterable[nn.Module] | str | None = None,
 ) -> AppliedActivation:
-    """Apply ``config.strategy`` to ``model.blocks`` in place and return what was applied.
+    """Apply ``config.strategy`` to the model's blocks in place and return what was applied.
+
+    ``blocks``: the blocks of a model without an anatomy (any ``nn.Module``: a ModuleList, the modules, or a
+    dotted path to them); each block may take any arguments. Without it the anatomy's blocks are used, each
+    checked against the anatomy (``check_block``: a ValueError naming the block and the modules that do not match).
 
     ``shape`` (batch, seq): the ``budget`` strategy plans that input shape now, so a budget below the smallest
     achievable peak is an error (``BudgetTooSmall``, a ValueError naming the minimum) before training starts;
@@ -115,7 +160,7 @@ def apply_ac(
     StrategyUnavailable for a strategy this device cannot run (offload without a GPU), and RuntimeError if the
     model already has a strategy applied.
     """
-    blocks = model.blocks
+    blocks, anatomy = resolve_blocks(model, blocks)
     n_layer = len(blocks)
     from pytest_flashckpt.activation.budget.runtime import PlannedForward
 
@@ -133,7 +178,7 @@ def apply_ac(
             )
         return _wrap(blocks, range(0, n_layer, config.k), AppliedActivation("every_k"))
     if strategy == "selective_op":
-        return _apply_selective(model, config)
+        return _apply_selective(model, config, blocks, anatomy)
     if strategy == "offload":
         device = next(model.parameters()).device
         if device.type != "cuda":
@@ -151,26 +196,32 @@ def apply_ac(
                 "source: pass source=SimulatedCosts(...) (pytest_flashckpt.simulate.costs; the runner does)"
             )
 
-        return apply_budget(model, config.budget, shape, source=source)  # type: ignore[return-value]  # same interface
+        return apply_budget(model, config.budget, shape, source=source, blocks=blocks, anatomy=anatomy)  # type: ignore[return-value]  # same interface
     raise ValueError(f"unknown activation strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
 
 
-def _wrap(blocks: nn.ModuleList, indices, applied: AppliedActivation, context_fn: Callable | None = None) -> AppliedActivation:
+def _wrap(blocks, indices, applied: AppliedActivation, context_fn: Callable | None = None) -> AppliedActivation:
+    """``context_fn``: None, or ``index -> checkpoint context_fn`` for block ``index``."""
     applied.blocks = tuple(indices)
     for i in applied.blocks:
         block = blocks[i]
-        block.forward = CheckpointedForward(block.forward, applied.strategy, context_fn)
+        block.forward = CheckpointedForward(block.forward, applied.strategy, None if context_fn is None else context_fn(i))
     return applied
 
 
-def _apply_selective(model: nn.Module, config: ActivationConfig) -> AppliedActivation:
+def _apply_selective(model: nn.Module, config: ActivationConfig, blocks: list, anatomy: ModelAnatomy | None) -> AppliedActivation:
     """Every block under the selective policy; hooks on the model reset the match counts before each forward and
-    check them after a forward that builds a graph (a step), recording them on the returned record."""
+    check them after a forward that builds a graph (a step), recording them on the returned record. With an
+    anatomy, hooks on each block's projection modules tell the policy which role a matmul belongs to."""
     names = tuple(config.save_ops) if config.save_ops is not None else default_save_ops(getattr(model, "backend", None))
     if not names:
         raise ValueError("selective_op: save_ops is empty, so nothing would be saved; list ops or leave it unset")
-    policy = SavePolicy(names, DEFAULT_RECOMPUTE_LINEARS if config.save_ops is None else ())  # resolves every name: ValueError for one that does not exist
+    recompute = DEFAULT_RECOMPUTE_ROLES if config.save_ops is None and anatomy is not None else ()
+    policy = SavePolicy(names, recompute, strict=anatomy is not None)  # resolves every name: ValueError for one that does not exist
     applied = AppliedActivation("selective_op", save_ops=names)
+    if anatomy is not None:
+        for block in blocks:
+            role_hooks(block, anatomy)
 
     def before(_module, _args) -> None:
         policy.reset()
@@ -183,4 +234,10 @@ def _apply_selective(model: nn.Module, config: ActivationConfig) -> AppliedActiv
 
     model.register_forward_pre_hook(before)
     model.register_forward_hook(after)
-    return _wrap(model.blocks, range(len(model.blocks)), applied, policy.context_fn)
+    where = _block_names(model, blocks, anatomy)
+    return _wrap(blocks, range(len(blocks)), applied, lambda i: partial(policy.context_fn, where[i]))
+
+
+def _block_names(model: nn.Module, blocks: list, anatomy: ModelAnatomy | None) -> list[str]:
+    by_id = {id(m): name for name, m in model.named_modules()}
+    return [by_id.get(id(b), f"block {i}") for i, b in enumerate(blocks)]

@@ -1,4 +1,8 @@
-"""Analytic activation memory for our GPT (``models/gpt.py``): what autograd keeps for the backward pass.
+"""Analytic activation memory for our GPT (``models/gpt/``): what autograd keeps for the backward pass.
+
+GPT only (``supports``): its terms are a GPT block's (LayerNorm, fused qkv, 4C GeLU MLP, learned positions). Other
+families have no analytic model yet; their rows show "—" and the simulator (``pytest_flashckpt.simulate``), which
+runs the real step on ``meta``, is the number to read. A GPT formula is never applied to another family's block.
 
 Counted per token (multiply by batch * seq) in elements of the model dtype unless noted; C = width, a = heads,
 T = sequence length, V = vocabulary. Derived op by op from the block (and checked against the exact ``cpu`` probe):
@@ -42,9 +46,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_flashckpt.models.families import family_of
 from pytest_flashckpt.models.gpt import GPTConfig
 
 _FP32 = 4
+
+
+def supports(config) -> bool:
+    """Whether this analytic model knows ``config``'s blocks (the GPT family only)."""
+    return family_of(config).analytic
+
+
+def _require(config) -> None:
+    if not supports(config):
+        raise ValueError(
+            f"the analytic activation model covers the GPT family only; model card {config.name!r} is "
+            f"{config.family!r} (use pytest_flashckpt.simulate.simulate_step for its bytes)"
+        )
 
 
 @dataclass(frozen=True)
@@ -83,6 +101,7 @@ class ActivationEstimate:
 def block_bytes(config: GPTConfig, work: Workload, mode: str, explicit_save_ops: bool = False) -> int:
     """Bytes one block keeps for backward; ``mode`` is ``none`` (plain), ``full`` (checkpointed) or
     ``selective_op``."""
+    _require(config)
     C, a, T, d = config.n_embd, config.n_head, work.seq_len, work.dtype_bytes
     tokens = work.batch_size * T
     math_attn = work.math_attention(config.dropout)
@@ -130,6 +149,7 @@ def block_modes(strategy: str, n_layer: int, k: int = 2) -> tuple[str, ...]:
 
 def estimate(config: GPTConfig, work: Workload, strategy: str = "none", k: int = 2, explicit_save_ops: bool = False) -> ActivationEstimate:
     """Kept bytes per block and outside, and the step's estimated peak (see the module docstring)."""
+    _require(config)
     modes = block_modes(strategy, config.n_layer, k)
     kept = tuple(0 if m == "offload" else block_bytes(config, work, m, explicit_save_ops) for m in modes)
     outside = outside_bytes(config, work)

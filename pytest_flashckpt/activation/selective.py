@@ -6,6 +6,16 @@ A save list is a set of *overloads* (``aten.mm.default``) because that is what t
 names are resolved up front so a typo is an error at configuration time, and matches are counted so a list
 that never fires (a kernel that is not the one that ran, e.g. only CUDA flash ops on a CPU) is an error at the
 first training forward instead of a silent "full recompute of the pointwise ops, nothing saved" run.
+
+Matmuls are labelled by the *role* of the module that runs them (``models.anatomy``: ``qkv``/``q``/``k``/``v``,
+``o``, ``up``/``gate``, ``down``), read from ``current_role()`` which hooks on the role modules set, never by their
+position in forward order: a GPT block runs 4 Linears, a Llama block 7. A Linear matmul (``mm``/``addmm``) that
+runs outside every role module of a block with an anatomy is an error naming the block and the op.
+
+The default follows the field's op-level policy (torch's ``get_default_op_list`` compute-intensive ops,
+torchtitan's ``_save_list``): save the matmuls and the attention kernel, recompute pointwise work; unlike
+torchtitan's "every second mm", which one is recomputed is chosen by role: the attention output projection
+(``o``, see ``DEFAULT_RECOMPUTE_ROLES``).
 """
 
 from __future__ import annotations
@@ -14,6 +24,8 @@ from collections import Counter
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from pytest_flashckpt.models.anatomy import current_role
 
 # Matmuls (Linear lowers to addmm/mm, eager attention to bmm) and every fused SDPA kernel variant.
 DEFAULT_SAVE_OPS: tuple[str, ...] = (
@@ -25,12 +37,16 @@ DEFAULT_SAVE_OPS: tuple[str, ...] = (
     "aten._scaled_dot_product_efficient_attention.default",
     "aten._scaled_dot_product_cudnn_attention.default",
 )
-# With the default list, the n-th Linear matmul of each block (0-based, in forward order: c_attn, attn.c_proj,
-# mlp.c_fc, mlp.c_proj) is recomputed although addmm/mm is saved. attn.c_proj is the cheapest output to rebuild:
+# With the default list, the matmuls of these roles are recomputed although addmm/mm is saved. The attention output
+# projection o (GPT's attn.c_proj, Llama's self_attn.o_proj) is the cheapest output to rebuild:
 # C multiply-adds per element from an input (the attention output) that is saved anyway, and without it the
 # block keeps B*T*C fewer elements. On tiny (b=4, s=512) that moves the step's peak saving from 17.6% to 21.1%
 # for +1.7% matmul FLOPs. (mlp.c_proj's output is also useless to the backward, but rebuilding it costs 4C
-# multiply-adds per element, and c_attn/c_fc outputs are what the attention and GeLU backward read.)
+# multiply-adds per element, and c_attn/c_fc outputs are what the attention and GeLU backward read.) On llama-tiny
+# the same role is the one to rebuild for the same reason (C multiply-adds per element from a saved input).
+DEFAULT_RECOMPUTE_ROLES: tuple[str, ...] = ("o",)
+# The same choice by position for GPT's block (its Linear #1 is attn.c_proj): what activation.flops' closed form
+# for GPT takes. The policy itself never numbers Linears.
 DEFAULT_RECOMPUTE_LINEARS: tuple[int, ...] = (1,)
 # flash-attn >= 2.7 registers its kernels as torch custom ops when ``flash_attn`` is imported (namespace
 # ``flashattn``, flash_attn/flash_attn_interface.py); ``flash_attn::`` is the namespace of newer interfaces.
@@ -94,7 +110,9 @@ def default_save_ops(backend: str | None = None) -> tuple[str, ...]:
 class SavePolicy:
     """The SAC policy: MUST_SAVE for the configured ops, PREFER_RECOMPUTE otherwise; counts first-forward matches.
 
-    ``recompute_linears``: indices (per block, forward order) of Linear matmuls to recompute even if listed.
+    ``recompute_roles``: projection roles (``models.anatomy``) whose matmuls are recomputed even if listed;
+    ``strict``: a Linear matmul outside every role module is an error (blocks with an anatomy; a block given
+    without one has no roles to check against).
 
     A listed op that draws random numbers in this call (attention with ``dropout_p > 0``) is recomputed, not saved:
     a saved output is replayed without running the op, so the RNG offset it would have advanced (CUDA's philox
@@ -107,9 +125,10 @@ class SavePolicy:
     makes the "matched nothing" error say what to put in the list instead.
     """
 
-    def __init__(self, names: tuple[str, ...], recompute_linears: tuple[int, ...] = ()) -> None:
+    def __init__(self, names: tuple[str, ...], recompute_roles: tuple[str, ...] = (), strict: bool = False) -> None:
         self.names = names
-        self.recompute_linears = recompute_linears
+        self.recompute_roles = tuple(recompute_roles)
+        self.strict = strict
         self._ops = {resolve_op(name): name for name in names}
         self.matched: Counter[str] = Counter()
         self.rng_recomputed: Counter[str] = Counter()
@@ -134,9 +153,10 @@ class SavePolicy:
             return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE
 
-    def context_fn(self):
-        """What ``checkpoint(context_fn=...)`` calls once per checkpointed forward."""
-        return create_selective_checkpoint_contexts(_RegionPolicy(self))
+    def context_fn(self, where: str = "block"):
+        """What ``checkpoint(context_fn=...)`` calls once per checkpointed forward (``where`` names the block in
+        errors; bind it with ``functools.partial``)."""
+        return create_selective_checkpoint_contexts(_RegionPolicy(self, where))
 
     def check_matched(self) -> None:
         """Raise if none of the configured ops ran in the last forward (the list would save nothing)."""
@@ -164,19 +184,28 @@ def consumes_rng(func, args: tuple, kwargs: dict) -> bool:
 _LINEAR_OPS = (torch.ops.aten.addmm.default, torch.ops.aten.mm.default)
 
 
-class _RegionPolicy:
-    """Per checkpointed forward: numbers the linear matmuls so that the ones listed in ``recompute_linears``
-    are recomputed even though their op is in the save list (the replay runs the ops in the same order)."""
+class UnlabelledMatmul(ValueError):
+    """A block ran a Linear matmul outside every projection its anatomy names (so no role could be read)."""
 
-    def __init__(self, policy: SavePolicy) -> None:
+
+class _RegionPolicy:
+    """Per checkpointed forward: Linear matmuls whose role (``current_role()``) is in ``recompute_roles`` are
+    recomputed even though their op is in the save list; a Linear matmul with no role in a strict policy is an
+    ``UnlabelledMatmul`` error naming the block."""
+
+    def __init__(self, policy: SavePolicy, where: str) -> None:
         self.policy = policy
-        self.linears = {False: 0, True: 0}
+        self.where = where
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
         decision = self.policy(ctx, func, *args, **kwargs)
         if func in _LINEAR_OPS:
-            index = self.linears[ctx.is_recompute]
-            self.linears[ctx.is_recompute] += 1
-            if index in self.policy.recompute_linears:
+            role = current_role()
+            if role is None and self.policy.strict:
+                raise UnlabelledMatmul(
+                    f"{self.where} ran {func} outside every projection of its anatomy: a matmul module without a "
+                    "role (or a functional linear on a raw weight); its anatomy must name every matmul module"
+                )
+            if role in self.policy.recompute_roles:
                 return CheckpointPolicy.PREFER_RECOMPUTE
         return decision

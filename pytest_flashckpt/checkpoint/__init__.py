@@ -6,6 +6,9 @@
             ckpt.maybe_save(trainer)
     resume_latest(fresh_trainer, root)
 
+Around a training loop of your own (any model, optimizer, optional scheduler, extra ``Stateful`` state):
+``CheckpointManager``, ``save``, ``resume`` (module ``api``).
+
 ``run_checkpoint_pass`` is the scenario runner's entry point. Modules: ``state`` (what is saved), ``treeflat``
 (nested state <-> JSON + flat tensors), ``formats`` (torch / safetensors files), ``payload`` (one checkpoint's files),
 ``manifest`` (sha256 list, verification), ``store`` (commit protocol, ``latest``), ``rotation`` (``max_keep``),
@@ -16,6 +19,7 @@ strategy), ``checkpointer`` (runs a strategy: commits, one save in flight, the f
 (``flashckpt inspect``).
 """
 
+from pytest_flashckpt.checkpoint.api import CheckpointManager, SelectiveResumeWarning, resume, save
 from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
 from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
@@ -31,6 +35,7 @@ __all__ = [
     "SAVE_STRATEGIES",
     "CheckpointError",
     "CheckpointFallbackWarning",
+    "CheckpointManager",
     "Checkpointer",
     "CorruptCheckpointError",
     "Deferral",
@@ -38,6 +43,7 @@ __all__ = [
     "LoadedCheckpoint",
     "NoCheckpointError",
     "SaveRecord",
+    "SelectiveResumeWarning",
     "StrictLoadError",
     "copy_bandwidth_GBps",
     "load_blocks",
@@ -46,7 +52,9 @@ __all__ = [
     "measure_time_lost",
     "process_memory",
     "read_checkpoint",
+    "resume",
     "resume_latest",
     "run_checkpoint_pass",
+    "save",
     "write_bandwidth_MBps",
 ]

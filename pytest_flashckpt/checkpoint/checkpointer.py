@@ -1,5 +1,8 @@
 """The checkpointer: one object per run that saves a ``Trainer`` with the strategy a ``SaveConfig`` names.
 
+Anything shaped like a ``Trainer`` will do (``state.Checkpointable``: model, optimizer, optional scheduler, step,
+``state_tensors()``, optional ``extra``); ``checkpoint.api`` hands in a user's own loop that way.
+
 What a strategy does (layout, the blocking part, what it remembers) lives in ``strategies`` (one registered class
 per name); the checkpointer owns what every strategy shares: the commit protocol, at most one save in flight (a
 background failure is raised by the next call or by ``close()``), the schedule (every ``save_interval`` steps,

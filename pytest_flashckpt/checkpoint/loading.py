@@ -21,6 +21,7 @@ from pytest_flashckpt.checkpoint import dcp_io, formats
 from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
 from pytest_flashckpt.checkpoint.manifest import Manifest, verify
 from pytest_flashckpt.checkpoint.payload import read_meta
+from pytest_flashckpt.checkpoint.selection import blocks_prefix
 from pytest_flashckpt.checkpoint.state import restore
 from pytest_flashckpt.checkpoint.store import LATEST, CheckpointStore
 from pytest_flashckpt.training import Trainer
@@ -154,11 +155,12 @@ def load_blocks(model: nn.Module, folder: Path, blocks: Iterable[int]) -> KeyRep
     manifest = verify(folder)
     meta = read_meta(folder)
     wanted = sorted(set(blocks))
-    files = {v["file"] for k, v in meta["tensors"].items() if any(k.startswith(f"model/blocks.{b}.") for b in wanted)}
+    prefix = blocks_prefix(model)  # the model's anatomy: blocks., transformer.h., model.layers.
+    files = {v["file"] for k, v in meta["tensors"].items() if any(k.startswith(f"model/{prefix}{b}.") for b in wanted)}
     if len(files) == 0 or any("block_" not in f for f in files):
         raise CheckpointError(f"{folder} ({manifest.strategy}) has no per-block files for blocks {wanted}; save with strategy layerwise")
     tensors = _read_files(folder, meta, sorted(files))
-    weights = {k.removeprefix("model/"): t for k, t in tensors.items() if k.startswith("model/") and any(k.startswith(f"model/blocks.{b}.") for b in wanted)}
+    weights = {k.removeprefix("model/"): t for k, t in tensors.items() if k.startswith("model/") and any(k.startswith(f"model/{prefix}{b}.") for b in wanted)}
     return _apply(model, weights, folder, strict=True, require_all=False)
 
 

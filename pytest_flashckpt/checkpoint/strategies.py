@@ -4,7 +4,8 @@ whichever one ``SaveConfig.strategy`` names and owns what they share (commit pro
 A strategy answers three questions:
 
 * ``layout``: which files a checkpoint has and which tensor keys each holds (one file, one per block, the selected
-  tensors on top of a full base, or a DCP folder);
+  tensors on top of a full base, or a DCP folder); blocks and embeddings come from the model's anatomy
+  (``selection``), so they work on any family, a Hugging Face model or a model with its own ``anatomy()``;
 * ``begin``: what the training loop waits for at the save call; it returns a :class:`Pending` whose ``write`` the
   checkpointer runs in the caller (synchronous strategies) or in a background thread (``background``);
 * ``committed``: what it remembers after a commit (the selective strategy's base).
@@ -24,7 +25,7 @@ from typing import ClassVar
 from pytest_flashckpt.checkpoint import dcp_io, payload as payload_io
 from pytest_flashckpt.checkpoint.formats import SUFFIX, fsync_path
 from pytest_flashckpt.checkpoint.payload import Payload
-from pytest_flashckpt.checkpoint.selection import layer_files, select_names, selective_keys
+from pytest_flashckpt.checkpoint.selection import blocks_prefix, layer_files, select_names, selective_keys
 from pytest_flashckpt.checkpoint.staging import StagedCopy, StagingArea
 from pytest_flashckpt.checkpoint.state import CapturedState
 from pytest_flashckpt.config.scenario import SaveConfig
@@ -101,7 +102,7 @@ class SaveStrategy:
     def layout(self, trainer: Trainer, state: CapturedState) -> dict[str, list[str]]:
         suffix = SUFFIX[self.format]
         if self.config.layer_checkpoint_dir is not None:
-            return layer_files(state, self.config.layer_checkpoint_dir, suffix)
+            return layer_files(state, self.config.layer_checkpoint_dir, suffix, blocks_prefix(trainer.model))
         return {f"state{suffix}": list(state.tensors)}
 
     def base(self) -> str | None:
@@ -153,7 +154,7 @@ class DcpSave(SaveStrategy):
 
     def layout(self, trainer: Trainer, state: CapturedState) -> dict[str, list[str]]:
         if self.config.layer_checkpoint_dir is not None:
-            return layer_files(state, self.config.layer_checkpoint_dir, "")  # one DCP folder per block
+            return layer_files(state, self.config.layer_checkpoint_dir, "", blocks_prefix(trainer.model))  # one DCP folder per block
         return {dcp_io.DCP_DIR: list(state.tensors)}
 
     def begin(self, payload: Payload, folder: Path, staging: StagingArea) -> Pending:
@@ -193,7 +194,7 @@ class LayerwiseSave(SaveStrategy):
     summary = "one file per transformer block plus rest (layer_checkpoint_dir)"
 
     def layout(self, trainer: Trainer, state: CapturedState) -> dict[str, list[str]]:
-        return layer_files(state, self.config.layer_checkpoint_dir or "layers", SUFFIX[self.format])
+        return layer_files(state, self.config.layer_checkpoint_dir or "layers", SUFFIX[self.format], blocks_prefix(trainer.model))
 
 
 @register

@@ -18,6 +18,8 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
     def bad(key: str, problem: str, fix: str = "") -> ConfigError:
         return ConfigError(where, problem, fix, scenario=scenario.name, key=key)
 
+    if getattr(scenario.model, "hf", None) is not None:  # a Hugging Face config, not a card
+        return _preflight_hf(scenario, bad)
     try:
         card = load_card(scenario.card)
     except ConfigError as exc:
@@ -40,3 +42,19 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
     if scenario.activation.strategy == "every_k" and scenario.activation.k > card.n_layer:
         raise bad("activation.k", f"{scenario.activation.k} is larger than the {card.n_layer} blocks of {card.name!r}",
                   f"valid: 1..{card.n_layer}")
+
+
+def _preflight_hf(scenario: Scenario, bad) -> None:
+    """A Hugging Face model's sequence and every_k against the layers and positions its config states."""
+    from pytest_flashckpt.config.hf_spec import hf_limits
+
+    layers, positions = hf_limits(scenario.model.hf)  # type: ignore[union-attr]
+    dropout = scenario.model.dropout  # type: ignore[union-attr]
+    if dropout is not None and not 0.0 <= dropout < 1.0:
+        raise bad("model.dropout", f"{dropout} is not a probability in [0, 1)", "use e.g. 0.0 or 0.1")
+    if positions is not None and scenario.seq_len > positions:
+        raise bad("seq_len", f"{scenario.seq_len} exceeds the {positions} positions of the Hugging Face config",
+                  "use a shorter seq_len or raise n_positions / max_position_embeddings")
+    if layers is not None and scenario.activation.strategy == "every_k" and scenario.activation.k > layers:
+        raise bad("activation.k", f"{scenario.activation.k} is larger than the {layers} layers of the Hugging Face config",
+                  f"valid: 1..{layers}")

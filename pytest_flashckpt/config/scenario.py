@@ -140,6 +140,21 @@ class ModelSpec:
     gradient_checkpointing: bool | None = None  # article key -> activation.strategy full
     checkpoint_level: Literal["layer", "model"] | None = None  # article key: 'layer' -> layer-wise save files
     layer_checkpoint_dir: str | None = None  # article key: folder for per-layer files
+    # a Hugging Face causal LM instead of a card: its config's keys (model_type: gpt2, n_layer: 2, ...) or a
+    # config.json path; built from the config with random weights, never downloaded (extra pytest-flashckpt[hf])
+    hf: dict | str | None = None
+    anatomy: dict | None = None  # hf: blocks, projections, attention, norms, embeddings, head, final_norm, tied where discovery cannot decide
+
+    def __post_init__(self) -> None:
+        if self.anatomy is not None and self.hf is None:
+            raise ValueError("model.anatomy states a Hugging Face model's anatomy; it needs model.hf (the project's cards state their own)")
+        if self.hf is not None:
+            from pytest_flashckpt.config.hf_spec import check_hf_spec, hf_label
+
+            check_hf_spec(self.hf, self.anatomy)
+            if self.card not in ("tiny", hf_label(self.hf)):  # "tiny" is the default: the card was not named
+                raise ValueError(f"model.card {self.card!r} and model.hf name two models; keep one")
+            object.__setattr__(self, "card", hf_label(self.hf))  # what reports show in the card column
 
 
 @dataclass(frozen=True)
@@ -190,6 +205,11 @@ class Scenario:
                 checkpoint, strategy="layerwise", layer_checkpoint_dir=model.layer_checkpoint_dir or checkpoint.layer_checkpoint_dir
             )
         _set(self, model=model, activation=activation, save=checkpoint)
+        if model.hf is not None and (self.simulate.enabled or self.world_size > 1):
+            raise ValueError(
+                f"model.hf: a Hugging Face model is measured in one process; {'simulate' if self.simulate.enabled else f'world_size {self.world_size}'} "
+                "builds the project's cards only (the simulator and FSDP ranks have no Hugging Face builder yet); use a model card"
+            )
         for key in ("batch_size", "seq_len", "rounds", "steps"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")

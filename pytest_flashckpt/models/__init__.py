@@ -1,6 +1,7 @@
-"""The GPT model library: model cards -> GPT modules with a selectable attention kernel."""
+"""The model library: model cards -> modules of a family (``gpt``, ``llama``) with a selectable attention kernel."""
 
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.models.gpt import GPT, GPTConfig
+from pytest_flashckpt.models.llama import Llama, LlamaConfig
 
-__all__ = ["GPT", "GPTConfig", "build_model", "load_card"]
+__all__ = ["GPT", "GPTConfig", "Llama", "LlamaConfig", "build_model", "load_card"]

@@ -5,6 +5,13 @@ Which kernel *actually* ran is not assumed from the request: ``detect_kernel`` c
 names seen while the model ran (``aten::_scaled_dot_product_flash_attention_for_cpu`` is PyTorch's CPU flash
 kernel; SDPA with dropout on a CPU falls back to the math path, which this records as ``sdpa-math``; flash-attn
 >= 2.7 runs as ``flashattn::`` custom ops, older releases are recognised by the Python-level call).
+
+Grouped-query attention (k and v with fewer heads than q, Llama's ``n_kv_head``) goes to each kernel in the form
+it takes: flash-attn and the flash kernels (CPU and CUDA, the aten ops accept k/v with fewer heads, on ``meta``
+too) take the grouped heads natively; SDPA is asked with ``enable_gqa=True`` where it would pick such a kernel (a
+CPU, or 16-bit on CUDA); the mem-efficient and cuDNN ops, SDPA in float32 on CUDA (mem-efficient, which does not
+take GQA: SDPA would fall back to its math path) and eager attention get k and v repeated to every query head
+(``repeat_kv``), as a model without GQA support would do.
 """
 
 from __future__ import annotations
@@ -43,6 +50,24 @@ _KERNEL_SIGNATURES: tuple[tuple[str, str], ...] = (
 # backward (flash: output + float32 logsumexp (B, H, T) + RNG seed/offset; efficient: logsumexp padded to 32).
 # Each has an autograd formula in PyTorch, so the backward runs the kernel's own backward op.
 EXPLICIT_OPS: tuple[str, ...] = ("sdpa-flash-cpu", "sdpa-flash", "sdpa-mem-efficient", "sdpa-cudnn")
+
+
+# explicit ops whose kernels take k/v with fewer heads than q (FlashAttention-2 handles GQA itself); the others
+# get k/v repeated (the mem-efficient op's meta backward refuses grouped heads)
+_GQA_NATIVE_OPS = ("sdpa-flash-cpu", "sdpa-flash")
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, kv_heads, T, hs) -> (B, kv_heads * n_rep, T, hs): each key/value head repeated for its query group."""
+    if n_rep == 1:
+        return x
+    B, H, T, D = x.shape
+    return x[:, :, None].expand(B, H, n_rep, T, D).reshape(B, H * n_rep, T, D)
+
+
+def _sdpa_takes_gqa(q: torch.Tensor) -> bool:
+    """Whether SDPA would run a kernel that takes grouped heads: its CPU flash kernel, or CUDA flash (16-bit)."""
+    return q.device.type != "cuda" or q.dtype in (torch.float16, torch.bfloat16)
 
 
 def _explicit_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, dropout_p: float) -> torch.Tensor:
@@ -88,9 +113,20 @@ def resolve_backend(requested: str, device: torch.device, dtype: torch.dtype) ->
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, dropout_p: float) -> torch.Tensor:
-    """Causal attention on (B, nh, T, hs) tensors with a concrete backend; returns (B, nh, T, hs)."""
+    """Causal attention on (B, nh, T, hs) tensors with a concrete backend; returns (B, nh, T, hs).
+
+    k and v may have fewer heads than q (grouped-query attention: nh a multiple of theirs); see the module
+    docstring for how each kernel receives them."""
+    n_rep = q.size(1) // k.size(1)
+    if n_rep * k.size(1) != q.size(1):
+        raise ValueError(f"attention: {q.size(1)} query heads are not a multiple of {k.size(1)} key/value heads")
     if backend == "sdpa":
+        if n_rep > 1 and _sdpa_takes_gqa(q):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=True)
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    if backend != "flash_attn" and backend not in _GQA_NATIVE_OPS:
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     if backend == "eager":
         T = q.size(-2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)

@@ -56,6 +56,16 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
 
 
 def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer:
+    if scenario.model.hf is not None:  # a Hugging Face model from its config (pytest_flashckpt.models.hf)
+        from pytest_flashckpt.models.hf import HFUnavailable, build_hf_model
+
+        spec = scenario.model
+        try:
+            model = build_hf_model(spec.hf, backend, ctx.device, DTYPES[scenario.dtype], seed=scenario.seed,  # type: ignore[union-attr]
+                                   dropout=spec.dropout, anatomy=spec.anatomy, seq_len=scenario.seq_len)  # type: ignore[union-attr]
+        except HFUnavailable as exc:  # the optional extra is not installed: skipped, with the install line
+            raise SkipScenario(str(exc)) from None
+        return Trainer.create(model, scenario.batch_size, scenario.seq_len, seed=scenario.seed)
     overrides = {} if scenario.model.dropout is None else {"dropout": scenario.model.dropout}
     card = load_card(scenario.card, **overrides)  # seq_len vs block_size: preflight() and GPT.forward check it
     if ctx.device.type == "cpu" and not card.allocate_on_cpu:
@@ -77,8 +87,11 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
         from pytest_flashckpt.simulate.costs import cpu_costs_for, cuda_costs_for
 
         if next(trainer.model.parameters()).device.type == "cuda":
+            if scenario.model.hf is not None:
+                raise SkipScenario("budget on a GPU plans from costs simulated from a model card; a Hugging Face model "
+                                   "has no card to simulate: plan it on a CPU (costs measured on the model itself)")
             source = cuda_costs_for(trainer.model)  # no exact probe on a GPU: costs simulated on meta, weights timed here
-        else:
+        elif scenario.model.hf is None:  # a Hugging Face model has no card to simulate: its costs are measured
             source = cpu_costs_for(trainer.model)  # byte-equal to measured costs, ~25x faster; None: measured
     try:
         applied = apply_ac(trainer.model, scenario.activation, shape=(scenario.batch_size, scenario.seq_len), source=source)
@@ -118,7 +131,11 @@ def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> dic
     """The analytic model's peak and saving for this scenario, to read each measured number against."""
     from pytest_flashckpt.activation import analytic
 
+    if scenario.model.hf is not None:  # the analytic formulas are the project's families': none for a HF model ("—")
+        return {}
     config = trainer.model.config
+    if not analytic.supports(config):  # no analytic model of this family's blocks: the report shows "—"
+        return {}
     work = analytic.Workload(
         scenario.batch_size, scenario.seq_len, trainer.model.backend, DTYPES[scenario.dtype].itemsize, device.type
     )

@@ -1,6 +1,7 @@
 """One block's kept activations three ways: simulated, our analytic model (``activation.analytic``) and the
 published formula of Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models":
-s*b*h*(34 + 5*a*s/h) bytes per layer for 16-bit activations with dropout and math attention.
+s*b*h*(34 + 5*a*s/h) bytes per layer for 16-bit activations with dropout and math attention. Both are GPT-block
+formulas: the simulation scenarios ask ``activation.analytic.supports`` first and leave them out for other families.
 
 The differences are exact terms (``korthikanti_terms``), checked in ``tests/simulate/test_formulas.py``:
 
@@ -15,7 +16,7 @@ The differences are exact terms (``korthikanti_terms``), checked in ``tests/simu
 
 from __future__ import annotations
 
-from pytest_flashckpt.models.gpt import GPTConfig
+from pytest_flashckpt.models.gpt import GPTConfig  # a GPT block's formula
 
 FLASH_RNG_STATE_BYTES = 24  # meta's flash op: philox seed (2,) uint64 + offset () uint64
 

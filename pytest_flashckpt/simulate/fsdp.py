@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import torch.nn as nn
 
+from pytest_flashckpt.models.anatomy import get_blocks
 
 
 def shard_bytes(shape: tuple[int, ...], itemsize: int, world_size: int) -> int:
@@ -42,7 +43,8 @@ def _unsharded(params) -> int:
 def all_gathered_bytes(model: nn.Module) -> int:
     """What FSDP2 holds unsharded on top of the shards (modelled): the root module's parameters (not resharded
     after forward) and two blocks' (the one running and the one prefetched)."""
-    block_params = max(_unsharded(block.parameters()) for block in model.blocks)
-    in_blocks = {id(p) for block in model.blocks for p in block.parameters()}
+    blocks = get_blocks(model)
+    block_params = max(_unsharded(block.parameters()) for block in blocks)
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
     root_params = _unsharded(p for p in model.parameters() if id(p) not in in_blocks)
     return root_params + 2 * block_params

@@ -81,6 +81,8 @@ def _formulas(scenario, peak: SimulatedPeak) -> dict[str, int]:
     if scenario.activation.strategy != "none" or peak.world_size != 1:
         return {}
     config = load_card(scenario.card)
+    if not analytic.supports(config):  # GPT formulas (ours, Korthikanti's) on another family's block: never; "—"
+        return {}
     backend = {"sdpa": "sdpa" if peak.target == "cpu" else "flash_attn", "eager": "eager"}.get(scenario.simulate.kernel, "flash_attn")
     itemsize = 4 if peak.dtype == "float32" else 2
     work = analytic.Workload(peak.batch_size, peak.seq_len, backend, itemsize, peak.target)

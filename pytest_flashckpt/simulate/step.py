@@ -16,7 +16,8 @@ import torch
 
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.cards import build_model, load_card
-from pytest_flashckpt.models.gpt import GPTConfig
+from pytest_flashckpt.config.model_card import ModelCard as GPTConfig  # any family's card
+from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.simulate.kernels import simulated_backend
 from pytest_flashckpt.simulate.probe import AttributedStorages
 from pytest_flashckpt.simulate.result import SimulatedPeak
@@ -161,7 +162,7 @@ def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0)
 
     with ExitStack() as stack:
         handles = [model.register_forward_hook(forward_done)]
-        for i, block in enumerate(model.blocks):
+        for i, block in enumerate(get_blocks(model)):
             enter, leave = block_hooks(i)
             handles += [block.register_forward_pre_hook(enter), block.register_forward_hook(leave)]
         for p in model.parameters():

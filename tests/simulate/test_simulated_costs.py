@@ -64,6 +64,7 @@ def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_
     for strategy in ("none", "full"):  # the uniform plans are simulate_step's strategies, peak for peak
         assert costs.measured_peaks[strategy] == simulate_step(config, "bf16", 2, 32, "flash", strategy, target="cuda").peak_bytes
     from pytest_flashckpt.activation.budget.runtime import PlannedForward
+    from pytest_flashckpt.models.anatomy import get_anatomy, role_hooks
     from pytest_flashckpt.simulate.costs import SimulatedOffload
     from pytest_flashckpt.simulate.step import _measured_step, simulated_model, simulated_trainer
 
@@ -74,6 +75,7 @@ def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_
         counter = [0] * costs.n_blocks
         for i, (block, o) in enumerate(zip(model.blocks, plan)):
             block.forward = PlannedForward(block.forward, costs.options[o], lambda i=i: SimulatedOffload(counter, i))
+            role_hooks(block, get_anatomy(model))  # selective options read the projection's role from these
         trainer = simulated_trainer(model, 2, 32, "cuda")
         trainer.train_step()
         probe, _host = _measured_step(trainer, count_host=False)

@@ -133,10 +133,16 @@ class _Segments(_LiveStorages):
         return out
 
 
-def _install_marks(model: nn.Module, probe_ref: list) -> list:
+def _anatomy_blocks(model: nn.Module):
+    from pytest_flashckpt.models.anatomy import get_blocks
+
+    return get_blocks(model)
+
+
+def _install_marks(model: nn.Module, probe_ref: list, blocks=None) -> list:
     """Forward pre-/post-hooks on every block and a gradient hook on each block's output; returns handles."""
     handles = []
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(blocks if blocks is not None else _anatomy_blocks(model)):
 
         def pre(_module, _args, i=i) -> None:
             if probe_ref:
@@ -298,9 +304,11 @@ class MeasuredCosts:
     dtype). Measuring runs with the caller's dispatch modes (probes, FLOP counters) disabled and the RNG state
     forked, so a plan chosen in the middle of a measured step changes neither its numbers nor its randomness."""
 
-    def __init__(self, model: nn.Module, options: tuple[BlockOption, ...] | None = None, pointwise_weight: float | None = None) -> None:
-        from pytest_flashckpt.models.cards import build_model
-
+    def __init__(self, model: nn.Module, options: tuple[BlockOption, ...] | None = None, pointwise_weight: float | None = None,
+                 blocks=None, anatomy=None) -> None:
+        """``blocks``/``anatomy``: a model of no family of ours (``apply_ac(..., blocks=...)``) is measured on a deep
+        copy, its blocks found by name; without an anatomy only whole-block options (none, full, offload) exist,
+        since a selective option needs the roles of the block's matmuls."""
         param = next(model.parameters())
         self.device = param.device
         if self.device.type != "cpu":
@@ -308,27 +316,33 @@ class MeasuredCosts:
                 f"measured plan costs need the exact cpu probe; a {self.device.type} model needs a simulated cost source"
             )
         self.options = options or default_options(self.device.type)
+        if anatomy is None and blocks is not None:
+            self.options = tuple(o for o in self.options if o.kind != "selective")
         with _quiet():
-            self.model = build_model(model.config, model.backend, self.device, param.dtype, seed=0)
+            self.model, private_blocks = _private_copy(model, blocks)
             from pytest_flashckpt.activation.budget.runtime import install_planned_forwards
 
-            self.forwards = install_planned_forwards(self.model)
+            self.forwards = install_planned_forwards(self.model, private_blocks, anatomy if private_blocks is not None else None)
             self.pointwise_weight = pointwise_weight if pointwise_weight is not None else measure_pointwise_weight(self.device, param.dtype)
         self._trainer: Trainer | None = None
         self._probe_ref: list = []
         self._cache: dict[tuple[int, int], PlanCosts] = {}
-        _install_marks(self.model, self._probe_ref)
+        _install_marks(self.model, self._probe_ref, private_blocks)
 
     _shared: dict = {}
 
     @classmethod
-    def shared(cls, model: nn.Module) -> "MeasuredCosts":
+    def shared(cls, model: nn.Module, blocks=None, anatomy=None) -> "MeasuredCosts":
         """One source per (config, backend, device, dtype) in this process, its costs cached per shape: every
-        scenario of a budget sweep plans from the same measurements instead of measuring again."""
+        scenario of a budget sweep plans from the same measurements instead of measuring again. A model built
+        from no card of ours gets its own source (keyed by the model)."""
         param = next(model.parameters())
-        key = (model.config, model.backend, str(param.device), param.dtype)
+        if _from_card(model):
+            key = (model.config, model.backend, str(param.device), param.dtype)
+        else:
+            key = (id(model), str(param.device), param.dtype)
         if key not in cls._shared:
-            cls._shared[key] = cls(model)
+            cls._shared[key] = cls(model, blocks=None if _from_card(model) else blocks, anatomy=anatomy)
         return cls._shared[key]
 
     def costs(self, batch_size: int, seq_len: int) -> PlanCosts:
@@ -344,6 +358,32 @@ class MeasuredCosts:
                 self._trainer, self.forwards, self.options, self._probe_ref, batch_size, seq_len,
                 pointwise_weight=self.pointwise_weight,
             )
+
+
+def _from_card(model: nn.Module) -> bool:
+    """A model of one of our families, rebuilt from its card (``models.build_model``)."""
+    config = getattr(model, "config", None)
+    return hasattr(config, "family") and hasattr(model, "backend")
+
+
+def _private_copy(model: nn.Module, blocks) -> tuple[nn.Module, list | None]:
+    """The model costs are measured on: rebuilt from its card, or a deep copy (its ``blocks`` found by name in the
+    copy). None for blocks means "the copy's anatomy's"."""
+    if _from_card(model):
+        from pytest_flashckpt.models.cards import build_model
+
+        param = next(model.parameters())
+        return build_model(model.config, model.backend, param.device, param.dtype, seed=0), None
+    import copy
+
+    if blocks is None:
+        return copy.deepcopy(model), None
+    names = {id(m): name for name, m in model.named_modules()}
+    missing = [i for i, b in enumerate(blocks) if id(b) not in names]
+    if missing:
+        raise ValueError(f"budget: blocks {missing} are not submodules of the model, so its copy cannot find them")
+    private = copy.deepcopy(model)
+    return private, [private.get_submodule(names[id(b)]) for b in blocks]
 
 
 def segment_costs(

@@ -3,8 +3,12 @@ recompute the whole block (and, on a GPU, offload its saved tensors to host memo
 
 A selective option names *roles* of the block's ops rather than aten overloads, because the planner chooses per
 block and the same role lowers to different kernels (CPU flash kernel, CUDA flash, the eager / math path's
-``bmm``): ``qkv`` (attn.c_attn), ``attn`` (the attention kernel, or both ``bmm`` of math attention), ``proj``
-(attn.c_proj), ``fc`` (mlp.c_fc), ``fc2`` (mlp.c_proj). Everything not saved is recomputed in the backward pass
+``bmm``). The roles are the anatomy's (``models.anatomy``), read at run time from the module that runs the matmul
+(``current_role()``), never from its position in forward order, and grouped so that one option means the same on
+every family: ``qkv`` (GPT's fused attn.c_attn; Llama's q_proj, k_proj and v_proj), ``attn`` (the attention
+kernel, or both ``bmm`` of math attention), ``o`` (attn.c_proj / self_attn.o_proj), ``up`` (mlp.c_fc; Llama's
+gate_proj and up_proj), ``down`` (mlp.c_proj / mlp.down_proj). A Linear matmul outside every role module is an
+error naming the block (``selective.UnlabelledMatmul``). Everything not saved is recomputed in the backward pass
 under ``torch.utils.checkpoint`` with the RNG state preserved. Ops that draw random numbers (dropout) are never
 saved by these policies, so a replay draws exactly the numbers the forward drew, in the same order: the policy
 cannot desynchronise the RNG (see ``tests/activation/test_budget.py``, bitwise gradients with dropout).
@@ -18,10 +22,12 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from pytest_flashckpt.activation.selective import FLASH_ATTN_OPS
+from pytest_flashckpt.activation.selective import FLASH_ATTN_OPS, UnlabelledMatmul
+from pytest_flashckpt.models.anatomy import current_role
 
-ROLES = ("qkv", "attn", "proj", "fc", "fc2")
-_LINEAR_ROLES = ("qkv", "proj", "fc", "fc2")  # the block's Linears in forward order
+ROLES = ("qkv", "attn", "o", "up", "down")
+# anatomy projection role -> the option role (group) it belongs to
+ROLE_GROUP = {"qkv": "qkv", "q": "qkv", "k": "qkv", "v": "qkv", "o": "o", "up": "up", "gate": "up", "down": "down"}
 _aten = torch.ops.aten
 _LINEAR_OPS = (_aten.addmm.default, _aten.mm.default)
 _ATTENTION_OPS = tuple(
@@ -48,24 +54,25 @@ class BlockOption:
             return "save(" + "+".join(self.saves) + ")"
         return self.kind
 
-    def context_fn(self):
-        """``checkpoint(context_fn=...)`` for a selective option; None otherwise."""
+    def context_fn(self, where: str = "block"):
+        """``checkpoint(context_fn=...)`` for a selective option (``where`` names the block in errors); None
+        otherwise."""
         if self.kind != "selective":
             return None
-        return partial(_contexts, frozenset(self.saves))
+        return partial(_contexts, frozenset(self.saves), where)
 
 
 NONE = BlockOption("none")
 FULL = BlockOption("full")
 OFFLOAD = BlockOption("offload")
-# Selective options, from most kept to least: every matmul and attention output; without attn.c_proj (the
+# Selective options, from most kept to least: every matmul and attention output; without the o projection (the
 # project's selective_op default); the attention half only; the MLP half only; the attention kernel only.
 SELECTIVE = (
-    BlockOption("selective", ("qkv", "attn", "proj", "fc", "fc2")),
-    BlockOption("selective", ("qkv", "attn", "fc", "fc2")),
-    BlockOption("selective", ("qkv", "attn", "fc")),
+    BlockOption("selective", ("qkv", "attn", "o", "up", "down")),
+    BlockOption("selective", ("qkv", "attn", "up", "down")),
+    BlockOption("selective", ("qkv", "attn", "up")),
     BlockOption("selective", ("qkv", "attn")),
-    BlockOption("selective", ("fc",)),
+    BlockOption("selective", ("up",)),
     BlockOption("selective", ("attn",)),
 )
 
@@ -82,26 +89,31 @@ def option_by_name(name: str) -> BlockOption:
     raise ValueError(f"unknown block option {name!r}")
 
 
-def _contexts(saves: frozenset[str]):
-    return create_selective_checkpoint_contexts(_RolePolicy(saves))
+def _contexts(saves: frozenset[str], where: str):
+    return create_selective_checkpoint_contexts(_RolePolicy(saves, where))
 
 
 class _RolePolicy:
     """Per checkpointed forward: MUST_SAVE for the outputs of the chosen roles, PREFER_RECOMPUTE otherwise.
-    Linears are numbered in forward order (the replay runs the same ops in the same order); math attention's two
-    ``bmm`` and the flash-attn package's custom forward ops (>= 2.7, ``selective.FLASH_ATTN_OPS``) belong to
-    ``attn``, so a plan simulated with the aten flash op (``simulate.kernels``) saves the same tensors on a GPU."""
+    A Linear matmul's role is the anatomy role of the module running it (``current_role()``, set by the role
+    hooks ``runtime.install_planned_forwards`` puts on each block); math attention's two ``bmm`` and the
+    flash-attn package's custom forward ops (>= 2.7, ``selective.FLASH_ATTN_OPS``) belong to ``attn``, so a plan
+    simulated with the aten flash op (``simulate.kernels``) saves the same tensors on a GPU."""
 
-    def __init__(self, saves: frozenset[str]) -> None:
+    def __init__(self, saves: frozenset[str], where: str = "block") -> None:
         self.saves = saves
-        self.linears = {False: 0, True: 0}
+        self.where = where
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
         role = None
         if func in _LINEAR_OPS:
-            index = self.linears[ctx.is_recompute]
-            self.linears[ctx.is_recompute] += 1
-            role = _LINEAR_ROLES[index] if index < len(_LINEAR_ROLES) else None
+            projection = current_role()
+            if projection is None:
+                raise UnlabelledMatmul(
+                    f"{self.where} ran {func} outside every projection of its anatomy, so the budget plan cannot "
+                    "tell which role it is; the block's anatomy must name every matmul module"
+                )
+            role = ROLE_GROUP[projection]
         elif func in _ATTENTION_OPS or func is _aten.bmm.default or str(func) in FLASH_ATTN_OPS:
             role = "attn"
         return CheckpointPolicy.MUST_SAVE if role in self.saves else CheckpointPolicy.PREFER_RECOMPUTE

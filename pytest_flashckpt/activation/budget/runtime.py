@@ -36,27 +36,41 @@ class PlannedForward:
         self.strategy = "budget"
         self.offload_context = offload_context
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    where: str = "block"  # the block's name in errors (install_planned_forwards sets it)
+
+    def __call__(self, *args, **kwargs):
         kind = self.option.kind
         if kind == "none" or not torch.is_grad_enabled():
-            return self.forward(x)
+            return self.forward(*args, **kwargs)
         if kind == "offload":
             with self.offload_context():
-                return self.forward(x)
+                return self.forward(*args, **kwargs)
         if kind == "full":
-            return checkpoint(self.forward, x, use_reentrant=False, preserve_rng_state=True)
-        return checkpoint(self.forward, x, use_reentrant=False, preserve_rng_state=True, context_fn=self.option.context_fn())
+            return checkpoint(self.forward, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        return checkpoint(self.forward, *args, use_reentrant=False, preserve_rng_state=True,
+                          context_fn=self.option.context_fn(self.where), **kwargs)
 
     def __repr__(self) -> str:
         return f"PlannedForward({self.option.name})"
 
 
-def install_planned_forwards(model: nn.Module) -> list[PlannedForward]:
+def install_planned_forwards(model: nn.Module, blocks=None, anatomy=None) -> list[PlannedForward]:
+    """A ``PlannedForward`` on each block (the anatomy's, each checked, unless ``blocks`` is given) and the role
+    hooks that let a selective option read which projection runs a matmul (``models.anatomy.role_hooks``)."""
+    from pytest_flashckpt.activation import resolve_blocks
+    from pytest_flashckpt.models.anatomy import role_hooks
+
+    if blocks is None or anatomy is None:
+        blocks, anatomy = resolve_blocks(model, blocks)
+    names = {id(m): name for name, m in model.named_modules()}
     forwards = []
-    for block in model.blocks:
+    for i, block in enumerate(blocks):
         forward = PlannedForward(block.forward)
+        forward.where = names.get(id(block), f"block {i}")
         block.forward = forward
         forwards.append(forward)
+        if anatomy is not None:
+            role_hooks(block, anatomy)
     return forwards
 
 
@@ -171,15 +185,17 @@ class AppliedBudget:
 
 
 def apply_budget(
-    model: nn.Module, budget: str | int | float, shape: tuple[int, int] | None = None, source: CostSource | None = None
+    model: nn.Module, budget: str | int | float, shape: tuple[int, int] | None = None, source: CostSource | None = None,
+    blocks=None, anatomy=None,
 ) -> AppliedBudget:
-    """Put ``model``'s blocks under per-shape budget plans. ``shape`` plans that shape now (so a budget below
-    the minimum is an error before anything runs); ``source`` defaults to measured costs on this device."""
+    """Put ``model``'s blocks (its anatomy's, or ``blocks``) under per-shape budget plans. ``shape`` plans that
+    shape now (so a budget below the minimum is an error before anything runs); ``source`` defaults to measured
+    costs on this device."""
     from pytest_flashckpt.activation.budget.costs import MeasuredCosts
 
     spec = BudgetSpec.parse(budget)
-    planner = BudgetPlanner(spec, source if source is not None else MeasuredCosts.shared(model))
-    forwards = install_planned_forwards(model)
+    planner = BudgetPlanner(spec, source if source is not None else MeasuredCosts.shared(model, blocks, anatomy))
+    forwards = install_planned_forwards(model, blocks, anatomy)
     applied = AppliedBudget(planner, blocks=tuple(range(len(forwards))))
 
     def before(_module, args) -> None:

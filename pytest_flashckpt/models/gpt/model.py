@@ -14,9 +14,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pytest_flashckpt.config.model_card import GPTConfig
+from pytest_flashckpt.models.anatomy import BlockAnatomy, ModelAnatomy
 from pytest_flashckpt.models.attention import causal_attention
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTConfig", "GPT_ANATOMY"]
+
+GPT_ANATOMY = ModelAnatomy(
+    family="gpt",
+    blocks="blocks",
+    block=BlockAnatomy(
+        projections={"qkv": "attn.c_attn", "o": "attn.c_proj", "up": "mlp.c_fc", "down": "mlp.c_proj"},
+        attention="attn",
+        norms=("ln_1", "ln_2"),
+    ),
+    embeddings=("wte", "wpe"),
+    head="lm_head",
+    final_norm="ln_f",
+    tied=(("lm_head.weight", "wte.weight"),),
+)
 
 
 class CausalSelfAttention(nn.Module):
@@ -85,6 +100,10 @@ class GPT(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: scale residual projections by depth
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def anatomy(self) -> ModelAnatomy:
+        """Which module is which (``pytest_flashckpt.models.anatomy``)."""
+        return GPT_ANATOMY
 
     @staticmethod
     def _restore_tied_head(module: "GPT", state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs) -> None:

@@ -1,0 +1,233 @@
+"""A model's anatomy by module name: where its decoder blocks are and which module of a block does what.
+
+Every strategy that must know *what* a block's modules are (the op-level selective policy, the budget planner's
+options, FLOP counting, the save strategies, export) reads it from here instead of guessing from a position in
+forward order or from the project's own GPT parameter names. A GPT block runs 4 matmul modules and a Llama block
+7; labelling them by position would mislabel one of them silently.
+
+A model states its anatomy with an ``anatomy()`` method (the project's families do); for a model that cannot, a
+*discoverer* registered with ``register_discoverer`` recognises it (the Hugging Face adapter registers one).
+``check_block`` holds a block to its anatomy: every named projection exists and is a matmul module, and no matmul
+module of the block is left without a role, so a wrong anatomy is an error naming the block and the modules.
+
+Op-level policies label a matmul by the role of the module that runs it: ``role_hooks`` puts forward pre/post
+hooks on the role modules that set ``current_role()`` (a context variable) while that module runs, so the policy
+that sees ``aten.mm`` / ``aten.addmm`` / ``aten.bmm`` knows it is, say, the ``o`` projection. (transformers'
+``Conv1D``, GPT-2's projection module, lowers to ``addmm`` as ``nn.Linear`` does.)
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
+
+import torch.nn as nn
+
+__all__ = [
+    "PROJECTION_ROLES",
+    "BlockAnatomy",
+    "ModelAnatomy",
+    "check_block",
+    "current_role",
+    "get_anatomy",
+    "get_blocks",
+    "is_matmul_module",
+    "register_discoverer",
+    "role_hooks",
+]
+
+# A decoder block's matmul modules by role: fused qkv (GPT) or separate q/k/v (Llama); the attention output
+# projection o; the MLP's up (and gate, for a gated MLP such as SwiGLU) and down projections.
+PROJECTION_ROLES: tuple[str, ...] = ("qkv", "q", "k", "v", "o", "up", "gate", "down")
+
+
+@dataclass(frozen=True)
+class BlockAnatomy:
+    """One decoder block by module name, relative to the block.
+
+    ``projections``: role -> submodule, e.g. GPT ``{"qkv": "attn.c_attn", "o": "attn.c_proj", "up": "mlp.c_fc",
+    "down": "mlp.c_proj"}``; ``attention``: the submodule whose forward calls the attention kernel; ``norms``: the
+    block's normalisation modules in forward order."""
+
+    projections: Mapping[str, str]
+    attention: str
+    norms: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.projections) - set(PROJECTION_ROLES))
+        if unknown:
+            raise ValueError(
+                f"block anatomy: unknown projection role(s) {', '.join(unknown)}; valid: {', '.join(PROJECTION_ROLES)}"
+            )
+        if "qkv" in self.projections and set(self.projections) & {"q", "k", "v"}:
+            raise ValueError("block anatomy: name either a fused 'qkv' projection or separate 'q'/'k'/'v', not both")
+        modules = list(self.projections.values())
+        repeated = sorted({m for m in modules if modules.count(m) > 1})
+        if repeated:
+            raise ValueError(f"block anatomy: module(s) {', '.join(repeated)} given more than one role")
+        object.__setattr__(self, "projections", dict(self.projections))
+        object.__setattr__(self, "norms", tuple(self.norms))
+
+    def role_of(self, module_name: str) -> str | None:
+        """The role of the submodule called ``module_name`` (relative to the block), or None."""
+        for role, name in self.projections.items():
+            if name == module_name:
+                return role
+        return None
+
+
+@dataclass(frozen=True)
+class ModelAnatomy:
+    """A whole model by module name (dotted paths from the model's root).
+
+    ``family``: ``gpt``, ``llama``, ``hf-gpt2``, ``hf-llama``, ``custom``...; ``blocks``: the ``nn.ModuleList`` of
+    decoder blocks (``blocks``, ``transformer.h``, ``model.layers``); ``embeddings``: the input embedding modules;
+    ``head``: the output projection (None if the model has none); ``final_norm``: the norm before the head;
+    ``tied``: (alias, owner) parameter-name pairs that share one storage, e.g. ``(("lm_head.weight",
+    "wte.weight"),)`` for a tied head (savers store the owner once and restore the alias from it)."""
+
+    family: str
+    blocks: str
+    block: BlockAnatomy
+    embeddings: tuple[str, ...] = ()
+    head: str | None = None
+    final_norm: str | None = None
+    tied: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "embeddings", tuple(self.embeddings))
+        object.__setattr__(self, "tied", tuple(tuple(pair) for pair in self.tied))
+
+
+Discoverer = Callable[[nn.Module], "ModelAnatomy | None"]
+_DISCOVERERS: list[Discoverer] = []
+
+
+def register_discoverer(fn: Discoverer) -> None:
+    """Add ``fn`` to the discoverers ``get_anatomy`` asks (in registration order) about a model without an
+    ``anatomy()`` method; ``fn`` returns an anatomy for models it recognises and None for the others.
+    Registering the same function twice is a no-op."""
+    if fn not in _DISCOVERERS:
+        _DISCOVERERS.append(fn)
+
+
+def get_anatomy(model: nn.Module) -> ModelAnatomy:
+    """The model's anatomy: ``model.anatomy()`` if it defines one, else the first registered discoverer's answer.
+
+    Raises ValueError naming the model's class and what to do when nobody knows it."""
+    method = getattr(model, "anatomy", None)
+    if callable(method):
+        anatomy = method()
+        if not isinstance(anatomy, ModelAnatomy):
+            raise TypeError(f"{type(model).__name__}.anatomy() returned {type(anatomy).__name__}, not a ModelAnatomy")
+        return anatomy
+    for discover in _DISCOVERERS:
+        anatomy = discover(model)
+        if anatomy is not None:
+            return anatomy
+    raise ValueError(
+        f"no anatomy for a {type(model).__name__}: it has no anatomy() method and no registered discoverer "
+        "recognises it; give the model an anatomy() returning a pytest_flashckpt.models.anatomy.ModelAnatomy, "
+        "register a discoverer (register_discoverer), or pass its blocks explicitly (apply_ac(..., blocks=...))"
+    )
+
+
+def get_blocks(model: nn.Module, anatomy: ModelAnatomy | None = None) -> nn.ModuleList:
+    """The model's decoder blocks (the ModuleList at ``anatomy.blocks``)."""
+    anatomy = anatomy if anatomy is not None else get_anatomy(model)
+    try:
+        blocks = model.get_submodule(anatomy.blocks)
+    except AttributeError:
+        raise ValueError(
+            f"{anatomy.family} anatomy names blocks {anatomy.blocks!r}, but a {type(model).__name__} has no such submodule"
+        ) from None
+    if not isinstance(blocks, nn.ModuleList):
+        raise ValueError(
+            f"{anatomy.family} anatomy names blocks {anatomy.blocks!r}, which is a {type(blocks).__name__}, not an nn.ModuleList"
+        )
+    return blocks
+
+
+def is_matmul_module(module: nn.Module) -> bool:
+    """An ``nn.Linear`` (or subclass) or transformers' ``Conv1D`` (GPT-2's projections: a Linear with the weight
+    transposed, lowered to ``addmm`` too). Recognised by name so this module never imports transformers."""
+    if isinstance(module, nn.Linear):
+        return True
+    cls = type(module)
+    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers")
+
+
+def check_block(anatomy: ModelAnatomy | BlockAnatomy, block: nn.Module, where: str = "block") -> None:
+    """Hold ``block`` to its anatomy: every named projection exists and is a matmul module, the attention and norm
+    modules exist, and no matmul module of the block is left without a role.
+
+    ``where`` names the block in the error (``blocks.3``). Raises ValueError naming the block and the modules."""
+    block_anatomy = anatomy.block if isinstance(anatomy, ModelAnatomy) else anatomy
+    modules = dict(block.named_modules())
+    problems: list[str] = []
+    for role, name in block_anatomy.projections.items():
+        module = modules.get(name)
+        if module is None:
+            problems.append(f"projection {role!r} names {name!r}, which the block does not have")
+        elif not is_matmul_module(module):
+            problems.append(f"projection {role!r} names {name!r}, a {type(module).__name__}, not a Linear or Conv1D")
+    for kind, names in (("attention", (block_anatomy.attention,)), ("norm", block_anatomy.norms)):
+        for name in names:
+            if name not in modules:
+                problems.append(f"{kind} module {name!r} is not in the block")
+    named = set(block_anatomy.projections.values())
+    unlabelled = [name for name, module in modules.items() if name not in named and is_matmul_module(module)]
+    if unlabelled:
+        problems.append(
+            f"matmul module(s) without a role: {', '.join(unlabelled)} (give each a role among {', '.join(PROJECTION_ROLES)})"
+        )
+    if problems:
+        have = ", ".join(name for name, module in modules.items() if is_matmul_module(module)) or "none"
+        raise ValueError(
+            f"{where} ({type(block).__name__}) does not match its anatomy: " + "; ".join(problems) + f". Its matmul modules: {have}"
+        )
+
+
+_CURRENT_ROLE: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("flashckpt_role", default=())
+
+
+def current_role() -> str | None:
+    """The role of the innermost role module running now (set by ``role_hooks``), or None outside them."""
+    stack = _CURRENT_ROLE.get()
+    return stack[-1] if stack else None
+
+
+class RoleHooks:
+    """The hook handles ``role_hooks`` installed; ``remove()`` takes them all off."""
+
+    def __init__(self, handles: list) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def __iter__(self) -> Iterator:
+        return iter(self.handles)
+
+
+def role_hooks(block: nn.Module, anatomy: ModelAnatomy | BlockAnatomy) -> RoleHooks:
+    """Forward pre/post hooks on the block's role modules that set ``current_role()`` while each runs (in the
+    original forward and in a checkpoint's recomputation alike, since both run the module's forward)."""
+    block_anatomy = anatomy.block if isinstance(anatomy, ModelAnatomy) else anatomy
+    handles = []
+    for role, name in block_anatomy.projections.items():
+        module = block.get_submodule(name)
+
+        def enter(_module, _args, role=role) -> None:
+            _CURRENT_ROLE.set(_CURRENT_ROLE.get() + (role,))
+
+        def leave(_module, _args, _output) -> None:
+            stack = _CURRENT_ROLE.get()
+            _CURRENT_ROLE.set(stack[:-1])
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    return RoleHooks(handles)
