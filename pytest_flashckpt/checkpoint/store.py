@@ -107,8 +107,12 @@ class CheckpointStore:
         directly inside the root (``/etc``, ``/``, ``../x``, a symlink out) or cannot be read is a
         ``CorruptCheckpointError`` naming it: it is never followed out of the root."""
         pointer = self.root / LATEST
+        if not pointer.exists() and not pointer.is_symlink():
+            return None
+        plain_name(self.root, LATEST, "pointer")  # a latest symlinked out of the root is not even read
         try:
-            name = pointer.read_text(encoding="utf-8").strip() or None
+            with open(pointer, encoding="utf-8") as fh:
+                name = fh.read(4096).strip() or None  # a checkpoint name is ~25 characters
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError) as exc:

@@ -393,3 +393,36 @@ def test_a_scenario_checkpoint_pass_uses_a_named_work_folder_and_cleans_a_dead_r
     assert result.status == "measured", result.reason
     assert not dead.exists() and any(name.startswith(f"{WORK_PREFIX}{os.getpid()}-") for name in seen)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(WORK_PREFIX)]  # its own folder is gone too
+
+
+def test_a_latest_symlinked_out_of_the_root_is_not_read(pristine, tmp_path) -> None:
+    root, (older, newer) = copy_of(pristine, "sync", tmp_path)
+    (tmp_path / "secret").write_text("the first line of a file outside\n")
+    (root / "latest").unlink()
+    (root / "latest").symlink_to(tmp_path / "secret")
+    with pytest.warns(CheckpointFallbackWarning, match="pointer 'latest' refused: it resolves outside") as caught:
+        assert resume_latest(make_trainer(), root).folder == newer
+    assert "first line" not in str(caught[0].message)
+
+
+def test_no_reader_in_the_library_unpickles_by_itself() -> None:
+    """Source guard: torch.load only with weights_only=True, no pickle.load/loads, DCP reads only via safe_dcp.
+    (Run on the tree before this guard existed, it names dcp_io.py's and sharded_store.py's plain dcp.load.)"""
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "pytest_flashckpt"
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            owner = node.func.value.id if isinstance(node.func.value, ast.Name) else getattr(node.func.value, "attr", "")
+            call, where = f"{owner}.{node.func.attr}", f"{path.relative_to(package)}:{node.lineno}"
+            weights_only = next((k.value for k in node.keywords if k.arg == "weights_only"), None)
+            if call == "torch.load" and not (isinstance(weights_only, ast.Constant) and weights_only.value is True):
+                offenders.append(f"{where} torch.load without weights_only=True")
+            if call in ("pickle.load", "pickle.loads", "pickle.Unpickler"):
+                offenders.append(f"{where} {call}")
+            if call == "dcp.load" and path.name != "safe_dcp.py":
+                offenders.append(f"{where} dcp.load outside safe_dcp")
+    assert offenders == []
