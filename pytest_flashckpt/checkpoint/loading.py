@@ -3,6 +3,11 @@
 Every load verifies the manifest first (sizes and sha256 of every file), so a corrupt, truncated or partial checkpoint
 is an error naming the file before any tensor is used. Selective checkpoints are read on top of the base their
 manifest names.
+
+Nothing a checkpoint names is trusted (whoever writes its files can re-hash the manifest): every name -- manifest
+entries, the files ``meta.json`` lists, the base, ``latest``, DCP shard files -- must stay inside its folder
+(``paths``), every file read must be listed in the manifest, and DCP metadata is read by ``safe_dcp``, which runs
+no code from it.
 """
 
 from __future__ import annotations

@@ -144,7 +144,10 @@ def read_metadata(folder: Path, listed: Iterable[str] | None = None, prefix: str
         raise CorruptCheckpointError(f"{path}: cannot be read ({exc.strerror or exc}); the DCP checkpoint is incomplete") from None
     except Exception as exc:  # truncated or garbled pickle: assorted types
         raise CorruptCheckpointError(f"{path}: not a readable DCP metadata file ({type(exc).__name__}: {str(exc)[:200]})") from None
-    _check_shape(md, path, folder, listed, prefix)
+    try:
+        _check_shape(md, path, folder, listed, prefix)
+    except (AttributeError, TypeError) as exc:  # allowed classes built with missing or odd fields
+        raise CorruptCheckpointError(f"{path}: not DCP metadata as torch writes it ({type(exc).__name__}: {str(exc)[:200]}); delete the checkpoint or resume from an older one") from None
     return md
 
 

@@ -426,3 +426,23 @@ def test_no_reader_in_the_library_unpickles_by_itself() -> None:
             if call == "dcp.load" and path.name != "safe_dcp.py":
                 offenders.append(f"{where} dcp.load outside safe_dcp")
     assert offenders == []
+
+
+@pytest.mark.parametrize("damage", ["chunks", "offset", "transform", "missing"])
+def test_metadata_of_allowed_classes_but_odd_fields_is_a_clear_error(damage, pristine, tmp_path) -> None:
+    root, (_, newer) = copy_of(pristine, "dcp", tmp_path)
+    md = pickle.loads((newer / "dcp" / ".metadata").read_bytes())
+    entry = next(iter(md.state_dict_metadata.values()))
+    info = next(iter(md.storage_data.values()))
+    if damage == "chunks":
+        entry.chunks = 5
+    elif damage == "offset":
+        info.offset = -1
+    elif damage == "transform":
+        info.transform_descriptors = ["zstd"]
+    else:
+        del md.storage_data
+    (newer / "dcp" / ".metadata").write_bytes(pickle.dumps(md))
+    rehash(newer)
+    with pytest.raises(CorruptCheckpointError, match=r"\.metadata: not DCP metadata as torch writes it"):
+        read_checkpoint(newer)
