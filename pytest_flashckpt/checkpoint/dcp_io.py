@@ -68,5 +68,5 @@ def load(folder: Path, spec: dict[str, dict], listed: Iterable[str] | None = Non
             raise CorruptCheckpointError(f"{folder}: tensor {key!r} is {want['dtype']} {want['shape']} in meta.json but not in the DCP metadata; the checkpoint is inconsistent")
     out = {k: torch.empty(v["shape"], dtype=getattr(torch, v["dtype"])) for k, v in spec.items()}
     with process_group():
-        safe_dcp.load(out, folder, listed=listed, prefix=prefix)  # any failure: a CorruptCheckpointError naming it
+        safe_dcp.load(out, folder, metadata=md)  # the metadata checked above; any failure: a CorruptCheckpointError
     return out

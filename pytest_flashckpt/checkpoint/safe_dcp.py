@@ -76,12 +76,28 @@ class UnsafeCheckpointError(CorruptCheckpointError):
     """A checkpoint file asked to run or import something that is not checkpoint data; nothing of it was run."""
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata, resolving only the globals in ``ALLOWED`` (and torch dtypes)."""
+class MetadataUnpickler(pickle._Unpickler):
+    """Unpickles DCP metadata, resolving only the globals in ``ALLOWED`` (and torch dtypes).
+
+    Python's own (pure-Python) unpickler, so that one more opcode can be refused: ``BUILD`` on a class, with which a
+    file could set attributes of the allowed classes themselves for the whole process (instances are fine: that is
+    how dataclasses are restored). A metadata file is small; reading one costs about a millisecond."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, file: io.BufferedIOBase, path: Path) -> None:
         super().__init__(file)
         self.path = path
+
+    def load_build(self) -> None:
+        if len(self.stack) >= 2 and isinstance(self.stack[-2], type):
+            raise UnsafeCheckpointError(
+                f"{self.path}: refused: this DCP metadata pickle sets attributes of the class {self.stack[-2].__name__} "
+                "itself (torch never writes that); nothing in it was run. Delete the checkpoint or resume from an older one"
+            )
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in ALLOWED or _is_dtype(module, name):
@@ -155,10 +171,19 @@ class SafeFileSystemReader(FileSystemReader):
     """torch's ``FileSystemReader`` with :func:`read_metadata` in place of ``pickle.load`` (no rank-local
     metadata: this project never writes it, so a planted ``__<rank>.metadata`` is not a fallback)."""
 
+    def __init__(self, path: str | Path, metadata: Metadata | None = None) -> None:
+        super().__init__(path)
+        self._checked = metadata  # already read and checked by the caller: DCP gets that very object (read once)
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        super().reset(checkpoint_id)
+        if checkpoint_id:
+            self._checked = None
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise CorruptCheckpointError(f"{self.path}: rank-local DCP metadata is not read (this project writes one {METADATA})")
-        md = read_metadata(Path(self.path))
+        md = self._checked if self._checked is not None else read_metadata(Path(self.path))
         if md.storage_meta is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
@@ -193,14 +218,18 @@ def _failure(exc: BaseException) -> BaseException:
     return exc
 
 
-def load(state: dict[str, Any], folder: Path, process_group: Any = None, listed: Iterable[str] | None = None, prefix: str = "") -> None:
-    """``dcp.load(state)`` from ``folder``, its metadata checked first (clear error, nothing run) and read again
-    through :class:`SafeFileSystemReader` by DCP itself, non-tensor entries through :class:`SafeLoadPlanner`.
-    Any failure is one ``CorruptCheckpointError`` naming the folder (a rank's own error, not DCP's traceback dump)."""
+def load(
+    state: dict[str, Any], folder: Path, process_group: Any = None, listed: Iterable[str] | None = None, prefix: str = "",
+    metadata: Metadata | None = None,
+) -> None:
+    """``dcp.load(state)`` from ``folder``: its metadata read and checked first (clear error, nothing run; or
+    ``metadata``, as :func:`read_metadata` returned it) and handed to DCP through :class:`SafeFileSystemReader`,
+    non-tensor entries read through :class:`SafeLoadPlanner`. Any failure is one ``CorruptCheckpointError`` naming
+    the folder (a rank's own error, not DCP's traceback dump)."""
     folder = Path(folder)
-    read_metadata(folder, listed, prefix)
+    md = metadata if metadata is not None else read_metadata(folder, listed, prefix)
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(), process_group=process_group)
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder), md), planner=SafeLoadPlanner(), process_group=process_group)
     except (Exception, CheckpointException) as exc:
         inner = _failure(exc)
         if isinstance(inner, CorruptCheckpointError):  # ours: the reader's or the planner's refusal

@@ -446,3 +446,20 @@ def test_metadata_of_allowed_classes_but_odd_fields_is_a_clear_error(damage, pri
     rehash(newer)
     with pytest.raises(CorruptCheckpointError, match=r"\.metadata: not DCP metadata as torch writes it"):
         read_checkpoint(newer)
+
+
+def test_metadata_that_sets_attributes_of_an_allowed_class_is_refused(pristine, tmp_path) -> None:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    root, (_, newer) = copy_of(pristine, "dcp", tmp_path)
+    real = (newer / "dcp" / ".metadata").read_bytes()
+    # protocol 4 by hand: push the class Metadata, BUILD it with slot state {"pwned_attr": "patched"}, POP; then the
+    # real metadata follows (its own PROTO dropped), so a plain unpickler returns it after patching the class
+    patch = b"\x80\x04\x8c\x25torch.distributed.checkpoint.metadata\x8c\x08Metadata\x93N}\x8c\x0apwned_attr\x8c\x07patched\x73\x86b0"
+    assert type(pickle.loads(patch + real[2:])) is Metadata and Metadata.pwned_attr == "patched"  # control
+    del Metadata.pwned_attr
+    (newer / "dcp" / ".metadata").write_bytes(patch + real[2:])
+    rehash(newer)
+    with pytest.raises(CorruptCheckpointError, match="sets attributes of the class Metadata itself"):
+        read_checkpoint(newer)
+    assert not hasattr(Metadata, "pwned_attr")
