@@ -11,12 +11,13 @@ import contextlib
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from pytest_flashckpt.checkpoint import safe_dcp
 from pytest_flashckpt.checkpoint.errors import CorruptCheckpointError
 
 DCP_DIR = "dcp"
@@ -57,12 +58,15 @@ def async_save(tensors: dict[str, torch.Tensor], folder: Path) -> Future:
     return dcp.async_save(dict(tensors), checkpoint_id=str(folder))
 
 
-def load(folder: Path, spec: dict[str, dict]) -> dict[str, torch.Tensor]:
-    """Read tensors described by ``spec`` ({key: {"dtype", "shape"}}) from a DCP folder."""
+def load(folder: Path, spec: dict[str, dict], listed: Iterable[str] | None = None, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Read tensors described by ``spec`` ({key: {"dtype", "shape"}}) from a DCP folder, through the safe reader
+    (``safe_dcp``: no code runs from its ``.metadata``; shard files must be among ``listed``, the manifest's files)."""
+    md = safe_dcp.read_metadata(folder, listed, prefix)  # a refusal is its own clear error, raised before DCP starts
+    for key, want in spec.items():  # meta.json and .metadata must agree before anything is allocated
+        entry = md.state_dict_metadata.get(key)
+        if not isinstance(entry, safe_dcp.TensorStorageMetadata) or list(entry.size) != list(want["shape"]) or str(entry.properties.dtype) != f"torch.{want['dtype']}":
+            raise CorruptCheckpointError(f"{folder}: tensor {key!r} is {want['dtype']} {want['shape']} in meta.json but not in the DCP metadata; the checkpoint is inconsistent")
     out = {k: torch.empty(v["shape"], dtype=getattr(torch, v["dtype"])) for k, v in spec.items()}
-    try:
-        with process_group():
-            dcp.load(out, checkpoint_id=str(folder))
-    except Exception as exc:  # DCP raises CheckpointException and others
-        raise CorruptCheckpointError(f"{folder}: torch.distributed.checkpoint could not read it ({type(exc).__name__}: {str(exc)[:300]})") from None
+    with process_group():
+        safe_dcp.load(out, folder, metadata=md)  # the metadata checked above; any failure: a CorruptCheckpointError
     return out

@@ -28,7 +28,7 @@ from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.formats import fsync_path
 from pytest_flashckpt.checkpoint.loading import LoadedCheckpoint, read_checkpoint
 from pytest_flashckpt.checkpoint.manifest import MANIFEST
-from pytest_flashckpt.checkpoint.store import LATEST
+from pytest_flashckpt.checkpoint.store import LATEST, CheckpointStore
 
 SUFFIXES = (".safetensors", ".pt")
 
@@ -47,7 +47,8 @@ def resolve_checkpoint(path: Path) -> Path:
     path = Path(path)
     if (path / MANIFEST).is_file() or not (path / LATEST).is_file():
         return path
-    return path / (path / LATEST).read_text(encoding="utf-8").strip()
+    name = CheckpointStore(path).latest_name()  # refuses a latest that leads out of the root
+    return path / str(name)
 
 
 def model_state_dict(loaded: LoadedCheckpoint) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

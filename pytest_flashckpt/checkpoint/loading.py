@@ -3,6 +3,11 @@
 Every load verifies the manifest first (sizes and sha256 of every file), so a corrupt, truncated or partial checkpoint
 is an error naming the file before any tensor is used. Selective checkpoints are read on top of the base their
 manifest names.
+
+Nothing a checkpoint names is trusted (whoever writes its files can re-hash the manifest): every name -- manifest
+entries, the files ``meta.json`` lists, the base, ``latest``, DCP shard files -- must stay inside its folder
+(``paths``), every file read must be listed in the manifest, and DCP metadata is read by ``safe_dcp``, which runs
+no code from it.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from typing import Any, Iterable
 import torch
 import torch.nn as nn
 
-from pytest_flashckpt.checkpoint import dcp_io, formats
+from pytest_flashckpt.checkpoint import dcp_io, formats, safe_dcp
 from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
-from pytest_flashckpt.checkpoint.manifest import Manifest, verify
-from pytest_flashckpt.checkpoint.payload import read_meta
+from pytest_flashckpt.checkpoint.manifest import MANIFEST, Manifest, verify
+from pytest_flashckpt.checkpoint.paths import confined, plain_name
+from pytest_flashckpt.checkpoint.payload import META, read_meta
 from pytest_flashckpt.checkpoint.selection import blocks_prefix
 from pytest_flashckpt.checkpoint.state import restore
 from pytest_flashckpt.checkpoint.store import LATEST, CheckpointStore
@@ -49,13 +55,47 @@ class KeyReport:
     unexpected_keys: list[str]
 
 
-def _read_files(folder: Path, meta: dict[str, Any], files: Iterable[str]) -> dict[str, torch.Tensor]:
+_FORMATS = ("torch", "safetensors", "dcp")
+
+
+def checked_meta(folder: Path, manifest: Manifest) -> dict[str, Any]:
+    """``meta.json``, which must be listed in (so verified by) the manifest and shaped as this library writes it:
+    every tensor names a file inside the folder that the manifest lists, a torch dtype and a shape."""
+    if META not in manifest.files:
+        raise CorruptCheckpointError(f"{folder / META}: not listed in {folder / MANIFEST}, so never verified; delete the checkpoint or resume from an older one")
+    try:
+        meta = read_meta(folder)
+    except (ValueError, OSError) as exc:
+        raise CorruptCheckpointError(f"{folder / META}: unreadable ({type(exc).__name__}); delete the checkpoint or resume from an older one") from None
+    tensors = meta.get("tensors") if isinstance(meta, dict) else None
+    if not isinstance(tensors, dict) or meta.get("format") not in _FORMATS or not isinstance(meta.get("tree"), dict):
+        raise CorruptCheckpointError(f"{folder / META}: malformed (needs format one of {', '.join(_FORMATS)}, tensors, tree); delete the checkpoint or resume from an older one")
+    for key, spec in tensors.items():
+        ok = (
+            isinstance(spec, dict) and isinstance(spec.get("file"), str) and isinstance(spec.get("dtype"), str)
+            and isinstance(getattr(torch, spec["dtype"], None), torch.dtype) and isinstance(spec.get("shape"), list)
+            and all(type(n) is int and n >= 0 for n in spec["shape"])
+        )
+        if not ok:
+            raise CorruptCheckpointError(f"{folder / META}: tensor {key!r} has a malformed entry {spec!r}; delete the checkpoint or resume from an older one")
+    for rel in sorted({v["file"] for v in tensors.values()}):
+        confined(folder, rel, f"{META} file")
+        listed = f"{rel}/{safe_dcp.METADATA}" if meta["format"] == "dcp" else rel
+        if listed not in manifest.files:
+            raise CorruptCheckpointError(
+                f"{folder}: {META} names {rel!r}, which {MANIFEST} does not list (so it was never verified); "
+                "delete the checkpoint or resume from an older one"
+            )
+    return meta
+
+
+def _read_files(folder: Path, manifest: Manifest, meta: dict[str, Any], files: Iterable[str]) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     fmt = meta["format"]
     for rel in files:
         if fmt == "dcp":
             spec = {k: v for k, v in meta["tensors"].items() if v["file"] == rel}
-            tensors.update(dcp_io.load(folder / rel, spec))
+            tensors.update(dcp_io.load(folder / rel, spec, listed=manifest.files, prefix=f"{rel}/"))
         else:
             tensors.update(formats.read_tensor_file(folder / rel, fmt))
     return tensors
@@ -66,12 +106,12 @@ def read_checkpoint(folder: Path, *, with_base: bool = True) -> LoadedCheckpoint
     start = time.perf_counter()
     folder = Path(folder)
     manifest = verify(folder)
-    meta = read_meta(folder)
+    meta = checked_meta(folder, manifest)
     files = sorted({v["file"] for v in meta["tensors"].values()})
-    tensors = _read_files(folder, meta, files)
+    tensors = _read_files(folder, manifest, meta, files)
     from_base: set[str] = set()
     if with_base and manifest.base:
-        base_folder = folder.parent / manifest.base
+        base_folder = plain_name(folder.parent, manifest.base, f"base named in {folder / MANIFEST}")
         if not base_folder.is_dir():
             raise CorruptCheckpointError(f"{folder}: its base checkpoint {base_folder} is gone; a selective checkpoint needs its base")
         base = read_checkpoint(base_folder)
@@ -84,7 +124,10 @@ def load_into(trainer: Trainer, folder: Path) -> LoadedCheckpoint:
     """Restore the full training state saved in ``folder`` into ``trainer``."""
     start = time.perf_counter()
     loaded = read_checkpoint(folder)
-    restore(trainer, loaded.tensors, loaded.meta["tree"], str(folder))
+    try:
+        restore(trainer, loaded.tensors, loaded.meta["tree"], str(folder))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a tree not as this library writes it
+        raise CorruptCheckpointError(f"{folder / META}: its state tree does not describe a training state ({type(exc).__name__}: {str(exc)[:200]}); delete the checkpoint or resume from an older one") from None
     loaded.load_s = time.perf_counter() - start
     return loaded
 
@@ -102,15 +145,21 @@ def resume_latest(trainer: Trainer, root: Path, *, required: bool = False) -> Lo
     root = Path(root)
     store = CheckpointStore(root)
     complete = store.complete()
-    latest = store.latest_name()
+    problems: list[str] = []
+    try:
+        latest = store.latest_name()
+    except CheckpointError as exc:  # a pointer out of the root (or unreadable): never followed
+        problems.append(str(exc))
+        latest = None
     if latest is None and not complete:
+        if problems:
+            raise CheckpointError(f"no valid checkpoint in {root}: {'; '.join(problems)}")
         reason = (f"{root} does not exist" if not root.exists() else f"{root} holds no committed checkpoint")
         message = f"no checkpoint yet: {reason}"
         if required:
             raise NoCheckpointError(f"{message}; check the path, or resume with required=False to start from scratch")
         log.info("%s; starting from scratch", message)
         return None
-    problems: list[str] = []
     candidates = [p for p in reversed(complete) if p.name != latest]
     if latest is not None:
         if (root / latest).is_dir():
@@ -119,6 +168,7 @@ def resume_latest(trainer: Trainer, root: Path, *, required: bool = False) -> Lo
             problems.append(f"{root / LATEST} names {latest!r}, which does not exist in {root} (deleted or moved)")
     for folder in candidates:
         try:
+            plain_name(root, folder.name, "checkpoint folder")  # a symlink out of the root is not followed
             loaded = load_into(trainer, folder)
         except CheckpointError as exc:
             problems.append(str(exc))
@@ -153,13 +203,13 @@ def load_blocks(model: nn.Module, folder: Path, blocks: Iterable[int]) -> KeyRep
     """Load the weights of the given transformer blocks from a layer-wise checkpoint (only their files are read)."""
     folder = Path(folder)
     manifest = verify(folder)
-    meta = read_meta(folder)
+    meta = checked_meta(folder, manifest)
     wanted = sorted(set(blocks))
     prefix = blocks_prefix(model)  # the model's anatomy: blocks., transformer.h., model.layers.
     files = {v["file"] for k, v in meta["tensors"].items() if any(k.startswith(f"model/{prefix}{b}.") for b in wanted)}
     if len(files) == 0 or any("block_" not in f for f in files):
         raise CheckpointError(f"{folder} ({manifest.strategy}) has no per-block files for blocks {wanted}; save with strategy layerwise")
-    tensors = _read_files(folder, meta, sorted(files))
+    tensors = _read_files(folder, manifest, meta, sorted(files))
     weights = {k.removeprefix("model/"): t for k, t in tensors.items() if k.startswith("model/") and any(k.startswith(f"model/{prefix}{b}.") for b in wanted)}
     return _apply(model, weights, folder, strict=True, require_all=False)
 

@@ -20,6 +20,7 @@ import torch
 
 from pytest_flashckpt.checkpoint.errors import CorruptCheckpointError, NoCheckpointError
 from pytest_flashckpt.checkpoint.formats import fsync_path
+from pytest_flashckpt.checkpoint.paths import confined
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -86,16 +87,26 @@ def read_manifest(folder: Path) -> Manifest:
         raise NoCheckpointError(f"{folder}: no such checkpoint folder (never written, deleted or moved)")
     if not target.is_file():
         raise CorruptCheckpointError(f"{target}: missing; {folder} is not a complete checkpoint (a save that never committed)")
+    confined(folder, MANIFEST, "manifest")  # a manifest.json symlinked out of the folder is not read
     try:
         data = json.loads(target.read_text(encoding="utf-8"))
-        return Manifest(**data)
+        manifest = Manifest(**data)
     except (ValueError, TypeError) as exc:
         raise CorruptCheckpointError(f"{target}: unreadable manifest ({exc}); delete {folder} or resume from an older checkpoint") from None
+    entries_ok = isinstance(manifest.files, dict) and all(
+        isinstance(info, dict) and type(info.get("bytes")) is int and isinstance(info.get("sha256"), str) for info in manifest.files.values()
+    )
+    if not entries_ok or not isinstance(manifest.base, (str, type(None))) or not isinstance(manifest.versions, dict):
+        raise CorruptCheckpointError(f"{target}: malformed manifest (files must map names to {{bytes, sha256}}); delete {folder} or resume from an older checkpoint")
+    return manifest
 
 
 def verify(folder: Path) -> Manifest:
-    """Check every file the manifest lists (presence, size, sha256); the first mismatch is an error naming it."""
+    """Check every file the manifest lists (presence, size, sha256); the first mismatch is an error naming it.
+    Every entry must name a file inside ``folder`` (``paths.confined``: no absolute path, ``..`` or symlink out)."""
     manifest = read_manifest(folder)
+    for rel in manifest.files:  # every entry confined first: nothing outside the folder is even hashed
+        confined(folder, rel, f"{MANIFEST} entry")
     for rel, expected in manifest.files.items():
         path = folder / rel
         if not path.is_file():

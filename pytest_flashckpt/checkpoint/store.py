@@ -16,9 +16,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-from pytest_flashckpt.checkpoint.errors import CheckpointError
+from pytest_flashckpt.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from pytest_flashckpt.checkpoint.formats import fsync_path
 from pytest_flashckpt.checkpoint.manifest import MANIFEST
+from pytest_flashckpt.checkpoint.paths import plain_name
 
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
@@ -102,11 +103,23 @@ class CheckpointStore:
         fsync_path(self.root)
 
     def latest_name(self) -> str | None:
+        """The checkpoint ``latest`` names, or None without one. A ``latest`` that names anything but a folder
+        directly inside the root (``/etc``, ``/``, ``../x``, a symlink out) or cannot be read is a
+        ``CorruptCheckpointError`` naming it: it is never followed out of the root."""
         pointer = self.root / LATEST
+        if not pointer.exists() and not pointer.is_symlink():
+            return None
+        plain_name(self.root, LATEST, "pointer")  # a latest symlinked out of the root is not even read
         try:
-            return pointer.read_text(encoding="utf-8").strip() or None
+            with open(pointer, encoding="utf-8") as fh:
+                name = fh.read(4096).strip() or None  # a checkpoint name is ~25 characters
         except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CorruptCheckpointError(f"{pointer}: unreadable ({type(exc).__name__}); delete it to resume from the newest complete checkpoint") from None
+        if name is not None:
+            plain_name(self.root, name, f"{LATEST} target")
+        return name
 
     def complete(self) -> list[Path]:
         """Committed checkpoint folders (they have a manifest), oldest first by sequence number."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Literal
 
 from pytest_flashckpt.registry import ACTIVATION_STRATEGIES, SAVE_STRATEGIES
@@ -20,6 +21,23 @@ SaveStrategy = Literal[tuple(SAVE_STRATEGIES)]  # type: ignore[valid-type]
 MeasurePass = Literal["memory", "timing", "flops", "checkpoint"]  # the passes a scenario runs
 
 REFERENCE_SAVES = 3  # a reference sync save pass makes at most this many saves (Scenario.reference)
+
+
+def _check_inside_checkpoint(key: str, value: object) -> None:
+    """A folder a suite names for files inside each checkpoint must stay inside it: relative, no ``..`` (block files
+    written outside the checkpoint would escape its manifest, its hash check and its cleanup)."""
+    parts = PurePosixPath(value).parts if isinstance(value, str) else ()
+    if not isinstance(value, str) or not value.strip() or "\\" in value or "\x00" in value:
+        problem = "a folder name such as 'layers'"
+    elif PurePosixPath(value).is_absolute() or value.startswith("~"):
+        problem = "relative (it is an absolute path)"
+    elif ".." in parts:
+        problem = "free of '..' (it climbs out of the checkpoint folder)"
+    elif parts in ((), (".",)):
+        problem = "a sub-folder, not the checkpoint folder itself"
+    else:
+        return
+    raise ValueError(f"{key}: {value!r} must be {problem}; it names a folder inside each checkpoint, e.g. {key}: layers")
 
 
 def _set(obj, **values) -> None:
@@ -113,6 +131,8 @@ class SaveConfig:
             raise ValueError(f"time_lost_rounds must be >= 0 (0 skips the time-lost measurement), got {self.time_lost_rounds}")
         if self.saves <= 0:
             raise ValueError(f"saves must be positive, got {self.saves}")
+        if self.layer_checkpoint_dir is not None:
+            _check_inside_checkpoint("layer_checkpoint_dir", self.layer_checkpoint_dir)
 
 
 @dataclass(frozen=True)

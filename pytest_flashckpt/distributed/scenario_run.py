@@ -12,10 +12,10 @@ import json
 import os
 import shlex
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
+from pytest_flashckpt.checkpoint.measure import make_work_folder
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.distributed import launcher
@@ -43,7 +43,7 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
     launch = launch_from_env(scenario.world_size)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=f"{device} x{scenario.world_size} ({backend})", probe=probe)
-    work = Path(tempfile.mkdtemp(prefix="flashckpt-dist-", dir=workdir))
+    work = make_work_folder(workdir)  # flashckpt-work-<pid>-*: a killed launch's leftover is removed by the next run
     try:
         spec = work / "scenario.json"
         spec.write_text(json.dumps(to_plain(scenario)), encoding="utf-8")

@@ -9,8 +9,10 @@ checkpoint (size and sha256 of every file of every rank), renames the folder and
 names the previous checkpoint.
 
 A load verifies the manifest on rank 0 before DCP reads anything (and the verdict is broadcast, so every rank stops
-on a corrupt checkpoint). DCP's ``.metadata`` file is a pickle that ``dcp.load`` unpickles; the sha256 check is what
-guarantees it is the file this library wrote, so a checkpoint is only loaded after it passes.
+on a corrupt checkpoint). DCP's ``.metadata`` file is a pickle; the sha256 check cannot vouch for it (whoever writes
+the files can re-hash the manifest), so it is read only by ``checkpoint.safe_dcp``, which unpickles nothing but the
+DCP metadata classes (checked on rank 0 with the manifest, then by every rank's reader), and its non-tensor entries
+are read with ``torch.load(weights_only=True)``.
 
 The state is ``get_state_dict(model, optimizer)`` (torch's FQN-keyed model and optimizer state, sharded as DTensors
 under FSDP2), so a checkpoint saved at N ranks loads at M ranks, or into a plain single-process model.
@@ -30,7 +32,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from pytest_flashckpt.checkpoint import dcp_io
+from pytest_flashckpt.checkpoint import dcp_io, safe_dcp
 from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.manifest import Manifest, verify, write_manifest
 from pytest_flashckpt.checkpoint.scheduling import process_memory
@@ -226,6 +228,10 @@ def _verified(folder: Path, group=None) -> dict[str, Any]:
             manifest = verify(folder)
             if manifest.format != "dcp" or manifest.strategy != STRATEGY:
                 raise CheckpointError(f"{folder}: a {manifest.strategy}/{manifest.format} checkpoint, not a sharded DCP one; load it with pytest_flashckpt.checkpoint.load_into")
+            for rel in (TRAIN_STATE, f"{DCP_DIR}/{safe_dcp.METADATA}"):
+                if rel not in manifest.files:
+                    raise CheckpointError(f"{folder}: {rel} is not listed in its manifest, so never verified; delete the checkpoint or resume from an older one")
+            safe_dcp.read_metadata(folder / DCP_DIR, manifest.files, f"{DCP_DIR}/")
             answer = (None, json.loads((folder / TRAIN_STATE).read_text(encoding="utf-8")))
         except (CheckpointError, OSError, ValueError) as exc:
             answer = (str(exc), None)
@@ -239,10 +245,15 @@ def _verified(folder: Path, group=None) -> dict[str, Any]:
 def _restore(trainer: Trainer, folder: Path, group=None) -> dict[str, Any]:
     train_state = _verified(folder, group)
     state = training_state(trainer)
-    dcp.load(state, checkpoint_id=str(folder / DCP_DIR), process_group=group)
-    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    trainer.scheduler.load_state_dict(train_state["scheduler"])
-    trainer.step = int(train_state["step"])
+    try:
+        safe_dcp.load(state, folder / DCP_DIR, process_group=group)
+        set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        trainer.scheduler.load_state_dict(train_state["scheduler"])
+        trainer.step = int(train_state["step"])
+    except CheckpointError:
+        raise
+    except Exception as exc:  # DCP wraps a rank's failure in CheckpointException; a malformed train_state.json
+        raise CheckpointError(f"{folder}: could not be restored ({type(exc).__name__}: {str(exc)[:300]}); delete the checkpoint or resume from an older one") from None
     return train_state
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -227,8 +226,9 @@ def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, referen
 
 def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
+    from pytest_flashckpt.checkpoint.measure import make_work_folder
 
-    root = Path(tempfile.mkdtemp(prefix="flashckpt-", dir=ctx.workdir))
+    root = make_work_folder(ctx.workdir)  # flashckpt-work-<pid>-*: a killed run's leftover is removed by the next
     try:
         peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
