@@ -1,30 +1,53 @@
 """Small OS helpers every layer may use: the atomic file write and the process's resident set.
 
-``atomic_write`` is how results.json, baselines, the report and its plots are written: a temporary file in the
-same folder, flushed and fsync'd, then renamed over the target (and the folder fsync'd), so a reader sees the
-old file or the new one, never half of one. (Checkpoints keep their own commit protocol in ``checkpoint/store``.)
+``atomic_write`` is how results.json, baselines, the report and its plots are written: a temporary file in a
+folder beside the target, flushed and fsync'd, then renamed over the target (and the folder fsync'd), so a reader sees the
+old file or the new one, never half of one; the temporary file lives in a git-ignored ``.flashckpt-tmp/`` and
+what a killed write left is removed by the next write to the folder. (Checkpoints keep their own commit protocol
+in ``checkpoint/store``.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
+import time
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
+TEMP_FOLDER = ".flashckpt-tmp"  # where atomic_write's temporary files live, beside their target
+_TEMP_IGNORE = "# pytest-flashckpt's temporary files (a write in progress, or one killed): never committed\n*\n"
+_TEMP_NAME = re.compile(r".+\.(\d+)-\d+\.tmp")  # <target name>.<pid>-<thread id>.tmp
+_STALE_AFTER_S = 3600.0  # a temporary file this old is a killed write's even if its pid was reused
+
+
 @contextlib.contextmanager
 def atomic_write(path: Path | str) -> Iterator[BinaryIO]:
-    """``with atomic_write(path) as fh: fh.write(data)``: ``path`` is replaced only when the block succeeds."""
+    """``with atomic_write(path) as fh: fh.write(data)``: ``path`` is replaced only when the block succeeds.
+
+    The temporary file is written in ``.flashckpt-tmp/`` beside ``path`` (same filesystem, so the rename is
+    atomic), a folder holding a ``.gitignore`` of ``*``: a write killed with SIGKILL leaves nothing ``git status``
+    shows in a committed folder such as ``baselines/``, and the next write to the folder removes what a dead
+    process left (``remove_stale_temp``). The folder is removed again when nothing is left in it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # a temporary name of this writer's own: two writers of one file at once never rename each other's half file
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    name = f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
+    for attempt in range(10):  # another writer may remove the (empty) temp folder between our mkdir and open
+        tmp = _temp_folder(path.parent) / name
+        try:
+            fh = open(tmp, "wb")
+            break
+        except FileNotFoundError:
+            if attempt == 9:
+                raise
     try:
-        with open(tmp, "wb") as fh:
+        with fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -32,12 +55,67 @@ def atomic_write(path: Path | str) -> Iterator[BinaryIO]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        remove_stale_temp(path.parent)
     with contextlib.suppress(OSError):  # not every filesystem lets a folder be opened for fsync
         fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _temp_folder(parent: Path) -> Path:
+    folder = parent / TEMP_FOLDER
+    folder.mkdir(exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        with open(folder / ".gitignore", "x", encoding="utf-8") as fh:
+            fh.write(_TEMP_IGNORE)
+    return folder
+
+
+def _writer_gone(tmp: Path) -> bool:
+    """A temporary file ``<name>.<pid>-<thread>.tmp`` whose writing process is no longer alive (or that is older
+    than any write takes)."""
+    match = _TEMP_NAME.fullmatch(tmp.name)
+    if match is None:  # not one of ours
+        return False
+    try:
+        if time.time() - tmp.stat().st_mtime > _STALE_AFTER_S:
+            return True
+    except OSError:
+        return False
+    pid = int(match.group(1))
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def remove_stale_temp(folder: Path | str) -> list[Path]:
+    """Remove temporary files a killed write left in ``folder`` (in its ``.flashckpt-tmp/``, and the hidden
+    ``.<name>.<pid>-<thread>.tmp`` files of earlier versions beside the targets), then the temp folder itself when
+    nothing else is in it. Returns what was removed. Files of live writers are left alone."""
+    folder = Path(folder)
+    temp = folder / TEMP_FOLDER
+    candidates = [*folder.glob(".*.tmp"), *(temp.glob("*.tmp") if temp.is_dir() else ())]
+    removed = []
+    for tmp in candidates:
+        if _writer_gone(tmp):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    if temp.is_dir():
+        with contextlib.suppress(OSError):
+            if [p.name for p in temp.iterdir()] == [".gitignore"]:
+                (temp / ".gitignore").unlink()
+                temp.rmdir()
+    return removed
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:

@@ -11,6 +11,7 @@ accepted key to ``(field, converter)``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -123,12 +124,97 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def load_yaml(path) -> Any:
-    """Parse a YAML file; a syntax error becomes a ConfigError naming the file and line."""
+def _strict_loader():
+    """A ``yaml.SafeLoader`` that refuses what a config file never needs and an adversary could abuse: a key given
+    twice in one mapping (PyYAML silently keeps the last value) and anchors/aliases (``&a`` / ``*a``: a 500-byte
+    "billion laughs" file expands to gigabytes). Built on first use, so importing this module needs no PyYAML."""
     import yaml
 
+    class Refused(yaml.constructor.ConstructorError):
+        """Valid YAML that a pytest-flashckpt file may not use (a duplicate key, an anchor or alias)."""
+
+    class StrictLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):  # every node passes here; an alias event is ``*name``
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise Refused(
+                    None, None, f"YAML alias *{event.anchor} is not allowed in a pytest-flashckpt file (write the "
+                    "value out; aliases can expand a small file into gigabytes)", event.start_mark)
+            return super().compose_node(parent, index)
+
+        def compose_scalar_node(self, anchor):
+            self._refuse_anchor(anchor)
+            return super().compose_scalar_node(anchor)
+
+        def compose_sequence_node(self, anchor):
+            self._refuse_anchor(anchor)
+            return super().compose_sequence_node(anchor)
+
+        def compose_mapping_node(self, anchor):
+            self._refuse_anchor(anchor)
+            return super().compose_mapping_node(anchor)
+
+        def _refuse_anchor(self, anchor):
+            if anchor is not None:
+                mark = self.peek_event().start_mark
+                raise Refused(
+                    None, None, f"YAML anchor &{anchor} is not allowed in a pytest-flashckpt file (write the value "
+                    "out; anchors and aliases can expand a small file into gigabytes)", mark)
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue  # SafeLoader's own error follows
+                if key in seen:
+                    raise Refused(
+                        None, None, f"key {key!r} is given twice in one mapping (first on line {seen[key] + 1}); "
+                        "keep one", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, StrictLoader.construct_mapping)
+    StrictLoader.Refused = Refused
+    return StrictLoader
+
+
+def load_yaml(path) -> Any:
+    """Parse a YAML file strictly (UTF-8; no duplicate keys, no anchors or aliases); every problem (syntax, an
+    unreadable file, a folder, bytes that are not UTF-8) is one ConfigError naming the file, and the line where
+    there is one."""
+    import yaml
+
+    where = str(path)
+    if os.path.isdir(path):
+        raise ConfigError(where, "is a directory, not a YAML file", "name a .yaml file inside it, or a shipped name")
     try:
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ConfigError(where, f"cannot be read ({exc.strerror or exc})", "check the path and its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(where, f"line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                          "save the file as UTF-8") from None
+    loader = _strict_loader()
+    try:
+        return yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where_line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        kind = "" if isinstance(exc, loader.Refused) else "not valid YAML: "
+        raise ConfigError(where, f"{where_line}{kind}{_short(problem)}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not valid YAML: {exc}") from None
+        raise ConfigError(where, f"not valid YAML: {_short(str(exc))}") from None
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters: an error never echoes a whole hostile file."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
