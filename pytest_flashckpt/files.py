@@ -156,3 +156,56 @@ def locked(folder: Path | str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+WORK_PREFIX = "flashckpt-work-"  # a run's temporary checkpoint folders: flashckpt-work-<kind>-XXXXXXXX
+_WORK_GRACE_S = 60.0  # a folder younger than this may be one whose owner has not locked it yet
+
+
+@contextlib.contextmanager
+def work_folder(parent: Path | str | None, kind: str) -> Iterator[Path]:
+    """A temporary folder for a scenario's checkpoints (in ``parent``, default the system temp folder), removed
+    when the block ends. The owner holds a ``flock`` on it while it lives: a process killed with SIGKILL loses the
+    lock with its life, so the next run's ``remove_abandoned`` can tell its folder from a live run's (on any pid
+    namespace sharing the folder) and remove it."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{kind}-", dir=parent))
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        os.close(fd)
+
+
+def remove_abandoned(parent: Path | str | None) -> list[Path]:
+    """Remove the ``work_folder`` folders in ``parent`` (default: the system temp folder) whose owner is gone (no
+    lock held, older than a minute). Returns what was removed; a folder of a live run is left alone."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    parent = Path(parent) if parent else Path(tempfile.gettempdir())
+    removed = []
+    for folder in parent.glob(f"{WORK_PREFIX}*"):
+        try:
+            if folder.is_symlink() or not folder.is_dir() or time.time() - folder.stat().st_mtime < _WORK_GRACE_S:
+                continue
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a live run's
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        finally:
+            os.close(fd)
+    return removed

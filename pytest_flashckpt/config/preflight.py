@@ -93,13 +93,13 @@ def checkpoint_disk_bytes(scenario: Scenario, card) -> int:
 
 def check_resources(scenarios, origin, host_bytes: int | None, free_disk: int | None, work_folder: str,
                     on_cpu: bool) -> None:
-    """Refuse a scenario whose predicted host memory exceeds ``host_bytes`` (CPU runs; simulated scenarios build
-    nothing) and a suite whose checkpoints need more than ``free_disk`` in ``work_folder``. ``origin(scenario)``
+    """Refuse a scenario whose predicted host memory exceeds ``host_bytes`` (CPU runs of cards built on a CPU) and a suite whose checkpoints need more than ``free_disk`` in ``work_folder``. ``origin(scenario)``
     names the file a scenario came from."""
     need_disk, widest = 0, None
     for scenario in scenarios:
         card = load_card(scenario.card)
-        if on_cpu and host_bytes and not scenario.simulate.enabled:
+        # simulated scenarios build nothing; a card too big for a CPU is skipped by the run with its reason
+        if on_cpu and host_bytes and not scenario.simulate.enabled and card.allocate_on_cpu:
             need = predicted_host_bytes(scenario, card)
             if need > host_bytes:
                 raise ConfigError(

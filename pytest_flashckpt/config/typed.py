@@ -63,7 +63,7 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
     if origin is Literal:
         choices = get_args(tp)
         if value not in choices:
-            raise ConfigError(where, f"{path}: {value!r} is not a valid choice", f"valid: {', '.join(map(str, choices))}")
+            raise ConfigError(where, f"{path}: {_brief(value)} is not a valid choice", f"valid: {', '.join(map(str, choices))}")
         return value
     if origin in (typing.Union, types.UnionType):
         options = get_args(tp)
@@ -80,7 +80,7 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
         raise errors[0]
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(where, f"{path}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected a list, got {type(value).__name__} {_brief(value)}")
         (item_tp, *_) = get_args(tp) or (Any,)
         items = [coerce(item_tp, v, where, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
@@ -92,23 +92,23 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(where, f"{path}: expected a number, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected a number, got {type(value).__name__} {_brief(value)}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"{path}: expected an integer, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected an integer, got {type(value).__name__} {_brief(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(where, f"{path}: expected true or false, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected true or false, got {type(value).__name__} {_brief(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(where, f"{path}: expected a string, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected a string, got {type(value).__name__} {_brief(value)}")
         return value
     if tp is dict or get_origin(tp) is dict:
         if not isinstance(value, dict):
-            raise ConfigError(where, f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected a mapping, got {type(value).__name__} {_brief(value)}")
         return dict(value)
     raise TypeError(f"unsupported config annotation {tp!r} at {path}")
 
@@ -212,6 +212,12 @@ def load_yaml(path) -> Any:
         raise ConfigError(where, f"{where_line}{kind}{_short(problem)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(where, f"not valid YAML: {_short(str(exc))}") from None
+
+
+def _brief(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a bad value in an error message is shown, never a megabyte of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.distributed import launcher
 from pytest_flashckpt.distributed.aggregate import aggregate
+from pytest_flashckpt.files import work_folder
 from pytest_flashckpt.result import Result
 
 RANK_MODULE = "pytest_flashckpt.distributed.rank"
@@ -43,7 +42,8 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
     launch = launch_from_env(scenario.world_size)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=f"{device} x{scenario.world_size} ({backend})", probe=probe)
-    work = Path(tempfile.mkdtemp(prefix="flashckpt-dist-", dir=workdir))
+    folder = work_folder(workdir, "dist")  # locked while it lives: a killed run's is removed by the next run
+    work = folder.__enter__()
     try:
         spec = work / "scenario.json"
         spec.write_text(json.dumps(to_plain(scenario)), encoding="utf-8")
@@ -66,4 +66,4 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
         aggregate(result, records)
         return result
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        folder.__exit__(None, None, None)  # removes the folder

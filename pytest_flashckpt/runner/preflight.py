@@ -3,7 +3,8 @@ work folders), the device and probe asked for, this profile's baseline file, and
 machine (predicted host memory per scenario, disk for its checkpoints). A measured run never ends in a
 traceback because of one of these: each is one ``ConfigError`` line naming the option or file, the scenario and
 key, and the fix, raised before anything is measured. The scenario-level checks (model cards, sequence lengths)
-are ``config.preflight.preflight``, run when the suite is loaded.
+are ``config.preflight.preflight``, run when the suite is loaded. It also removes what a killed earlier run left
+(checkpoint work folders no live process holds, temporary files of a baseline or report write).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def check_run(run, flag: Flag = pytest_flag) -> None:
                     Baseline.read(lookup.path)
         except BaselineError as exc:
             raise ConfigError("", str(exc).replace(str(directory), run.shown(directory))) from None
+    _tidy(run, work)
     existing = work if work.exists() else next(p for p in work.parents if p.exists())
     check_resources(run.suite.scenarios, run.suite.origin, host_memory_bytes(), shutil.disk_usage(existing).free,
                     run.shown(work), on_cpu=ctx.device.type == "cpu")
@@ -98,3 +100,17 @@ def _context(run, flag: Flag):
             raise ConfigError(flag("flashckpt-probe"), "'nvml' needs the nvidia-ml-py package (import pynvml)",
                               f"pip install nvidia-ml-py, or use {flag('flashckpt-probe')}=cuda") from None
     return ctx
+
+
+def _tidy(run, work: Path) -> None:
+    """What a killed earlier run left: its checkpoint work folders (``files.remove_abandoned``: only folders no live
+    process holds) and the temporary files of a baseline or report write (``files.remove_stale_temp``)."""
+    from pytest_flashckpt.files import remove_abandoned, remove_stale_temp
+
+    if work.is_dir():
+        removed = remove_abandoned(work)
+        if removed:
+            run.notes.append(f"removed {len(removed)} checkpoint work folder(s) a killed earlier run left in {run.shown(work)}")
+    for folder in (run.baseline_dir, run.report_dir):
+        if folder.is_dir():
+            remove_stale_temp(folder)

@@ -8,9 +8,7 @@ memory, the reference save) are cached per run, keyed by the reference's configu
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import torch
 from pytest_flashckpt.config.preflight import preflight  # noqa: F401  (its old home; config.preflight now)
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
+from pytest_flashckpt.files import work_folder
 from pytest_flashckpt.models.attention import BackendUnavailable, OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.result import Result
@@ -189,7 +188,8 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
 def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
 
-    root = Path(tempfile.mkdtemp(prefix="flashckpt-", dir=ctx.workdir))
+    work = work_folder(ctx.workdir, "ckpt")  # locked while it lives: a killed run's is removed by the next run
+    root = work.__enter__()
     try:
         peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
@@ -226,4 +226,4 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
                 metrics["reference_time_lost_s"] = ref["time_lost_s"]
                 metrics["time_lost_vs_sync"] = metrics["time_lost_s"] / ref["time_lost_s"]
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        work.__exit__(None, None, None)  # removes the folder

@@ -234,3 +234,10 @@ def test_an_unreadable_profile_baseline_or_a_file_as_the_folder_is_refused_befor
     check_run(make_run(no_compare=True))
     target.unlink()
     check_run(make_run(save_baseline=True))  # nothing there yet: fine
+
+
+def test_a_huge_wrong_value_is_shown_cut_short(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_suite(str(_write(tmp_path, SUITE + "    seq_len: [" + ", ".join(["1"] * 100_000) + "]\n")))
+    message = _one_line(info)
+    assert "seq_len: expected an integer, got list [1, 1, 1" in message and len(message) < 400

@@ -134,3 +134,31 @@ def test_pytest_sigterm_mid_suite_is_interrupted_exit_2(pytester):
     assert "baseline saved" not in result.stdout.str()
     _check_interrupted(pytester.path / "out", "SIGTERM")
     assert not (pytester.path / "baselines").exists()
+
+
+def test_a_killed_runs_checkpoint_work_folder_is_removed_by_the_next_run(tmp_path):
+    """SIGKILL in a checkpoint pass leaves its work folder; the next run's preflight removes it (its owner's lock
+    died with it), while a live run's folder, locked, is left alone."""
+    import subprocess
+    import sys
+
+    from pytest_flashckpt.files import remove_abandoned, work_folder
+
+    code = (
+        "import sys, time\nfrom pytest_flashckpt.files import work_folder\n"
+        f"with work_folder({str(tmp_path)!r}, 'ckpt') as root:\n"
+        "    (root / 'state.pt').write_bytes(b'x' * 4096); print(root, flush=True); time.sleep(60)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True) as proc:
+        killed = Path(proc.stdout.readline().strip())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (killed / "state.pt").is_file()  # what SIGKILL leaves
+    with work_folder(tmp_path, "ckpt") as live:
+        old = time.time() - 3600
+        for folder in (killed, live):
+            os.utime(folder, (old, old))  # past the grace a just-made folder gets
+        assert remove_abandoned(tmp_path) == [killed]
+        assert not killed.exists() and live.is_dir()
+    assert not live.exists()  # removed by its own run at the end
