@@ -8,7 +8,9 @@ memory, the reference save) are cached per run, keyed by the reference's configu
 
 from __future__ import annotations
 
+import shutil
 import statistics
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -49,9 +51,28 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
     except BackendUnavailable as exc:
         result.status, result.reason = "skipped", str(exc)
     except Exception as exc:  # recorded (the report shows the row), then the plugin fails the item with it
-        result.status, result.reason = "error", f"{type(exc).__name__}: {exc}"
+        result.status, result.reason = "error", f"{type(exc).__name__}: {exc}{_disk_hint(scenario, ctx)}"
         result.notes.append("".join(traceback.format_exception(exc)))
     return result
+
+
+LOW_DISK_BYTES = 64 * 2**20  # a work folder this close to full is the likely cause of a failed save
+
+
+def _disk_hint(scenario: Scenario, ctx: RunContext) -> str:
+    """When a checkpointing scenario broke and its work folder's disk is (nearly) full, say so: torch's own
+    message for a full disk is a write error such as "unexpected pos", which never names the disk."""
+    if "checkpoint" not in scenario.measure:
+        return ""
+    folder = ctx.workdir or Path(tempfile.gettempdir())
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free >= LOW_DISK_BYTES:
+        return ""
+    return (f" (the checkpoint work folder {folder} has {free / 2**20:.1f} MiB free: out of disk space? free some, or "
+            "pass --flashckpt-workdir=FOLDER on a larger disk)")
 
 
 def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer:

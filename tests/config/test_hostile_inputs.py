@@ -241,3 +241,31 @@ def test_a_huge_wrong_value_is_shown_cut_short(tmp_path):
         load_suite(str(_write(tmp_path, SUITE + "    seq_len: [" + ", ".join(["1"] * 100_000) + "]\n")))
     message = _one_line(info)
     assert "seq_len: expected an integer, got list [1, 1, 1" in message and len(message) < 400
+
+
+def test_a_save_that_breaks_on_a_full_work_folder_names_the_disk(tmp_path, monkeypatch):
+    """A disk that fills during the run (not predictable before it): torch's "unexpected pos" gets the free
+    space of the work folder and the option beside it; with room left, the error is torch's alone."""
+    import collections
+
+    import torch
+
+    import pytest_flashckpt.runner.run as run_module
+    from pytest_flashckpt.runner.context import RunContext
+
+    scenario = load_suite(str(_write(tmp_path, SUITE.replace("measure: [memory]", "measure: [checkpoint]")
+                                     + "    checkpoint: {strategy: sync}\n"))).scenarios[0]
+
+    def full(*args):
+        raise RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 4416 vs 4344")
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(run_module, "_measure", full)
+    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path)
+    monkeypatch.setattr(run_module.shutil, "disk_usage", lambda p: usage(10 * 2**30, 10 * 2**30, 2**20))
+    result = run_module.run_scenario(scenario, ctx)
+    assert result.status == "error" and "unexpected pos" in result.reason
+    assert f"the checkpoint work folder {tmp_path} has 1.0 MiB free: out of disk space?" in result.reason
+    assert "--flashckpt-workdir" in result.reason
+    monkeypatch.setattr(run_module.shutil, "disk_usage", lambda p: usage(10 * 2**30, 0, 10 * 2**30))
+    assert "disk" not in run_module.run_scenario(scenario, ctx).reason
