@@ -97,6 +97,8 @@ def check_resources(scenarios, origin, host_bytes: int | None, free_disk: int | 
     names the file a scenario came from."""
     need_disk, widest = 0, None
     for scenario in scenarios:
+        if getattr(scenario.model, "hf", None) is not None:
+            continue  # a Hugging Face config (issue 20), not a card: its sizes are not predicted here
         card = load_card(scenario.card)
         # simulated scenarios build nothing; a card too big for a CPU is skipped by the run with its reason
         if on_cpu and host_bytes and not scenario.simulate.enabled and card.allocate_on_cpu:
