@@ -124,42 +124,66 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
+MAX_ALIAS_VALUES = 10_000  # values aliases may add to a file when expanded (the largest shipped file holds 254 in all)
+
+
 def _strict_loader():
     """A ``yaml.SafeLoader`` that refuses what a config file never needs and an adversary could abuse: a key given
-    twice in one mapping (PyYAML silently keeps the last value) and anchors/aliases (``&a`` / ``*a``: a 500-byte
-    "billion laughs" file expands to gigabytes). Built on first use, so importing this module needs no PyYAML."""
+    twice in one mapping (PyYAML silently keeps the last value), an alias that refers to itself, and aliases that
+    expand a file by more than ``MAX_ALIAS_VALUES`` values (a 500-byte "billion laughs" file of nested ``&a`` /
+    ``*a`` expands to gigabytes). Anchors and aliases that repeat a block (a model mapping used by several
+    scenarios) stay allowed. Built on first use, so importing this module needs no PyYAML."""
     import yaml
 
     class Refused(yaml.constructor.ConstructorError):
-        """Valid YAML that a pytest-flashckpt file may not use (a duplicate key, an anchor or alias)."""
+        """Valid YAML that a pytest-flashckpt file may not use (a duplicate key, an alias bomb, a recursive alias)."""
+
+    def children(node):
+        if isinstance(node, yaml.SequenceNode):
+            return list(node.value)
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return []
+
+    def check_expansion(root) -> None:
+        """Count the file's values with every alias expanded (each node's count computed once and capped, so the
+        count costs only the file's size) against its values as written; refuse a recursive alias."""
+        written: set[int] = set()
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if id(node) not in written:
+                written.add(id(node))
+                stack.extend(children(node))
+        limit = len(written) + MAX_ALIAS_VALUES
+        sizes: dict[int, int] = {}
+        active: set[int] = set()
+
+        def size(node) -> int:
+            key = id(node)
+            if key in sizes:
+                return sizes[key]
+            if key in active:
+                raise Refused(None, None, "a YAML alias refers to a mapping or list that contains it (a recursive "
+                              "alias); write the value out", node.start_mark)
+            active.add(key)
+            total = 1
+            for child in children(node):
+                total = min(total + size(child), limit + 1)
+            active.discard(key)
+            sizes[key] = total
+            return total
+
+        if size(root) > limit:
+            raise Refused(None, None, f"YAML aliases expand this file by more than {MAX_ALIAS_VALUES:,} values (an "
+                          "alias bomb?); write the values out or use fewer aliases", root.start_mark)
 
     class StrictLoader(yaml.SafeLoader):
-        def compose_node(self, parent, index):  # every node passes here; an alias event is ``*name``
-            if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                raise Refused(
-                    None, None, f"YAML alias *{event.anchor} is not allowed in a pytest-flashckpt file (write the "
-                    "value out; aliases can expand a small file into gigabytes)", event.start_mark)
-            return super().compose_node(parent, index)
-
-        def compose_scalar_node(self, anchor):
-            self._refuse_anchor(anchor)
-            return super().compose_scalar_node(anchor)
-
-        def compose_sequence_node(self, anchor):
-            self._refuse_anchor(anchor)
-            return super().compose_sequence_node(anchor)
-
-        def compose_mapping_node(self, anchor):
-            self._refuse_anchor(anchor)
-            return super().compose_mapping_node(anchor)
-
-        def _refuse_anchor(self, anchor):
-            if anchor is not None:
-                mark = self.peek_event().start_mark
-                raise Refused(
-                    None, None, f"YAML anchor &{anchor} is not allowed in a pytest-flashckpt file (write the value "
-                    "out; anchors and aliases can expand a small file into gigabytes)", mark)
+        def get_single_node(self):
+            node = super().get_single_node()
+            if node is not None:
+                check_expansion(node)
+            return node
 
         def construct_mapping(self, node, deep=False):
             seen: dict = {}
@@ -182,7 +206,7 @@ def _strict_loader():
 
 
 def load_yaml(path) -> Any:
-    """Parse a YAML file strictly (UTF-8; no duplicate keys, no anchors or aliases); every problem (syntax, an
+    """Parse a YAML file strictly (UTF-8; no duplicate keys, no alias bombs or recursive aliases); every problem (syntax, an
     unreadable file, a folder, bytes that are not UTF-8) is one ConfigError naming the file, and the line where
     there is one."""
     import yaml
@@ -212,6 +236,8 @@ def load_yaml(path) -> Any:
         raise ConfigError(where, f"{where_line}{kind}{_short(problem)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(where, f"not valid YAML: {_short(str(exc))}") from None
+    except RecursionError:
+        raise ConfigError(where, "nested too deeply to read", "flatten the file (a config file needs a few levels)") from None
 
 
 def _brief(value: Any, limit: int = 80) -> str:
