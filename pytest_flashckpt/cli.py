@@ -38,6 +38,7 @@ A suite run (pytest --flashckpt-suite=NAME, or flashckpt run) writes flashckpt-r
 or a scenario broke or `inspect` found a corrupt checkpoint, 2 on a usage error or an unreadable input file."""
 
 FAILED = 1
+INTERRUPTED = 2  # as pytest's ExitCode.INTERRUPTED: a run stopped by Ctrl-C / SIGTERM
 
 
 
@@ -79,20 +80,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"  ... {scenario.suite}::{scenario.name}: {phase}", flush=True)
 
     run = SuiteRun(suite, options, progress=progress)
+    from pytest_flashckpt.runner.preflight import check_run, command_flag
+
+    try:
+        check_run(run, command_flag)  # outputs, device, probe, baseline file, memory, disk: before anything runs
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
     from pytest_flashckpt.baselines import BaselineError
 
-    for scenario in suite.scenarios:
-        heartbeat.printed()
-        result = run.run(scenario)
-        failure = None
-        if result.status == "measured":
-            try:
-                failure = run.judge(result).failure
-            except BaselineError as exc:
-                failure = f"baseline: {exc}"
-        print(scenario_line(result, run.verdict(result)), flush=True)
-        if failure:
-            print("  " + failure.replace("\n", "\n  "), flush=True)
+    from pytest_flashckpt.runner.suite import interrupts_as_keyboard_interrupt
+
+    with interrupts_as_keyboard_interrupt() as stopped:  # Ctrl-C / SIGTERM: keep what finished, say so, exit 2
+        try:
+            for scenario in suite.scenarios:
+                heartbeat.printed()
+                result = run.run(scenario)
+                failure = None
+                if result.status == "measured":
+                    try:
+                        failure = run.judge(result).failure
+                    except BaselineError as exc:
+                        failure = f"baseline: {exc}"
+                print(scenario_line(result, run.verdict(result)), flush=True)
+                if failure:
+                    print("  " + failure.replace("\n", "\n  "), flush=True)
+        except KeyboardInterrupt:
+            run.interrupt(stopped.how)
+            print(f"INTERRUPTED ({stopped.how}): {len(run.results)} of {len(suite.scenarios)} scenario(s) finished; "
+                  "writing them as an interrupted run (no baseline update)", flush=True)
     outputs = run.finish()
     for line in article_lines(outputs.record) + regression_lines(outputs.record.comparison):
         print(line)
@@ -100,6 +115,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             run.shown(outputs.baseline_path) if outputs.baseline_path is not None else None,
                             str(outputs.step_summary) if outputs.step_summary is not None else None):
         print(line)
+    if run.interrupted:
+        return INTERRUPTED
     return FAILED if run.failed() else 0
 
 

@@ -63,6 +63,7 @@ class RunRecord:
     schema_version: int = SCHEMA_VERSION
     comparison: Comparison | None = None  # regression verdicts, when a baseline was compared
     notes: list[str] = field(default_factory=list)  # conditions of the run a reader must know (parallel xdist workers)
+    interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: a partial run (its finished scenarios), never a baseline
 
     def __post_init__(self) -> None:
         self.comparison = Comparison.coerce(self.comparison)  # its JSON form (a mapping) is accepted too

@@ -103,6 +103,11 @@ class SuiteSession:
         self.deselected = 0  # scenarios deselected with -k / -m
         self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.outputs = None  # runner.suite.RunOutputs once the session finished
+        # SIGTERM stops the session as Ctrl-C does (pytest: exit status 2, Interrupted); restored at unconfigure
+        from pytest_flashckpt.runner.suite import interrupts_as_keyboard_interrupt
+
+        self._signals = contextlib.ExitStack()
+        self._stop = self._signals.enter_context(interrupts_as_keyboard_interrupt()) if not self.xdist_worker else None
 
     @property
     def xdist_controller(self) -> bool:
@@ -124,7 +129,12 @@ class SuiteSession:
             raise pytest.UsageError(
                 "--flashckpt-inject with --flashckpt-save-baseline would store an injected regression as the baseline; drop one"
             )
-        if os.path.isdir(suite_arg) or suite_arg.endswith(".py"):
+        if os.path.isdir(suite_arg):
+            raise pytest.UsageError(
+                f"flashckpt: --flashckpt-suite: {suite_arg!r} is a directory, not a suite file; name a suite "
+                f"(--flashckpt-suite=NAME or a .yaml file; with test paths, write --flashckpt-suite=NAME before them)"
+            )
+        if suite_arg.endswith(".py"):
             raise pytest.UsageError(
                 f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"
             )
@@ -133,7 +143,16 @@ class SuiteSession:
             suite = load_checked_suite(suite_arg)
         except ConfigError as exc:  # a problem with no file is the option's: an unknown suite name
             raise pytest.UsageError(f"flashckpt: {exc if exc.where else exc.within('--flashckpt-suite')}") from None
-        return cls(config, options, suite)
+        session = cls(config, options, suite)
+        if not session.xdist_worker:  # the controller (or the only process) checks; workers trust it
+            from pytest_flashckpt.runner.preflight import check_run
+
+            try:
+                check_run(session.run_state)  # outputs, device, probe, baseline file, memory, disk: before any run
+            except ConfigError as exc:
+                session._signals.close()
+                raise pytest.UsageError(f"flashckpt: {exc}") from None
+        return session
 
     # -- collection -----------------------------------------------------------------------------------
     def _collectors(self, session: pytest.Session) -> list[SuiteCollector]:
@@ -310,12 +329,21 @@ class SuiteSession:
             self.deselected += count
             self.run_state.subset = f"{self.deselected} scenario(s) deselected with -k/-m"
 
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        """Ctrl-C or SIGTERM during the session: the finished scenarios are written as an interrupted run."""
+        self.run_state.interrupt(self._stop.how if self._stop is not None else "Ctrl-C")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self._signals.close()
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED:  # also pytest.exit() from a test
+            self.run_state.interrupt(self._stop.how if self._stop is not None else "Ctrl-C")
         if self.xdist_worker:  # hand everything to the controller, which writes results.json, report, baseline once
             if self.results:
                 self.config.workeroutput[WORKER_OUTPUT_KEY] = json.dumps(self.run_state.handoff())
             return
-        if self.results:
+        if self.results or self.run_state.interrupted:  # an interrupted run says so even with nothing finished
             if self.xdist_controller:
                 self.run_state.notes.append(
                     f"pytest-xdist ran this session on {self.config.getoption('numprocesses', '?')} worker(s): the "
@@ -327,7 +355,7 @@ class SuiteSession:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.results or self.xdist_worker:
+        if not (self.results or self.run_state.interrupted) or self.xdist_worker:
             return
         from pytest_flashckpt.report.terminal import article_lines, regression_lines, where_lines, wrap
 
@@ -348,6 +376,9 @@ class SuiteSession:
                                  str(out.step_summary) if out.step_summary is not None else None)
         for note in run.notes:
             lines += wrap(f"note: {note}", indent="")
+        if run.interrupted:
+            lines.append(f"INTERRUPTED: {len(self.results)} of {len(self.suite.scenarios)} scenario(s) finished; the "
+                         "report and results.json are marked interrupted; no baseline was updated")
         if run.missing:
             lines.append(
                 f"FAILED: {len(run.missing)} scenario(s)/metric(s) of the baseline were not measured (missing); "

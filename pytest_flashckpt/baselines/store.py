@@ -16,17 +16,22 @@
 Keys are sorted and indented so a refreshed baseline shows as a small diff. Saving merges: only the scenarios
 that ran are replaced, the others are kept as they were; the file is replaced atomically (temp + rename), and the
 read-merge-write holds a lock on the folder (``files.locked``), so two runs saving at once keep both's scenarios.
+A file that cannot be read as a baseline (truncated, not JSON, another schema, a wrong-typed entry) is refused,
+never replaced: moving it aside automatically would leave a second file in a committed folder and hide a merge
+conflict the user should resolve, so the message names the file and the ``mv`` that sets it aside.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, ratio_samples
-from pytest_flashckpt.files import atomic_write_text, locked
+from pytest_flashckpt.files import atomic_write_text, locked, remove_stale_temp
 from pytest_flashckpt.result import Result, RunRecord
 
 BASELINE_SCHEMA = 1
@@ -47,18 +52,37 @@ class Baseline:
 
     @classmethod
     def read(cls, path: Path) -> "Baseline":
+        """Read and check a baseline file; anything that cannot be used as one (unreadable, a folder, not UTF-8,
+        not JSON, another schema, an entry or metric of the wrong type) is a BaselineError naming the file, the
+        scenario and key where there is one, and the fix."""
+        path = Path(path)
+        fix = f"fix it, or move it aside (mv {path} {path}.broken) and rerun with --flashckpt-save-baseline"
+        if path.is_dir():
+            raise BaselineError(f"{path}: is a directory, not a baseline file; remove or rename it")
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BaselineError(f"{path}: not UTF-8 text (byte offset {exc.start}); {fix}") from None
+        except OSError as exc:
+            raise BaselineError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise BaselineError(f"{path}: not valid JSON ({exc}); fix it or delete it and rerun with --flashckpt-save-baseline") from None
+            raise BaselineError(f"{path}: not valid JSON ({exc}); {fix}") from None
         if not isinstance(data, dict) or not isinstance(data.get("scenarios"), dict):
-            raise BaselineError(f"{path}: not a pytest-flashckpt baseline (no 'scenarios' mapping)")
+            raise BaselineError(f"{path}: not a pytest-flashckpt baseline (no 'scenarios' mapping); {fix}")
         if data.get("schema_version") != BASELINE_SCHEMA:
             raise BaselineError(
                 f"{path}: baseline schema_version {data.get('schema_version')!r} is not supported (this version reads "
-                f"{BASELINE_SCHEMA}); regenerate it with --flashckpt-save-baseline"
+                f"{BASELINE_SCHEMA}); use the pytest-flashckpt version that wrote it, or move it aside "
+                f"(mv {path} {path}.v{data.get('schema_version')}) and rerun with --flashckpt-save-baseline"
             )
-        return cls(str(data.get("profile_id", "")), dict(data.get("profile") or {}), dict(data["scenarios"]))
+        for scenario_id, stored in data["scenarios"].items():
+            problem = entry_problem(stored)
+            if problem is not None:
+                raise BaselineError(f"{path}: scenario {scenario_id!r}: {problem}; {fix}")
+        profile = data.get("profile")
+        return cls(str(data.get("profile_id", "")), dict(profile) if isinstance(profile, dict) else {}, dict(data["scenarios"]))
 
     def write(self, path: Path) -> None:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -89,6 +113,30 @@ def entry(result: Result, commit: str | None, updated: str) -> dict[str, Any]:
     }
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def entry_problem(stored: Any) -> str | None:
+    """What is wrong with one stored scenario entry, or None: the gate reads ``metrics`` (name -> number) and
+    ``samples`` (name -> list of numbers); a value of another type would silently go ungated, so it is an error."""
+    if not isinstance(stored, dict):
+        return f"the entry must be a mapping, got {type(stored).__name__}"
+    metrics = stored.get("metrics", {})
+    if not isinstance(metrics, dict):
+        return f"metrics must be a mapping of metric names to numbers, got {type(metrics).__name__}"
+    for name, value in metrics.items():
+        if not _number(value):
+            return f"metrics.{name}: expected a finite number, got {type(value).__name__} {value!r:.60}"
+    samples = stored.get("samples", {})
+    if not isinstance(samples, dict):
+        return f"samples must be a mapping of metric names to lists of numbers, got {type(samples).__name__}"
+    for name, values in samples.items():
+        if not isinstance(values, list) or not all(_number(v) for v in values):
+            return f"samples.{name}: expected a list of finite numbers, got {values!r:.60}"
+    return None
+
+
 @dataclass(frozen=True)
 class Lookup:
     """Where this profile's baseline is (or would be written), and baselines of other profiles found there."""
@@ -102,18 +150,33 @@ class Lookup:
 def locate(directory: Path, profile_id: str) -> Lookup:
     path = directory / f"{profile_id}.json"
     others = tuple(p for p in sorted(directory.glob("*.json")) if p.name != path.name) if directory.is_dir() else ()
-    return Lookup(directory, path, path.is_file(), others)
+    # anything at the path (a folder, a dangling link) counts: reading it gives the error that names it
+    return Lookup(directory, path, path.exists() or path.is_symlink(), others)
+
+
+def check_saveable(directory: Path, profile_id: str) -> None:
+    """Before a run that will save: ``directory`` can hold baselines and this profile's file, if there, reads as
+    a baseline (an unreadable one is never replaced: it may hold scenarios this run does not measure, or a merge
+    conflict to resolve). BaselineError naming the file and the fix otherwise."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise BaselineError(f"{directory}: the baseline folder is a file; pass --flashckpt-baseline-dir=FOLDER or move the file")
+    lookup = locate(directory, profile_id)
+    if lookup.exists:
+        Baseline.read(lookup.path)
+    probe = directory if directory.is_dir() else next((p for p in directory.parents if p.exists()), Path("."))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise BaselineError(f"{probe}: not writable, so the baseline cannot be saved there; pass --flashckpt-baseline-dir=FOLDER")
 
 
 def save_run(directory: Path, record: RunRecord) -> Path:
     """Write or update ``record``'s profile baseline in ``directory`` with the scenarios that ran (the others in the
-    file are kept as they were); an unreadable file is replaced by this run's. Returns the file written."""
+    file are kept as they were). A file that cannot be read as a baseline is never replaced: BaselineError naming
+    it and the fix (the run's front ends check this before measuring, ``check_saveable``). Returns the file written."""
     with locked(directory):  # two runs saving at once: the second reads the first's file and merges into it
+        remove_stale_temp(directory)  # what a killed earlier write left
         lookup = locate(directory, record.profile_id)
-        try:
-            baseline = Baseline.read(lookup.path) if lookup.exists else Baseline(record.profile_id, record.profile)
-        except BaselineError:
-            baseline = Baseline(record.profile_id, record.profile)
+        baseline = Baseline.read(lookup.path) if lookup.exists else Baseline(record.profile_id, record.profile)
         baseline.profile = record.profile
         baseline.update(record.results, record.commit, record.created)
         baseline.write(lookup.path)

@@ -1,18 +1,12 @@
 """The checkpoint pass of a scenario: train, save ``config.saves`` times, load back, verify, report metrics.
 
-Its work folder (:func:`make_work_folder`) is named ``flashckpt-work-<pid>-<random>`` after the process that owns
-it, so that a pass killed outright (SIGKILL, OOM killer: no ``finally`` runs) leaves a folder the next run recognises:
-every new work folder first removes the ones in the same place whose owner process is gone
-(:func:`remove_dead_work_folders`). A pass that ends normally removes its own.
+Its work folder comes from the runner (``files.work_folder``: locked while it lives, so a killed run's folder is
+removed by the next run).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -32,54 +26,6 @@ from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.training import Trainer
 
 Metrics = dict[str, "float | int | str | None | list[float]"]
-
-WORK_PREFIX = "flashckpt-work-"
-_WORK_NAME = re.compile(rf"^{re.escape(WORK_PREFIX)}(\d+)-")
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False  # never signal a process group (0, negative): such a name was not written by make_work_folder
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
-
-
-def remove_dead_work_folders(parent: Path) -> list[Path]:
-    """Delete this user's ``flashckpt-work-<pid>-*`` folders in ``parent`` whose process no longer runs (leftovers
-    of a killed checkpoint pass); returns them. Folders of live processes, of other users, links and anything
-    else are left alone. (A recycled pid keeps a leftover until that process ends too: kept, never wrongly removed.)"""
-    removed: list[Path] = []
-    try:
-        entries = list(Path(parent).iterdir())
-    except OSError:
-        return removed
-    for path in entries:
-        match = _WORK_NAME.match(path.name)
-        if not match or path.is_symlink() or not path.is_dir():
-            continue
-        try:
-            if path.stat().st_uid != os.getuid() or _pid_alive(int(match.group(1))):
-                continue
-        except OSError:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
-
-
-def make_work_folder(parent: Path | None = None) -> Path:
-    """A new, empty work folder for one checkpoint pass in ``parent`` (default: the system temp folder), named after
-    this process; dead processes' leftovers there are removed first. The caller removes it when done."""
-    where = Path(parent) if parent is not None else Path(tempfile.gettempdir())
-    where.mkdir(parents=True, exist_ok=True)
-    remove_dead_work_folders(where)
-    return Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=where))
-
 
 def _peak_gauge(trainer: Trainer, peak_bytes: int | None, probe_name: str):
     """(gauge, context of one training step) for ``mem_basis: peak``: live tensor bytes against the measured peak.

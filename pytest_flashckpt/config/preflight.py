@@ -1,8 +1,13 @@
-"""Static checks of a scenario before anything runs: the model card is readable, the sequence fits it, the
-activation strategy fits the model. Each problem is a ``ConfigError`` naming the suite file, the scenario, the key
-and the fix (``suites/x.yaml: scenario 'foo': model.card: unknown model card 'gpt5-huge' (valid names: ...)``)."""
+"""Static checks before anything runs. Per scenario: the model card is readable, the sequence fits it, the
+activation strategy fits the model. Per run (``runner.preflight`` calls these with what it resolved): output
+folders writable, the predicted host memory and checkpoint disk of each scenario within the machine's. Each
+problem is a ``ConfigError`` naming the suite file, the scenario, the key and the fix (``suites/x.yaml: scenario 'foo': model.card: unknown model card 'gpt5-huge' (valid names: ...)``)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
 
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.model_card import load_card
@@ -58,3 +63,94 @@ def _preflight_hf(scenario: Scenario, bad) -> None:
     if layers is not None and scenario.activation.strategy == "every_k" and scenario.activation.k > layers:
         raise bad("activation.k", f"{scenario.activation.k} is larger than the {layers} layers of the Hugging Face config",
                   f"valid: 1..{layers}")
+
+
+# -- the run's resources and output locations (checked once per run, before the first scenario) ------------------
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# values of the width kept per token per block by the reference (no recompute): Korthikanti et al. 2022 count
+# 34 * s * b * h bytes per layer at 16 bits (17 values); 14 is used so the prediction stays below every measured
+# CPU reference peak of the shipped default suite (sdpa-s256: 136 MiB predicted, 138 MiB measured): a lower
+# bound, so a scenario that fits is never refused (eager's s x s scores and dropout masks come on top)
+_ACTIVATION_VALUES_PER_TOKEN_AND_WIDTH = 14
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def state_bytes(scenario: Scenario, card) -> int:
+    """One copy of the training state a full save writes: parameters and AdamW's two moments (same dtype)."""
+    return 3 * card.num_params() * DTYPE_BYTES[scenario.dtype]
+
+
+def predicted_host_bytes(scenario: Scenario, card) -> int:
+    """A lower bound of the host memory one CPU scenario needs (its reference step runs too): parameters,
+    gradients and AdamW state (4 copies of the parameters), the reference's kept activations (14 values of the
+    width per token per block) and the logits with their gradient (fp32)."""
+    elem = DTYPE_BYTES[scenario.dtype]
+    tokens = scenario.batch_size * scenario.seq_len
+    state = 4 * card.num_params() * elem
+    activations = card.n_layer * tokens * card.n_embd * _ACTIVATION_VALUES_PER_TOKEN_AND_WIDTH * elem
+    logits = 2 * tokens * card.vocab_size * 4
+    return state + activations + logits
+
+
+def checkpoint_disk_bytes(scenario: Scenario, card) -> int:
+    """A lower bound of the disk the scenario's checkpoint pass fills at once: the plain reference save keeps every
+    one of its saves (a full state each), the strategy at least its newest. 0 without a checkpoint pass."""
+    if "checkpoint" not in scenario.measure or scenario.save.strategy == "none":
+        return 0
+    reference = scenario.reference().save
+    kept = reference.saves if scenario.save.strategy != "sync" else min(scenario.save.saves, scenario.save.max_keep or scenario.save.saves)
+    return state_bytes(scenario, card) * max(1, kept)
+
+
+def check_resources(scenarios, origin, host_bytes: int | None, free_disk: int | None, work_folder: str,
+                    on_cpu: bool) -> None:
+    """Refuse a scenario whose predicted host memory exceeds ``host_bytes`` (CPU runs of cards built on a CPU) and a suite whose checkpoints need more than ``free_disk`` in ``work_folder``. ``origin(scenario)``
+    names the file a scenario came from."""
+    need_disk, widest = 0, None
+    for scenario in scenarios:
+        if getattr(scenario.model, "hf", None) is not None:
+            continue  # a Hugging Face config (issue 20), not a card: its sizes are not predicted here
+        card = load_card(scenario.card)
+        # simulated scenarios build nothing; a card too big for a CPU is skipped by the run with its reason
+        if on_cpu and host_bytes and not scenario.simulate.enabled and card.allocate_on_cpu:
+            need = predicted_host_bytes(scenario, card)
+            if need > host_bytes:
+                raise ConfigError(
+                    origin(scenario),
+                    f"{scenario.batch_size} x {scenario.seq_len} tokens of {card.name!r} need at least {_bytes(need)} of "
+                    f"host memory (parameters, gradients, AdamW state, activations, logits), more than this machine's "
+                    f"{_bytes(host_bytes)}", "use a smaller batch_size or seq_len, or simulate: {enabled: true}",
+                    scenario=scenario.name, key="batch_size",
+                )
+        disk = checkpoint_disk_bytes(scenario, card)
+        if disk > need_disk:
+            need_disk, widest = disk, scenario
+    if free_disk is not None and widest is not None and need_disk > free_disk:
+        raise ConfigError(
+            origin(widest),
+            f"its checkpoints need at least {_bytes(need_disk)} of disk (state of {_bytes(state_bytes(widest, load_card(widest.card)))} "
+            f"x the saves kept) and {work_folder} has {_bytes(free_disk)} free",
+            "free space, pass --flashckpt-workdir=FOLDER on a larger disk, or lower save.saves / save.max_keep",
+            scenario=widest.name, key="save.saves",
+        )
+
+
+def check_output_folder(option: str, folder, shown: Callable[[Path], str] = str) -> None:
+    """``folder`` (what ``option`` names; ``shown`` writes a path as the user reads it) can be created or written:
+    not a file, not below a file, not read-only."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(option, f"{shown(folder)} is a file, not a folder", f"pass {option}=FOLDER, or move the file")
+    existing = folder if folder.exists() else next((p for p in folder.parents if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigError(option, f"{shown(existing)} is a file, so {shown(folder)} cannot be made", f"pass {option}=FOLDER")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(option, f"{shown(existing)} is not writable",
+                          f"pass {option}=FOLDER in a writable place, or fix its permissions")

@@ -54,6 +54,8 @@ def default_suite_for(device: str) -> str:
 
 def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
     """Load and validate a suite by shipped name or path; every scenario is fully typed and checked."""
+    if Path(name_or_path).is_dir():
+        raise ConfigError(str(name_or_path), "is a directory, not a suite file", "name a suite .yaml file or a shipped suite name")
     path = resolve("suites", name_or_path)
     where = shown_path(path)
     if path.resolve().as_posix() in _seen:

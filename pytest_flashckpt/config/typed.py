@@ -11,6 +11,7 @@ accepted key to ``(field, converter)``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -62,7 +63,7 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
     if origin is Literal:
         choices = get_args(tp)
         if value not in choices:
-            raise ConfigError(where, f"{path}: {value!r} is not a valid choice", f"valid: {', '.join(map(str, choices))}")
+            raise ConfigError(where, f"{path}: {_brief(value)} is not a valid choice", f"valid: {', '.join(map(str, choices))}")
         return value
     if origin in (typing.Union, types.UnionType):
         options = get_args(tp)
@@ -79,7 +80,7 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
         raise errors[0]
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(where, f"{path}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected a list, got {type(value).__name__} {_brief(value)}")
         (item_tp, *_) = get_args(tp) or (Any,)
         items = [coerce(item_tp, v, where, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
@@ -91,23 +92,23 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(where, f"{path}: expected a number, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected a number, got {type(value).__name__} {_brief(value)}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"{path}: expected an integer, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected an integer, got {type(value).__name__} {_brief(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(where, f"{path}: expected true or false, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected true or false, got {type(value).__name__} {_brief(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(where, f"{path}: expected a string, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected a string, got {type(value).__name__} {_brief(value)}")
         return value
     if tp is dict or get_origin(tp) is dict:
         if not isinstance(value, dict):
-            raise ConfigError(where, f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(where, f"{path}: expected a mapping, got {type(value).__name__} {_brief(value)}")
         return dict(value)
     raise TypeError(f"unsupported config annotation {tp!r} at {path}")
 
@@ -123,12 +124,129 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def load_yaml(path) -> Any:
-    """Parse a YAML file; a syntax error becomes a ConfigError naming the file and line."""
+MAX_ALIAS_VALUES = 10_000  # values aliases may add to a file when expanded (the largest shipped file holds 254 in all)
+
+
+def _strict_loader():
+    """A ``yaml.SafeLoader`` that refuses what a config file never needs and an adversary could abuse: a key given
+    twice in one mapping (PyYAML silently keeps the last value), an alias that refers to itself, and aliases that
+    expand a file by more than ``MAX_ALIAS_VALUES`` values (a 500-byte "billion laughs" file of nested ``&a`` /
+    ``*a`` expands to gigabytes). Anchors and aliases that repeat a block (a model mapping used by several
+    scenarios) stay allowed. Built on first use, so importing this module needs no PyYAML."""
     import yaml
 
+    class Refused(yaml.constructor.ConstructorError):
+        """Valid YAML that a pytest-flashckpt file may not use (a duplicate key, an alias bomb, a recursive alias)."""
+
+    def children(node):
+        if isinstance(node, yaml.SequenceNode):
+            return list(node.value)
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return []
+
+    def check_expansion(root) -> None:
+        """Count the file's values with every alias expanded (each node's count computed once and capped, so the
+        count costs only the file's size) against its values as written; refuse a recursive alias."""
+        written: set[int] = set()
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if id(node) not in written:
+                written.add(id(node))
+                stack.extend(children(node))
+        limit = len(written) + MAX_ALIAS_VALUES
+        sizes: dict[int, int] = {}
+        active: set[int] = set()
+
+        def size(node) -> int:
+            key = id(node)
+            if key in sizes:
+                return sizes[key]
+            if key in active:
+                raise Refused(None, None, "a YAML alias refers to a mapping or list that contains it (a recursive "
+                              "alias); write the value out", node.start_mark)
+            active.add(key)
+            total = 1
+            for child in children(node):
+                total = min(total + size(child), limit + 1)
+            active.discard(key)
+            sizes[key] = total
+            return total
+
+        if size(root) > limit:
+            raise Refused(None, None, f"YAML aliases expand this file by more than {MAX_ALIAS_VALUES:,} values (an "
+                          "alias bomb?); write the values out or use fewer aliases", root.start_mark)
+
+    class StrictLoader(yaml.SafeLoader):
+        def get_single_node(self):
+            node = super().get_single_node()
+            if node is not None:
+                check_expansion(node)
+            return node
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue  # SafeLoader's own error follows
+                if key in seen:
+                    raise Refused(
+                        None, None, f"key {key!r} is given twice in one mapping (first on line {seen[key] + 1}); "
+                        "keep one", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, StrictLoader.construct_mapping)
+    StrictLoader.Refused = Refused
+    return StrictLoader
+
+
+def load_yaml(path) -> Any:
+    """Parse a YAML file strictly (UTF-8; no duplicate keys, no alias bombs or recursive aliases); every problem (syntax, an
+    unreadable file, a folder, bytes that are not UTF-8) is one ConfigError naming the file, and the line where
+    there is one."""
+    import yaml
+
+    where = str(path)
+    if os.path.isdir(path):
+        raise ConfigError(where, "is a directory, not a YAML file", "name a .yaml file inside it, or a shipped name")
     try:
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ConfigError(where, f"cannot be read ({exc.strerror or exc})", "check the path and its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(where, f"line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                          "save the file as UTF-8") from None
+    loader = _strict_loader()
+    try:
+        return yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where_line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        kind = "" if isinstance(exc, loader.Refused) else "not valid YAML: "
+        raise ConfigError(where, f"{where_line}{kind}{_short(problem)}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not valid YAML: {exc}") from None
+        raise ConfigError(where, f"not valid YAML: {_short(str(exc))}") from None
+    except RecursionError:
+        raise ConfigError(where, "nested too deeply to read", "flatten the file (a config file needs a few levels)") from None
+
+
+def _brief(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a bad value in an error message is shown, never a megabyte of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters: an error never echoes a whole hostile file."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import time
 from pathlib import Path
 
-from pytest_flashckpt.checkpoint.measure import make_work_folder
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.distributed import launcher
 from pytest_flashckpt.distributed.aggregate import aggregate
+from pytest_flashckpt.files import work_folder
 from pytest_flashckpt.result import Result
 
 RANK_MODULE = "pytest_flashckpt.distributed.rank"
@@ -43,7 +42,8 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
     launch = launch_from_env(scenario.world_size)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=f"{device} x{scenario.world_size} ({backend})", probe=probe)
-    work = make_work_folder(workdir)  # flashckpt-work-<pid>-*: a killed launch's leftover is removed by the next run
+    folder = work_folder(workdir, "dist")  # locked while it lives: a killed run's is removed by the next run
+    work = folder.__enter__()
     try:
         spec = work / "scenario.json"
         spec.write_text(json.dumps(to_plain(scenario)), encoding="utf-8")
@@ -66,4 +66,4 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
         aggregate(result, records)
         return result
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        folder.__exit__(None, None, None)  # removes the folder

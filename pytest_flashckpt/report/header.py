@@ -39,6 +39,8 @@ def header(record: RunRecord) -> list[str]:
     return [
         "# pytest-flashckpt report",
         "",
+        *(["**INTERRUPTED**: this run was stopped before it finished (Ctrl-C or SIGTERM); it holds the scenarios that "
+           "finished, and the baseline was not updated.", ""] if record.interrupted else []),
         f"- **suite** `{record.suite}`: {status_line(record)}",
         f"- **profile** `{record.profile_id}`: {p.get('device_name', '?')} x{p.get('device_count', 1)}, "
         f"{p.get('cpu_threads', '?')} CPU threads",

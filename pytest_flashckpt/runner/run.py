@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import statistics
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 from pytest_flashckpt.config.preflight import preflight  # noqa: F401  (its old home; config.preflight now)
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
+from pytest_flashckpt.files import work_folder
 from pytest_flashckpt.models.attention import BackendUnavailable, OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.result import Result
@@ -49,9 +51,28 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
     except BackendUnavailable as exc:
         result.status, result.reason = "skipped", str(exc)
     except Exception as exc:  # recorded (the report shows the row), then the plugin fails the item with it
-        result.status, result.reason = "error", f"{type(exc).__name__}: {exc}"
+        result.status, result.reason = "error", f"{type(exc).__name__}: {exc}{_disk_hint(scenario, ctx)}"
         result.notes.append("".join(traceback.format_exception(exc)))
     return result
+
+
+LOW_DISK_BYTES = 64 * 2**20  # a work folder this close to full is the likely cause of a failed save
+
+
+def _disk_hint(scenario: Scenario, ctx: RunContext) -> str:
+    """When a checkpointing scenario broke and its work folder's disk is (nearly) full, say so: torch's own
+    message for a full disk is a write error such as "unexpected pos", which never names the disk."""
+    if "checkpoint" not in scenario.measure:
+        return ""
+    folder = ctx.workdir or Path(tempfile.gettempdir())
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free >= LOW_DISK_BYTES:
+        return ""
+    return (f" (the checkpoint work folder {folder} has {free / 2**20:.1f} MiB free: out of disk space? free some, or "
+            "pass --flashckpt-workdir=FOLDER on a larger disk)")
 
 
 def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer:
@@ -226,9 +247,9 @@ def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, referen
 
 def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
-    from pytest_flashckpt.checkpoint.measure import make_work_folder
 
-    root = make_work_folder(ctx.workdir)  # flashckpt-work-<pid>-*: a killed run's leftover is removed by the next
+    work = work_folder(ctx.workdir, "ckpt")  # locked while it lives: a killed run's is removed by the next run
+    root = work.__enter__()
     try:
         peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
@@ -268,4 +289,4 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
                 metrics["reference_time_lost_s"] = ref["time_lost_s"]
                 metrics["time_lost_vs_sync"] = metrics["time_lost_s"] / ref["time_lost_s"]
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        work.__exit__(None, None, None)  # removes the folder

@@ -10,11 +10,14 @@ See docs/architecture.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 from pytest_flashckpt import __version__
 from pytest_flashckpt.comparison import Comparison, RegressionVerdict
@@ -80,6 +83,7 @@ class SuiteRun:
         self._gate = None  # baselines.Gate, made at the first judgement (needs the profile, hence torch)
         self.subset: str | None = "--flashckpt-subset" if options.subset else None  # why a subset is intended
         self.missing: list[RegressionVerdict] = []  # missing rows that fail the run (set by finish)
+        self.interrupted = False  # stopped by Ctrl-C / SIGTERM (``interrupt``): finish writes a partial record
 
     # -- context ------------------------------------------------------------------------------------
     @property
@@ -190,6 +194,19 @@ class SuiteRun:
             gate.notes.extend(n for n in handoff.get("gate_notes", []) if n not in gate.notes)
             gate.not_in_baseline.extend(handoff.get("not_in_baseline", []))
 
+    # -- an interrupted run -------------------------------------------------------------------------
+    def interrupt(self, how: str = "Ctrl-C") -> None:
+        """The run was stopped (``how``: Ctrl-C, SIGTERM) while a scenario ran: the finished scenarios are kept,
+        ``finish`` marks the record interrupted, and no baseline is updated from a partial run."""
+        if self.interrupted:
+            return
+        self.interrupted = True
+        done = len(self.results)
+        self.notes.append(
+            f"interrupted ({how}) after {done} of {len(self.suite.scenarios)} scenario(s): a partial run; the scenario "
+            "running was dropped and the baseline was not updated"
+        )
+
     # -- the whole run ------------------------------------------------------------------------------
     def comparison(self) -> Comparison:
         from pytest_flashckpt.baselines import BaselineError
@@ -217,6 +234,7 @@ class SuiteRun:
             tool_version=__version__,
             comparison=self.comparison(),
             notes=list(self.notes),
+            interrupted=self.interrupted,
         )
 
     def finish(self) -> RunOutputs:
@@ -226,11 +244,12 @@ class SuiteRun:
         from pytest_flashckpt.report.folder import make_report_folder, write_run_folder
         from pytest_flashckpt.report.regression import append_step_summary
 
-        if self._gate is not None and not self.options.save_baseline:
+        if self._gate is not None and not self.options.save_baseline and not self.interrupted:
             self.missing = self._gate.finish({s.suite for s in self.suite.scenarios}, self.results, self.subset)
         record = self.record()
         make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
-        baseline = save_run(self.baseline_dir, record) if self.options.save_baseline else None  # locked merge
+        save = self.options.save_baseline and not self.interrupted  # a partial run never becomes the baseline
+        baseline = save_run(self.baseline_dir, record) if save else None  # locked merge
         results_path, report_path = write_run_folder(record, self.report_dir)  # results + report + plots, locked
         summary = append_step_summary(record.comparison) if record.comparison is not None else None
         return RunOutputs(record, results_path, report_path, baseline, summary)
@@ -238,7 +257,7 @@ class SuiteRun:
     def failed(self) -> bool:
         """A scenario broke, a metric regressed, or a baseline scenario/metric is missing without an intended
         subset (not while the baseline is being refreshed)."""
-        if any(r.status == "error" for r in self.results):
+        if self.interrupted or any(r.status == "error" for r in self.results):
             return True
         return not self.options.save_baseline and bool(self.comparison().regressed or self.missing)
 
@@ -250,19 +269,57 @@ def run_suite(suite: Suite | str, options: Options, root: Path | None = None, me
 
 
 def run_suite_outputs(suite: Suite | str, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> RunOutputs:
+    """``run_suite``'s outputs; a Ctrl-C or SIGTERM during a scenario stops the run, and the finished scenarios
+    are written as an interrupted record (``RunOutputs.record.interrupted``)."""
     if isinstance(suite, str):
         suite = load_checked_suite(suite)
     from pytest_flashckpt.baselines import BaselineError
 
     run = SuiteRun(suite, options, root, measure)
-    for scenario in suite.scenarios:
-        result = run.run(scenario)
-        if result.status == "measured":
-            try:
-                run.judge(result)
-            except BaselineError:
-                pass  # an unreadable baseline file: comparison() reports it in the record
+    from pytest_flashckpt.runner.preflight import check_run, command_flag
+
+    check_run(run, command_flag)  # ConfigError before anything runs
+    with interrupts_as_keyboard_interrupt() as stopped:
+        try:
+            for scenario in suite.scenarios:
+                result = run.run(scenario)
+                if result.status == "measured":
+                    try:
+                        run.judge(result)
+                    except BaselineError:
+                        pass  # an unreadable baseline file: comparison() reports it in the record
+        except KeyboardInterrupt:
+            run.interrupt(stopped.how)
     return run.finish()
 
 
-__all__ = ["ConfigError", "Judgement", "RunOutputs", "ScenarioRunner", "SuiteRun", "load_checked_suite", "run_suite", "run_suite_outputs"]
+@dataclass
+class Stop:
+    """How a run was stopped: ``Ctrl-C`` unless a SIGTERM came (``interrupts_as_keyboard_interrupt``)."""
+
+    how: str = "Ctrl-C"
+
+
+@contextlib.contextmanager
+def interrupts_as_keyboard_interrupt() -> Iterator[Stop]:
+    """SIGTERM (what CI runners, ``timeout`` and ``kill`` send) raises KeyboardInterrupt in the main thread while
+    the block runs, as Ctrl-C does, so a terminated run ends as an interrupted one (its finished scenarios
+    written, no baseline) instead of dying with nothing written. Outside the main thread, or when someone else
+    already handles SIGTERM, nothing is changed."""
+    stop = Stop()
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        yield stop
+        return
+
+    def on_term(signum, frame):
+        stop.how = "SIGTERM"
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = ["ConfigError", "Stop", "interrupts_as_keyboard_interrupt", "Judgement", "RunOutputs", "ScenarioRunner", "SuiteRun", "load_checked_suite", "run_suite", "run_suite_outputs"]

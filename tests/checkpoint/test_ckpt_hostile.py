@@ -19,7 +19,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from ckpt_helpers import make_trainer
 from pytest_flashckpt.checkpoint import CheckpointError, Checkpointer, CheckpointFallbackWarning, CorruptCheckpointError
@@ -28,7 +27,6 @@ from pytest_flashckpt.checkpoint.export import export_weights
 from pytest_flashckpt.checkpoint.inspection import inspect_checkpoint
 from pytest_flashckpt.checkpoint.loading import load_blocks, load_into, load_model_tensors, read_checkpoint, resume_latest
 from pytest_flashckpt.checkpoint.manifest import MANIFEST, sha256_file
-from pytest_flashckpt.checkpoint.measure import WORK_PREFIX, make_work_folder, remove_dead_work_folders
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.distributed import reshard, sharded_store
@@ -329,70 +327,6 @@ def test_layerwise_block_files_are_inside_listed_and_verified(pristine, tmp_path
     (folder / blocks[0]).write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=f"{blocks[0]}: sha256 does not match"):
         load_blocks(make_trainer().model, folder, [0])
-
-
-# -- killed runs' work folders -------------------------------------------------------------------------------------
-def _dead_pid() -> int:
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)  # reaped: the pid names no process now
-    return pid
-
-
-def test_work_folders_of_dead_processes_are_removed_by_the_next_one(tmp_path) -> None:
-    dead = tmp_path / f"{WORK_PREFIX}{_dead_pid()}-abc123"
-    (dead / "strategy").mkdir(parents=True)
-    (dead / "strategy" / "state.pt").write_bytes(b"x" * 1000)
-    alive = tmp_path / f"{WORK_PREFIX}{os.getpid()}-def456"
-    alive.mkdir()
-    other = tmp_path / "flashckpt-something-else"
-    other.mkdir()
-    new = make_work_folder(tmp_path)
-    assert new.name.startswith(f"{WORK_PREFIX}{os.getpid()}-") and new.is_dir()
-    assert not dead.exists() and alive.is_dir() and other.is_dir()
-    assert remove_dead_work_folders(tmp_path) == []
-    shutil.rmtree(new)
-
-
-def test_work_folder_names_never_signal_a_process_group(tmp_path) -> None:
-    for name in (f"{WORK_PREFIX}0-x", f"{WORK_PREFIX}00-x"):
-        (tmp_path / name).mkdir()
-    assert sorted(p.name for p in remove_dead_work_folders(tmp_path)) == [f"{WORK_PREFIX}0-x", f"{WORK_PREFIX}00-x"]
-
-
-def test_a_sigkilled_pass_leaves_a_folder_the_next_work_folder_removes(tmp_path) -> None:
-    import signal
-    import subprocess
-    import sys
-
-    code = ("import sys, time; from pathlib import Path; from pytest_flashckpt.checkpoint.measure import make_work_folder; "
-            "w = make_work_folder(Path(sys.argv[1])); (w / 'state.pt').write_bytes(b'x' * 4096); print(w, flush=True); time.sleep(60)")
-    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    left = Path(child.stdout.readline().strip())
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    child.stdout.close()
-    assert left.name.startswith(f"{WORK_PREFIX}{child.pid}-") and (left / "state.pt").is_file()  # no finally ran
-    shutil.rmtree(make_work_folder(tmp_path))
-    assert not left.exists()
-
-
-def test_a_scenario_checkpoint_pass_uses_a_named_work_folder_and_cleans_a_dead_runs(tmp_path) -> None:
-    from pytest_flashckpt.config.scenario import Scenario
-    from pytest_flashckpt.runner.run import RunContext, run_scenario
-
-    dead = tmp_path / f"{WORK_PREFIX}{_dead_pid()}-killed"
-    (dead / "strategy").mkdir(parents=True)
-    seen: list[str] = []
-    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path)
-    ctx.phase = lambda text: seen.extend(p.name for p in tmp_path.iterdir())  # type: ignore[method-assign]
-    scenario = Scenario(name="ck", suite="hostile", model="tiny", batch_size=1, seq_len=16, measure=("checkpoint",),
-                        save=SaveConfig(strategy="sync", saves=1, time_lost_rounds=0), rounds=1, warmup=0)
-    result = run_scenario(scenario, ctx)
-    assert result.status == "measured", result.reason
-    assert not dead.exists() and any(name.startswith(f"{WORK_PREFIX}{os.getpid()}-") for name in seen)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(WORK_PREFIX)]  # its own folder is gone too
 
 
 def test_a_latest_symlinked_out_of_the_root_is_not_read(pristine, tmp_path) -> None:

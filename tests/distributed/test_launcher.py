@@ -90,4 +90,4 @@ def test_the_runner_sends_a_world_size_scenario_to_torchrun_ranks(tmp_path) -> N
     assert result.metrics["world_size"] == 2 and len(result.samples["peak_bytes_per_rank"]) == 2
     assert result.metrics["roundtrip_differences"] == 0 and result.metrics["async_staged_bytes"] > 0
     assert "full on blocks 0, 1" in result.notes[0] and result.device == "cpu x2 (gloo)"
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("flashckpt-work-")]  # the launch's folder is gone
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("flashckpt-work-dist-")]  # the launch's folder is gone
