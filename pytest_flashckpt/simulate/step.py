@@ -82,7 +82,7 @@ def simulate_step(
     config = load_card(card) if isinstance(card, str) else card
     name = dtype_name(dtype)
     check_workload(config, batch_size, seq_len, world_size)
-    check_precision(precision, name, world_size)
+    check_precision(precision, name, world_size, strategy)
     model = simulated_model(config, name, kernel, target, seed, precision)
     backend = model.backend
     plan: dict = {}
@@ -111,13 +111,16 @@ def simulate_step(
     return replace(peak, seconds=time.perf_counter() - started, plan=plan, precision=precision)
 
 
-def check_precision(precision: str, dtype: str, world_size: int = 1) -> None:
+def check_precision(precision: str, dtype: str, world_size: int = 1, strategy: str = "none") -> None:
     """ValueErrors naming the value for a precision the simulator cannot model."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     if precision == "mixed" and dtype != "bfloat16":
         raise ValueError(f"precision mixed computes in bfloat16 over float32 master weights; dtype {dtype} has no "
                          "mixed form here: use dtype bf16 (or precision pure)")
+    if precision == "mixed" and strategy == "budget":
+        raise ValueError("precision mixed with the budget strategy is not simulated (the planner's costs are simulated "
+                         "without autocast); use a fixed strategy or precision pure")
     if precision == "mixed" and world_size > 1:
         raise ValueError("precision mixed is simulated for one process (autocast); FSDP2's MixedPrecisionPolicy "
                          "per rank is not simulated: use world size 1, or precision pure")
