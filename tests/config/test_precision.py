@@ -47,3 +47,16 @@ def test_a_mixed_scenario_is_measured_in_mixed_precision_and_equals_its_simulati
     assert measured.metrics["peak_bytes"] == simulated.metrics["simulated_peak_bytes"]
     assert measured.metrics["state_bytes"] == simulated.metrics["simulated_start_bytes"]
     assert "analytic_peak_bytes" not in measured.metrics  # the analytic model has no mixed precision
+
+
+@pytest.mark.parametrize("name", ["gpu", "simulate"])
+def test_gpu_and_simulate_suites_show_pure_bf16_and_mixed_rows(name):
+    from pytest_flashckpt.config.suites import load_suite
+
+    scenarios = load_suite(name).scenarios
+    labels = {s.precision_label for s in scenarios}
+    assert {"bf16", "mixed bf16/fp32"} <= labels
+    mixed = [s for s in scenarios if s.precision == "mixed"]
+    assert mixed and all(s.name.endswith("-mixed") for s in mixed)  # the row's name says it too
+    strategies = {s.activation.strategy for s in mixed}
+    assert {"none", "full", "selective_op"} <= strategies

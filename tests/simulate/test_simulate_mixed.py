@@ -2,6 +2,8 @@
 probe's measured peak of the same real CPU step to the byte; torch's autocast does nothing on meta, so the
 simulator's model of it (``simulate.autocast``) is checked op by op against real CPU autocast."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,6 +63,23 @@ def test_mixed_simulated_equals_measured(workload, strategy):
 def test_pure_bf16_simulated_equals_measured(workload, strategy):
     """The CPU's LayerNorm keeps its mean and rstd in bf16 (meta's in float32): modelled for target cpu."""
     _check(workload, strategy, "pure")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kernel", "dropout", "strategy"), [("eager", 0.0, "none"), ("eager", 0.0, "full"),
+                                                          ("sdpa", 0.1, "selective_op"), ("eager", 0.1, "full")])
+def test_mixed_eager_and_dropout_simulated_equals_measured(kernel, dropout, strategy):
+    """Eager attention (T x T scores) and dropout (CPU SDPA's math path) under autocast: exact too."""
+    card = dataclasses.replace(ODD, dropout=dropout)
+    model = build_model(card, kernel, "cpu", torch.float32)
+    if strategy != "none":
+        apply_ac(model, ActivationConfig(strategy=strategy))
+    trainer = Trainer.create(model, 1, 256, autocast=torch.bfloat16)
+    trainer.train_step()
+    with LiveTensorProbe().track(trainer.state_tensors()) as reading:
+        trainer.train_step()
+    sim = simulate_step(card, "bf16", 1, 256, kernel, strategy, target="cpu", precision="mixed")
+    assert sim.peak_bytes == reading.peak_bytes
 
 
 def test_bf16_cpu_layer_norm_difference_without_the_cpu_dtypes(monkeypatch):
