@@ -48,7 +48,8 @@ def _article_rows(results: list[Result], article_card: str) -> list[str]:
     """The article's three rows all use full activation checkpointing (suites/checkpoint.yaml); their memory half
     is judged on the 2.7B single-GPU simulation, the scale the article speaks of."""
     full = [r for r in results if select.card(r) == article_card and select.activation_strategy(r) == "full"
-            and _sim(r).get("world_size", 1) == 1 and isinstance(r.metrics.get("simulated_memory_saving"), float)]
+            and _sim(r).get("world_size", 1) == 1 and isinstance(r.metrics.get("simulated_memory_saving"), float)
+            and r.config.get("precision", "pure") == "pure"]  # the article's numbers are for one dtype throughout
     if not full:
         return [f"_No simulated full-checkpointing step of {article_card} on one device in this run: the article's rows are not judged at scale._"]
     r = max(full, key=lambda x: (x.config.get("seq_len", 0), x.config.get("batch_size", 0)))

@@ -18,9 +18,8 @@ so what backward keeps is what a real run keeps):
 When autocast is on is torch's own state: the step runs under ``torch.autocast("cpu", dtype)`` (which leaves meta
 tensors alone) and the mode reads ``torch.is_autocast_enabled("cpu")``. So activation checkpointing's recompute,
 which re-enters the CPU autocast state it saw in the forward, is cast as in a real run (see ``_Scope``). The
-weight-cast cache is dropped when torch drops its own: when the outermost autocast exits. (Weight casts of
-checkpointed blocks live until then: all of them are alive at the loss, where a mixed step without recompute
-peaks in the forward.)
+weight-cast cache is dropped when torch drops its own: when the outermost autocast exits. So the bf16 casts of
+every block's weights, checkpointed blocks' too, are alive at the loss: with checkpointing a mixed step peaks there.
 
 The policy tables hold the ops a transformer step calls, as torch 2.13 registers them (``aten/src/ATen/
 autocast_mode.cpp`` and ``.h``). An op that torch registers an autocast kernel for (``_has_kernel``) but the table
@@ -36,7 +35,7 @@ from functools import lru_cache
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 _LOWER_COMMON = ("linear", "matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "scaled_dot_product_attention",
                  "linalg_vecdot", "prelu", "conv1d", "conv2d", "conv3d")
@@ -181,8 +180,6 @@ def _eligible(value) -> bool:
 
 
 def _tensors(tree) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_leaves
-
     return [t for t in tree_leaves(tree) if _eligible(t)]
 
 
