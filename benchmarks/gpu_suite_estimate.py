@@ -37,7 +37,7 @@ def scenario_steps(s) -> tuple[int, int]:
     if "flops" in s.measure:
         steps += 1
     if "checkpoint" in s.measure:
-        c = s.checkpoint
+        c = s.save
         steps += c.saves * (c.save_interval + (c.max_defer_steps if c.mem_threshold else 0))
     return steps, ref
 
@@ -62,7 +62,7 @@ def main() -> None:
         steps, ref_steps = scenario_steps(s)
         flops = step_flops(card, s.batch_size, s.seq_len, s.activation.strategy)
         ref_flops = step_flops(card, s.batch_size, s.seq_len, "none")
-        ref_key = repr((s.card, s.batch_size, s.seq_len, s.model.dropout))
+        ref_key = repr((s.card, s.batch_size, s.seq_len, s.model.dropout, s.precision))
         if not s.is_reference and ref_key not in warmed:
             warmed.add(ref_key)
             ref_steps += max(s.warmup, 1) + 1  # the reference's warm-up and memory pass, once per run

@@ -6,6 +6,7 @@ uninterrupted run would have seen (the checkpoint strategies save the data posit
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -33,17 +34,24 @@ class Trainer:
     seq_len: int
     seed: int = 0
     step: int = 0  # optimizer steps taken; also the data position of the next batch
+    # mixed precision in one process: the forward (and loss) runs under torch.autocast(autocast) over the model's
+    # float32 parameters (the master weights), so gradients and AdamW state stay float32; None: pure precision
+    autocast: torch.dtype | None = None
 
     @classmethod
     def create(
-        cls, model: nn.Module, batch_size: int, seq_len: int, seed: int = 0, lr: float = 3e-4, foreach: bool | None = None
+        cls, model: nn.Module, batch_size: int, seq_len: int, seed: int = 0, lr: float = 3e-4, foreach: bool | None = None,
+        autocast: torch.dtype | None = None,
     ) -> "Trainer":
         """AdamW (betas 0.9/0.95, weight decay 0.1) with linear warm-up over 10 steps, as GPT training recipes use.
         ``foreach`` None lets PyTorch choose (multi-tensor on CUDA, per-tensor on a CPU); the simulator sets it to
-        run on ``meta`` the implementation a GPU would run."""
+        run on ``meta`` the implementation a GPU would run. ``autocast`` (mixed precision, e.g. ``torch.bfloat16``)
+        needs float32 parameters: autocast computes in its dtype, the parameters stay the master weights."""
+        if autocast is not None and any(p.dtype != torch.float32 for p in model.parameters()):
+            raise ValueError(f"mixed precision (autocast to {autocast}) keeps float32 master weights; build the model in float32")
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, foreach=foreach)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
-        return cls(model, optimizer, scheduler, batch_size, seq_len, seed)
+        return cls(model, optimizer, scheduler, batch_size, seq_len, seed, autocast=autocast)
 
     def batch(self, position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
@@ -54,13 +62,23 @@ class Trainer:
         """Forward, backward, optimizer and scheduler step on the next batch; returns the (detached) loss."""
         self.model.train()
         x, y = self.batch()
-        loss = self.model(x, y)
+        with self.autocast_context():
+            loss = self.model(x, y)
         loss.backward()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return loss.detach()
+
+    def autocast_context(self):
+        """``torch.autocast`` over the forward for mixed precision (a no-op context in pure precision). On ``meta``
+        (the simulator) it is the CPU's autocast, which leaves meta tensors alone: the simulator's model of autocast
+        (``simulate.autocast``) reads that state and applies the target device's cast policy."""
+        if self.autocast is None:
+            return nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast("cpu" if device == "meta" else device, dtype=self.autocast)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor the training state keeps alive between steps (parameters, buffers, optimizer state)."""

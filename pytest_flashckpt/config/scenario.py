@@ -186,6 +186,9 @@ class Scenario:
     suite: str = ""
     attention: Literal["auto", "flash_attn", "sdpa", "eager"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # pure: parameters, gradients and AdamW state in dtype; mixed: float32 master weights, gradients and AdamW state,
+    # compute in dtype (bfloat16): torch.autocast in one process, FSDP2's MixedPrecisionPolicy under torchrun
+    precision: Literal["pure", "mixed"] = "pure"
     batch_size: int = 4
     seq_len: int = 512
     activation: ActivationConfig = field(default_factory=ActivationConfig)
@@ -235,6 +238,14 @@ class Scenario:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.precision == "mixed" and self.dtype != "bfloat16":
+            raise ValueError(
+                f"precision: mixed computes in bfloat16 over float32 master weights; dtype {self.dtype} has no mixed "
+                "form here: set dtype: bfloat16 (or precision: pure)"
+            )
+        if self.precision == "mixed" and activation.strategy == "budget":
+            raise ValueError("precision: mixed with activation.strategy budget is not supported: the planner's costs "
+                             "are measured without autocast; use a fixed strategy (full, every_k, selective_op) or precision: pure")
         if checkpoint.mem_basis == "peak" and "memory" not in self.measure:
             raise ValueError("checkpoint.mem_basis: peak compares memory with the measured peak; add 'memory' to measure")
         if self.world_size < 1:
@@ -254,6 +265,11 @@ class Scenario:
     @property
     def card(self) -> str:
         return self.model.card  # type: ignore[union-attr]
+
+    @property
+    def precision_label(self) -> str:
+        """How a report names the precision: the dtype (pure) or ``mixed bf16/fp32`` (compute / master state)."""
+        return precision_label(self.dtype, self.precision)
 
     @property
     def is_reference(self) -> bool:
@@ -279,6 +295,15 @@ class Scenario:
         return dataclasses.replace(
             self, name=f"{self.name}.reference", model=model, activation=ActivationConfig(), save=save, article=None
         )
+
+
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def precision_label(dtype: str, precision: str = "pure") -> str:
+    """``fp32`` / ``bf16`` / ``fp16`` in pure precision; ``mixed bf16/fp32`` (compute / master state) in mixed."""
+    short = SHORT_DTYPES.get(dtype, dtype)
+    return f"mixed {short}/fp32" if precision == "mixed" else short
 
 
 def _flag(value) -> bool:

@@ -3,6 +3,12 @@
 Order matters and matches the single-process path: the activation strategy is applied to the plain model first
 (``apply_ac`` replaces block ``forward`` methods, parameter names unchanged), then ``fully_shard`` wraps every block
 and the root, then the optimizer is built over the sharded (DTensor) parameters.
+
+Mixed precision (``precision="mixed"``) is FSDP2's own: the model is built in float32, so the sharded parameters
+(the master weights), their gradients and AdamW's state are float32 shards; ``MixedPrecisionPolicy(param_dtype=
+dtype, reduce_dtype=float32)`` all-gathers the parameters cast to the compute dtype and reduce-scatters gradients
+in float32. Unlike one-process autocast, every op of a block then computes in the compute dtype (LayerNorm too):
+FSDP2 casts the parameters, not the ops. No ``output_dtype``: a block's output stays in the compute dtype.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from pytest_flashckpt.activation import AppliedActivation, apply_ac
 from pytest_flashckpt.config.scenario import ActivationConfig
@@ -58,12 +64,19 @@ class ShardedTrainer(Trainer):
         return param.device
 
 
-def shard(model: GPT, activation: ActivationConfig | None = None) -> AppliedActivation:
-    """Apply the activation strategy to ``model`` (as in one process), then ``fully_shard`` each block and the root."""
+def mixed_precision_policy(compute_dtype: torch.dtype) -> MixedPrecisionPolicy:
+    """FSDP2 mixed precision: parameters all-gathered in ``compute_dtype``, gradients reduced in float32."""
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+
+
+def shard(model: GPT, activation: ActivationConfig | None = None, mp_policy: MixedPrecisionPolicy | None = None) -> AppliedActivation:
+    """Apply the activation strategy to ``model`` (as in one process), then ``fully_shard`` each block and the root
+    (with ``mp_policy`` for mixed precision; None: the parameters' own dtype throughout)."""
     applied = apply_ac(model, activation or ActivationConfig())
+    kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
     return applied
 
 
@@ -78,18 +91,23 @@ def build_trainer(
     dtype: torch.dtype = torch.float32,
     activation: ActivationConfig | None = None,
     distributed: bool = True,
+    precision: str = "pure",
 ) -> tuple[ShardedTrainer, AppliedActivation]:
     """The same initial weights at every world size (built whole from ``seed``, then sharded). ``distributed=False``
-    builds the plain single-process model (no FSDP) with the full batch: the reference a sharded run is read against."""
-    model = build_model(config, backend, device, dtype, seed=seed)
+    builds the plain single-process model (no FSDP) with the full batch: the reference a sharded run is read against
+    (in mixed precision it autocasts to ``dtype``, the one-process form). ``precision="mixed"``: float32 master
+    state, compute in ``dtype`` (see the module docstring)."""
+    mixed = precision == "mixed"
+    model = build_model(config, backend, device, torch.float32 if mixed else dtype, seed=seed)
     if distributed:
         rank, world = dist.get_rank(), dist.get_world_size()
         if batch_size % world:
             raise ValueError(f"batch_size {batch_size} is not divisible by world_size {world}; each rank needs an equal share")
-        applied = shard(model, activation)
+        applied = shard(model, activation, mixed_precision_policy(dtype) if mixed else None)
     else:
         rank, world = 0, 1
         applied = apply_ac(model, activation or ActivationConfig())
-    trainer = ShardedTrainer.create(model, batch_size, seq_len, seed=seed)
+    autocast = dtype if mixed and not distributed else None
+    trainer = ShardedTrainer.create(model, batch_size, seq_len, seed=seed, autocast=autocast)
     trainer.rank, trainer.world_size = rank, world
     return trainer, applied

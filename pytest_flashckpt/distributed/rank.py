@@ -42,7 +42,7 @@ def _trainer(scenario: Scenario, device: torch.device, backend: str):
     card = load_card(scenario.card, **overrides)
     return fsdp.build_trainer(
         card, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed, backend=backend,
-        device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation,
+        device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation, precision=scenario.precision,
     )  # fmt: skip
 
 

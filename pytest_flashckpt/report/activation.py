@@ -10,7 +10,7 @@ from pytest_flashckpt.report.tables import Footnotes, table
 from pytest_flashckpt.result import Result
 
 HEADERS = [
-    "scenario", "strategy", "kernel", "seq", "peak memory", "reference peak", "memory saving",
+    "scenario", "strategy", "precision", "kernel", "seq", "peak memory", "reference peak", "memory saving",
     "overhead (min-max)", "FLOP ratio", "analytic estimate",
 ]
 
@@ -26,7 +26,7 @@ def analytic(r: Result) -> str:
 
 
 def _row(r: Result, notes: Footnotes) -> list[str]:
-    head = [f"`{r.id}`", select.describe_activation(r)]
+    head = [f"`{r.id}`", select.describe_activation(r), select.precision(r)]
     if r.status != "measured":
         return [*head, notes.skipped(r.status, r.reason), str(r.config.get("seq_len", MISSING)), *[MISSING] * 6]
     m = r.metrics

@@ -7,7 +7,7 @@ from pytest_flashckpt.report.format import MISSING, mib, ms, pct, spread
 from pytest_flashckpt.report.tables import escape, table
 from pytest_flashckpt.result import Result
 
-HEADERS = ["scenario", "strategies", "kernel", "seq", "peak memory", "memory saving", "step time", "overhead (min-max)", "save stall", "status"]
+HEADERS = ["scenario", "strategies", "precision", "kernel", "seq", "peak memory", "memory saving", "step time", "overhead (min-max)", "save stall", "status"]
 
 
 def _num(r: Result, key: str) -> float | None:
@@ -16,7 +16,7 @@ def _num(r: Result, key: str) -> float | None:
 
 
 def _row(r: Result) -> list[str]:
-    head = [f"`{r.id}`", select.describe_strategies(r)]
+    head = [f"`{r.id}`", select.describe_strategies(r), select.precision(r)]
     if r.status != "measured":
         return [*head, MISSING, str(r.config.get("seq_len", MISSING)), *[MISSING] * 5, escape(f"{r.status}: {r.reason or 'no reason given'}")]
     return [

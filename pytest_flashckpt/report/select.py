@@ -37,6 +37,13 @@ def card(r: Result) -> str:
     return str(_get(r.config, "model", "card", default=r.config.get("model", "?")))
 
 
+def precision(r: Result) -> str:
+    """``fp32``, ``bf16`` (pure) or ``mixed bf16/fp32`` (compute / master state), from the row's config."""
+    from pytest_flashckpt.config.scenario import precision_label
+
+    return precision_label(str(r.config.get("dtype", "?")), str(r.config.get("precision", "pure")))
+
+
 def describe_activation(r: Result) -> str:
     """``every_k (k=2)``, ``full``, ``selective_op``... as a reader wants to see it."""
     strategy = activation_strategy(r)

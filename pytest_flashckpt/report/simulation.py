@@ -12,7 +12,7 @@ from pytest_flashckpt.report.tables import escape, table
 from pytest_flashckpt.result import Result
 from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib
 
-HEADERS = ["scenario", "model", "strategy", "batch x seq", "ranks", "predicted peak (per rank)",
+HEADERS = ["scenario", "model", "strategy", "precision", "batch x seq", "ranks", "predicted peak (per rank)",
            "states / activations / temporaries", "saving vs none", *(f"fits {label}" for label, _ in REPORT_DEVICES)]
 ARTICLE_CARD = "gpt3-2.7b"
 
@@ -32,7 +32,7 @@ def _sim(r: Result) -> dict:
 
 
 def _row(r: Result) -> list[str]:
-    head = [f"`{r.id}`", select.card(r), select.activation_strategy(r),
+    head = [f"`{r.id}`", select.card(r), select.activation_strategy(r), select.precision(r),
             f"{r.config.get('batch_size')} x {r.config.get('seq_len')}", str(_sim(r).get("world_size", 1))]
     peak = _int(r, "simulated_peak_bytes")
     if r.status != "measured" or peak is None:
@@ -48,7 +48,8 @@ def _article_rows(results: list[Result], article_card: str) -> list[str]:
     """The article's three rows all use full activation checkpointing (suites/checkpoint.yaml); their memory half
     is judged on the 2.7B single-GPU simulation, the scale the article speaks of."""
     full = [r for r in results if select.card(r) == article_card and select.activation_strategy(r) == "full"
-            and _sim(r).get("world_size", 1) == 1 and isinstance(r.metrics.get("simulated_memory_saving"), float)]
+            and _sim(r).get("world_size", 1) == 1 and isinstance(r.metrics.get("simulated_memory_saving"), float)
+            and r.config.get("precision", "pure") == "pure"]  # the article's numbers are for one dtype throughout
     if not full:
         return [f"_No simulated full-checkpointing step of {article_card} on one device in this run: the article's rows are not judged at scale._"]
     r = max(full, key=lambda x: (x.config.get("seq_len", 0), x.config.get("batch_size", 0)))
@@ -91,7 +92,9 @@ def simulation_section(results: list[Result], article_card: str = ARTICLE_CARD) 
         "measured cpu-probe peak of the same CPU step to the byte (tests/simulate). Not counted: CUDA context, "
         "cuBLAS/NCCL workspaces, allocator rounding and fragmentation; fits are against decimal GB, a little "
         "less than the cards hold. FSDP rows are per rank: states sharded 1/N (dim 0, padded), batch / N, plus the "
-        "all-gathered parameters (modelled).",
+        "all-gathered parameters (modelled). Precision: `bf16` keeps every state in bf16; `mixed bf16/fp32` keeps "
+        "float32 master weights, gradients and AdamW state and computes in bf16 (autocast, modelled on meta by "
+        "simulate/autocast.py; equal to CPU autocast runs to the byte).",
         "",
         table([_row(r) for r in simulated], HEADERS),
         "",

@@ -93,8 +93,10 @@ def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer
             f"model card {card.name!r} ({card.num_params() / 1e9:.1f}B parameters) is only built on the meta device "
             "on a CPU; run it on a GPU"
         )
-    model = build_model(card, backend, ctx.device, DTYPES[scenario.dtype], seed=scenario.seed)
-    return Trainer.create(model, scenario.batch_size, scenario.seq_len, seed=scenario.seed)
+    mixed = scenario.precision == "mixed"  # float32 master weights, the forward autocast to dtype
+    model = build_model(card, backend, ctx.device, torch.float32 if mixed else DTYPES[scenario.dtype], seed=scenario.seed)
+    return Trainer.create(model, scenario.batch_size, scenario.seq_len, seed=scenario.seed,
+                          autocast=DTYPES[scenario.dtype] if mixed else None)
 
 
 def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> None:
@@ -161,6 +163,8 @@ def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> dic
     )
     strategy, k = scenario.activation.strategy, scenario.activation.k
     if strategy == "budget":  # per-shape plans have no closed form; the plan's predicted peak is in the notes
+        return {}
+    if scenario.precision == "mixed":  # the analytic model knows one dtype for states and activations
         return {}
     out: dict[str, float | int] = {"analytic_peak_bytes": analytic.estimate(config, work, strategy, k).peak_bytes}
     if strategy != "none":

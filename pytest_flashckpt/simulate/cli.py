@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
     p.add_argument("--batch", type=int, default=8, help="global batch size (default 8)")
     p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 (default bf16)")
+    p.add_argument("--precision", default="pure", choices=("pure", "mixed"),
+                   help="pure: everything in --dtype; mixed: fp32 master weights, grads and AdamW state, compute in bf16 (autocast) (default pure)")
     p.add_argument("--strategy", default="none", choices=STRATEGIES, help="activation checkpointing (default none)")
     p.add_argument("--budget", metavar="BUDGET", help="plan strategy budget to fit BUDGET ('40 GiB', 0.6, 'min + 30%%'); implies --strategy budget")
     p.add_argument("--k", type=int, default=2, help="every_k: checkpoint blocks 0, k, 2k, ... (default 2)")
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
         peak = simulate_step(
             args.model, args.dtype, args.batch, args.seq, args.kernel, strategy, k=args.k,
-            target=args.target, world_size=args.world_size, budget=args.budget,
+            target=args.target, world_size=args.world_size, budget=args.budget, precision=args.precision,
         )
     except (ValueError, FileNotFoundError) as exc:
         raise InputError(str(exc).replace("activation.budget", "--budget")) from None
@@ -69,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def describe(peak) -> list[str]:
+    from pytest_flashckpt.config.scenario import precision_label
+
     ranks = f", per rank of {peak.world_size} (FSDP, batch {peak.batch_size // peak.world_size} per rank)" if peak.world_size > 1 else ""
     lines = [
-        f"{peak.card}, {peak.dtype}, batch {peak.batch_size} x seq {peak.seq_len}, attention {peak.kernel} ({peak.target}), "
+        f"{peak.card}, {precision_label(peak.dtype, peak.precision)}, batch {peak.batch_size} x seq {peak.seq_len}, attention {peak.kernel} ({peak.target}), "
         f"strategy {peak.strategy}{ranks}",
         f"predicted peak: {gib(peak.peak_bytes)} ({peak.peak_bytes} bytes) at {peak.peak_op} in the {peak.peak_phase} "
         f"(simulated on meta in {peak.seconds:.1f} s)",

@@ -35,6 +35,7 @@ class SimulatedPeak:
     sharding: dict[str, int] = field(default_factory=dict)  # FSDP: what the per-rank numbers replaced
     seconds: float = 0.0
     plan: dict = field(default_factory=dict)  # strategy budget: the plan (ShapePlan.to_dict, plan_s, describe)
+    precision: str = "pure"  # pure: everything in dtype; mixed: float32 master state, compute autocast to dtype
 
     def headroom(self, device_bytes: int) -> int:
         """Bytes left on a device of ``device_bytes`` (negative: does not fit)."""

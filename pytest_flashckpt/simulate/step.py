@@ -19,6 +19,7 @@ from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.config.model_card import ModelCard as GPTConfig  # any family's card
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.simulate.kernels import simulated_backend
+from pytest_flashckpt.simulate.modes import PRECISIONS, step_modes
 from pytest_flashckpt.simulate.probe import AttributedStorages
 from pytest_flashckpt.simulate.result import SimulatedPeak
 from pytest_flashckpt.training import Trainer
@@ -70,16 +71,20 @@ def simulate_step(
     save_ops: tuple[str, ...] | None = None,
     seed: int = 0,
     budget: str | int | float | None = None,
+    precision: str = "pure",
 ) -> SimulatedPeak:
     """The exact peak of one training step of ``card`` on ``target`` (per rank when ``world_size`` > 1: the
     rank's batch is ``batch_size / world_size`` and parameters, gradients and optimizer state are FSDP shards,
     see ``simulate.fsdp``). Strategy ``budget`` plans ``budget`` from simulated costs (``simulate.costs``) and
-    simulates the planned step; the plan is in ``SimulatedPeak.plan``."""
+    simulates the planned step; the plan is in ``SimulatedPeak.plan``. ``precision`` ``mixed``: float32
+    parameters (master weights), gradients and AdamW state, the forward autocast to ``dtype`` (``simulate.autocast``
+    models torch's autocast on meta); ``pure``: everything in ``dtype``."""
     started = time.perf_counter()
     config = load_card(card) if isinstance(card, str) else card
     name = dtype_name(dtype)
     check_workload(config, batch_size, seq_len, world_size)
-    model = simulated_model(config, name, kernel, target, seed)
+    check_precision(precision, name, world_size, strategy)
+    model = simulated_model(config, name, kernel, target, seed, precision)
     backend = model.backend
     plan: dict = {}
     if strategy == "budget":
@@ -88,8 +93,10 @@ def simulate_step(
         from pytest_flashckpt.activation import apply_ac
 
         apply_ac(model, ActivationConfig(strategy=strategy, k=k, save_ops=save_ops))
-    trainer = simulated_trainer(model, batch_size // world_size, seq_len, target, seed)
-    trainer.train_step()  # AdamW state exists after it, as after the runner's warm-up
+    trainer = simulated_trainer(model, batch_size // world_size, seq_len, target, seed, autocast_dtype(precision, name))
+    modes = step_modes(target, precision)
+    with modes.outside_probe():
+        trainer.train_step()  # AdamW state exists after it, as after the runner's warm-up
     sharding: dict[str, int] = {}
     ratio = 1.0
     if world_size > 1:
@@ -99,21 +106,45 @@ def simulate_step(
         ratio = per_rank / full
         sharding = {"world_size": world_size, "parameter_bytes_full": full, "parameter_bytes_per_rank": per_rank,
                     "all_gathered_bytes": all_gathered_bytes(model)}
-    probe, host_bytes = _measured_step(trainer, count_host=target == "cpu", shard_ratio=ratio)
+    with modes.outside_probe():
+        probe, host_bytes = _measured_step(trainer, count_host=target == "cpu", shard_ratio=ratio)
     peak = _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding)
-    return replace(peak, seconds=time.perf_counter() - started, plan=plan)
+    return replace(peak, seconds=time.perf_counter() - started, plan=plan, precision=precision)
 
 
-def simulated_model(config: GPTConfig, dtype: str, kernel: str, target: str, seed: int = 0):
-    """The card's model on ``meta`` with the backend that reproduces ``kernel`` on ``target`` (``kernels``)."""
+def check_precision(precision: str, dtype: str, world_size: int = 1, strategy: str = "none") -> None:
+    """ValueErrors naming the value for a precision the simulator cannot model."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    if precision == "mixed" and dtype != "bfloat16":
+        raise ValueError(f"precision mixed computes in bfloat16 over float32 master weights; dtype {dtype} has no "
+                         "mixed form here: use dtype bf16 (or precision pure)")
+    if precision == "mixed" and strategy == "budget":
+        raise ValueError("precision mixed with the budget strategy is not simulated (the planner's costs are simulated "
+                         "without autocast); use a fixed strategy or precision pure")
+    if precision == "mixed" and world_size > 1:
+        raise ValueError("precision mixed is simulated for one process (autocast); FSDP2's MixedPrecisionPolicy "
+                         "per rank is not simulated: use world size 1, or precision pure")
+
+
+def autocast_dtype(precision: str, dtype: str) -> torch.dtype | None:
+    """The trainer's autocast dtype: the compute dtype in mixed precision, None in pure precision."""
+    return getattr(torch, dtype) if precision == "mixed" else None
+
+
+def simulated_model(config: GPTConfig, dtype: str, kernel: str, target: str, seed: int = 0, precision: str = "pure"):
+    """The card's model on ``meta`` with the backend that reproduces ``kernel`` on ``target`` (``kernels``); its
+    parameters in ``dtype``, or float32 master weights in mixed precision (the backend is chosen for ``dtype``, the
+    dtype attention computes in)."""
     backend = simulated_backend(kernel, target, dtype, config.dropout)
-    return build_model(config, backend, "meta", getattr(torch, dtype), seed=seed)
+    return build_model(config, backend, "meta", torch.float32 if precision == "mixed" else getattr(torch, dtype), seed=seed)
 
 
-def simulated_trainer(model, batch_size: int, seq_len: int, target: str, seed: int = 0) -> Trainer:
+def simulated_trainer(model, batch_size: int, seq_len: int, target: str, seed: int = 0,
+                      autocast: torch.dtype | None = None) -> Trainer:
     """The trainer a run on ``target`` has: CUDA's default AdamW is the multi-tensor (foreach) one; on a CPU (and
     on meta) PyTorch picks per-tensor, so a ``cuda`` prediction asks for foreach explicitly."""
-    return Trainer.create(model, batch_size, seq_len, seed=seed, foreach=True if target == "cuda" else None)
+    return Trainer.create(model, batch_size, seq_len, seed=seed, foreach=True if target == "cuda" else None, autocast=autocast)
 
 
 def _apply_budget(model, config, dtype, kernel, target, world_size, budget, shape, seed) -> dict:
