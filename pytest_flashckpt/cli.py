@@ -163,6 +163,36 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pool_baseline(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.baselines import BaselineError
+    from pytest_flashckpt.baselines.pooled import pool, read_runs
+
+    try:
+        baseline = pool(read_runs(args.results, args.label))
+    except BaselineError as exc:
+        raise InputError(str(exc)) from None
+    out = Path(args.out) / f"{baseline.profile_id}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    baseline.write(out)
+    runs = {len(e.get("runs") or ()) for e in baseline.scenarios.values()}
+    print(f"{out}: {len(baseline.scenarios)} scenarios pooled from {len(args.results)} runs "
+          f"({'/'.join(map(str, sorted(runs)))} runs per scenario)")
+    return 0
+
+
+def add_pool_baseline_parser(sub) -> None:
+    pool = sub.add_parser("pool-baseline", help="one baseline from several suite runs (hosts) of a profile",
+                          description="Pool several results.json of one profile (runs on several hosts, or one host's "
+                                      "several runs) into baselines/<profile>.json: every run's samples are kept apart, "
+                                      "so the gate judges a change against the spread between runs and calls a metric "
+                                      "whose runs spread too far 'unstable' (baselines/README.md). Replaces the file.")
+    pool.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files of suite runs, one per run")
+    pool.add_argument("--label", action="append", metavar="NAME",
+                      help="a name per results file, in order (default: each file's folder name)")
+    pool.add_argument("--out", default="baselines", metavar="DIR", help="baseline folder (default: baselines)")
+    pool.set_defaults(run=_cmd_pool_baseline)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pytest_flashckpt.report.compare import DEFAULT_METRICS
 
@@ -224,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
 
     add_simulate_parser(sub)
+    add_pool_baseline_parser(sub)
     return parser
 
 
