@@ -11,12 +11,14 @@ ones (so a reader that knows no ``runs`` still works), plus
 
     "runs": [{"label": "host-a", "created": "...", "commit": "...", "samples": {"overhead": [...], ...}}, ...]
 
-Exact counts (bytes, FLOPs, files) must agree between the runs: they are the program's, not the machine's; a
+A baseline file can be pooled too (the committed one-run baseline is an earlier host's run), so a pooled baseline
+grows one run at a time. Exact counts (bytes, FLOPs, files) must agree between the runs: they are the program's, not the machine's; a
 disagreement is an error naming both files, since pooling would hide a real difference.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +32,33 @@ from pytest_flashckpt.result import RunRecord
 
 @dataclass(frozen=True)
 class LabelledRun:
-    """One suite run to pool, with the name its host goes by in the baseline (``runs[].label``)."""
+    """One run to pool: its host's name in the baseline (``runs[].label``), its profile, and its one-run baseline
+    entries by scenario (from a results.json, or from a baseline file: an earlier host's run)."""
 
     label: str
-    record: RunRecord
-    source: str  # the results file, for error messages
+    profile_id: str
+    profile: dict[str, Any]
+    entries: dict[str, dict[str, Any]]
+    source: str  # the file, for error messages
+
+
+def from_record(label: str, record: RunRecord, source: str) -> LabelledRun:
+    entries = {r.id: entry(r, record.commit, record.created) for r in record.results if r.status == "measured"}
+    return LabelledRun(label, record.profile_id, record.profile, entries, source)
+
+
+def from_baseline(label: str, baseline: Baseline, source: str) -> list[LabelledRun]:
+    """A baseline file as runs: a one-run file is one run; a pooled file gives back each run it holds."""
+    plain = {k: e for k, e in baseline.scenarios.items() if not e.get("runs")}
+    runs = [LabelledRun(label, baseline.profile_id, baseline.profile, plain, source)] if plain else []
+    by_label: dict[str, dict[str, dict[str, Any]]] = {}
+    for scenario_id, e in baseline.scenarios.items():
+        for run in e.get("runs") or ():
+            one = {k: v for k, v in e.items() if k != "runs"}
+            one.update(commit=run.get("commit"), updated=run.get("created"), samples=run.get("samples") or {})
+            by_label.setdefault(str(run.get("label")), {})[scenario_id] = one
+    runs += [LabelledRun(name, baseline.profile_id, baseline.profile, entries, source) for name, entries in by_label.items()]
+    return runs
 
 
 def pool(runs: Sequence[LabelledRun]) -> Baseline:
@@ -43,16 +67,15 @@ def pool(runs: Sequence[LabelledRun]) -> Baseline:
         raise BaselineError("no runs to pool: name at least one results.json")
     first = runs[0]
     for run in runs[1:]:
-        if run.record.profile_id != first.record.profile_id:
+        if run.profile_id != first.profile_id:
             raise BaselineError(
-                f"{run.source}: profile {run.record.profile_id}, but {first.source} is {first.record.profile_id}: a baseline "
+                f"{run.source}: profile {run.profile_id}, but {first.source} is {first.profile_id}: a baseline "
                 "pools runs of one profile only (pool each profile's runs apart)")
     by_scenario: dict[str, list[tuple[LabelledRun, dict[str, Any]]]] = {}
     for run in runs:
-        for result in run.record.results:
-            if result.status == "measured":
-                by_scenario.setdefault(result.id, []).append((run, entry(result, run.record.commit, run.record.created)))
-    baseline = Baseline(first.record.profile_id, first.record.profile)
+        for scenario_id, e in run.entries.items():
+            by_scenario.setdefault(scenario_id, []).append((run, e))
+    baseline = Baseline(first.profile_id, first.profile)
     for scenario_id, entries in sorted(by_scenario.items()):
         baseline.scenarios[scenario_id] = pooled_entry(scenario_id, entries)
     return baseline
@@ -92,16 +115,25 @@ def pooled_entry(scenario_id: str, entries: list[tuple[LabelledRun, dict[str, An
 
 
 def read_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None) -> list[LabelledRun]:
-    """The results files as labelled runs; a label defaults to the file's folder name. Bad files are BaselineErrors
-    naming the file."""
+    """Results files (a suite run each) and baseline files (a one-run baseline, or a pooled one: its runs) as
+    labelled runs; a label defaults to the file's folder name (a results file) or its stem (a baseline). Bad files
+    are BaselineErrors naming the file."""
     if labels and len(labels) != len(paths):
-        raise BaselineError(f"{len(labels)} --label values for {len(paths)} results files: give one per file, in order")
-    runs = []
+        raise BaselineError(f"{len(labels)} --label values for {len(paths)} files: give one per file, in order")
+    runs: list[LabelledRun] = []
     for i, path in enumerate(paths):
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise BaselineError(f"{path}: cannot read it as a results or baseline file ({exc})") from None
+        if isinstance(data, dict) and "scenarios" in data:
+            label = labels[i] if labels else Path(path).stem
+            runs += from_baseline(label, Baseline.read(Path(path)), str(path))
+            continue
         try:
             record = RunRecord.read_json(Path(path))
         except ValueError as exc:
             raise BaselineError(str(exc)) from None
         label = labels[i] if labels else (Path(path).resolve().parent.name or str(path))
-        runs.append(LabelledRun(label, record, str(path)))
+        runs.append(from_record(label, record, str(path)))
     return runs

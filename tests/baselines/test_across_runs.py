@@ -96,4 +96,21 @@ def test_pool_baseline_refuses_exact_counts_that_differ_and_other_profiles(tmp_p
     assert main(["pool-baseline", a, c, "--out", str(tmp_path)]) == 2
     assert "profile p2" in capsys.readouterr().err
     assert main(["pool-baseline", a, "--label", "x", "--label", "y"]) == 2
-    assert "2 --label values for 1 results files" in capsys.readouterr().err
+    assert "2 --label values for 1 files" in capsys.readouterr().err
+
+
+def test_a_baseline_file_pools_as_a_run_and_a_pooled_file_gives_back_its_runs(tmp_path):
+    from pytest_flashckpt.baselines import Baseline
+
+    one = Baseline("p1", {"device_type": "cpu"}, {"mini::a": {
+        "commit": "old", "updated": "t0", "probe": "cpu", "kernel": None, "rounds": 10,
+        "metrics": {"overhead": 1.1, "peak_bytes": 100}, "samples": {"overhead": HOST_A}}})
+    one.write(tmp_path / "old.json")
+    b = _record(tmp_path, "host-b", HOST_B)
+    assert main(["pool-baseline", str(tmp_path / "old.json"), b, "--out", str(tmp_path / "one")]) == 0
+    assert main(["pool-baseline", str(tmp_path / "one" / "p1.json"), _record(tmp_path, "host-c", HOST_A[:5]),
+                 "--out", str(tmp_path / "two")]) == 0
+    entry = json.loads((tmp_path / "two" / "p1.json").read_text())["scenarios"]["mini::a"]
+    assert [r["label"] for r in entry["runs"]] == ["old", "host-b", "host-c"]
+    assert entry["runs"][0]["samples"]["overhead"] == HOST_A and entry["runs"][0]["commit"] == "old"
+    assert len(entry["samples"]["overhead"]) == 25
