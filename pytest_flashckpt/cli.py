@@ -299,7 +299,9 @@ def add_history_parser(sub) -> None:
     history.add_argument("--metric", action="append", metavar="NAME",
                          help=f"metric to follow; repeat for several (default: {', '.join(DEFAULT_METRICS)})")
     history.add_argument("--max-pvalue", type=float, default=0.001, help="significance of a change point (default 0.001)")
-    history.add_argument("--min-magnitude", type=float, default=0.0, help="drop changes smaller than this fraction (default 0)")
+    history.add_argument("--min-magnitude", type=float, default=0.02,
+                         help="drop changes smaller than this fraction (default 0.02: run-to-run noise of a run's "
+                              "median is 1-2%% here, reports/history-power.md)")
     history.add_argument("--out", metavar="DIR", help="folder for history.md and the plots (default: DIR)")
     history.add_argument("--no-plots", action="store_true", help="markdown only")
     history.set_defaults(run=_cmd_history)

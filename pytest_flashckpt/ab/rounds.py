@@ -32,6 +32,17 @@ def command(suite: str, report: Path, extra: Sequence[str]) -> list[str]:
             "--report", str(report), *extra]
 
 
+def run_once(tree: Tree, suite: str, report: Path, extra: Sequence[str], what: str) -> RunRecord:
+    """The suite once, in a fresh process running ``tree``'s code; RoundError (naming ``what``) if it wrote nothing."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree.root), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.run(command(suite, report, extra), cwd=tree.root, env=env, capture_output=True, text=True)
+    results = report / "results.json"
+    if not results.is_file():
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise RoundError(f"{what} ({tree.ref}): exit {proc.returncode}, no {results}:\n{tail}")
+    return RunRecord.read_json(results)
+
+
 def run_rounds(trees: dict[str, Tree], suite: str, rounds: int, out: Path, extra: dict[str, Sequence[str]],
                say: Callable[[str], None] = lambda text: None) -> Rounds:
     """``rounds`` rounds of ``suite`` (an absolute suite path) for versions ``a`` and ``b``; ``extra`` are further
@@ -40,17 +51,8 @@ def run_rounds(trees: dict[str, Tree], suite: str, rounds: int, out: Path, extra
     for i in range(rounds):
         order = ("a", "b") if i % 2 == 0 else ("b", "a")
         for version in order:
-            tree = trees[version]
-            report = out / f"round-{i + 1:02d}-{version}"
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-                [str(tree.root), *filter(None, [os.environ.get("PYTHONPATH")])]))
-            say(f"round {i + 1}/{rounds}: {version} ({tree.ref})")
-            proc = subprocess.run(command(suite, report, extra.get(version, ())), cwd=tree.root, env=env,
-                                  capture_output=True, text=True)
-            results = report / "results.json"
-            if not results.is_file():
-                tail = (proc.stdout + proc.stderr)[-3000:]
-                raise RoundError(f"round {i + 1}, version {version} ({tree.ref}): exit {proc.returncode}, no "
-                                 f"{results}:\n{tail}")
-            done.records[version].append(RunRecord.read_json(results))
+            say(f"round {i + 1}/{rounds}: {version} ({trees[version].ref})")
+            record = run_once(trees[version], suite, out / f"round-{i + 1:02d}-{version}", extra.get(version, ()),
+                              f"round {i + 1}, version {version}")
+            done.records[version].append(record)
     return done

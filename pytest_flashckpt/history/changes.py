@@ -42,7 +42,7 @@ def require():
     return compute_change_points
 
 
-def change_points(values: Sequence[float], max_pvalue: float = 0.001, min_magnitude: float = 0.0,
+def change_points(values: Sequence[float], max_pvalue: float = 0.001, min_magnitude: float = 0.02,
                   window: int = 50) -> list[ChangePoint]:
     """Change points of ``values`` (oldest first); [] for a series too short to split."""
     if len(values) < MIN_POINTS:
