@@ -114,3 +114,20 @@ def test_a_baseline_file_pools_as_a_run_and_a_pooled_file_gives_back_its_runs(tm
     assert [r["label"] for r in entry["runs"]] == ["old", "host-b", "host-c"]
     assert entry["runs"][0]["samples"]["overhead"] == HOST_A and entry["runs"][0]["commit"] == "old"
     assert len(entry["samples"]["overhead"]) == 25
+
+
+def test_the_gate_message_counts_unstable_rows_and_they_do_not_fail(tmp_path):
+    from pytest_flashckpt.baselines import Gate
+
+    entry = {"probe": "cpu", "metrics": {"overhead": 1.2}, "samples": {"overhead": HOST_A},
+             "runs": [{"label": "a", "samples": {"overhead": HOST_A}}, {"label": "b", "samples": {"overhead": [v * 1.5 for v in HOST_A]}}]}
+    from pytest_flashckpt.baselines.store import Baseline
+
+    Baseline("p1", {}, {"mini::a": entry}).write(tmp_path / "p1.json")
+    gate = Gate(tmp_path, "p1", Thresholds())
+    r = Result("mini", "a", "measured", {}, probe="cpu")
+    r.metrics, r.samples = {"overhead": 3.0}, {"overhead": [3.0] * 5}
+    rows = gate.judge(r)
+    assert [row.verdict for row in rows] == ["unstable"]
+    assert gate.finish({"mini"}, [r]) == []
+    assert "1 unstable (the baseline's runs spread too far to gate)" in gate.message()
