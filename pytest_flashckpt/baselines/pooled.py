@@ -106,8 +106,10 @@ def pooled_entry(scenario_id: str, entries: list[tuple[LabelledRun, dict[str, An
             metrics[name] = statistics.median(samples[name])
         else:  # a one-reading metric (sampled memory): the median of the runs' readings
             metrics[name] = statistics.median(e["metrics"][name] for _, e in entries if name in e["metrics"])
+    if len(entries) == 1:  # one run: the entry as it was (a pooled file stays a small diff where nothing pooled)
+        return first
     return {
-        "commit": first["commit"], "updated": max(e["updated"] for _, e in entries), "probe": first["probe"],
+        "commit": first["commit"], "updated": max(str(e["updated"]) for _, e in entries), "probe": first["probe"],
         "kernel": first["kernel"], "rounds": first["rounds"], "metrics": dict(sorted(metrics.items())), "samples": samples,
         "runs": [{"label": run.label, "created": e["updated"], "commit": e["commit"], "samples": e["samples"]}
                  for run, e in entries],
