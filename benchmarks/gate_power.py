@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from pytest_flashckpt.baselines.stats import smallest_p
-from pytest_flashckpt.baselines.store import entry
+from pytest_flashckpt.baselines.store import Baseline, entry
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.suites import load_suite
@@ -141,6 +141,10 @@ def main() -> None:
     parser.add_argument("--stall", type=float, default=0.25)
     parser.add_argument("--out", default=str(ROOT / "reports" / "gate-power.md"), help="markdown report; raw verdicts beside it (.json)")
     parser.add_argument("--workdir", type=Path, default=None, help="folder for temporary checkpoints")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="judge against this stored baseline file (e.g. the committed, pooled one) instead of a "
+                             "baseline measured in a separate process first: the 'another host' check")
+    parser.add_argument("--host", default="", help="what stands in for another host here (recorded in the report)")
     parser.add_argument("--baseline-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline_only:
@@ -148,12 +152,19 @@ def main() -> None:
 
     thresholds = Thresholds()
     began, load_before = time.time(), os.getloadavg()
-    cmd = [sys.executable, __file__, "--baseline-only", f"--suite={args.suite}", f"--timing-scenario={args.timing_scenario}",
-           f"--stall-scenario={args.stall_scenario}"] + ([f"--workdir={args.workdir}"] if args.workdir else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"baseline run failed:\n{proc.stderr[-4000:]}")
-    baseline = json.loads(proc.stdout.strip().splitlines()[-1])
+    if args.baseline is not None:
+        stored = Baseline.read(args.baseline).scenarios
+        missing = [s for s in (args.timing_scenario, args.stall_scenario) if s not in stored]
+        if missing:
+            raise SystemExit(f"{args.baseline}: no entry for {', '.join(missing)}")
+        baseline = {s: stored[s] for s in (args.timing_scenario, args.stall_scenario)}
+    else:
+        cmd = [sys.executable, __file__, "--baseline-only", f"--suite={args.suite}", f"--timing-scenario={args.timing_scenario}",
+               f"--stall-scenario={args.stall_scenario}"] + ([f"--workdir={args.workdir}"] if args.workdir else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"baseline run failed:\n{proc.stderr[-4000:]}")
+        baseline = json.loads(proc.stdout.strip().splitlines()[-1])
 
     timing = shipped(find(args.timing_scenario, args.suite), "overhead")
     stall = shipped(find(args.stall_scenario, args.suite), STALL)
@@ -188,8 +199,33 @@ def summarise(rows: list[dict]) -> dict:
     return {
         "n": n, "flagged": k, "rate": k / n if n else 0.0, "wilson": wilson(k, n), "cp": clopper_pearson(k, n),
         "noise": sum(r["verdict"] == "~" for r in rows),
+        "unstable": sum(r["verdict"] == "unstable" for r in rows),
         "median_change": statistics.median(r["change"] for r in rows if r["change"] is not None) if rows else None,
     }
+
+
+def standin_prefix() -> str:
+    """The environment a stand-in host ran under, as a command prefix (what a reader must type to repeat it)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = f"taskset -c {','.join(map(str, cpus))} " if len(cpus) < (os.cpu_count() or 1) else ""
+    threads = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} " if "OMP_NUM_THREADS" in os.environ else ""
+    return threads + pinned
+
+
+def shown(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def describe_runs(stored: dict, metric: str) -> str:
+    runs = [r["samples"].get(metric) for r in stored.get("runs") or () if r.get("samples", {}).get(metric)]
+    if len(runs) < 2:
+        return f"{metric}: one run"
+    medians = [statistics.median(r) for r in runs]
+    return (f"{metric}: {len(runs)} runs, medians {', '.join(f'{m:.3f}' for m in medians)}, spread "
+            f"{max(medians) / min(medians) - 1:.1%}")
 
 
 def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds, elapsed, load_before, load_after, done: int) -> None:
@@ -206,8 +242,15 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
         "# Gate power at the shipped settings",
         "",
         *([] if done == args.runs else [f"**Partial: {done} of {args.runs} runs** (the report is rewritten after every run).", ""]),
-        f"Command: `python benchmarks/gate_power.py --runs {args.runs} --suite {args.suite} --timing-scenario {t_id} "
-        f"--stall-scenario {s_id}`  ",
+        f"Command: `{standin_prefix()}python benchmarks/gate_power.py --runs {args.runs} --suite {args.suite} --timing-scenario {t_id} "
+        f"--stall-scenario {s_id}"
+        + (f" --baseline {shown(args.baseline)}" if args.baseline else "")
+        + (f" --workdir {args.workdir}" if args.workdir else "")
+        + (f" --host '{args.host}'" if args.host else "") + "`  ",
+        *([f"Host: {args.host} (this process: CPUs {sorted(os.sched_getaffinity(0))}, torch threads "
+           f"{torch.get_num_threads()}, checkpoints in {args.workdir or 'the system temp folder'}).  "] if args.host else []),
+        *([f"Baseline: `{shown(args.baseline)}` (stored; {describe_runs(baseline[t_id], 'overhead')}; "
+           f"{describe_runs(baseline[s_id], STALL)}).  "] if args.baseline else []),
         f"Machine: torch {torch.__version__}, {torch.get_num_threads()} threads; {load_line}; {elapsed / 60:.1f} min.  ",
         f"Gate: regressed = median change > {thresholds.timing_tolerance:.0%} AND one-sided Mann-Whitney p < {thresholds.alpha} "
         f"(`pytest_flashckpt/baselines/regression_verdicts.py`).  ",
@@ -218,8 +261,8 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
         f"{statistics.median(s_base):.3f}, range {min(s_base):.3f}-{max(s_base):.3f}); smallest reachable p "
         f"{smallest_p(saves, len(s_base)):.2g}.",
         "",
-        "| injected | metric | runs | flagged regressed | rate | 95% Clopper-Pearson | 95% Wilson | median change | ~ (not enough evidence) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| injected | metric | runs | flagged regressed | rate | 95% Clopper-Pearson | 95% Wilson | median change | ~ (not enough evidence) | unstable |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     summary = {}
     for condition, by_metric in verdicts.items():
@@ -229,7 +272,7 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
             mc = "—" if s["median_change"] is None else f"{s['median_change']:+.1%}"
             lines.append(
                 f"| {condition} | `{metric}` | {s['n']} | {s['flagged']} | {s['rate']:.0%} | {s['cp'][0]:.0%}-{s['cp'][1]:.0%} | "
-                f"{s['wilson'][0]:.0%}-{s['wilson'][1]:.0%} | {mc} | {s['noise']} |"
+                f"{s['wilson'][0]:.0%}-{s['wilson'][1]:.0%} | {mc} | {s['noise']} | {s['unstable']} |"
             )
     step = summary[(f"step +{args.slowdown:.0%}", "overhead")]
     stall_s = summary[(f"stall +{args.stall:.0%}", STALL)]

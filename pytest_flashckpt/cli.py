@@ -180,6 +180,150 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pool_baseline(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.baselines import BaselineError
+    from pytest_flashckpt.baselines.pooled import pool, read_runs
+
+    try:
+        baseline = pool(read_runs(args.results, args.label))
+    except BaselineError as exc:
+        raise InputError(str(exc)) from None
+    out = Path(args.out) / f"{baseline.profile_id}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    baseline.write(out)
+    runs = {len(e.get("runs") or ()) for e in baseline.scenarios.values()}
+    print(f"{out}: {len(baseline.scenarios)} scenarios pooled from {len(args.results)} runs "
+          f"({'/'.join(map(str, sorted(runs)))} runs per scenario)")
+    return 0
+
+
+def add_pool_baseline_parser(sub) -> None:
+    pool = sub.add_parser("pool-baseline", help="one baseline from several suite runs (hosts) of a profile",
+                          description="Pool several results.json of one profile (runs on several hosts, or one host's "
+                                      "several runs) into baselines/<profile>.json: every run's samples are kept apart, "
+                                      "so the gate judges a change against the spread between runs and calls a metric "
+                                      "whose runs spread too far 'unstable' (baselines/README.md). Replaces the file.")
+    pool.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files of suite runs, one per run")
+    pool.add_argument("--label", action="append", metavar="NAME",
+                      help="a name per results file, in order (default: each file's folder name)")
+    pool.add_argument("--out", default="baselines", metavar="DIR", help="baseline folder (default: baselines)")
+    pool.set_defaults(run=_cmd_pool_baseline)
+
+
+def _cmd_ab(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+    import time
+
+    from pytest_flashckpt.ab.rounds import RoundError, run_rounds
+    from pytest_flashckpt.ab.trees import RefError, checked_out
+    from pytest_flashckpt.ab.verdicts import gate, markdown
+    from pytest_flashckpt.baselines.regression_verdicts import Thresholds
+    from pytest_flashckpt.config.errors import ConfigError
+    from pytest_flashckpt.config.injection import Injection
+    from pytest_flashckpt.config.suites import load_suite
+
+    if args.rounds < 2:
+        raise InputError(f"--rounds {args.rounds}: an A/B run needs at least 2 rounds (5 vs 5 is the least that can reach p < 0.01)")
+    try:
+        suite = load_suite(args.suite)  # checked here, before any tree is made: both versions run this file
+    except ConfigError as exc:
+        raise InputError(str(exc if exc.where else exc.within("--suite"))) from None
+    extra: dict[str, list[str]] = {}
+    for version, spec in (("a", args.inject_a), ("b", args.inject_b)):
+        if spec:
+            try:
+                Injection.parse(spec)
+            except ValueError as exc:
+                raise InputError(f"--inject-{version} {spec}: {exc}") from None
+            extra[version] = ["--inject", spec]
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    began, load_before = time.time(), os.getloadavg()[0]
+    try:
+        with checked_out({"--a": args.a, "--b": args.b}, Path.cwd()) as trees:
+            trees = {"a": trees["--a"], "b": trees["--b"]}
+            rounds = run_rounds(trees, str(suite.path.resolve()), args.rounds, out, extra,
+                                say=lambda text: print(text, flush=True))
+    except RefError as exc:
+        raise InputError(str(exc)) from None
+    except RoundError as exc:
+        print(f"flashckpt ab: {exc}", file=sys.stderr)
+        return FAILED
+    thresholds = Thresholds(args.timing_tolerance, Thresholds.memory_tolerance, args.alpha)
+    outcome = gate(rounds, thresholds)
+    command = "flashckpt " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "flashckpt ab ..."
+    text = markdown(outcome, trees, suite.name, args.rounds, thresholds, command, (time.time() - began) / 60,
+                    (load_before, os.getloadavg()[0]))
+    (out / "ab.md").write_text(text, encoding="utf-8")
+    sys.stdout.write(text)
+    print(f"wrote {out / 'ab.md'} (each round's results.json beside it)")
+    return FAILED if outcome.failed else 0
+
+
+def add_ab_parser(sub) -> None:
+    ab = sub.add_parser("ab", help="A/B: two code versions interleaved on this machine, gated with no baseline",
+                        description="Run the suite for two versions of the code (a git commit/branch, or a folder with "
+                                    "pytest_flashckpt in it) interleaved round by round on this machine, one process "
+                                    "per version per round, and gate B against A (Mann-Whitney on the per-round "
+                                    "values). Writes a markdown verdict table for a pull request. Exit 1 on a "
+                                    "regression, 2 on a bad REF or option.")
+    ab.add_argument("--a", required=True, metavar="REF", help="the base version (e.g. main)")
+    ab.add_argument("--b", required=True, metavar="REF", help="the version to judge (e.g. the pull request's head)")
+    ab.add_argument("--suite", default="ab", metavar="NAME|PATH", help="suite both versions run (default: ab, ~1 min a round quiet)")
+    ab.add_argument("--rounds", type=int, default=6, help="rounds per version (default 6: 6 vs 6 can reach p = 0.0011)")
+    ab.add_argument("--out", default="flashckpt-ab", metavar="DIR", help="folder for ab.md and each round's results")
+    ab.add_argument("--timing-tolerance", type=float, default=0.05, help="ratio change tolerated (default 0.05)")
+    ab.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+    ab.add_argument("--inject-a", default="", metavar="SPEC", help=argparse.SUPPRESS)
+    ab.add_argument("--inject-b", default="", metavar="SPEC",
+                    help="inject a known regression into B's runs (e.g. step=0.10, stall=0.25) to check the gate can fail")
+    ab.set_defaults(run=_cmd_ab)
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    import shlex
+
+    from pytest_flashckpt.history.changes import OtavaMissing, change_points, require
+    from pytest_flashckpt.history.render import write
+    from pytest_flashckpt.history.series import DEFAULT_METRICS, HistoryError, build_series, read_runs
+
+    try:
+        require()  # before reading anything: without Otava there is nothing to compute
+        runs = read_runs(Path(args.folder))
+    except (OtavaMissing, HistoryError) as exc:
+        raise InputError(str(exc)) from None
+    series = build_series(runs, tuple(args.metric) if args.metric else DEFAULT_METRICS)
+    found = [(s, change_points(s.values, args.max_pvalue, args.min_magnitude)) for s in series]
+    command = "flashckpt " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["history"] else "flashckpt history ..."
+    out = Path(args.out) if args.out else Path(args.folder)
+    path = write(found, len(runs), args.folder, command, out, args.max_pvalue, args.min_magnitude, draw=not args.no_plots)
+    sys.stdout.write(path.read_text(encoding="utf-8"))
+    print(f"wrote {path}")
+    return 0
+
+
+def add_history_parser(sub) -> None:
+    from pytest_flashckpt.history.changes import INSTALL
+    from pytest_flashckpt.history.series import DEFAULT_METRICS
+
+    history = sub.add_parser("history", help="change points over a folder of suite runs (CI artifacts), with plots",
+                             description="Read every results.json under DIR, order the runs by their recorded time, and "
+                                         "find change points per scenario and metric with Apache Otava's e-divisive "
+                                         f"method (optional; install: {INSTALL}). Writes history.md and trend plots "
+                                         "(PNG, change points marked).")
+    history.add_argument("folder", metavar="DIR", help="folder of runs (results.json at any depth)")
+    history.add_argument("--metric", action="append", metavar="NAME",
+                         help=f"metric to follow; repeat for several (default: {', '.join(DEFAULT_METRICS)})")
+    history.add_argument("--max-pvalue", type=float, default=0.001, help="significance of a change point (default 0.001)")
+    history.add_argument("--min-magnitude", type=float, default=0.02,
+                         help="drop changes smaller than this fraction (default 0.02: run-to-run noise of a run's "
+                              "median is 1-2%% here, reports/history-power.md)")
+    history.add_argument("--out", metavar="DIR", help="folder for history.md and the plots (default: DIR)")
+    history.add_argument("--no-plots", action="store_true", help="markdown only")
+    history.set_defaults(run=_cmd_history)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pytest_flashckpt.report.compare import DEFAULT_METRICS
 
@@ -241,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
 
     add_simulate_parser(sub)
+    add_pool_baseline_parser(sub)
+    add_ab_parser(sub)
+    add_history_parser(sub)
     return parser
 
 

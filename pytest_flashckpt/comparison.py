@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator, Literal
 
-VerdictWord = Literal["ok", "improved", "regressed", "~", "unguarded", "missing"]
+VerdictWord = Literal["ok", "improved", "regressed", "~", "unstable", "unguarded", "missing"]
 ComparisonStatus = Literal["compared", "no-baseline", "other-profile", "disabled"]
-VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "improved", "~", "unguarded", "ok")
+VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "improved", "~", "unstable", "unguarded", "ok")
 
 
 class _ReadsLikeAMapping(Mapping):
@@ -45,7 +45,7 @@ class RegressionVerdict(_ReadsLikeAMapping):
     p_value: float | None  # one-sided Mann-Whitney U, for metrics judged on per-round samples
     verdict: VerdictWord
     smallest_p: float | None = None  # the smallest p these sample sizes can reach (sampled metrics)
-    reason: str | None = None  # why, for every verdict but ok (missing, unguarded, ~, a noisy regression)
+    reason: str | None = None  # why, for every verdict but ok (missing, unguarded, unstable, ~, a noisy regression)
 
     __hash__ = None  # type: ignore[assignment]
 

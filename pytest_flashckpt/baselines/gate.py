@@ -98,10 +98,12 @@ class Gate:
                 f"baselines in {self.shown_dir} are for other profiles ({names}), not this one ({self.profile_id}); "
                 "comparison skipped; create this profile's with --flashckpt-save-baseline"
             )
-        counts = {v: sum(r.verdict == v for r in self.verdicts) for v in ("regressed", "missing", "improved", "~", "unguarded", "ok")}
+        counts = {v: sum(r.verdict == v for r in self.verdicts) for v in ("regressed", "missing", "improved", "~", "unstable", "unguarded", "ok")}
         text = (
             f"compared with {self.shown_path}: {counts['regressed']} regressed, {counts['missing']} missing, "
-            f"{counts['improved']} improved, {counts['~']} within noise (~), {counts['unguarded']} unguarded "
+            f"{counts['improved']} improved, {counts['~']} within noise (~), "
+            + (f"{counts['unstable']} unstable (the baseline's runs spread too far to gate), " if counts["unstable"] else "")
+            + f"{counts['unguarded']} unguarded "
             f"(cannot fail at these sample sizes), {counts['ok']} ok"
         )
         if self.subset:

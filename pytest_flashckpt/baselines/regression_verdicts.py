@@ -1,4 +1,5 @@
-"""Verdicts: one metric of one scenario, baseline vs current -> ``ok`` | ``improved`` | ``regressed`` | ``~``.
+"""Verdicts: one metric of one scenario, baseline vs current -> ``ok`` | ``improved`` | ``regressed`` | ``~`` |
+``unstable`` | ``unguarded``.
 
 How each kind of metric is judged, and why:
 
@@ -19,6 +20,12 @@ How each kind of metric is judged, and why:
   tolerance AND a one-sided Mann-Whitney p-value below alpha on the per-round samples. The tolerance is the
   effect size we care about (and absorbs run-to-run drift the within-run samples cannot see); the test says the
   shift is more than round-to-round noise. Beyond the tolerance but not significant is ``~`` (within noise).
+- **across runs**: a baseline entry may hold several runs (``runs``: one host's several runs, or several hosts'
+  of one profile; ``baselines.pooled``). Then a ratio is judged against the spread BETWEEN those runs, not only
+  within one run's samples: it regresses only beyond the highest run's median by the tolerance, and significantly
+  above the within-run scatter placed at that highest level (``judge_across_runs``). A metric whose run medians
+  spread more than ``Thresholds.max_spread`` is ``unstable``: reported with its spread, never ok, never failing
+  (on that metric the hosts of a profile differ more than the change the gate is meant to catch).
 - **time** (absolute seconds: ``step_time_s``...) depends on who else uses the machine; recorded in baselines,
   judged like ratios only when ``--flashckpt-gate-times`` asks for it.
 """
@@ -49,6 +56,10 @@ class Thresholds:
     memory_tolerance: float = 0.02
     alpha: float = 0.01
     gate_times: bool = False
+    # largest spread between a multi-run baseline's run medians (max / min - 1) that a ratio is still gated at: past
+    # it the metric is ``unstable``. 10% = the step slowdown the gate is sized to catch (benchmarks/gate_power.py):
+    # a host at the bottom of a wider envelope could hide a change of that size
+    max_spread: float = 0.10
 
 
 def metric_kind(name: str, probe: str | None) -> Kind | None:
@@ -144,6 +155,72 @@ def judge_sampled(
     return _row(scenario, metric, base_median, cur_median, change, p, "~", floor, why)
 
 
+def run_spread(medians: Sequence[float]) -> float:
+    """How far apart a multi-run baseline's run medians are: max / min - 1 (0 for one run)."""
+    low = min(medians)
+    return max(medians) / low - 1.0 if low > 0 else float("inf")
+
+
+def judge_across_runs(
+    scenario: str, metric: str, runs: Sequence[Sequence[float]], current: Sequence[float], tolerance: float,
+    alpha: float, max_spread: float,
+) -> RegressionVerdict:
+    """One sampled metric against a baseline of several runs (hosts), each a list of per-round samples:
+
+    - ``unguarded`` when the sample sizes cannot reach ``alpha`` (as ``judge_sampled``);
+    - ``unstable`` when the run medians spread more than ``max_spread``: a change of the size the gate is meant to
+      catch could be one host sitting higher than another, so it is reported, with the spread, and never fails;
+    - ``ok`` when this run's median is inside the runs' envelope widened by ``tolerance`` on both sides;
+    - ``regressed`` / ``improved`` when it is beyond the highest (lowest) run's median by more than the tolerance
+      AND the one-sided Mann-Whitney test says it is above (below) every run's samples placed at that highest
+      (lowest) level (each run scaled to the edge median: the within-run scatter, at the worst host's level);
+    - ``~`` otherwise. The row's baseline is the pooled median (every run's samples), its change relative to it;
+      the reason says where the envelope was."""
+    runs = [list(r) for r in runs if r]
+    medians = [statistics.median(r) for r in runs]
+    pooled = [v for r in runs for v in r]
+    base_median, cur_median = statistics.median(pooled), statistics.median(current)
+    change = _change(base_median, cur_median)
+    floor = smallest_p(len(current), len(pooled))
+    low, high = min(medians), max(medians)
+    spread = run_spread(medians)
+    envelope = f"{len(runs)} baseline runs, run medians {low:.4g}-{high:.4g} (spread {spread:.1%})"
+    if floor >= alpha:
+        why = (f"{len(current)} vs {len(pooled)} samples: the smallest p the test can reach is {floor:.3g} >= alpha "
+               f"{alpha}, so this metric cannot fail; take more rounds/saves")
+        return _row(scenario, metric, base_median, cur_median, change, None, "unguarded", floor, why)
+    if spread > max_spread:
+        why = (f"{envelope} > the {max_spread:.0%} a ratio is gated at: the runs (hosts) of this profile differ more than "
+               f"the change the gate is meant to catch; not judged (compare both versions on one machine: flashckpt ab)")
+        return _row(scenario, metric, base_median, cur_median, change, None, "unstable", floor, why)
+    if change is None or low <= 0:
+        return _row(scenario, metric, base_median, cur_median, None, None, "~", floor, "baseline median is 0: no relative change")
+    above, below = cur_median / high - 1.0, cur_median / low - 1.0
+    if -tolerance <= below and above <= tolerance:
+        return _row(scenario, metric, base_median, cur_median, change, None, "ok", floor)
+    worse = above > tolerance
+    edge = high if worse else low
+    placed = [v * edge / m for r, m in zip(runs, medians) for v in r]  # every run's scatter, at the edge's level
+    p = mann_whitney_greater(current, placed) if worse else mann_whitney_greater(placed, current)
+    beyond = above if worse else below
+    side = f"{beyond:+.1%} beyond the {'highest' if worse else 'lowest'} run's median ({envelope})"
+    if p < alpha:
+        word: Verdict = "regressed" if worse else "improved"
+        return _row(scenario, metric, base_median, cur_median, change, p, word, floor, f"{side}; p = {p:.3g} < alpha {alpha}")
+    why = f"{side} but p = {p:.3g} >= alpha {alpha}: the samples overlap the runs' scatter"
+    return _row(scenario, metric, base_median, cur_median, change, p, "~", floor, why)
+
+
+def baseline_runs(name: str, baseline: dict[str, Any]) -> list[list[float]]:
+    """The per-run samples of ``name`` in a multi-run baseline entry (``runs``), or [] for a one-run entry."""
+    found = []
+    for run in baseline.get("runs") or ():
+        values = ratio_samples(name, run.get("samples") or {}) if isinstance(run, dict) else None
+        if values:
+            found.append(values)
+    return found
+
+
 def underpowered(n_baseline: int, n_current: int, alpha: float) -> bool:
     """True when even complete separation of the samples cannot reach ``alpha``: the test can never flag."""
     return smallest_p(n_current, n_baseline) >= alpha
@@ -195,8 +272,13 @@ def compare_scenario(
                 notes.append(f"{scenario}: {name} unguarded: {why}")
                 rows.append(row)
                 continue
-            row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
-            if row.verdict in ("unguarded", "~") or (row.verdict == "regressed" and "busy machine" in (row.reason or "")):
+            runs = baseline_runs(name, baseline)
+            if len(runs) >= 2:
+                row = judge_across_runs(scenario, name, runs, cur, thresholds.timing_tolerance, thresholds.alpha,
+                                        thresholds.max_spread)
+            else:
+                row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
+            if row.verdict in ("unguarded", "~", "unstable") or (row.verdict == "regressed" and "busy machine" in (row.reason or "")):
                 notes.append(f"{scenario}: {name} {row.verdict}: {row.reason}")
             rows.append(row)
     return rows, notes

@@ -57,8 +57,9 @@ def regression_section(comparison: Comparison | Mapping[str, Any] | None) -> lis
         lines += ["", verdict_table(verdicts), "",
                   "Verdicts: **regressed** / **improved** = a significant change beyond the tolerance; ok = within "
                   "it; ~ = beyond it but not significant (the samples overlap); **missing** = the baseline has it, this "
-                  "run did not measure it; unguarded = the sample sizes cannot reach p < alpha, so it cannot fail "
-                  "(baselines/README.md)."]
+                  "run did not measure it; unguarded = the sample sizes cannot reach p < alpha, so it cannot fail; "
+                  "unstable = the baseline's runs (hosts) spread too far apart to gate this metric (its spread is "
+                  "in the reason; compare on one machine with `flashckpt ab`) (baselines/README.md)."]
     return lines
 
 

@@ -1,0 +1,133 @@
+"""Multi-run (host-robust) baselines: the gate judges against the spread between runs, ``unstable`` where that
+spread is too wide, and ``flashckpt pool-baseline`` pools results files into one baseline."""
+
+import json
+
+import pytest
+
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_across_runs, run_spread
+from pytest_flashckpt.cli import main
+from pytest_flashckpt.result import Result, RunRecord
+
+HOST_A = [1.10, 1.11, 1.09, 1.12, 1.10, 1.08, 1.11, 1.09, 1.10, 1.12]
+HOST_B = [v * 1.06 for v in HOST_A]  # the same code on a host where the ratio sits 6% higher
+
+
+def judge(current, runs=(HOST_A, HOST_B), spread=0.10):
+    return judge_across_runs("s::a", "overhead", runs, current, 0.05, 0.01, spread)
+
+
+def test_a_host_inside_the_envelope_passes_where_one_run_would_flag_it():
+    current = [v * 1.09 for v in HOST_A[:5]]  # a third host, 9% above host A: inside B's level + tolerance
+    assert judge(current).verdict == "ok"
+    rows, _ = compare_scenario("s::a", {"metrics": {"overhead": 1.10}, "samples": {"overhead": HOST_A}},
+                               {"overhead": 1.2}, {"overhead": current}, "cpu", Thresholds())
+    assert rows[0].verdict == "regressed"  # the same run against host A's run alone: the false alarm this fixes
+
+
+def test_a_change_beyond_the_highest_run_is_regressed():
+    row = judge([v * 1.06 * 1.10 for v in HOST_A[:5]])  # +10% over the highest host
+    assert row.verdict == "regressed" and row.p_value < 0.01
+    assert "beyond the highest run's median" in row.reason and "spread 6.0%" in row.reason
+
+
+def test_a_drop_below_the_lowest_run_is_improved():
+    assert judge([v * 0.90 for v in HOST_A[:5]]).verdict == "improved"
+
+
+def test_beyond_the_envelope_but_overlapping_is_within_noise():
+    row = judge([1.10, 1.40, 1.15, 1.35, 1.30])
+    assert row.verdict == "~" and row.p_value >= 0.01
+
+
+def test_runs_spread_wider_than_the_limit_are_unstable_and_never_fail():
+    wide = [v * 1.30 for v in HOST_A]
+    row = judge([v * 2 for v in HOST_A[:5]], runs=(HOST_A, wide))
+    assert row.verdict == "unstable" and row.p_value is None
+    assert "spread 30.0%" in row.reason and "flashckpt ab" in row.reason
+    assert run_spread([1.0, 1.3]) == pytest.approx(0.3)
+
+
+def test_too_few_samples_stay_unguarded_before_unstable():
+    row = judge_across_runs("s::a", "overhead", ([1.0], [1.5]), [1.0], 0.05, 0.01, 0.10)
+    assert row.verdict == "unguarded"
+
+
+def test_compare_scenario_uses_the_runs_when_the_entry_has_two():
+    entry = {"metrics": {"overhead": 1.13}, "samples": {"overhead": HOST_A + HOST_B},
+             "runs": [{"label": "a", "samples": {"overhead": HOST_A}}, {"label": "b", "samples": {"overhead": HOST_B}}]}
+    current = [v * 1.09 for v in HOST_A[:5]]
+    rows, _ = compare_scenario("s::a", entry, {"overhead": 1.2}, {"overhead": current}, "cpu", Thresholds())
+    assert rows[0].verdict == "ok"
+    rows, notes = compare_scenario("s::a", entry, {"overhead": 1.2}, {"overhead": current}, "cpu", Thresholds(max_spread=0.02))
+    assert rows[0].verdict == "unstable" and any("unstable" in n for n in notes)
+
+
+def _record(tmp_path, name, overhead, peak=100, profile_id="p1"):
+    r = Result("mini", "a", "measured", {"steps": 1}, probe="cpu")
+    r.metrics = {"peak_bytes": peak, "overhead": overhead[0]}
+    r.samples = {"overhead": overhead}
+    record = RunRecord({"device_type": "cpu"}, profile_id, f"2026-01-0{len(name)}", "abc", "mini", "cpu", "cpu", [r])
+    path = tmp_path / name / "results.json"
+    path.parent.mkdir(parents=True)
+    record.write_json(path)
+    return str(path)
+
+
+def test_pool_baseline_keeps_every_run_apart(tmp_path, capsys):
+    a = _record(tmp_path, "host-a", HOST_A)
+    b = _record(tmp_path, "host-bb", HOST_B)
+    assert main(["pool-baseline", a, b, "--out", str(tmp_path / "baselines")]) == 0
+    data = json.loads((tmp_path / "baselines" / "p1.json").read_text())
+    entry = data["scenarios"]["mini::a"]
+    assert [r["label"] for r in entry["runs"]] == ["host-a", "host-bb"]
+    assert entry["runs"][1]["samples"]["overhead"] == HOST_B
+    assert entry["samples"]["overhead"] == HOST_A + HOST_B and entry["metrics"]["peak_bytes"] == 100
+    assert "1 scenarios pooled from 2 runs" in capsys.readouterr().out
+
+
+def test_pool_baseline_refuses_exact_counts_that_differ_and_other_profiles(tmp_path, capsys):
+    a = _record(tmp_path, "a", HOST_A)
+    b = _record(tmp_path, "bb", HOST_B, peak=101)
+    assert main(["pool-baseline", a, b, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "bb/results.json" in err and "mini::a peak_bytes = 101" in err and "exact count differs" in err
+    c = _record(tmp_path, "ccc", HOST_B, profile_id="p2")
+    assert main(["pool-baseline", a, c, "--out", str(tmp_path)]) == 2
+    assert "profile p2" in capsys.readouterr().err
+    assert main(["pool-baseline", a, "--label", "x", "--label", "y"]) == 2
+    assert "2 --label values for 1 files" in capsys.readouterr().err
+
+
+def test_a_baseline_file_pools_as_a_run_and_a_pooled_file_gives_back_its_runs(tmp_path):
+    from pytest_flashckpt.baselines import Baseline
+
+    one = Baseline("p1", {"device_type": "cpu"}, {"mini::a": {
+        "commit": "old", "updated": "t0", "probe": "cpu", "kernel": None, "rounds": 10,
+        "metrics": {"overhead": 1.1, "peak_bytes": 100}, "samples": {"overhead": HOST_A}}})
+    one.write(tmp_path / "old.json")
+    b = _record(tmp_path, "host-b", HOST_B)
+    assert main(["pool-baseline", str(tmp_path / "old.json"), b, "--out", str(tmp_path / "one")]) == 0
+    assert main(["pool-baseline", str(tmp_path / "one" / "p1.json"), _record(tmp_path, "host-c", HOST_A[:5]),
+                 "--out", str(tmp_path / "two")]) == 0
+    entry = json.loads((tmp_path / "two" / "p1.json").read_text())["scenarios"]["mini::a"]
+    assert [r["label"] for r in entry["runs"]] == ["old", "host-b", "host-c"]
+    assert entry["runs"][0]["samples"]["overhead"] == HOST_A and entry["runs"][0]["commit"] == "old"
+    assert len(entry["samples"]["overhead"]) == 25
+
+
+def test_the_gate_message_counts_unstable_rows_and_they_do_not_fail(tmp_path):
+    from pytest_flashckpt.baselines import Gate
+
+    entry = {"probe": "cpu", "metrics": {"overhead": 1.2}, "samples": {"overhead": HOST_A},
+             "runs": [{"label": "a", "samples": {"overhead": HOST_A}}, {"label": "b", "samples": {"overhead": [v * 1.5 for v in HOST_A]}}]}
+    from pytest_flashckpt.baselines.store import Baseline
+
+    Baseline("p1", {}, {"mini::a": entry}).write(tmp_path / "p1.json")
+    gate = Gate(tmp_path, "p1", Thresholds())
+    r = Result("mini", "a", "measured", {}, probe="cpu")
+    r.metrics, r.samples = {"overhead": 3.0}, {"overhead": [3.0] * 5}
+    rows = gate.judge(r)
+    assert [row.verdict for row in rows] == ["unstable"]
+    assert gate.finish({"mini"}, [r]) == []
+    assert "1 unstable (the baseline's runs spread too far to gate)" in gate.message()
