@@ -60,6 +60,12 @@ class Thresholds:
     # it the metric is ``unstable``. 10% = the step slowdown the gate is sized to catch (benchmarks/gate_power.py):
     # a host at the bottom of a wider envelope could hide a change of that size
     max_spread: float = 0.10
+    # a host-sensitive ratio (``Metric.host_sensitive``: the staged saves' stall_vs_copy) judged against a baseline
+    # whose runs all come from one host: a second machine of the same profile read it far higher with nothing
+    # changed (a faster copy makes the stall's fixed part a larger share; baselines/README.md), so below this change
+    # it is ``unstable``, never a regression. +150% sits above that measured host difference and below what a save
+    # that stops overlapping its copy costs (its stall then becomes the whole copy), so such a regression still fails
+    host_tolerance: float = 1.5
 
 
 def metric_kind(name: str, probe: str | None) -> Kind | None:
@@ -211,6 +217,21 @@ def judge_across_runs(
     return _row(scenario, metric, base_median, cur_median, change, p, "~", floor, why)
 
 
+def _hosts(baseline: dict[str, Any]) -> set[str]:
+    """The hosts (run labels) a baseline entry pools; a one-run entry is one host."""
+    return {str(run.get("label")) for run in baseline.get("runs") or ()} or {"the baseline's host"}
+
+
+def _one_host(row: RegressionVerdict, host_tolerance: float) -> RegressionVerdict:
+    """A host-sensitive ratio against one host's baseline: only a change beyond ``host_tolerance`` can regress."""
+    if row.verdict not in ("regressed", "improved", "~") or row.change is None or abs(row.change) > host_tolerance:
+        return row
+    why = (f"{row.change:+.1%} vs a baseline of one host's runs; this ratio differs between hosts of one profile with "
+           f"nothing changed, so only a change beyond {host_tolerance:+.0%} is judged here: pool a second host's run "
+           "(flashckpt pool-baseline) or compare on one machine (flashckpt ab)")
+    return dataclasses.replace(row, verdict="unstable", reason=why)
+
+
 def baseline_runs(name: str, baseline: dict[str, Any]) -> list[list[float]]:
     """The per-run samples of ``name`` in a multi-run baseline entry (``runs``), or [] for a one-run entry."""
     found = []
@@ -278,6 +299,8 @@ def compare_scenario(
                                         thresholds.max_spread)
             else:
                 row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
+                if vocabulary.METRICS[name].host_sensitive and len(_hosts(baseline)) < 2:
+                    row = _one_host(row, thresholds.host_tolerance)
             if row.verdict in ("unguarded", "~", "unstable") or (row.verdict == "regressed" and "busy machine" in (row.reason or "")):
                 notes.append(f"{scenario}: {name} {row.verdict}: {row.reason}")
             rows.append(row)
