@@ -13,10 +13,12 @@ Three things differ from a single process, and each would make the plain ``cpu``
   op; fine for one measured step) and a freed gather buffer stops counting before the next allocation.
 - **gloo stages every all-gather** in buffers of the gathered size it allocates inside the collective (one on the
   calling thread, one on gloo's worker thread), out of the dispatcher's sight. How long they live depends on when
-  gloo's thread runs, so the CPU allocator's peak moves by 0, 1 or 2 of them from one run to the next: they are not
-  counted. The probe records the largest all-gather output it saw (``largest_allgather_bytes``), which bounds them:
-  on a CPU rank, allocator - probe is between 0 and ``GLOO_ALLGATHER_COPIES`` x that (+ a few 0-dim scalars).
-  NCCL gathers in place, so on a GPU there is nothing to add.
+  gloo's thread runs, so the CPU allocator's peak moves by parts of them from one run to the next (measured on a
+  3-block card at world 2 and 4: 0 to 1.2 x the largest all-gather on a quiet machine, 2.4 x under a load of 16):
+  they are not counted. The probe records the largest all-gather output it saw (``largest_allgather_bytes``),
+  which bounds them: with two all-gathers in flight (the running block's and the prefetched one's) of two copies
+  each, on a CPU rank allocator - probe is between 0 and ``GLOO_STAGING_FACTOR`` (4) x that, plus a few 0-dim
+  scalars. NCCL gathers in place, so on a GPU there is nothing to add.
 
 Reduce-scatter inputs and outputs are ordinary tensors FSDP2 allocates through the dispatcher: counted as usual.
 Checked against the CPU allocator's events (``probes.allocator``) on cards of odd sizes at world 2 and 4 by
@@ -32,7 +34,9 @@ from torch.utils._pytree import tree_flatten
 
 from pytest_flashckpt.probes.cpu import LiveTensorProbe, _LiveStorages
 
-GLOO_ALLGATHER_COPIES = 2  # buffers of an all-gather's output size gloo may hold while it is in flight (measured)
+GLOO_ALLGATHER_COPIES = 2  # buffers of an all-gather's output size gloo holds while it is in flight (measured)
+GLOO_ALLGATHERS_IN_FLIGHT = 2  # FSDP2 issues the next block's all-gather before the current one is consumed
+GLOO_STAGING_FACTOR = GLOO_ALLGATHER_COPIES * GLOO_ALLGATHERS_IN_FLIGHT
 
 
 def _allgather_ops() -> tuple:
