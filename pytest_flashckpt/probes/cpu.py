@@ -64,6 +64,7 @@ class _LiveStorages(TorchDispatchMode):
         self.count_rng_states = device_type == "cpu"
         self.rng_state_bytes = 0  # bytes of every RNG state taken while active (alive or not)
         self._rng_patch: contextlib.ExitStack | None = None
+        self.adopted: list[weakref.ref] = []  # tensors first seen as an op's input: alive before tracking began
         self.live_bytes = 0
         self.peak_bytes = 0
         self._sizes: dict[int, int] = {}  # id(storage object) -> bytes counted
@@ -129,6 +130,8 @@ class _LiveStorages(TorchDispatchMode):
         inputs, _ = tree_flatten((args, kwargs))
         for t in inputs:  # tensors made outside the mode (e.g. by a DataLoader) count from first use
             if isinstance(t, torch.Tensor):
+                if t.device.type == self.device_type and id(t.untyped_storage()) not in self._sizes:
+                    self.adopted.append(weakref.ref(t))
                 self.add(t)
         out = func(*args, **kwargs)
         outputs, _ = tree_flatten(out)
@@ -146,6 +149,7 @@ class LiveTensorProbe:
 
     def __init__(self, device_type: str = "cpu") -> None:
         self.device_type = device_type
+        self._adopted: list[weakref.ref] = []
 
     @contextlib.contextmanager
     def track(self, resident: Iterable[torch.Tensor] = ()) -> Iterator[MemoryReading]:
@@ -159,8 +163,17 @@ class LiveTensorProbe:
         finally:
             self._read(mode, reading)
 
+    def adopted(self) -> list[torch.Tensor]:
+        """Tensors the last tracked region used that were neither resident nor made inside it and are still alive:
+        state that existed before the region (an optimizer's moments not passed as resident, a batch made
+        earlier), which the region counted only from first use. Tracking again with them resident counts them from
+        the start (``fixture.measure`` does, so a step cannot read short of its true peak)."""
+        tensors = [ref() for ref in self._adopted]
+        return [t for t in tensors if t is not None]
+
     def _read(self, mode: _LiveStorages, reading: MemoryReading) -> None:
         """Fill ``reading`` from the mode when tracking ends (a subclass may add ``extra`` entries)."""
+        self._adopted = mode.adopted
         reading.peak_bytes = mode.peak_bytes
         reading.end_bytes = mode.live_bytes
         if mode.rng_state_bytes:

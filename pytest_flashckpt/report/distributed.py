@@ -2,7 +2,8 @@
 
 Step time and save stall/total are the slowest rank's (a data-parallel step waits for it). Peak memory is the
 largest rank's with every rank listed, split into forward + backward (where activation strategies act) and the
-optimizer step (AdamW temporaries on the shards can set the peak; then activation strategies do not move it).
+optimizer step (AdamW on the rank's local shards). Both count what the rank holds: DTensors as their local shards,
+all-gathered parameters while they live (``distributed.memory``).
 Bytes are per rank. Async staged is the host copy ``dcp.async_save`` makes of every rank's state before returning,
 summed over ranks (ranks on one host share its RAM), with the resident-set growth measured around it in brackets.
 The round-trip column counts tensors of the last checkpoint, loaded back into fresh sharded trainers, that differ
