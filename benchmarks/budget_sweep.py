@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "card": config.name, "batch_size": args.batch, "seq_len": args.seq, "backend": args.backend,
         "dropout": config.dropout, "rounds": args.rounds, "costs": args.costs, "torch": torch.__version__, "machine": platform.platform(),
         "measure_costs_s": costs.seconds, "pointwise_weight": costs.pointwise_weight,
+        "pointwise_weight_source": "fixed model, activation.budget.costs.pointwise_weight_for",
         "min_peak_bytes": lowest.predicted_peak, "none_peak_bytes": none_peak, "options": [o.name for o in costs.options],
         "fixed": fixed, "points": points, "targets": targets, "wall_s": time.perf_counter() - start,
         "command": "python benchmarks/budget_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -212,7 +213,7 @@ def markdown(r: dict, png: str) -> str:
         f"Command: `{r['command']}` (torch {r['torch']}, {r['machine']}; {r['rounds']} interleaved timing rounds;"
         f" wall {r['wall_s']:.0f} s). Peaks: exact `cpu` probe on a real training step. Costs measured in"
         f" {r['measure_costs_s']:.1f} s ({len(r['options'])} options x 1 step, {r.get('costs', 'measured')}); pointwise weight"
-        f" {r['pointwise_weight']:.0f} FLOP-equivalents per element (measured).",
+        f" {r['pointwise_weight']:.0f} FLOP-equivalents per element ({r.get('pointwise_weight_source', 'measured')}).",
         "",
         f"Smallest achievable peak: {mib(r['min_peak_bytes'])} MiB; no checkpointing: {mib(r['none_peak_bytes'])} MiB.",
         "",

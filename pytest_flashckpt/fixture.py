@@ -9,12 +9,19 @@ timing rounds against ``reference`` (the same step without the strategy under te
 noise), and optionally ``saves`` timed calls of ``save`` (stall = how long the call blocks; total = until the
 handle it returns, a future or anything with ``wait()``/``result()``, is done). Torch is imported inside
 ``measure``, so merely having the plugin installed stays free.
+
+The peak cannot read short of what the step holds: ``resident`` is read after the warm-up (a fresh optimizer's
+AdamW state, made by the first step, counts), and on the ``cpu`` probe any tensor the step uses that was alive
+before it (not passed as resident: the reference's model and optimizer, a batch) is found and the step measured
+again with it counted from the start. On the ``cuda``/``nvml`` probes, ``reference_resident`` defaults to
+``resident``. ``tests/fixture/test_fixture_true_peak.py`` checks the README pattern on a Hugging Face GPT-2
+against torch's ``MemTracker``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pytest
 
@@ -120,10 +127,13 @@ def measure(
         step()
         if reference is not None:
             reference()
-    reading = peak_pass(step, resident_list, probe_name, dev)
+    resident_list = resident_tensors(resident)  # again, after the warm-up: a fresh optimizer's state exists now
+    reading = _complete_peak_pass(step, resident_list, probe_name, dev)
     out.peak_bytes, out.state_bytes = reading.peak_bytes, reading.start_bytes
     if reference is not None:
-        out.reference_peak_bytes = peak_pass(reference, reference_resident, probe_name, dev).peak_bytes
+        if reference_resident is None and probe_name != "cpu":  # the cpu probe finds them itself (_complete_peak_pass)
+            reference_resident = resident
+        out.reference_peak_bytes = _complete_peak_pass(reference, resident_tensors(reference_resident), probe_name, dev).peak_bytes
         if out.reference_peak_bytes:
             out.memory_saving = 1.0 - out.peak_bytes / out.reference_peak_bytes
     timing = timing_pass(step, reference, rounds, steps, dev)
@@ -136,6 +146,25 @@ def measure(
         out.samples.update(saved.samples())
         out.save_stall_s, out.save_total_s = saved.metrics()["save_stall_s"], saved.metrics()["save_total_s"]
     return out
+
+
+def _complete_peak_pass(step: Callable[[], object], resident: list, probe_name: str, dev):
+    """``runner.passes.peak_pass``, made unable to read short on the exact ``cpu`` probe: tensors the step used that
+    were alive before it but not passed as resident (an optimizer's moments, a batch, a second model) are counted
+    by the probe only from their first use, which can fall after the peak; the probe names them (``adopted``) and
+    the step is measured once more with them resident, so they count from the start as they are held."""
+    from pytest_flashckpt.probes import make_probe
+    from pytest_flashckpt.runner.passes import peak_pass
+
+    if probe_name != "cpu":
+        return peak_pass(step, resident, probe_name, dev)
+    probe = make_probe(probe_name, dev)
+    with probe.track(resident=resident) as reading:
+        step()
+    adopted = probe.adopted()
+    if not adopted:
+        return reading
+    return peak_pass(step, [*resident, *adopted], probe_name, dev)
 
 
 class FlashckptFixture:

@@ -2,7 +2,7 @@
 pytest's collection, which must not import torch).
 
 Accepted: a size (``"6 GiB"``, ``"512MB"``, a whole number of bytes), a fraction in (0, 1] of the no-checkpointing
-peak at the input shape (``0.6``), ``"min"`` (the smallest peak any plan reaches there) or ``"min + 30%"`` (30% of
+peak at the input shape (``0.6``; the string ``"0.6"`` too, as ``flashckpt simulate --budget 0.6`` passes it), ``"min"`` (the smallest peak any plan reaches there) or ``"min + 30%"`` (30% of
 the way from that minimum to the no-checkpointing peak: what a sweep over reachable budgets steps through).
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pytest_flashckpt.units import SIZE_FORMATS, parse_size
 
 _MIN_PLUS = re.compile(r"^\s*min\s*\+\s*([0-9]+(?:\.[0-9]*)?)\s*%\s*$")
+_NUMBER = re.compile(r"^[0-9]+(?:\.[0-9]*)?$|^\.[0-9]+$")  # a bare number, as a command line hands it over
 
 
 def format_bytes(value: int) -> str:
@@ -39,6 +40,8 @@ class BudgetSpec:
         accepted = f"expected {SIZE_FORMATS}; a fraction in (0, 1] of the no-checkpointing peak (0.6); 'min'; or 'min + 30%'"
         if isinstance(value, bool):
             raise ValueError(f"activation.budget: {value!r} is not a budget; {accepted}")
+        if isinstance(value, str) and _NUMBER.match(value.strip()):  # "0.6" means what 0.6 means, not 0.6 bytes
+            value = float(value) if "." in value else int(value)
         if isinstance(value, (int, float)):
             if 0.0 < value <= 1.0:
                 return cls("fraction", float(value))

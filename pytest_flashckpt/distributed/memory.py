@@ -1,19 +1,60 @@
-"""The ``cpu`` memory probe made aware of storages resized in place, which FSDP2 does on every step.
+"""The ``cpu`` memory probe made to count what one FSDP2 rank holds.
 
-FSDP2 frees a block's all-gathered (unsharded) parameters with ``untyped_storage().resize_(0)`` and re-grows the
-same storage for the next all-gather. A storage resize is not an aten op, so the plain ``cpu`` probe never sees the
-shrink and keeps counting every gathered block as live: under FSDP2 it reported the same peak with and without
-activation checkpointing. Here the sizes of the tracked storages are re-read before every op, so a freed gather
-buffer stops counting before the next allocation. Costs one ``nbytes()`` per live storage per op (fine for one
-measured step).
+Three things differ from a single process, and each would make the plain ``cpu`` probe wrong on a rank:
+
+- **Sharded parameters are DTensors.** ``DTensor.untyped_storage()`` is the wrapper's storage, which holds nothing
+  but reports the *global* (unsharded) size. A ``TorchDispatchMode`` sees the DTensors (modes run before the
+  DTensor subclass unwraps them), so the probe counted every AdamW temporary at the unsharded size and put every
+  rank's peak in the optimizer step. Here a DTensor counts as its local shard (``_local_tensor``): what the rank
+  holds.
+- **Gathered parameters are freed in place.** FSDP2 frees a block's all-gathered (unsharded) parameters with
+  ``untyped_storage().resize_(0)`` and re-grows the same storage for the next all-gather. A storage resize is not an
+  aten op, so the sizes of the tracked storages are re-read before every op (one ``nbytes()`` per live storage per
+  op; fine for one measured step) and a freed gather buffer stops counting before the next allocation.
+- **gloo stages every all-gather** in buffers of the gathered size it allocates inside the collective (one on the
+  calling thread, one on gloo's worker thread), out of the dispatcher's sight. How long they live depends on when
+  gloo's thread runs, so the CPU allocator's peak moves by parts of them from one run to the next (measured on a
+  3-block card at world 2 and 4: 0 to 1.2 x the largest all-gather on a quiet machine, 2.4 x under a load of 16):
+  they are not counted. The probe records the largest all-gather output it saw (``largest_allgather_bytes``),
+  which bounds them: with two all-gathers in flight (the running block's and the prefetched one's) of two copies
+  each, on a CPU rank allocator - probe is between 0 and ``GLOO_STAGING_FACTOR`` (4) x that, plus a few 0-dim
+  scalars. NCCL gathers in place, so on a GPU there is nothing to add.
+
+Reduce-scatter inputs and outputs are ordinary tensors FSDP2 allocates through the dispatcher: counted as usual.
+Checked against the CPU allocator's events (``probes.allocator``) on cards of odd sizes at world 2 and 4 by
+``tests/distributed/test_rank_memory.py``.
 """
 
 from __future__ import annotations
 
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_flatten
+
 from pytest_flashckpt.probes.cpu import LiveTensorProbe, _LiveStorages
 
+GLOO_ALLGATHER_COPIES = 2  # buffers of an all-gather's output size gloo holds while it is in flight (measured)
+GLOO_ALLGATHERS_IN_FLIGHT = 2  # FSDP2 issues the next block's all-gather before the current one is consumed
+GLOO_STAGING_FACTOR = GLOO_ALLGATHER_COPIES * GLOO_ALLGATHERS_IN_FLIGHT
 
-class _ResizeAwareStorages(_LiveStorages):
+
+def _allgather_ops() -> tuple:
+    c10d = torch.ops.c10d
+    return tuple(getattr(c10d, name).default for name in ("_allgather_base_", "allgather_into_tensor_coalesced_") if hasattr(c10d, name))
+
+
+class _RankStorages(_LiveStorages):
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__(device_type)
+        self.largest_allgather_bytes = 0
+        self._allgathers = _allgather_ops()
+
+    def add(self, tensor: torch.Tensor) -> None:
+        if isinstance(tensor, DTensor):
+            tensor = tensor._local_tensor
+        super().add(tensor)
+
     def _rescan(self) -> None:
         for key, ref in list(self._refs.items()):
             storage = ref()
@@ -27,10 +68,19 @@ class _ResizeAwareStorages(_LiveStorages):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self._rescan()
+        if func in self._allgathers:
+            outputs = [t for t in tree_flatten(args[0])[0] if isinstance(t, torch.Tensor)]
+            self.largest_allgather_bytes = max(self.largest_allgather_bytes, *(t.untyped_storage().nbytes() for t in outputs))
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 class ShardedLiveTensorProbe(LiveTensorProbe):
-    """Exact live tensor bytes on one rank, FSDP2's in-place storage frees included."""
+    """Exact live tensor bytes on one rank: local shards and gathered parameters while they live. Its reading's
+    ``extra["largest_allgather_bytes"]`` is the largest all-gather output of the region (gloo's staging bound)."""
 
-    mode_class = _ResizeAwareStorages
+    name = "cpu"
+    mode_class = _RankStorages
+
+    def _read(self, mode: _RankStorages, reading) -> None:
+        super()._read(mode, reading)
+        reading.extra["largest_allgather_bytes"] = mode.largest_allgather_bytes

@@ -1,9 +1,12 @@
 """One rank of a distributed scenario: ``python -m pytest_flashckpt.distributed.rank --scenario S.json --out DIR``,
 started by torchrun (``launcher``). Writes ``DIR/rank-<r>.json`` with this rank's measurements:
 
-- ``peak_bytes`` / ``state_bytes``: the memory probe around one training step (this rank's shards, gathered
-  parameters and activations; the ``cpu`` probe counts live tensor bytes exactly, FSDP2's in-place frees
-  included), split into ``fwd_bwd_peak_bytes`` (where activation strategies act) and ``optimizer_peak_bytes``;
+- ``peak_bytes`` / ``state_bytes``: the memory probe around one training step (what this rank holds: local shards
+  of the DTensor parameters, gradients and AdamW state, all-gathered parameters while they live, reduce-scatter
+  buffers and activations; the rank probe ``distributed.memory`` counts live tensor bytes exactly, FSDP2's in-place
+  frees included), split into ``fwd_bwd_peak_bytes`` (where activation strategies act) and
+  ``optimizer_peak_bytes``; ``largest_allgather_bytes`` bounds what gloo's staging adds on a CPU rank
+  (``GLOO_STAGING_FACTOR`` x it, not counted);
 - ``step_time_s``: every timed step (ranks enter each round together, after a barrier);
 - ``saves``: per save this rank's ``stall_s`` (training blocked), ``total_s`` (until committed), ``bytes`` (the
   shard files it wrote), ``staged_bytes`` (the host copy an async save stages: this rank's state) and
@@ -79,6 +82,10 @@ def _memory_step(trainer, probe_name: str, device: torch.device) -> dict[str, in
         "fwd_bwd_peak_bytes": fwd_bwd.peak_bytes,
         "optimizer_peak_bytes": opt.peak_bytes,
         "state_bytes": fwd_bwd.start_bytes,
+        "fwd_bwd_start_bytes": fwd_bwd.start_bytes,
+        "optimizer_start_bytes": opt.start_bytes,
+        # gloo's staging of an in-flight all-gather is not counted (see distributed.memory); this bounds it
+        "largest_allgather_bytes": int(fwd_bwd.extra.get("largest_allgather_bytes", 0)),
     }
 
 

@@ -14,6 +14,13 @@ optimizer's wrapped numbers, e.g. the backward of ``0.5 * x``), which never pass
 ``benchmarks/probe_gap.py`` (``reports/probe-gap.md``; README "What a run does"): a few dozen bytes in tens of MB
 on our GPT and on a Hugging Face GPT-2 step. Counting them would need the profiler's allocator events on every
 memory pass; the gap is small enough to state instead.
+
+One tensor made outside the dispatcher is large and predictable, so it is counted: ``torch.utils.checkpoint`` keeps
+``torch.get_rng_state()`` (the CPU generator's state, 5,056 B on torch 2.x) for every checkpointed block from its
+forward until its recomputation, and takes one more while it recomputes (``fork_rng``). With ``count_rng_states``
+(on for the ``cpu`` device) the probe wraps ``torch.get_rng_state`` while it tracks and counts every state it
+returns like any storage, freed when its last reference goes (``tests/probes/test_rng_states.py`` checks it
+against the profiler's allocator events). The CUDA generator's states are host tensors too, never device memory.
 """
 
 from __future__ import annotations
@@ -29,12 +36,35 @@ from torch.utils._pytree import tree_flatten
 from pytest_flashckpt.probes.base import MemoryReading
 
 
+@contextlib.contextmanager
+def _counting_rng_states(count) -> Iterator[None]:
+    """``torch.get_rng_state`` handing every state it returns to ``count`` (checkpointing looks it up on ``torch`` at
+    each call, so replacing the attribute reaches it)."""
+    original = torch.get_rng_state
+
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        count(state)
+        return state
+
+    torch.get_rng_state = get_rng_state
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original
+
+
 class _LiveStorages(TorchDispatchMode):
-    """Tracks bytes of live storages on one device type."""
+    """Tracks bytes of live storages on one device type (and, with ``count_rng_states``, the CPU RNG states
+    ``torch.get_rng_state`` makes while the mode is active, whatever the device type)."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
         self.device_type = device_type
+        self.count_rng_states = device_type == "cpu"
+        self.rng_state_bytes = 0  # bytes of every RNG state taken while active (alive or not)
+        self._rng_patch: contextlib.ExitStack | None = None
+        self.adopted: list[weakref.ref] = []  # tensors first seen as an op's input: alive before tracking began
         self.live_bytes = 0
         self.peak_bytes = 0
         self._sizes: dict[int, int] = {}  # id(storage object) -> bytes counted
@@ -45,6 +75,28 @@ class _LiveStorages(TorchDispatchMode):
     def add(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != self.device_type:
             return
+        self._count(tensor)
+
+    def add_rng_state(self, state: torch.Tensor) -> None:
+        """An RNG state made outside the dispatcher (a CPU tensor, counted whatever the mode's device type)."""
+        self.rng_state_bytes += state.untyped_storage().nbytes()
+        self._count(state)
+
+    def __enter__(self):
+        if self.count_rng_states:
+            self._rng_patch = contextlib.ExitStack()
+            self._rng_patch.enter_context(_counting_rng_states(self.add_rng_state))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            if self._rng_patch is not None:
+                self._rng_patch.close()
+                self._rng_patch = None
+
+    def _count(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
         key = id(storage)
         nbytes = storage.nbytes()
@@ -78,6 +130,8 @@ class _LiveStorages(TorchDispatchMode):
         inputs, _ = tree_flatten((args, kwargs))
         for t in inputs:  # tensors made outside the mode (e.g. by a DataLoader) count from first use
             if isinstance(t, torch.Tensor):
+                if t.device.type == self.device_type and id(t.untyped_storage()) not in self._sizes:
+                    self.adopted.append(weakref.ref(t))
                 self.add(t)
         out = func(*args, **kwargs)
         outputs, _ = tree_flatten(out)
@@ -95,6 +149,7 @@ class LiveTensorProbe:
 
     def __init__(self, device_type: str = "cpu") -> None:
         self.device_type = device_type
+        self._adopted: list[weakref.ref] = []
 
     @contextlib.contextmanager
     def track(self, resident: Iterable[torch.Tensor] = ()) -> Iterator[MemoryReading]:
@@ -106,8 +161,23 @@ class LiveTensorProbe:
             with mode:
                 yield reading
         finally:
-            reading.peak_bytes = mode.peak_bytes
-            reading.end_bytes = mode.live_bytes
+            self._read(mode, reading)
+
+    def adopted(self) -> list[torch.Tensor]:
+        """Tensors the last tracked region used that were neither resident nor made inside it and are still alive:
+        state that existed before the region (an optimizer's moments not passed as resident, a batch made
+        earlier), which the region counted only from first use. Tracking again with them resident counts them from
+        the start (``fixture.measure`` does, so a step cannot read short of its true peak)."""
+        tensors = [ref() for ref in self._adopted]
+        return [t for t in tensors if t is not None]
+
+    def _read(self, mode: _LiveStorages, reading: MemoryReading) -> None:
+        """Fill ``reading`` from the mode when tracking ends (a subclass may add ``extra`` entries)."""
+        self._adopted = mode.adopted
+        reading.peak_bytes = mode.peak_bytes
+        reading.end_bytes = mode.live_bytes
+        if mode.rng_state_bytes:
+            reading.extra["rng_state_bytes"] = mode.rng_state_bytes
 
 
 class LiveBytes:

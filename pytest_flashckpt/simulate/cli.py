@@ -51,6 +51,13 @@ def run(args: argparse.Namespace) -> int:
         strategy = "budget"
     elif strategy == "budget":
         raise InputError("--strategy budget needs --budget, e.g. --budget '40 GiB', --budget 0.6 or --budget 'min + 30%'")
+    if args.budget is not None:  # read as a suite reads it (a fraction, 'min', 'min + N%', a size), before anything runs
+        from pytest_flashckpt.config.budget import BudgetSpec
+
+        try:
+            BudgetSpec.parse(args.budget)
+        except ValueError as exc:
+            raise InputError(str(exc).replace("activation.budget", "--budget")) from None
     try:
         device_bytes = None if args.device_memory is None else parse_device_memory(args.device_memory)
         from pytest_flashckpt.simulate import simulate_step

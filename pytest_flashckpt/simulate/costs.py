@@ -17,9 +17,9 @@ What is modelled rather than run:
   (FLOP-equivalents per byte, ``measure_transfer_weight`` on a GPU). Without a weight an offload would look free
   to the FLOP objective and win every block, so offload is then left out, with that reason in
   ``PlanCosts.excluded``; asking for it explicitly without a weight is a ValueError.
-- the pointwise weight (FLOP-equivalents of one recomputed pointwise element) is measured on this CPU for a ``cpu``
-  target, as ``MeasuredCosts`` does; for ``cuda`` there is no device to time, so it is 0 unless given: the plan
-  then minimises recomputed matmul FLOPs (``PlanCosts.notes`` says so).
+- the pointwise weight (FLOP-equivalents of one recomputed pointwise element) is the fixed model's for the target
+  (``activation.budget.costs.pointwise_weight_for``), as ``MeasuredCosts`` uses: no timing, so a simulated and a
+  measured plan of the same budget are the same plan (``PlanCosts.notes`` says which weight).
 - FSDP (``world_size`` > 1) is refused: the segment probe has no per-rank view yet (``simulate.probe`` has one for
   whole-step peaks), so a per-rank plan would be wrong, not approximate.
 """
@@ -35,7 +35,8 @@ from pytest_flashckpt.activation.budget.costs import (
     PlanCosts,
     _install_marks,
     _quiet,
-    measure_pointwise_weight,
+    MACHINE_BALANCE,
+    pointwise_weight_for,
     segment_costs,
 )
 from pytest_flashckpt.activation.budget.options import OFFLOAD, BlockOption, default_options
@@ -119,13 +120,12 @@ class SimulatedCosts:
             self._packed = [0] * len(self.forwards)
             for i, forward in enumerate(self.forwards):
                 forward.offload_context = partial(SimulatedOffload, self._packed, i)
-            if pointwise_weight is None and target == "cpu":
-                pointwise_weight = measure_pointwise_weight("cpu", getattr(torch, self.dtype))
-            elif pointwise_weight is None:
+            if pointwise_weight is None:
+                pointwise_weight = pointwise_weight_for(target, getattr(torch, self.dtype))
                 self.notes = (
-                    "pointwise recomputation unweighted (no CUDA device to time it): the plan minimises matmul FLOPs",
+                    f"pointwise recomputation priced at {pointwise_weight:.0f} FLOP-equivalents per element (fixed "
+                    f"model for {target}: 2 x itemsize x {MACHINE_BALANCE[target]:.0f} FLOP/B, not timed)",
                 )
-                pointwise_weight = 0.0
         self.pointwise_weight = pointwise_weight
         self._probe_ref: list = []
         _install_marks(self.model, self._probe_ref)
@@ -162,6 +162,7 @@ class SimulatedCosts:
             costs = segment_costs(
                 self._trainer, self.forwards, self.options, self._probe_ref, batch_size, seq_len,
                 device_type="meta", resident_bytes=self._host_bytes(), pointwise_weight=self.pointwise_weight,
+                rng_states=self.target == "cpu",
                 source="simulated", warm_step=False, optimizer_once=True,
             )
         if OFFLOAD in self.options:
@@ -205,8 +206,9 @@ def cpu_costs_for(model: torch.nn.Module) -> SimulatedCosts | None:
 
 def cuda_costs_for(model: torch.nn.Module) -> SimulatedCosts:
     """The cost source of a ``budget`` run on a GPU: the exact probe needs a CPU, so the model's costs are simulated
-    (same card, dtype and attention kernel, target ``cuda``), with the pointwise and transfer weights timed on the
-    model's GPU (``measure_pointwise_weight``, ``measure_transfer_weight``), so offload is planned too. The plan's
+    (same card, dtype and attention kernel, target ``cuda``), the pointwise weight the fixed model's
+    (``pointwise_weight_for``) and the transfer weight timed on the model's GPU (``measure_transfer_weight``), so
+    offload is planned too (a plan with offload therefore depends on that timing; without offload it does not). The plan's
     peak is then a prediction of the allocator's live bytes (no CUDA context, workspaces or fragmentation)."""
     from pytest_flashckpt.activation.budget.costs import measure_transfer_weight
 
@@ -215,7 +217,5 @@ def cuda_costs_for(model: torch.nn.Module) -> SimulatedCosts:
     if backend not in _KERNEL_OF_BACKEND:
         raise ValueError(f"budget on a GPU: no simulated kernel for attention backend {backend!r}")
     with _quiet():
-        pointwise = measure_pointwise_weight(param.device, param.dtype)
         transfer = measure_transfer_weight(param.device, param.dtype)
-    return SimulatedCosts.shared(model.config, param.dtype, _KERNEL_OF_BACKEND[backend], "cuda",
-                                 pointwise_weight=pointwise, transfer_weight=transfer)
+    return SimulatedCosts.shared(model.config, param.dtype, _KERNEL_OF_BACKEND[backend], "cuda", transfer_weight=transfer)

@@ -14,6 +14,9 @@ optimizer state, gradients once accumulated (FSDP2 reduce-scatters a block's gra
 storages born in the optimizer step (which runs on the local shards) count ``shard_ratio`` of their bytes;
 activations and unsharded gradients in flight count in full. Its peak (``rank_peak``) is found the same way.
 
+Checkpointing's CPU RNG states (``probes.cpu``) are counted when the caller sets ``count_rng_states`` (a CPU
+target; on a GPU they are host memory), categorised like any storage born in that phase.
+
 The snapshot at the peak keeps serials (not storage ids, which Python may reuse after a free), so a tensor that
 became a gradient after the peak is still attributed correctly. The bytes counted are exactly the base probe's.
 """
@@ -53,6 +56,9 @@ class AttributedStorages(_LiveStorages):
     def add(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != self.device_type:
             return
+        self._count(tensor)
+
+    def _count(self, tensor: torch.Tensor) -> None:
         key = id(tensor.untyped_storage())
         if key not in self._serial:
             serial = self._next
@@ -63,7 +69,7 @@ class AttributedStorages(_LiveStorages):
             if self.block is not None:
                 self._block_of[serial] = self.block
         before = self.live_bytes
-        super().add(tensor)
+        super()._count(tensor)
         self._rank_add((self.live_bytes - before) * self._weight[self._serial[key]])
 
     def _rank_add(self, delta: float) -> None:

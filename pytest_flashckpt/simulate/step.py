@@ -165,6 +165,7 @@ def _apply_budget(model, config, dtype, kernel, target, world_size, budget, shap
 def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0) -> tuple[AttributedStorages, int]:
     model, optimizer = trainer.model, trainer.optimizer
     probe = AttributedStorages("meta", shard_ratio)
+    probe.count_rng_states = count_host  # checkpointing's CPU RNG states are device memory only on a CPU
     for p in model.parameters():
         probe.add_resident(p, "parameters")
     host_bytes = 0

@@ -1,6 +1,7 @@
 """The simulated block, the analytic model and Korthikanti's formula, differences accounted to the byte."""
 
 import pytest
+import torch
 
 from pytest_flashckpt.activation import analytic
 from pytest_flashckpt.models.cards import load_card
@@ -20,7 +21,9 @@ def test_analytic_block_bytes_equal_simulated(kernel, target, dtype, backend, st
     config = load_card("tiny")
     sim = simulate_step(config, dtype, 1, 128, kernel, strategy, target=target)
     work = analytic.Workload(1, 128, backend, 4 if dtype == "fp32" else 2, target)
-    assert sim.block_kept_bytes == analytic.estimate(config, work, strategy).block_bytes
+    # a checkpointed block also keeps torch.utils.checkpoint's CPU RNG state, device memory on a CPU target only
+    rng = torch.get_rng_state().untyped_storage().nbytes() if target == "cpu" and strategy != "none" else 0
+    assert sim.block_kept_bytes == tuple(b + rng for b in analytic.estimate(config, work, strategy).block_bytes)
 
 
 def test_analytic_flash_block_misses_only_the_rng_state():

@@ -166,26 +166,27 @@ def test_gpt3_2_7b_budget_scenario_fits_its_budget():
     assert m["budget_predicted_peak_bytes"] == m["simulated_peak_bytes"] <= m["budget_bytes"] == 40 * 2**30
 
 
-def test_a_gpu_run_plans_from_simulated_costs_with_weights_timed_on_its_device(monkeypatch):
+def test_a_gpu_run_plans_from_simulated_costs_with_the_fixed_pointwise_weight_and_a_timed_transfer(monkeypatch):
     """The runner's source for ``budget`` on CUDA (``cuda_costs_for``), on a meta stand-in for the GPU model: the
-    card, dtype and kernel are the model's, offload is planned (priced by the timed transfer weight); without a
-    source, a non-CPU model is refused with the way to get one."""
+    card, dtype and kernel are the model's, the pointwise weight is the fixed model's (no timing), offload is
+    planned (priced by the transfer weight timed on the GPU); without a source, a non-CPU model is refused with the
+    way to get one."""
     from pytest_flashckpt.activation import StrategyUnavailable, apply_ac
     from pytest_flashckpt.activation.budget import costs as budget_costs
     from pytest_flashckpt.simulate import costs as simulated_costs
 
     timed = []
-    monkeypatch.setattr(simulated_costs, "measure_pointwise_weight", lambda device, dtype: timed.append(("pointwise", device.type)) or 3.0)
     monkeypatch.setattr(budget_costs, "measure_transfer_weight", lambda device, dtype: timed.append(("transfer", device.type)) or 0.5)
     model = build_model(micro(), "sdpa", "meta", torch.bfloat16)
     source = simulated_costs.cuda_costs_for(model)
-    assert timed == [("pointwise", "meta"), ("transfer", "meta")]
-    assert (source.kernel, source.target, source.dtype, source.pointwise_weight, source.transfer_weight) == ("sdpa", "cuda", "bfloat16", 3.0, 0.5)
+    assert timed == [("transfer", "meta")]
+    pointwise = budget_costs.pointwise_weight_for("cuda", torch.bfloat16)
+    assert (source.kernel, source.target, source.dtype, source.pointwise_weight, source.transfer_weight) == ("sdpa", "cuda", "bfloat16", pointwise, 0.5)
     costs = source.costs(2, 32)
     assert OFFLOAD in costs.options and not costs.excluded and costs.transfer_weight == 0.5
     offload = costs.option_index(OFFLOAD)
     assert costs.transfer[0][offload] > 0 and costs.flops[0][offload] == 0
-    assert costs.cost(0, offload) == 3.0 * costs.pointwise[0][offload] + 0.5 * costs.transfer[0][offload]
+    assert costs.cost(0, offload) == pointwise * costs.pointwise[0][offload] + 0.5 * costs.transfer[0][offload]
     with pytest.raises(StrategyUnavailable, match="SimulatedCosts"):
         apply_ac(model, ActivationConfig(strategy="budget", budget="min"), shape=(2, 32))
     applied = apply_ac(build_model(micro(), "sdpa", "meta", torch.bfloat16), ActivationConfig(strategy="budget", budget="min"),

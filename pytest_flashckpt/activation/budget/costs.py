@@ -55,7 +55,7 @@ class PlanCosts:
     pointwise: list[list[int]]  # [block][option] extra pointwise elements
     before: int  # peak before the first block (embeddings' forward), bytes
     measured_peaks: dict[str, int] = field(default_factory=dict)  # option name -> measured uniform-plan peak
-    pointwise_weight: float = 0.0  # FLOP-equivalents of one recomputed pointwise element
+    pointwise_weight: float = 0.0  # FLOP-equivalents of one recomputed pointwise element (fixed: ``pointwise_weight_for``)
     transfer: list[list[int]] = field(default_factory=list)  # [block][option] bytes moved to host and back
     transfer_weight: float = 0.0  # FLOP-equivalents of one byte moved between device and host
     source: str = "measured"  # measured | simulated
@@ -71,7 +71,8 @@ class PlanCosts:
         return self.options.index(option)
 
     def cost(self, i: int, o: int) -> float:
-        """The objective: recomputed FLOPs plus pointwise elements and offloaded bytes at their measured weights."""
+        """The objective: recomputed FLOPs plus pointwise elements and offloaded bytes at their weights (the pointwise
+        one a fixed model, so the same costs give the same plan on every run)."""
         moved = self.transfer_weight * self.transfer[i][o] if self.transfer else 0.0
         return self.flops[i][o] + self.pointwise_weight * self.pointwise[i][o] + moved
 
@@ -113,8 +114,8 @@ class _Segments(_LiveStorages):
         self.pointwise_elements = 0
         self.marks: dict[str, tuple[int, int, int, int]] = {}  # label -> (live, peak since last mark, flops, pointwise)
 
-    def add(self, tensor: torch.Tensor) -> None:
-        super().add(tensor)
+    def _count(self, tensor: torch.Tensor) -> None:  # every counted storage, checkpointing's RNG states included
+        super()._count(tensor)
         self.segment_peak = max(self.segment_peak, self.live_bytes)
 
     def mark(self, label: str) -> None:
@@ -196,12 +197,15 @@ def _forward_backward(trainer: Trainer, mark) -> None:
 
 
 def _segment_step(
-    trainer: Trainer, n_blocks: int, probe_ref: list, device_type: str = "cpu", optimizer: _OptimizerSegment | None = None
+    trainer: Trainer, n_blocks: int, probe_ref: list, device_type: str = "cpu", optimizer: _OptimizerSegment | None = None,
+    rng_states: bool | None = None,
 ) -> tuple[_Uniform, _OptimizerSegment] | None:
     """One step under the segment probe, read per block. With ``optimizer`` (measured by an earlier step) the step
     stops after the backward pass and the optimizer segment is taken from it; None if the live bytes at the
     optimizer step differ from that step's (then the caller measures the whole step)."""
     probe = _Segments(device_type)
+    if rng_states is not None:
+        probe.count_rng_states = rng_states
     for tensor in trainer.state_tensors():
         probe.add(tensor)
     probe.segment_peak = probe.live_bytes
@@ -247,10 +251,32 @@ def _segment_step(
     return _Uniform(peak, m["f0"][1], kept, reach, flops, pointwise), optimizer
 
 
+MACHINE_BALANCE = {"cpu": 16.0, "cuda": 256.0}  # FLOP per byte of memory traffic at which a matmul and a streaming
+# op take equal time: order of magnitude of a few-core x86 CPU (~100 GFLOP/s over ~6-20 GB/s) and of a data-centre
+# GPU (A100 bf16 312 TFLOP/s / 2.0 TB/s = 156, H100 989 / 3.35 = 295). Fixed so plans are reproducible (below).
+
+
+def pointwise_weight_for(device_type: str, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP-equivalents of one recomputed pointwise output element on ``device_type``: a fixed model, not a timing.
+
+    A pointwise op reads an element and writes one (``2 x itemsize`` bytes) and is bound by memory bandwidth; a
+    matmul is bound by arithmetic; so one element costs the time of ``2 x itemsize x MACHINE_BALANCE`` matmul
+    FLOPs (float32 on a CPU: 128). It used to be timed at run time (a GeLU over a matmul, median of 5), which on a
+    loaded 2-core machine ranged from 3 to 4,999 over 15 calls: the same budget then gave different plans from run
+    to run and between a real run and its simulation. The weight only orders options whose recomputed FLOPs tie
+    or nearly tie (``selective_op`` recomputes pointwise work only), so its order of magnitude is what matters;
+    pass ``pointwise_weight=`` to a cost source to plan with another one (e.g. ``measure_pointwise_weight``)."""
+    device_type = torch.device(device_type).type
+    if device_type not in MACHINE_BALANCE:
+        raise ValueError(f"no machine balance for device type {device_type!r}; known: {', '.join(MACHINE_BALANCE)}")
+    itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
+    return 2 * itemsize * MACHINE_BALANCE[device_type]
+
+
 def measure_pointwise_weight(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> float:
-    """FLOP-equivalents of one pointwise output element on this device: the time per element of a GeLU over the
-    time per FLOP of a matmul, both measured now (median of 5). Recomputing a pointwise op costs memory traffic,
-    which FlopCounterMode does not count; this weight puts it on the same scale as matmul FLOPs."""
+    """The pointwise weight timed on this device now: the time per element of a GeLU over the time per FLOP of a
+    matmul (median of 5). A calibration tool, not the planner's default (``pointwise_weight_for``): it moves with the
+    machine's load from run to run."""
     n = 512
     a = torch.randn(n, n, device=device, dtype=dtype)
     x = torch.randn(4 * n * n, device=device, dtype=dtype)
@@ -323,7 +349,7 @@ class MeasuredCosts:
             from pytest_flashckpt.activation.budget.runtime import install_planned_forwards
 
             self.forwards = install_planned_forwards(self.model, private_blocks, anatomy if private_blocks is not None else None)
-            self.pointwise_weight = pointwise_weight if pointwise_weight is not None else measure_pointwise_weight(self.device, param.dtype)
+            self.pointwise_weight = pointwise_weight if pointwise_weight is not None else pointwise_weight_for(self.device.type, param.dtype)
         self._trainer: Trainer | None = None
         self._probe_ref: list = []
         self._cache: dict[tuple[int, int], PlanCosts] = {}
@@ -389,7 +415,7 @@ def _private_copy(model: nn.Module, blocks) -> tuple[nn.Module, list | None]:
 def segment_costs(
     trainer: Trainer, forwards: list, options: tuple[BlockOption, ...], probe_ref: list, batch_size: int, seq_len: int,
     *, device_type: str = "cpu", resident_bytes: int = 0, pointwise_weight: float = 0.0, source: str = "measured",
-    warm_step: bool = True, optimizer_once: bool = False,
+    warm_step: bool = True, optimizer_once: bool = False, rng_states: bool | None = None,
 ) -> PlanCosts:
     """``PlanCosts`` of ``trainer``'s model (its blocks' ``forwards`` switchable, marks installed by
     ``_install_marks(model, probe_ref)``) at one shape: one warm step with no checkpointing (AdamW state exists,
@@ -398,7 +424,9 @@ def segment_costs(
     ``optimizer_once`` runs the optimizer step in the first option's step only (``_OptimizerSegment``: it is the
     same for every plan), which halves a ``meta`` step of a per-tensor AdamW (a CPU target).
     ``resident_bytes``: memory alive through the whole step that the probe cannot see (a ``cpu`` prediction made
-    on ``meta``: AdamW's host step counters), added to every absolute number (``reach``, ``before``, peaks)."""
+    on ``meta``: AdamW's host step counters), added to every absolute number (``reach``, ``before``, peaks).
+    ``rng_states``: count checkpointing's CPU RNG states (``probes.cpu``; default: on for a ``cpu`` probe), which
+    a ``meta`` probe predicting a CPU needs to be told."""
     start = time.perf_counter()
     trainer.batch_size, trainer.seq_len = batch_size, seq_len
     n = len(forwards)
@@ -408,9 +436,9 @@ def segment_costs(
     steps, optimizer = {}, None
     for option in options:
         _set(forwards, option)
-        measured = _segment_step(trainer, n, probe_ref, device_type, optimizer if optimizer_once else None)
+        measured = _segment_step(trainer, n, probe_ref, device_type, optimizer if optimizer_once else None, rng_states)
         if measured is None:  # the optimizer step would start from other live bytes: measure it in this step too
-            measured = _segment_step(trainer, n, probe_ref, device_type)
+            measured = _segment_step(trainer, n, probe_ref, device_type, rng_states=rng_states)
         steps[option], optimizer = measured[0], optimizer or measured[1]
     _set(forwards, NONE)
     none = steps[NONE]
