@@ -234,10 +234,11 @@ def _apply_selective(model: nn.Module, config: ActivationConfig, blocks: list, a
 
     model.register_forward_pre_hook(before)
     model.register_forward_hook(after)
-    where = _block_names(model, blocks, anatomy)
+    where = _block_names(model, blocks)
     return _wrap(blocks, range(len(blocks)), applied, lambda i: partial(policy.context_fn, where[i]))
 
 
-def _block_names(model: nn.Module, blocks: list, anatomy: ModelAnatomy | None) -> list[str]:
+def _block_names(model: nn.Module, blocks: list) -> list[str]:
+    """Each block's dotted name in the model (``blocks.3``, ``model.layers.3``), for errors."""
     by_id = {id(m): name for name, m in model.named_modules()}
     return [by_id.get(id(b), f"block {i}") for i, b in enumerate(blocks)]

@@ -1,6 +1,7 @@
 """Activation strategies: what each saves and what it costs, with the spread over rounds, the FLOP ratio (an
 independent check on the recompute: one extra forward ~ +33%), and the analytic estimate where the runner
-recorded one (metrics named ``analytic_*``)."""
+recorded one (metrics named ``analytic_*``; a family without an analytic model shows "—"). The model column
+names the card, so each row's family (GPT's ``tiny``, ``llama-tiny``) is on the row."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pytest_flashckpt.report.tables import Footnotes, table
 from pytest_flashckpt.result import Result
 
 HEADERS = [
-    "scenario", "strategy", "precision", "kernel", "seq", "peak memory", "reference peak", "memory saving",
+    "scenario", "model", "strategy", "precision", "kernel", "seq", "peak memory", "reference peak", "memory saving",
     "overhead (min-max)", "FLOP ratio", "analytic estimate",
 ]
 
@@ -26,7 +27,7 @@ def analytic(r: Result) -> str:
 
 
 def _row(r: Result, notes: Footnotes) -> list[str]:
-    head = [f"`{r.id}`", select.describe_activation(r), select.precision(r)]
+    head = [f"`{r.id}`", select.card(r), select.describe_activation(r), select.precision(r)]
     if r.status != "measured":
         return [*head, notes.skipped(r.status, r.reason), str(r.config.get("seq_len", MISSING)), *[MISSING] * 6]
     m = r.metrics

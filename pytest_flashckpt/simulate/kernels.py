@@ -4,6 +4,14 @@ On ``meta``, ``F.scaled_dot_product_attention`` takes its math path (it material
 is not what a GPU or a CPU runs; so the simulated model calls the kernel's aten op explicitly (see
 ``models.attention.EXPLICIT_OPS``) and saves exactly what that kernel saves for backward. The CUDA ops are only
 ever run on ``meta`` here: a fake-CUDA flash-attention op aborts the process.
+
+Grouped-query attention (Llama's ``n_kv_head``): the flash ops' meta functions take k and v with fewer heads than
+q, forward and backward (gradients of k/v keep the KV heads), as FlashAttention-2 and the flash-attn package do on
+a GPU, so a simulated flash step keeps k/v at their grouped size. The mem-efficient op's meta backward refuses
+grouped heads (it returns gradients with the query heads), and SDPA in float32 on CUDA would pick that kernel, so
+those paths get k/v repeated to every query head (``models.attention.repeat_kv``) on meta and on a GPU alike.
+Checked on meta only (torch 2.13, no GPU in that session): whether the real CUDA flash op accepts GQA is
+FlashAttention-2's documented behaviour, not a measurement of ours.
 """
 
 from __future__ import annotations

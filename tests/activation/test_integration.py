@@ -19,7 +19,10 @@ def test_activation_suite_loads_with_every_strategy_backend_and_length():
     combos = {(s.activation.strategy, s.attention, s.seq_len) for s in suite.scenarios}
     strategies = ("none", "full", "every_k", "selective_op", "offload")
     assert combos == {(st, "sdpa", t) for st in strategies for t in (256, 512)}  # eager sweeps: the `full` suite
-    assert all(s.card == "tiny" and s.measure == ("memory", "timing", "flops") for s in suite.scenarios)
+    assert all(s.measure == ("memory", "timing", "flops") for s in suite.scenarios)
+    assert {s.card for s in suite.scenarios} == {"tiny", "llama-tiny"}  # both families (issue 20)
+    llama = {(s.activation.strategy, s.seq_len) for s in suite.scenarios if s.card == "llama-tiny"}
+    assert llama == {("none", 256), ("full", 256), ("selective_op", 256)}
     article = [s for s in suite.scenarios if s.article]
     assert [(s.name, s.article, s.activation.strategy) for s in article] == [
         ("full-sdpa-s256", "gradient_checkpointing", "full"), ("full-sdpa-s512", "gradient_checkpointing", "full"),

@@ -55,3 +55,16 @@ def test_llama_blocks_keep_their_bytes_and_no_gpt_formula_is_applied():
     assert not analytic.supports(card)
     with pytest.raises(ValueError, match="covers the GPT family only"):
         analytic.estimate(card, analytic.Workload(1, 64))
+
+
+@pytest.mark.slow
+def test_will_llama3_8b_fit_at_8k_tokens_on_80_gib():
+    """The question the issue brings: one GPU, batch 1 x 8192, bf16, CUDA flash kernel with 8 KV heads. Without
+    checkpointing the step does not fit 80 GiB; with full checkpointing it does (the optimizer step peaks)."""
+    gib80 = 80 * 2**30
+    none = simulate_step("llama3-8b", "bf16", 1, 8192, "flash", "none")
+    full = simulate_step("llama3-8b", "bf16", 1, 8192, "flash", "full")
+    assert none.peak_bytes > gib80 > full.peak_bytes
+    assert full.peak_phase == "optimizer"
+    params = load_card("llama3-8b").num_params() * 2
+    assert full.breakdown["parameters"] == params and full.breakdown["optimizer_state"] == 2 * params
