@@ -51,7 +51,8 @@ def test_llama_blocks_keep_their_bytes_and_no_gpt_formula_is_applied():
     sim = simulate_step("llama-tiny", "float32", 1, 64, "sdpa", "full", target="cpu")
     card = load_card("llama-tiny")
     assert len(sim.block_kept_bytes) == card.n_layer
-    assert set(sim.block_kept_bytes) == {64 * card.n_embd * 4}  # full: each block keeps only its input
+    rng = torch.get_rng_state().untyped_storage().nbytes()  # the CPU RNG state checkpointing keeps (counted on a cpu target)
+    assert set(sim.block_kept_bytes) == {64 * card.n_embd * 4 + rng}  # full: each block keeps only its input
     assert not analytic.supports(card)
     with pytest.raises(ValueError, match="covers the GPT family only"):
         analytic.estimate(card, analytic.Workload(1, 64))
