@@ -127,6 +127,7 @@ _TABLE = (
     Metric("peak_bytes_min_rank", "B", "info", "the smallest rank's peak (peak_bytes is the largest)", fmt="mib"),
     Metric("fwd_bwd_peak_bytes", "B", "memory", "largest rank's peak during forward and backward (FSDP2)", fmt="mib"),
     Metric("optimizer_peak_bytes", "B", "memory", "largest rank's peak during the optimizer step on the shards", fmt="mib"),
+    Metric("rng_state_bytes", "B", "info", "bytes of the CPU RNG states torch.utils.checkpoint took during the measured step (alive or not; the live ones are in peak_bytes)", fmt="mib"),
     Metric("largest_allgather_bytes", "B", "info", "largest FSDP2 all-gather a rank made (gloo's uncounted staging: up to 4 of it)", fmt="mib"),
     Metric("async_staged_bytes", "B", "info", "host bytes staged by async sharded saves, all ranks", fmt="mib"),
     Metric("async_rss_added_bytes", "B", "info", "resident memory an async sharded save added, all ranks", fmt="mib"),
