@@ -105,4 +105,5 @@ def test_a_real_ab_job_runs_both_trees_and_judges_an_injected_slowdown(tmp_path)
     row = next(line for line in text.splitlines() if "| overhead" in line)
     change = float(row.split("|")[5].strip().rstrip("%"))
     assert change > 10, row
-    assert proc.returncode == (1 if "| regressed" in row else 0), proc.stdout[-2000:] + proc.stderr[-2000:]
+    verdict = row.split("|")[8].strip().strip("*")
+    assert proc.returncode == (1 if verdict == "regressed" else 0), proc.stdout[-2000:] + proc.stderr[-2000:]
