@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from hypothesis import HealthCheck, settings
 
@@ -17,9 +16,5 @@ settings.load_profile(os.environ.get("FLASHCKPT_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """The proof models are tiny: one intra-op thread is faster and steadier on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """The proof models are tiny: every checkpoint test runs on one intra-op thread (tests/conftest.py)."""

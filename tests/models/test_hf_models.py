@@ -21,13 +21,7 @@ transformers = pytest.importorskip("transformers", reason="Hugging Face models n
 from pytest_flashckpt.models.anatomy import check_block, get_anatomy, get_blocks  # noqa: E402
 from pytest_flashckpt.models.hf import build_hf_model  # noqa: E402
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is faster and steadier on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32}
