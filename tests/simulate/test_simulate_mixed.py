@@ -88,6 +88,22 @@ def test_mixed_eager_and_dropout_simulated_equals_measured(kernel, dropout, stra
     assert sim.peak_bytes == reading.peak_bytes
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["full", "selective_op"])
+@pytest.mark.xfail(strict=True, reason="pure bf16 with dropout on a CPU: a few KB short (measured 3,224 B full, 5,056 B "
+                   "selective_op on the odd card); fp32 with dropout and bf16 without dropout are exact")
+def test_pure_bf16_with_dropout_is_a_stated_gap(strategy):
+    card = dataclasses.replace(ODD, dropout=0.1)
+    model = build_model(card, "sdpa", "cpu", torch.bfloat16)
+    apply_ac(model, ActivationConfig(strategy=strategy))
+    trainer = Trainer.create(model, 1, 256)
+    trainer.train_step()
+    with LiveTensorProbe().track(trainer.state_tensors()) as reading:
+        trainer.train_step()
+    sim = simulate_step(card, "bf16", 1, 256, "sdpa", strategy, target="cpu", precision="pure")
+    assert sim.peak_bytes == reading.peak_bytes
+
+
 def test_bf16_cpu_layer_norm_difference_without_the_cpu_dtypes(monkeypatch):
     """Without the CPU kernels' dtypes the simulation over-counts the LayerNorm statistics alive at the peak (issue
     21 measured +3.8 to +26.9 KB); with them it is exact (above). The difference is a whole number of LayerNorms'
