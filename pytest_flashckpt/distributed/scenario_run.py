@@ -42,9 +42,7 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
     launch = launch_from_env(scenario.world_size)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=f"{device} x{scenario.world_size} ({backend})", probe=probe)
-    folder = work_folder(workdir, "dist")  # locked while it lives: a killed run's is removed by the next run
-    work = folder.__enter__()
-    try:
+    with work_folder(workdir, "dist") as work:  # locked while it lives: a killed run's is removed by the next run
         spec = work / "scenario.json"
         spec.write_text(json.dumps(to_plain(scenario)), encoding="utf-8")
         args = ["--scenario", str(spec), "--out", str(work), "--checkpoints", str(work / "checkpoints"), "--probe", probe]
@@ -65,5 +63,3 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
             return result
         aggregate(result, records)
         return result
-    finally:
-        folder.__exit__(None, None, None)  # removes the folder

@@ -252,9 +252,7 @@ def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, referen
 def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
 
-    work = work_folder(ctx.workdir, "ckpt")  # locked while it lives: a killed run's is removed by the next run
-    root = work.__enter__()
-    try:
+    with work_folder(ctx.workdir, "ckpt") as root:  # locked while it lives: a killed run's is removed by the next run
         peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
         measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak,
@@ -292,5 +290,3 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
             if ref.get("time_lost_s") and "time_lost_s" in metrics:  # measured unless time_lost_rounds: 0
                 metrics["reference_time_lost_s"] = ref["time_lost_s"]
                 metrics["time_lost_vs_sync"] = metrics["time_lost_s"] / ref["time_lost_s"]
-    finally:
-        work.__exit__(None, None, None)  # removes the folder
