@@ -20,7 +20,6 @@ which puts it a little under the textbook 4/3.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from pytest_flashckpt.models.gpt import GPTConfig
+from pytest_flashckpt.models.step_flops import step_matmul_flops
 from pytest_flashckpt.training import Trainer, make_batch
 
 _aten = torch.ops.aten
@@ -175,19 +175,6 @@ def expected_matmul_flops(
     """
     B, T, C, V, L = batch_size, seq_len, config.n_embd, config.vocab_size, config.n_layer
     linear_widths = (3 * C * C, C * C, 4 * C * C, 4 * C * C)  # c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
-    linear_fwd = 2 * B * T * sum(linear_widths)
-    attn_fwd = 4 * B * T * T * C
-    block_fwd = linear_fwd + attn_fwd
-    block_bwd = 2 * linear_fwd + (attn_fwd * 5 // 2 if fused_attention else 2 * attn_fwd)
-    head_fwd = 2 * B * T * C * V
-    total = L * (block_fwd + block_bwd) + 3 * head_fwd
-    replay = block_fwd if dropout > 0 else block_fwd - 2 * B * T * linear_widths[3]
-    if strategy == "full":
-        total += L * replay
-    elif strategy == "every_k":
-        total += math.ceil(L / k) * replay
-    elif strategy == "selective_op":
-        total += L * sum(2 * B * T * linear_widths[i] for i in recompute_linears)
-    elif strategy not in ("none", "offload"):
-        raise ValueError(f"unknown activation strategy {strategy!r}")
-    return total
+    return step_matmul_flops(B, T, C, V, L, linear_widths, fused_attention=fused_attention, strategy=strategy, k=k,
+                             replay_skips=0 if dropout > 0 else linear_widths[3],
+                             recomputed=[linear_widths[i] for i in recompute_linears])

@@ -12,9 +12,8 @@ recomputes only the ``o`` projection (``activation.selective.DEFAULT_RECOMPUTE_R
 
 from __future__ import annotations
 
-import math
-
 from pytest_flashckpt.config.model_card import LlamaConfig
+from pytest_flashckpt.models.step_flops import step_matmul_flops
 
 
 def expected_matmul_flops(
@@ -24,19 +23,5 @@ def expected_matmul_flops(
     B, T, C, V, L = batch_size, seq_len, config.n_embd, config.vocab_size, config.n_layer
     kv, inner = config.kv_dim, config.intermediate_size
     widths = {"q": C * C, "k": C * kv, "v": C * kv, "o": C * C, "gate": C * inner, "up": C * inner, "down": inner * C}
-    linear_fwd = 2 * B * T * sum(widths.values())
-    attn_fwd = 4 * B * T * T * C
-    block_fwd = linear_fwd + attn_fwd
-    block_bwd = 2 * linear_fwd + (attn_fwd * 5 // 2 if fused_attention else 2 * attn_fwd)
-    head_fwd = 2 * B * T * C * V
-    total = L * (block_fwd + block_bwd) + 3 * head_fwd
-    replay = block_fwd - 2 * B * T * widths["down"]
-    if strategy == "full":
-        total += L * replay
-    elif strategy == "every_k":
-        total += math.ceil(L / k) * replay
-    elif strategy == "selective_op":
-        total += L * sum(2 * B * T * widths[role] for role in recompute_roles)
-    elif strategy not in ("none", "offload"):
-        raise ValueError(f"unknown activation strategy {strategy!r}")
-    return total
+    return step_matmul_flops(B, T, C, V, L, widths.values(), fused_attention=fused_attention, strategy=strategy, k=k,
+                             replay_skips=widths["down"], recomputed=[widths[role] for role in recompute_roles])
