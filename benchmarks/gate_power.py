@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 BASELINE_ROUNDS = 20  # = baselines/README.md's recipe
 BASELINE_SAVES = 12
-STALL = "stall_vs_copy"  # the gated stall ratio (pytest_flashckpt/metrics.py)
+STALL = "stall_vs_copy"  # the gated stall ratio (pytest_flashckpt/core/metrics.py)
 
 
 # -- binomial confidence intervals (95%) -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
 from pytest_flashckpt.baselines.store import Baseline
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("regressed", "improved", "~", "unstable", "unguarded", "ok")

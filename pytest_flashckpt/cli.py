@@ -28,7 +28,7 @@ from typing import Sequence
 
 from pytest_flashckpt.config.errors import InputError  # shared with the simulate command
 from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
-from pytest_flashckpt.result import SCHEMA_VERSION, RunRecord
+from pytest_flashckpt.core.result import SCHEMA_VERSION, RunRecord
 
 USAGE_ERROR = 2
 
@@ -143,7 +143,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_claims(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.claims import CLAIMS
+    from pytest_flashckpt.core.claims import CLAIMS
 
     for claim in CLAIMS.values():
         print(f"{claim.id}: {claim.title} -- {claim.strategy}")

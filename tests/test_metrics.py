@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_flashckpt import metrics
+from pytest_flashckpt.core import metrics
 from pytest_flashckpt.baselines.regression_verdicts import metric_kind
-from pytest_flashckpt.budgets import SPECS
+from pytest_flashckpt.plugin.marker_budgets import SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_recorded_metric_is_in_the_vocabulary():
     """The sample run committed with the repository (reports/sample/results.json): a producer that adds a metric without
-    its row in pytest_flashckpt/metrics.py fails here."""
+    its row in pytest_flashckpt/core/metrics.py fails here."""
     record = json.loads((ROOT / "reports" / "sample" / "results.json").read_text(encoding="utf-8"))
     recorded = {name for r in record["results"] for name in r["metrics"]}
     assert recorded, "the sample results file has no metrics"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pytest_flashckpt.ab.trees import Tree
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 
 class RoundError(RuntimeError):

@@ -14,14 +14,14 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from pytest_flashckpt import metrics as vocabulary
+from pytest_flashckpt.core import metrics as vocabulary
 from pytest_flashckpt.ab.rounds import Rounds
 from pytest_flashckpt.ab.trees import Tree
 from pytest_flashckpt.baselines.regression_verdicts import (
     Thresholds, judge_exact, judge_sampled, judge_tolerance, metric_kind, missing_scenario,
 )
 from pytest_flashckpt.baselines.stats import smallest_p
-from pytest_flashckpt.comparison import RegressionVerdict
+from pytest_flashckpt.core.comparison import RegressionVerdict
 from pytest_flashckpt.report.regression import verdict_table
 
 

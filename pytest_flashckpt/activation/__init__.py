@@ -34,11 +34,11 @@ from torch.utils.checkpoint import checkpoint
 from pytest_flashckpt.activation.selective import DEFAULT_RECOMPUTE_ROLES, DEFAULT_SAVE_OPS, SavePolicy, default_save_ops
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import ModelAnatomy, check_block, get_anatomy, get_blocks, role_hooks
-from pytest_flashckpt.registry import ACTIVATION_STRATEGIES
+from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES
 
 __all__ = ["DEFAULT_SAVE_OPS", "AppliedActivation", "StrategyUnavailable", "apply_ac", "resolve_blocks"]
 
-STRATEGIES = tuple(ACTIVATION_STRATEGIES)  # names and descriptions: pytest_flashckpt.registry
+STRATEGIES = tuple(ACTIVATION_STRATEGIES)  # names and descriptions: pytest_flashckpt.core.registry
 
 
 class StrategyUnavailable(RuntimeError):

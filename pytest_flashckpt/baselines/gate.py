@@ -17,10 +17,10 @@ from pathlib import Path
 
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario
-from pytest_flashckpt.comparison import Comparison, RegressionVerdict
-from pytest_flashckpt.files import shown_path
-from pytest_flashckpt.numbers import raw as fmt, relative_change as fmt_change
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict
+from pytest_flashckpt.core.files import shown_path
+from pytest_flashckpt.core.numbers import raw as fmt, relative_change as fmt_change
+from pytest_flashckpt.core.result import Result
 
 
 class Gate:

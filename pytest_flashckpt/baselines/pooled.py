@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from pytest_flashckpt import metrics as vocabulary
+from pytest_flashckpt.core import metrics as vocabulary
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, entry
-from pytest_flashckpt.registry import is_exact_probe
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.registry import is_exact_probe
+from pytest_flashckpt.core.result import RunRecord
 
 
 @dataclass(frozen=True)

@@ -37,15 +37,15 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from pytest_flashckpt import metrics as vocabulary
+from pytest_flashckpt.core import metrics as vocabulary
 from pytest_flashckpt.baselines.stats import mann_whitney_greater, smallest_p
-from pytest_flashckpt.comparison import RegressionVerdict, VerdictWord
-from pytest_flashckpt.registry import is_exact_probe
+from pytest_flashckpt.core.comparison import RegressionVerdict, VerdictWord
+from pytest_flashckpt.core.registry import is_exact_probe
 
 Verdict = VerdictWord
 Kind = Literal["exact", "memory", "ratio", "time"]
 
-# which metrics are gated, their kind and exact slack come from the vocabulary (pytest_flashckpt.metrics)
+# which metrics are gated, their kind and exact slack come from the vocabulary (pytest_flashckpt.core.metrics)
 GUARDED = vocabulary.GATED
 SAMPLED = vocabulary.SAMPLED  # ratios and times: judged on per-round samples, stored with them
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, ratio_samples
-from pytest_flashckpt.files import atomic_write_text, locked, remove_stale_temp
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.files import atomic_write_text, locked, remove_stale_temp
+from pytest_flashckpt.core.result import Result, RunRecord
 
 BASELINE_SCHEMA = 1
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from pytest_flashckpt.baselines.gate import fmt, fmt_change
-from pytest_flashckpt.comparison import Comparison, RegressionVerdict
+from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict
 
 def _change(row: RegressionVerdict) -> str:
     return fmt_change(row.change)

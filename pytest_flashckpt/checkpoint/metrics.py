@@ -1,4 +1,4 @@
-"""Per-save measurements, named as in the metric vocabulary (``pytest_flashckpt.metrics``), and their medians."""
+"""Per-save measurements, named as in the metric vocabulary (``pytest_flashckpt.core.metrics``), and their medians."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from pytest_flashckpt.files import PAGE_SIZE, resident_bytes
+from pytest_flashckpt.core.files import PAGE_SIZE, resident_bytes
 
 MemoryGauge = Callable[[], tuple[int, int]]  # () -> (bytes in use, capacity in bytes)
 

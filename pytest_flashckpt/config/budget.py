@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pytest_flashckpt.units import SIZE_FORMATS, parse_size
+from pytest_flashckpt.core.units import SIZE_FORMATS, parse_size
 
 _MIN_PLUS = re.compile(r"^\s*min\s*\+\s*([0-9]+(?:\.[0-9]*)?)\s*%\s*$")
 _NUMBER = re.compile(r"^[0-9]+(?:\.[0-9]*)?$|^\.[0-9]+$")  # a bare number, as a command line hands it over

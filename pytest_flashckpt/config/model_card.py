@@ -17,7 +17,7 @@ from pytest_flashckpt.config.errors import ConfigError
 
 from pytest_flashckpt.config.data import resolve
 from pytest_flashckpt.config.typed import build, load_yaml
-from pytest_flashckpt.files import shown_path
+from pytest_flashckpt.core.files import shown_path
 
 
 @dataclass(frozen=True)

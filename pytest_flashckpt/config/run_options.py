@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pytest_flashckpt.config.injection import Injection
-from pytest_flashckpt.registry import PROBE_NAMES, PROBES
+from pytest_flashckpt.core.registry import PROBE_NAMES, PROBES
 
 
 class OptionError(ValueError):

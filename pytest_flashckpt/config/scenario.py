@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
-from pytest_flashckpt.registry import ACTIVATION_STRATEGIES, SAVE_STRATEGIES
+from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES, SAVE_STRATEGIES
 
-# the names live in pytest_flashckpt.registry (with their descriptions); Literal[tuple] is Literal[*names]
+# the names live in pytest_flashckpt.core.registry (with their descriptions); Literal[tuple] is Literal[*names]
 ActivationStrategy = Literal[tuple(ACTIVATION_STRATEGIES)]  # type: ignore[valid-type]
 SaveStrategy = Literal[tuple(SAVE_STRATEGIES)]  # type: ignore[valid-type]
 MeasurePass = Literal["memory", "timing", "flops", "checkpoint"]  # the passes a scenario runs
@@ -200,7 +200,7 @@ class Scenario:
     warmup: int = 1  # untimed steps before measuring (optimizer state exists after it)
     seed: int = 0
     world_size: int = 1  # ranks (per node) under torchrun with FSDP2 + DCP; >1 runs in pytest_flashckpt.distributed
-    article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.claims)
+    article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.core.claims)
     description: str = ""
 
     # a suite file names the save config ``checkpoint:`` (the article's key); in code it is ``save``, because

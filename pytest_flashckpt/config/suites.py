@@ -21,7 +21,7 @@ from pytest_flashckpt.config.data import resolve
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build, load_yaml
-from pytest_flashckpt.files import shown_path
+from pytest_flashckpt.core.files import shown_path
 
 _SUITE_KEYS = ("name", "description", "defaults", "include", "scenarios")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 
 def _median(values: list[float]) -> float:

@@ -18,8 +18,8 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.distributed import launcher
 from pytest_flashckpt.distributed.aggregate import aggregate
-from pytest_flashckpt.files import work_folder
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.files import work_folder
+from pytest_flashckpt.core.result import Result
 
 RANK_MODULE = "pytest_flashckpt.distributed.rank"
 

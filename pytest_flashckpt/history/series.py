@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 DEFAULT_METRICS = ("overhead", "stall_vs_copy", "peak_bytes", "step_time_s", "save_stall_s")
 

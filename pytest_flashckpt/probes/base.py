@@ -1,4 +1,4 @@
-"""What a memory probe returns, and choosing one by name (the probes are registered in ``pytest_flashckpt.registry``)."""
+"""What a memory probe returns, and choosing one by name (the probes are registered in ``pytest_flashckpt.core.registry``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-from pytest_flashckpt.registry import PROBE_NAMES, PROBES, default_probe_name
+from pytest_flashckpt.core.registry import PROBE_NAMES, PROBES, default_probe_name
 
 __all__ = ["MemoryProbe", "MemoryReading", "PROBE_NAMES", "PROBES", "default_probe_name", "make_probe"]
 

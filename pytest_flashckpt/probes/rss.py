@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterable, Iterator
 
-from pytest_flashckpt.files import resident_bytes
+from pytest_flashckpt.core.files import resident_bytes
 from pytest_flashckpt.probes.base import MemoryReading
 from pytest_flashckpt.probes.sampler import PeakSampler
 

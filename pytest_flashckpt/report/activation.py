@@ -8,7 +8,7 @@ from __future__ import annotations
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, metric, mib, pct, ratio, spread
 from pytest_flashckpt.report.tables import Footnotes, table
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 HEADERS = [
     "scenario", "model", "strategy", "precision", "kernel", "seq", "peak memory", "reference peak", "memory saving",

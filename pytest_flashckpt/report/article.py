@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 import statistics
 
-from pytest_flashckpt.claims import GRADIENT_CHECKPOINTING, MIN_WORKLOADS, OVERHEAD_BANDS, SAVING_TOLERANCE, TABLE, Claim
+from pytest_flashckpt.core.claims import GRADIENT_CHECKPOINTING, MIN_WORKLOADS, OVERHEAD_BANDS, SAVING_TOLERANCE, TABLE, Claim
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, ms, pct, ratio, spread
 from pytest_flashckpt.report.tables import escape, table
 from pytest_flashckpt.report.claim_verdicts import judge, judge_row
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 HEADERS = [
     "scenario", "strategy", "configuration measured", "workloads", "claimed memory saving", "measured memory saving",

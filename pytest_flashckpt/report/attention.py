@@ -4,7 +4,7 @@ published attention-only ratios with the reason the two differ."""
 
 from __future__ import annotations
 
-from pytest_flashckpt.claims import FLASH_ACTIVATION_QUOTE, FLASH_ACTIVATION_SUMMARY, FLASH_ATTENTION_MEMORY
+from pytest_flashckpt.core.claims import FLASH_ACTIVATION_QUOTE, FLASH_ACTIVATION_SUMMARY, FLASH_ATTENTION_MEMORY
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, mib, ms, pct, ratio
 from pytest_flashckpt.report.select import FLASH_BACKENDS, AttentionPoint

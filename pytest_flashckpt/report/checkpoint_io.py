@@ -8,7 +8,7 @@ from __future__ import annotations
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, count, gbps, mbps, mib, ms, pct, ratio
 from pytest_flashckpt.report.tables import Footnotes, table
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 TIMING_HEADERS = [
     "scenario", "save strategy", "stall", "total", "stall / copy (gated)", "stall / sync save", "reference sync total", "time lost per save",

@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_flashckpt.claims import MIN_WORKLOADS, Claim, OverheadBand
+from pytest_flashckpt.core.claims import MIN_WORKLOADS, Claim, OverheadBand
 from pytest_flashckpt.report.format import pct, ratio
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 VerdictWord = Literal["holds", "does not hold", "not measurable"]
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_flashckpt.claims import CLAIMS
-from pytest_flashckpt.metrics import COMPARED
+from pytest_flashckpt.core.claims import CLAIMS
+from pytest_flashckpt.core.metrics import COMPARED
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import change, metric
 from pytest_flashckpt.report.tables import escape, table
 from pytest_flashckpt.report.claim_verdicts import judge, judge_row
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 DEFAULT_METRICS = COMPARED  # the vocabulary says which metrics a comparison shows by default
 

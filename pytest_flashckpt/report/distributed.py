@@ -22,7 +22,7 @@ import functools
 from pytest_flashckpt.report.select import save_config
 from pytest_flashckpt.report.format import MISSING, count, mib, ms
 from pytest_flashckpt.report.tables import Footnotes, table
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 HEADERS = ["scenario", "ranks", "save", "peak (max rank)", "peak per rank", "fwd+bwd / optimizer peak", "step", "stall", "total", "bytes per rank", "async staged (RSS added)", "load", "round trip"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_flashckpt.files import locked
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.files import locked
+from pytest_flashckpt.core.result import RunRecord
 
 GITIGNORE_TEXT = "# created by pytest-flashckpt: a run's results and report, not meant to be committed\n*\n"
 

@@ -1,11 +1,11 @@
-"""Formatting for the report: the metric vocabulary's formatters (``pytest_flashckpt.metrics``, ``numbers``) and
+"""Formatting for the report: the metric vocabulary's formatters (``pytest_flashckpt.core.metrics``, ``numbers``) and
 the change of a metric between two runs. Every number in a report goes through here.
 """
 
 from __future__ import annotations
 
-from pytest_flashckpt.metrics import format_metric as metric, is_fraction
-from pytest_flashckpt.numbers import (  # noqa: F401  (the report's formatters; defined once in numbers.py)
+from pytest_flashckpt.core.metrics import format_metric as metric, is_fraction
+from pytest_flashckpt.core.numbers import (  # noqa: F401  (the report's formatters; defined once in numbers.py)
     MISSING, Number, count, gbps, gflop, mbps, mib, ms, number, p_value, pct, pp, ratio, spread,
 )
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pytest_flashckpt.registry import PROBES
+from pytest_flashckpt.core.registry import PROBES
 from pytest_flashckpt.report.throughput import header_lines as throughput_header
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 
 def kernels_line(record: RunRecord) -> str:

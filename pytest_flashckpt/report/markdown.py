@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_flashckpt.claims import CLAIMS
-from pytest_flashckpt.files import atomic_write_text
+from pytest_flashckpt.core.claims import CLAIMS
+from pytest_flashckpt.core.files import atomic_write_text
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.activation import activation_section
 from pytest_flashckpt.report.article import article_table, single_claim
@@ -25,7 +25,7 @@ from pytest_flashckpt.report.scenarios import scenarios_section
 from pytest_flashckpt.report.claim_verdicts import judge
 from pytest_flashckpt.report.simulation import simulation_section
 from pytest_flashckpt.report.throughput import throughput_section
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 REPORT_NAME = "flashckpt-report.md"
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from pytest_flashckpt.claims import CLAIMS
-from pytest_flashckpt.files import atomic_write
+from pytest_flashckpt.core.claims import CLAIMS
+from pytest_flashckpt.core.files import atomic_write
 from pytest_flashckpt.report import select
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from pytest_flashckpt.comparison import VERDICT_ORDER, Comparison, RegressionVerdict
+from pytest_flashckpt.core.comparison import VERDICT_ORDER, Comparison, RegressionVerdict
 
 from pytest_flashckpt.report.format import MISSING, change, metric, p_value
 from pytest_flashckpt.report.tables import escape, table

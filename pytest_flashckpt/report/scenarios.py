@@ -5,7 +5,7 @@ from __future__ import annotations
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, mib, ms, pct, spread
 from pytest_flashckpt.report.tables import escape, table
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 HEADERS = ["scenario", "strategies", "precision", "kernel", "seq", "peak memory", "memory saving", "step time", "overhead (min-max)", "save stall", "status"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 FLASH_BACKENDS = ("sdpa", "flash_attn")
 

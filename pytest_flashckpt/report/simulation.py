@@ -5,11 +5,11 @@ at 2.7B (memory half, marked simulated); per-block activations beside the analyt
 
 from __future__ import annotations
 
-from pytest_flashckpt.claims import PROTOTYPE, MEDIUM, LARGE, SAVING_TOLERANCE
+from pytest_flashckpt.core.claims import PROTOTYPE, MEDIUM, LARGE, SAVING_TOLERANCE
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, pct
 from pytest_flashckpt.report.tables import escape, table
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib
 
 HEADERS = ["scenario", "model", "strategy", "precision", "batch x seq", "ranks", "predicted peak (per rank)",

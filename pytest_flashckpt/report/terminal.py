@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from pytest_flashckpt.comparison import VERDICT_ORDER, Comparison, RegressionVerdict
-from pytest_flashckpt.numbers import raw as fmt, relative_change as fmt_change
+from pytest_flashckpt.core.comparison import VERDICT_ORDER, Comparison, RegressionVerdict
+from pytest_flashckpt.core.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.report.article import article_rows
 from pytest_flashckpt.report.format import mib, ms, pct, ratio
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 WIDTH = 100  # terminal lines are wrapped to this many characters
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, metric, mib, pct, ratio
 from pytest_flashckpt.report.tables import Footnotes, escape, table
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 HEADERS = [
     "scenario", "strategy", "kernel", "dtype", "tokens/s", "model FLOP/s", "hardware FLOP/s", "FLOP ratio",

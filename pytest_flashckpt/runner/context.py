@@ -12,7 +12,7 @@ import torch
 
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
-from pytest_flashckpt.registry import default_probe_name
+from pytest_flashckpt.core.registry import default_probe_name
 from pytest_flashckpt.config.injection import Injection
 
 
@@ -85,7 +85,7 @@ class RunContext:
     def profile(self) -> tuple[dict[str, Any], str]:
         """This run's hardware/software profile and its id (computed once)."""
         if self._profile is None:
-            from pytest_flashckpt.profile import current_profile, profile_id, run_kernel
+            from pytest_flashckpt.runner.profile import current_profile, profile_id, run_kernel
 
             profile = current_profile(str(self.device), run_kernel(self.device, self.dtypes))
             self._profile = (profile, profile_id(profile))

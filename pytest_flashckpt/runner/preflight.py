@@ -105,7 +105,7 @@ def _context(run, flag: Flag):
 def _tidy(run, work: Path) -> None:
     """What a killed earlier run left: its checkpoint work folders (``files.remove_abandoned``: only folders no live
     process holds) and the temporary files of a baseline or report write (``files.remove_stale_temp``)."""
-    from pytest_flashckpt.files import remove_abandoned, remove_stale_temp
+    from pytest_flashckpt.core.files import remove_abandoned, remove_stale_temp
 
     if work.is_dir():
         removed = remove_abandoned(work)

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from pytest_flashckpt import __version__
-from pytest_flashckpt.comparison import Comparison, RegressionVerdict
+from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.preflight import preflight
 from pytest_flashckpt.config.run_options import Options
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.suites import Suite, load_suite
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 from pytest_flashckpt.runner.context import RunContext
 
 
@@ -158,7 +158,7 @@ class SuiteRun:
 
     def shown(self, path: Path | str) -> str:
         """``path`` relative to the run's root (the invocation folder) when below it."""
-        from pytest_flashckpt.files import shown_path
+        from pytest_flashckpt.core.files import shown_path
 
         return shown_path(path, self.root)
 
@@ -177,7 +177,7 @@ class SuiteRun:
     def absorb(self, handoff: dict) -> None:
         """Take another process's ``handoff`` as if this run had measured and judged it (results kept in the
         suite's order)."""
-        from pytest_flashckpt.comparison import RegressionVerdict
+        from pytest_flashckpt.core.comparison import RegressionVerdict
 
         self.results.extend(Result.from_dict(r) for r in handoff.get("results", []))
         order = {f"{s.suite}::{s.name}": i for i, s in enumerate(self.suite.scenarios)}
@@ -218,7 +218,7 @@ class SuiteRun:
             return unreadable_baseline(str(exc))
 
     def record(self) -> RunRecord:
-        from pytest_flashckpt.profile import git_commit
+        from pytest_flashckpt.runner.profile import git_commit
 
         ctx = self.context
         profile, pid = ctx.profile()

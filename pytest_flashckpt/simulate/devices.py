@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_flashckpt.units import SIZE_FORMATS, parse_size
+from pytest_flashckpt.core.units import SIZE_FORMATS, parse_size
 
 # The report's columns: 24 / 40 / 80 / 141 GB cards (RTX 4090 / A100-40 / A100-80, H100 / H200), in decimal GB,
 # which is a little less than the cards hold (24, 40, 80 GiB and ~140 GiB): a "fits" here is conservative.

@@ -24,7 +24,7 @@ def throughput_metrics(
     tokens_per_step: int, step_time_s: float, model_flops: int, hardware_flops: int,
     peak: Peak | None, roofline: Roofline | None, reference_step_time_s: float | None = None,
 ) -> dict[str, float | int | str]:
-    """The vocabulary's throughput metrics (``pytest_flashckpt.metrics``) of one step of ``tokens_per_step`` tokens
+    """The vocabulary's throughput metrics (``pytest_flashckpt.core.metrics``) of one step of ``tokens_per_step`` tokens
     taking ``step_time_s`` (median), with ``model_flops`` useful and ``hardware_flops`` executed FLOPs.
 
     With ``reference_step_time_s`` (the reference's median over the same interleaved rounds) the reference's MFU

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from pytest_flashckpt.numbers import flops_rate
+from pytest_flashckpt.core.numbers import flops_rate
 
 Shape = tuple[int, int, int]
 

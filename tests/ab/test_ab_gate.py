@@ -12,7 +12,7 @@ from pytest_flashckpt.ab.trees import RefError, Tree, checked_out, resolve
 from pytest_flashckpt.ab.verdicts import gate, markdown
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds
 from pytest_flashckpt.cli import main
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import pytest
 
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_across_runs, run_spread
 from pytest_flashckpt.cli import main
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 HOST_A = [1.10, 1.11, 1.09, 1.12, 1.10, 1.08, 1.11, 1.09, 1.10, 1.12]
 HOST_B = [v * 1.06 for v in HOST_A]  # the same code on a host where the ratio sits 6% higher

@@ -3,8 +3,8 @@ its internals differ."""
 
 from types import SimpleNamespace
 
-from pytest_flashckpt.benchmark_bridge import BenchmarkBridge
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.plugin.benchmark_bridge import BenchmarkBridge
+from pytest_flashckpt.core.result import Result
 
 
 def _result():

@@ -7,7 +7,7 @@ import pytest
 from pytest_flashckpt.baselines import Baseline, Gate, Thresholds, failure_text
 from pytest_flashckpt.baselines.summary import terminal_lines
 from pytest_flashckpt.report.regression import append_step_summary, markdown_table
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 KEYS = {"status", "baseline_path", "baseline_profile_id", "message", "verdicts"}
 ROW_KEYS = {"scenario", "metric", "baseline", "current", "change", "p_value", "verdict", "smallest_p", "reason"}

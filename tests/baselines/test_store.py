@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pytest_flashckpt.baselines import Baseline, BaselineError, locate
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 
 def _result(name, status="measured", overhead=1.2):

@@ -10,7 +10,7 @@ import threading
 import time
 
 from pytest_flashckpt.baselines import store
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 PROFILE = "cpu-test"
 

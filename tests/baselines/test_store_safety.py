@@ -18,8 +18,8 @@ from pytest_flashckpt.baselines import Baseline, BaselineError, save_run
 from pytest_flashckpt.baselines.gate import Gate
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds
 from pytest_flashckpt.baselines.store import check_saveable
-from pytest_flashckpt.files import TEMP_FOLDER, atomic_write_text, remove_stale_temp
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.files import TEMP_FOLDER, atomic_write_text, remove_stale_temp
+from pytest_flashckpt.core.result import Result, RunRecord
 
 PROFILE = "p"
 GOOD = {"commit": None, "metrics": {"overhead": 1.2, "peak_bytes": 100}, "samples": {"overhead": [1.2, 1.2]}}
@@ -108,7 +108,7 @@ def test_a_killed_writers_temp_files_are_git_ignored_and_removed_by_the_next_wri
     """A writer killed with SIGKILL in the middle of a write: its temp file is in the git-ignored temp folder
     (``git status`` stays clean), and the next save removes it (and the old-style hidden temp files too)."""
     code = (
-        "import sys, time\nfrom pytest_flashckpt.files import atomic_write\n"
+        "import sys, time\nfrom pytest_flashckpt.core.files import atomic_write\n"
         f"with atomic_write({str(tmp_path / (PROFILE + '.json'))!r}) as fh:\n"
         "    fh.write(b'{\"half'); fh.flush(); print('writing', flush=True); time.sleep(60)\n"
     )

@@ -4,7 +4,7 @@ tolerance AND a Mann-Whitney test, absolute times only on opt-in."""
 import pytest
 
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_sampled, noisy, underpowered
-from pytest_flashckpt.options import OPTIONS
+from pytest_flashckpt.plugin.options import OPTIONS
 
 BASE = [1.20, 1.21, 1.19, 1.22, 1.20, 1.18, 1.21, 1.19, 1.20, 1.22]
 

@@ -54,7 +54,7 @@ def test_checkpoint_suite_covers_every_save_strategy() -> None:
 
 
 def test_article_suite_rows_are_distinct_configurations_over_three_workloads() -> None:
-    from pytest_flashckpt.claims import MIN_WORKLOADS, TABLE
+    from pytest_flashckpt.core.claims import MIN_WORKLOADS, TABLE
 
     rows: dict[str, list] = {}
     for scenario in load_suite("article").scenarios:

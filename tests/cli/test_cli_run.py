@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from pytest_flashckpt.cli import main
-from pytest_flashckpt.result import SCHEMA_VERSION, RunRecord
+from pytest_flashckpt.core.result import SCHEMA_VERSION, RunRecord
 
 SUITE = """\
 name: clirun

@@ -9,7 +9,7 @@ import torch
 from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for, load_suite
 from pytest_flashckpt.models import attention
 from pytest_flashckpt.models.cards import load_card
-from pytest_flashckpt.profile import run_kernel
+from pytest_flashckpt.runner.profile import run_kernel
 from pytest_flashckpt.runner.run import preflight
 
 

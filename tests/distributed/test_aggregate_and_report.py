@@ -9,7 +9,7 @@ from pytest_flashckpt.config.scenario import Scenario, SaveConfig
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.distributed.aggregate import aggregate
 from pytest_flashckpt.report.distributed import distributed_section
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 
 def _rank(rank: int, peak: int, times: list[float], stalls: list[float], nbytes: int, roundtrip: int = 0) -> dict:

@@ -22,7 +22,7 @@ from pytest_flashckpt.distributed.aggregate import aggregate
 from pytest_flashckpt.distributed.memory import GLOO_STAGING_FACTOR
 from pytest_flashckpt.models import GPTConfig
 from pytest_flashckpt.report.distributed import distributed_section, simulated_rank_peak
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.simulate import simulate_step
 
 WORKER = Path(__file__).with_name("rank_memory_worker.py")

@@ -7,7 +7,7 @@ import pytest
 
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.history.series import build_series, read_runs
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 otava = pytest.importorskip("otava.analysis", reason="Apache Otava is optional: pip install --no-deps apache-otava==0.8.0 scipy")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 SUITE = """\
 name: stop
@@ -142,10 +142,10 @@ def test_a_killed_runs_checkpoint_work_folder_is_removed_by_the_next_run(tmp_pat
     import subprocess
     import sys
 
-    from pytest_flashckpt.files import remove_abandoned, work_folder
+    from pytest_flashckpt.core.files import remove_abandoned, work_folder
 
     code = (
-        "import sys, time\nfrom pytest_flashckpt.files import work_folder\n"
+        "import sys, time\nfrom pytest_flashckpt.core.files import work_folder\n"
         f"with work_folder({str(tmp_path)!r}, 'ckpt') as root:\n"
         "    (root / 'state.pt').write_bytes(b'x' * 4096); print(root, flush=True); time.sleep(60)\n"
     )

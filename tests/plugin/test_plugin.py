@@ -115,7 +115,7 @@ def test_plugin_costs_nothing_without_a_suite(pytester):
 
             def test_plain():
                 assert "torch" not in sys.modules
-                assert "pytest_flashckpt.plugin" in sys.modules
+                assert "pytest_flashckpt.plugin.hooks" in sys.modules
             """
         )
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import report_synthetic
 
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
 from pytest_flashckpt.config.typed import to_plain
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 
 MIB = 2**20
 REF_PEAK = 100 * MIB

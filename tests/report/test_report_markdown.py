@@ -7,7 +7,7 @@ import re
 import report_synthetic as syn
 
 from pytest_flashckpt.report import render, summary_lines
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 SECTIONS = [
     "## The article's scenario table, measured",

@@ -10,7 +10,7 @@ import report_synthetic as syn
 
 from pytest_flashckpt.report import REPORT_NAME, write_report
 from pytest_flashckpt.report.plots import ATTENTION, PARETO, SAVES, THROUGHPUT
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

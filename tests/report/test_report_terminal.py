@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import report_synthetic
 
-from pytest_flashckpt.comparison import Comparison
-from pytest_flashckpt.files import shown_path
+from pytest_flashckpt.core.comparison import Comparison
+from pytest_flashckpt.core.files import shown_path
 from pytest_flashckpt.report.article import article_rows
 from pytest_flashckpt.report.regression import regression_section
 from pytest_flashckpt.report.terminal import (
     WIDTH, Heartbeat, article_lines, regression_lines, scenario_line, scenario_verdict,
 )
-from pytest_flashckpt.result import RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 
 def _by_id(record: RunRecord, scenario: str):

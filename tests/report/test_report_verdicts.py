@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import report_synthetic as syn
 
-from pytest_flashckpt.claims import CLAIMS, GRADIENT_CHECKPOINTING, LARGE, MEDIUM, OVERHEAD_BANDS, PROTOTYPE, TABLE
+from pytest_flashckpt.core.claims import CLAIMS, GRADIENT_CHECKPOINTING, LARGE, MEDIUM, OVERHEAD_BANDS, PROTOTYPE, TABLE
 from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
 from pytest_flashckpt.report.claim_verdicts import judge, judge_row
 

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from pytest_flashckpt.claims import LARGE, MEDIUM, PROTOTYPE, SAVING_TOLERANCE
+from pytest_flashckpt.core.claims import LARGE, MEDIUM, PROTOTYPE, SAVING_TOLERANCE
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario, SimulateConfig
 from pytest_flashckpt.report.simulation import simulation_section
 from pytest_flashckpt.runner.run import RunContext, run_scenario

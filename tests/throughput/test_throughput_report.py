@@ -12,7 +12,7 @@ from pytest_flashckpt.report.markdown import render
 from pytest_flashckpt.report.plots import write_plots
 from pytest_flashckpt.report.terminal import scenario_line
 from pytest_flashckpt.report.throughput import HEADERS, header_lines, throughput_section
-from pytest_flashckpt.result import Result, RunRecord
+from pytest_flashckpt.core.result import Result, RunRecord
 from pytest_flashckpt.throughput.mfu import throughput_metrics
 from pytest_flashckpt.throughput.peaks import Peak, lookup
 from pytest_flashckpt.throughput.roofline import Roofline

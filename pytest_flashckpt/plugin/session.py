@@ -18,7 +18,7 @@ import pytest
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.run_options import Options
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 
 class ScenarioItem(pytest.Item):
@@ -211,7 +211,7 @@ class SuiteSession:
             if isinstance(value, (int, float)):
                 item.user_properties.append((key, value))
         if self._bench is None:
-            from pytest_flashckpt.benchmark_bridge import BenchmarkBridge
+            from pytest_flashckpt.plugin.benchmark_bridge import BenchmarkBridge
 
             self._bench = BenchmarkBridge(self.config)
         self._bench.add(item, result)
@@ -309,7 +309,7 @@ class SuiteSession:
     @pytest.hookimpl(optionalhook=True, tryfirst=True)  # a pytest-xdist hook: absent without it
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
         """Every scenario on one worker, one after another (``xdist_scheduling``)."""
-        from pytest_flashckpt.xdist_scheduling import SuiteScheduling
+        from pytest_flashckpt.plugin.xdist_scheduling import SuiteScheduling
 
         ids = frozenset(f"{s.suite}::{s.name}" for s in self.suite.scenarios)
         return SuiteScheduling(config, log, scenario_ids=ids, dist=config.getvalue("dist"))

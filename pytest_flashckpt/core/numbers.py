@@ -1,7 +1,7 @@
 """Numbers a person reads: MiB, ms, %, x ratios, MB/s; a missing value is an em dash, never an empty cell.
 
 The one number formatter of the project: the report, the baseline verdict tables, ``flashckpt compare`` and the
-budget messages all format through here (a metric's formatter is named in ``pytest_flashckpt.metrics``).
+budget messages all format through here (a metric's formatter is named in ``pytest_flashckpt.core.metrics``).
 See docs/architecture.md.
 """
 

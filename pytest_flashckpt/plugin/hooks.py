@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_flashckpt.budgets import SPECS, BudgetError, parse_budgets, violations
-from pytest_flashckpt.fixture import flashckpt  # noqa: F401  (the fixture, registered with the plugin)
-from pytest_flashckpt.options import add_options, options_from_config
+from pytest_flashckpt.plugin.marker_budgets import SPECS, BudgetError, parse_budgets, violations
+from pytest_flashckpt.plugin.fixture import flashckpt  # noqa: F401  (the fixture, registered with the plugin)
+from pytest_flashckpt.plugin.options import add_options, options_from_config
 
 MARKER = "flashckpt"
 
@@ -29,7 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = options_from_config(config)  # validated on every run: a bad value is a usage error
     if options.suite is None:
         return
-    from pytest_flashckpt.suite_session import SuiteSession  # imports torch: only when a suite is asked for
+    from pytest_flashckpt.plugin.session import SuiteSession  # imports torch: only when a suite is asked for
 
     config.pluginmanager.register(SuiteSession.start(config, options), "flashckpt-suite-session")
 

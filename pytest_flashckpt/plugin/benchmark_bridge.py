@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_flashckpt.result import Result
+from pytest_flashckpt.core.result import Result
 
 
 class BenchmarkBridge:

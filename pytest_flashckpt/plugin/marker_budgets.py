@@ -2,7 +2,7 @@
 
     @pytest.mark.flashckpt(max_peak_memory="2 GiB", max_overhead=1.3, max_save_stall="50 ms")
 
-Each key names the metric it bounds (the key is declared with the metric in ``pytest_flashckpt.metrics``); a wrong key or value is an error naming the valid keys and formats, so a
+Each key names the metric it bounds (the key is declared with the metric in ``pytest_flashckpt.core.metrics``); a wrong key or value is an error naming the valid keys and formats, so a
 typo never turns a budget into silently no budget.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from pytest_flashckpt.metrics import BUDGETS, METRICS
-from pytest_flashckpt.numbers import mib
-from pytest_flashckpt.units import DURATION_FORMATS, SIZE_FORMATS, parse_duration, parse_size
+from pytest_flashckpt.core.metrics import BUDGETS, METRICS
+from pytest_flashckpt.core.numbers import mib
+from pytest_flashckpt.core.units import DURATION_FORMATS, SIZE_FORMATS, parse_duration, parse_size
 
 
 class BudgetError(ValueError):
@@ -39,7 +39,7 @@ def _fraction(value: Any) -> float:
 @dataclass(frozen=True)
 class BudgetSpec:
     key: str
-    metric: str  # the metric it bounds (pytest_flashckpt.metrics; a field of the fixture's Measurement)
+    metric: str  # the metric it bounds (pytest_flashckpt.core.metrics; a field of the fixture's Measurement)
     parse: Callable[[Any], float]
     formats: str
     upper: bool = True  # True: measured must be <= budget; False: measured must be >= budget

@@ -25,12 +25,12 @@ from typing import Any, Callable, Iterable
 
 import pytest
 
-from pytest_flashckpt.metrics import METRICS
+from pytest_flashckpt.core.metrics import METRICS
 
 
 @dataclass
 class Measurement:
-    """What one ``flashckpt.measure`` call measured (metric names of ``pytest_flashckpt.metrics``); None = not measured."""
+    """What one ``flashckpt.measure`` call measured (metric names of ``pytest_flashckpt.core.metrics``); None = not measured."""
 
     name: str | None
     probe: str
@@ -175,7 +175,7 @@ class FlashckptFixture:
         self.measurements: list[Measurement] = []
 
     def measure(self, step: Callable[[], object], **kwargs: Any) -> Measurement:
-        """See ``pytest_flashckpt.fixture.measure``; numeric results also become JUnit properties."""
+        """See ``pytest_flashckpt.plugin.fixture.measure``; numeric results also become JUnit properties."""
         result = measure(step, **kwargs)
         self.measurements.append(result)
         prefix = f"{result.name}." if result.name else ""

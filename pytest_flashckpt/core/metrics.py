@@ -39,7 +39,7 @@ class Metric:
     gated: bool = False  # kept in baselines and judged by the regression gate
     budget: str | None = None  # the @pytest.mark.flashckpt key bounding it
     slack: float = 0.0  # exact kind: relative difference still counted as equal
-    fmt: str = "number"  # a formatter name in pytest_flashckpt.numbers.FORMATTERS
+    fmt: str = "number"  # a formatter name in pytest_flashckpt.core.numbers.FORMATTERS
     needs: str = ""  # what the fixture's measure() must be given for it to exist ("reference=", "save=")
     # its level differs between hosts of one profile with nothing changed (baselines/README.md, "Across hosts"):
     # against a baseline of one host's runs it is gated only at Thresholds.host_tolerance, `unstable` below it
@@ -212,7 +212,7 @@ def judged_as(name: str, exact_probe: bool) -> Literal["exact", "memory", "ratio
 
 def format_metric(name: str, value: object) -> str:
     """A metric's value as a person reads it; names outside the table fall back to their suffix (probe extras)."""
-    from pytest_flashckpt import numbers
+    from pytest_flashckpt.core import numbers
 
     if value is None or isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
         return numbers.number(value)

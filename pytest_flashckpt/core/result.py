@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_flashckpt.comparison import Comparison
-from pytest_flashckpt.files import atomic_write_text
+from pytest_flashckpt.core.comparison import Comparison
+from pytest_flashckpt.core.files import atomic_write_text
 
 SCHEMA_VERSION = 1
 
@@ -19,7 +19,7 @@ Metric = float | int | str | None
 
 @dataclass
 class Result:
-    """Measurements of one scenario. ``metrics`` holds the named metrics of ``pytest_flashckpt.metrics`` (``peak_bytes``,
+    """Measurements of one scenario. ``metrics`` holds the named metrics of ``pytest_flashckpt.core.metrics`` (``peak_bytes``,
     ``memory_saving``, ``overhead``, ``save_stall_s``...); ``samples`` the per-round values behind them."""
 
     suite: str
