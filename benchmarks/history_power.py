@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gate_power import clopper_pearson  # noqa: E402  (the same interval as the gate's power report)
 
-from pytest_flashckpt.baselines.regression_verdicts import ratio_samples  # noqa: E402
+from pytest_flashckpt.baselines.regression_verdicts import samples_of  # noqa: E402
 from pytest_flashckpt.history.changes import change_points  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def pools(gate_power: Path, baseline: Path, rounds: int) -> dict[str, tuple[list
         out[f"gate-power runs: {metric}"] = ([r["current"] for r in verdicts[metric]], 1)
     for scenario_id, entry in sorted(json.loads(baseline.read_text())["scenarios"].items()):
         for metric in RATIOS:
-            values = ratio_samples(metric, entry.get("samples") or {})
+            values = samples_of(metric, entry.get("samples") or {})
             if values and len(values) >= 10:
                 out[f"baseline rounds: {scenario_id} {metric}"] = (values, rounds)
     return out

@@ -38,8 +38,8 @@ def _values(records, scenario_id: str, name: str) -> list[float]:
     out = []
     for record in records:
         for result in record.results:
-            value = result.metrics.get(name) if result.id == scenario_id and result.status == "measured" else None
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = result.number(name) if result.id == scenario_id and result.status == "measured" else None
+            if value is not None:
                 out.append(float(value))
     return out
 

@@ -2,7 +2,7 @@
 
 ``store`` reads and writes ``baselines/<profile_id>.json``; ``regression_verdicts`` judges one metric (exact counts, memory
 with a tolerance, timing ratios with a tolerance and a Mann-Whitney test from ``stats``); ``gate`` runs that for
-a suite run and builds ``RunRecord.comparison``; ``summary`` renders it for the terminal and CI.
+a suite run and builds ``RunRecord.comparison`` (``report.terminal`` and ``report.regression`` render it).
 """
 
 from pytest_flashckpt.baselines.gate import Gate, failure_text

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario
-from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict
+from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict, VerdictNote
 from pytest_flashckpt.core.files import shown_path
 from pytest_flashckpt.core.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.core.result import Result
@@ -34,7 +34,7 @@ class Gate:
         self.profile_id = profile_id
         self.baseline: Baseline | None = None
         self.verdicts: list[RegressionVerdict] = []
-        self.notes: list[str] = []
+        self.notes: list[VerdictNote] = []
         self.not_in_baseline: list[str] = []
         self.subset: str | None = None
         if not enabled:
@@ -87,7 +87,12 @@ class Gate:
         self.subset = subset
         return failing
 
+    def note(self, text: str) -> None:
+        """A condition of this run's gate a reader must know (``--flashckpt-save-baseline``: reported, not failed)."""
+        self.notes.append(VerdictNote("run", text))
+
     def message(self) -> str:
+        """What was compared: the verdict counts, or why nothing was (no baseline, another profile's, disabled)."""
         if self.status == "disabled":
             return "baseline comparison disabled (--flashckpt-no-compare)"
         if self.status == "no-baseline":
@@ -106,11 +111,16 @@ class Gate:
             + f"{counts['unguarded']} unguarded "
             f"(cannot fail at these sample sizes), {counts['ok']} ok"
         )
-        if self.subset:
-            text += f"; a subset on purpose ({self.subset}): missing scenarios do not fail the run"
-        if self.not_in_baseline:
-            text += f"; not in the baseline: {', '.join(self.not_in_baseline)}"
         return text
+
+    def coverage_notes(self) -> list[VerdictNote]:
+        """What the counts do not say: a subset on purpose, scenarios this run measured that the baseline lacks."""
+        notes = []
+        if self.status == "compared" and self.subset:
+            notes.append(VerdictNote("coverage", f"a subset on purpose ({self.subset}): missing scenarios do not fail the run"))
+        if self.status == "compared" and self.not_in_baseline:
+            notes.append(VerdictNote("coverage", f"not in the baseline: {', '.join(self.not_in_baseline)}"))
+        return notes
 
     def _baseline_profile_id(self) -> str | None:
         if self.baseline is not None:
@@ -125,8 +135,9 @@ class Gate:
             status=self.status,  # type: ignore[arg-type]
             baseline_path=self.shown_path if self.status == "compared" else None,
             baseline_profile_id=self._baseline_profile_id(),
-            message="; ".join([self.message(), *self.notes]),
+            message=self.message(),
             verdicts=list(self.verdicts),
+            notes=[*self.coverage_notes(), *self.notes],
         )
 
 
@@ -147,7 +158,7 @@ def failure_text(rows: list[RegressionVerdict], baseline_path: Path | str, thres
             continue
         change = fmt_change(r.change) or "n/a"
         p = "" if r.p_value is None else f", p = {r.p_value:.3g} (alpha {thresholds.alpha})"
-        note = f" ({r.reason})" if r.reason and "busy machine" in r.reason else ""
+        note = f" ({r.reason})" if r.busy_machine else ""
         lines.append(f"  {r.metric}: baseline {fmt(r.baseline)}, current {fmt(r.current)}, change {change}{p}{note}")
     lines.append("if the change is intended, refresh the baseline: pytest --flashckpt-suite=... --flashckpt-save-baseline")
     return "\n".join(lines)

@@ -39,10 +39,9 @@ from typing import Any, Literal, Sequence
 
 from pytest_flashckpt.core import metrics as vocabulary
 from pytest_flashckpt.baselines.stats import mann_whitney_greater, smallest_p
-from pytest_flashckpt.core.comparison import RegressionVerdict, VerdictWord
+from pytest_flashckpt.core.comparison import RegressionVerdict, VerdictNote, VerdictWord
 from pytest_flashckpt.core.registry import is_exact_probe
 
-Verdict = VerdictWord
 Kind = Literal["exact", "memory", "ratio", "time"]
 
 # which metrics are gated, their kind and exact slack come from the vocabulary (pytest_flashckpt.core.metrics)
@@ -73,10 +72,9 @@ def metric_kind(name: str, probe: str | None) -> Kind | None:
     return vocabulary.judged_as(name, is_exact_probe(probe))
 
 
-def ratio_samples(name: str, samples: dict[str, list[float]]) -> list[float] | None:
-    """Per-round (per-save) samples behind a ratio or time, as the run stored them: the checkpoint pass stores
-    per-save lists as ``<metric>_samples``, timing rounds as ``<metric>``."""
-    values = samples.get(name) or samples.get(f"{name}_samples")
+def samples_of(name: str, samples: dict[str, list[float]]) -> list[float] | None:
+    """Per-round (per-save) samples behind a ratio or time, stored under the metric's name; None when absent."""
+    values = samples.get(name)
     return [float(v) for v in values] if values else None
 
 
@@ -86,15 +84,15 @@ def _change(baseline: float, current: float) -> float | None:
 
 def _row(
     scenario: str, metric: str, baseline: float | None, current: float | None, change: float | None, p: float | None,
-    verdict: Verdict, smallest: float | None = None, reason: str | None = None,
+    verdict: VerdictWord, smallest: float | None = None, reason: str | None = None, busy_machine: bool = False,
 ) -> RegressionVerdict:
-    return RegressionVerdict(scenario, metric, baseline, current, change, p, verdict, smallest, reason)  # type: ignore[arg-type]
+    return RegressionVerdict(scenario, metric, baseline, current, change, p, verdict, smallest, reason, busy_machine)  # type: ignore[arg-type]
 
 
 def judge_exact(scenario: str, metric: str, baseline: float, current: float, slack: float = 0.0) -> RegressionVerdict:
     change = _change(baseline, current)
     if current == baseline or (change is not None and abs(change) <= slack):
-        verdict: Verdict = "ok"
+        verdict: VerdictWord = "ok"
     else:
         verdict = "regressed" if current > baseline else "improved"
     return _row(scenario, metric, baseline, current, change, None, verdict)
@@ -103,7 +101,7 @@ def judge_exact(scenario: str, metric: str, baseline: float, current: float, sla
 def judge_tolerance(scenario: str, metric: str, baseline: float, current: float, tolerance: float) -> RegressionVerdict:
     change = _change(baseline, current)
     if change is None or abs(change) <= tolerance:
-        verdict: Verdict = "ok" if change is not None or current == baseline else "regressed"
+        verdict: VerdictWord = "ok" if change is not None or current == baseline else "regressed"
     else:
         verdict = "regressed" if change > 0 else "improved"
     return _row(scenario, metric, baseline, current, change, None, verdict)
@@ -152,11 +150,12 @@ def judge_sampled(
     if abs(change) <= tolerance:
         return _row(scenario, metric, base_median, cur_median, change, p, "ok", floor)
     if p < alpha:
-        word: Verdict = "regressed" if change > 0 else "improved"
+        word: VerdictWord = "regressed" if change > 0 else "improved"
         why = f"p = {p:.3g} < alpha {alpha}"
-        if noisy(baseline, current):
+        busy = noisy(baseline, current)
+        if busy:
             why += f"; {scatter}: a busy machine can shift a whole run, rerun on a quiet one to confirm"
-        return _row(scenario, metric, base_median, cur_median, change, p, word, floor, why)
+        return _row(scenario, metric, base_median, cur_median, change, p, word, floor, why, busy_machine=busy)
     why = f"changed {change:+.1%} but p = {p:.3g} >= alpha {alpha}: the samples overlap the baseline's ({scatter})"
     return _row(scenario, metric, base_median, cur_median, change, p, "~", floor, why)
 
@@ -211,7 +210,7 @@ def judge_across_runs(
     beyond = above if worse else below
     side = f"{beyond:+.1%} beyond the {'highest' if worse else 'lowest'} run's median ({envelope})"
     if p < alpha:
-        word: Verdict = "regressed" if worse else "improved"
+        word: VerdictWord = "regressed" if worse else "improved"
         return _row(scenario, metric, base_median, cur_median, change, p, word, floor, f"{side}; p = {p:.3g} < alpha {alpha}")
     why = f"{side} but p = {p:.3g} >= alpha {alpha}: the samples overlap the runs' scatter"
     return _row(scenario, metric, base_median, cur_median, change, p, "~", floor, why)
@@ -236,7 +235,7 @@ def baseline_runs(name: str, baseline: dict[str, Any]) -> list[list[float]]:
     """The per-run samples of ``name`` in a multi-run baseline entry (``runs``), or [] for a one-run entry."""
     found = []
     for run in baseline.get("runs") or ():
-        values = ratio_samples(name, run.get("samples") or {}) if isinstance(run, dict) else None
+        values = samples_of(name, run.get("samples") or {}) if isinstance(run, dict) else None
         if values:
             found.append(values)
     return found
@@ -259,10 +258,10 @@ def compare_scenario(
     samples: dict[str, list[float]],
     probe: str | None,
     thresholds: Thresholds,
-) -> tuple[list[RegressionVerdict], list[str]]:
+) -> tuple[list[RegressionVerdict], list[VerdictNote]]:
     """Verdict rows for every guarded metric both sides have, and notes (probe changed, too few rounds...)."""
     rows: list[RegressionVerdict] = []
-    notes: list[str] = []
+    notes: list[VerdictNote] = []
     base_metrics: dict[str, Any] = baseline.get("metrics", {})
     base_samples: dict[str, list[float]] = baseline.get("samples", {})
     base_probe = baseline.get("probe")
@@ -276,21 +275,21 @@ def compare_scenario(
         kind = metric_kind(name, probe)
         base_value, value = float(base_metrics[name]), float(metrics[name])
         if vocabulary.METRICS[name].kind in ("memory", "sampled") and base_probe != probe:
-            notes.append(f"{scenario}: {name} not compared: baseline probe {base_probe!r}, this run {probe!r}")
+            notes.append(VerdictNote("probe", f"{scenario}: {name} not compared: baseline probe {base_probe!r}, this run {probe!r}"))
             continue
         if kind == "exact":
             rows.append(judge_exact(scenario, name, base_value, value, vocabulary.METRICS[name].slack))
         elif kind == "memory":
             rows.append(judge_tolerance(scenario, name, base_value, value, thresholds.memory_tolerance))
         elif kind == "ratio" or (kind == "time" and thresholds.gate_times):
-            cur = ratio_samples(name, samples)
-            base = ratio_samples(name, base_samples)
+            cur = samples_of(name, samples)
+            base = samples_of(name, base_samples)
             if not cur or not base:
                 row = judge_tolerance(scenario, name, base_value, value, thresholds.timing_tolerance)
                 why = (f"no per-{'save' if name == 'stall_vs_copy' else 'round'} samples on "
                        f"{'this run' if not cur else 'the baseline'}'s side: cannot be tested; refresh the baseline")
                 row = dataclasses.replace(row, verdict="unguarded", reason=why)  # no test: no change can be told from noise
-                notes.append(f"{scenario}: {name} unguarded: {why}")
+                notes.append(VerdictNote("unguarded", f"{scenario}: {name} unguarded: {why}"))
                 rows.append(row)
                 continue
             runs = baseline_runs(name, baseline)
@@ -301,7 +300,9 @@ def compare_scenario(
                 row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
                 if vocabulary.METRICS[name].host_sensitive and len(_hosts(baseline)) < 2:
                     row = _one_host(row, thresholds.host_tolerance)
-            if row.verdict in ("unguarded", "~", "unstable") or (row.verdict == "regressed" and "busy machine" in (row.reason or "")):
-                notes.append(f"{scenario}: {name} {row.verdict}: {row.reason}")
+            if row.verdict in ("unguarded", "~", "unstable"):
+                notes.append(VerdictNote(row.verdict, f"{scenario}: {name} {row.verdict}: {row.reason}"))  # type: ignore[arg-type]
+            elif row.verdict == "regressed" and row.busy_machine:
+                notes.append(VerdictNote("busy-machine", f"{scenario}: {name} {row.verdict}: {row.reason}"))
             rows.append(row)
     return rows, notes

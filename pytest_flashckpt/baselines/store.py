@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, ratio_samples
+from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, samples_of
 from pytest_flashckpt.core.files import atomic_write_text, locked, remove_stale_temp
+from pytest_flashckpt.core.numbers import num
 from pytest_flashckpt.core.result import Result, RunRecord
 
 BASELINE_SCHEMA = 1
@@ -100,10 +101,10 @@ class Baseline:
 
 def entry(result: Result, commit: str | None, updated: str) -> dict[str, Any]:
     """What a baseline keeps of one result: the guarded metrics and the per-round samples behind the timings."""
-    metrics = {k: v for k, v in result.metrics.items() if k in GUARDED and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics = {k: v for k, v in result.metrics.items() if k in GUARDED and num(v) is not None}
     samples = {}
     for name in SAMPLED:
-        values = ratio_samples(name, result.samples)
+        values = samples_of(name, result.samples)
         if values:
             samples[name] = [float(v) for v in values]
     rounds = max((len(v) for v in samples.values()), default=0)
@@ -114,7 +115,7 @@ def entry(result: Result, commit: str | None, updated: str) -> dict[str, Any]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return num(value) is not None and math.isfinite(value)  # type: ignore[arg-type]
 
 
 def entry_problem(stored: Any) -> str | None:

@@ -25,13 +25,13 @@ from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
 from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
 from pytest_flashckpt.checkpoint.loading import KeyReport, LoadedCheckpoint, load_blocks, load_into, load_model_tensors, read_checkpoint, resume_latest
 from pytest_flashckpt.checkpoint.measure import run_checkpoint_pass
-from pytest_flashckpt.checkpoint.metrics import METRICS, SaveRecord
+from pytest_flashckpt.checkpoint.metrics import SAVE_METRICS, SaveRecord
 from pytest_flashckpt.checkpoint.scheduling import Deferral, process_memory
 from pytest_flashckpt.checkpoint.strategies import REGISTRY as SAVE_STRATEGIES
 from pytest_flashckpt.checkpoint.time_lost import measure_time_lost
 
 __all__ = [
-    "METRICS",
+    "SAVE_METRICS",
     "SAVE_STRATEGIES",
     "CheckpointError",
     "CheckpointFallbackWarning",

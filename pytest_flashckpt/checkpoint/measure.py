@@ -22,10 +22,12 @@ from pytest_flashckpt.checkpoint.scheduling import memory_gauge
 from pytest_flashckpt.checkpoint.state import capture
 from pytest_flashckpt.checkpoint.time_lost import measure_time_lost
 from pytest_flashckpt.config.scenario import SaveConfig
+from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.training import Trainer
 
-Metrics = dict[str, "float | int | str | None | list[float]"]
+# what measure_time_lost returns: <metric>_samples lists beside their medians (time_lost_saving_s has samples only)
+_TIME_LOST_SAMPLES = ("time_lost_s", "time_lost_plain_s", "time_lost_saving_s")
 
 def _peak_gauge(trainer: Trainer, peak_bytes: int | None, probe_name: str):
     """(gauge, context of one training step) for ``mem_basis: peak``: live tensor bytes against the measured peak.
@@ -63,12 +65,13 @@ def _lengthen_stalls(ckpt: Checkpointer, fraction: float) -> None:
 def run_checkpoint_pass(
     trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu", peak_bytes: int | None = None,
     stall_increase: float = 0.0, on_phase: Callable[[str], None] | None = None,
-) -> Metrics:
+) -> Measurements:
     """Train ``trainer`` and save it ``config.saves`` times with ``config``'s strategy under ``workdir/checkpoints``,
     then load the newest checkpoint back into ``trainer`` and check it bit for bit against the state it saved.
 
-    Returns medians over the saves of ``save_stall_s``, ``save_total_s``, ``bytes_written``, ``write_MBps``,
-    ``save_extra_peak_bytes``, ``files`` (plus ``<metric>_samples`` lists), ``load_s`` (one verified load),
+    Returns ``Measurements`` (names of the vocabulary, samples under the metric's name): medians over the saves of
+    ``save_stall_s``, ``save_total_s``, ``bytes_written``, ``write_MBps``, ``save_extra_peak_bytes``, ``files``
+    (with their per-save samples), ``load_s`` (one verified load),
     ``raw_write_MBps`` and ``copy_GBps`` (this machine's limits, measured in the same folder in the same run;
     ``copy_GBps`` is device-to-host into pinned memory when the state is on a GPU),
     for staged (background) saves ``snapshot_copy_s`` (a blocking staging copy of the same state, timed just before
@@ -78,7 +81,7 @@ def run_checkpoint_pass(
     in-memory snapshot can stall), ``write_vs_raw`` (= write_MBps / raw_write_MBps), ``saves``, ``steps``,
     ``deferrals`` and ``forced_saves`` (scheduled), ``strategy``, ``format``, ``verified`` ("bitwise"), and, when
     ``config.time_lost_rounds`` > 0, the time lost per save (``time_lost_s`` and its samples, see ``time_lost``;
-    measured first, in ``workdir/time-lost``).
+    measured first, in ``workdir/time-lost``; ``time_lost_plain_s`` and ``time_lost_saving_s`` with their rounds).
     On a GPU ``save_extra_peak_bytes`` is device memory only and the pinned host staging is reported apart as
     ``save_staging_host_bytes`` (on a CPU both are host memory, and staging is part of ``save_extra_peak_bytes``).
     Scheduled with ``mem_basis: peak`` (``peak_bytes`` = the scenario's measured peak step memory): the gauge is live
@@ -137,53 +140,59 @@ def run_checkpoint_pass(
     mismatched = differing_keys({k: loaded.tensors[k] for k in saved_keys}, expected)
     if mismatched:
         raise CheckpointError(f"{last}: {len(mismatched)} tensors differ from the saved state after loading, e.g. {mismatched[:3]}")
-    out: Metrics = {"strategy": config.strategy, "format": "dcp" if config.strategy == "dcp" else config.format}
+    out = Measurements()
+    out.record("strategy", config.strategy)
+    out.record("format", "dcp" if config.strategy == "dcp" else config.format)
     if ckpt.strategy.overlapped:
-        out["staging"] = "overlapped"
-        out["fence_wait_s"] = median([r.fence_wait_s for r in records])
-    samples = {
-        "save_stall_s": [r.save_stall_s for r in records],
-        "save_total_s": [r.save_total_s for r in records],
-        "bytes_written": [r.bytes_written for r in records],
-        "write_MBps": [r.write_MBps for r in records],
-        "save_extra_peak_bytes": [r.save_extra_peak_bytes for r in records],
-        "files": [r.files for r in records],
-    }
-    for name, values in samples.items():
-        out[name] = median(values)
-        out[f"{name}_samples"] = values  # type: ignore[assignment]
-    for name in ("bytes_written", "save_extra_peak_bytes", "files"):
-        out[name] = int(out[name]) if out[name] is not None else None  # type: ignore[arg-type]
+        out.record("staging", "overlapped")
+        out.record("fence_wait_s", median([r.fence_wait_s for r in records]))
+    for name in ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files"):
+        values = [getattr(r, name) for r in records]
+        middle = median(values)
+        if name in ("bytes_written", "save_extra_peak_bytes", "files") and middle is not None:
+            middle = int(middle)
+        out.record(name, middle, samples=values)
     if len(copies) == len(records) > 1:
         # save i's stall over the copy timed just before it: the gated stall ratio (bandwidth.SnapshotCopyTimer).
         # The first save is left out: it allocates the staging buffers and starts the writer thread (2-5x a
         # steady-state stall on the quiet 2-core CPU, 13-49x under load), a one-off cost that would make every
         # run's first sample an outlier of its own.
         ratios = [r.save_stall_s / c for r, c in zip(records[1:], copies[1:])]
-        out["snapshot_copy_s"] = median(copies[1:])
-        out["snapshot_copy_s_samples"] = copies[1:]  # type: ignore[assignment]
-        out["stall_vs_copy"] = median(ratios)
-        out["stall_vs_copy_samples"] = ratios  # type: ignore[assignment]
-        out["first_save_stall_s"] = records[0].save_stall_s
-    out["load_s"] = loaded.load_s
-    out["raw_write_MBps"] = raw_write
-    out["copy_GBps"] = copy_gbps
-    out["snapshot_bytes"] = records[-1].snapshot_bytes
-    out["copy_bound_s"] = records[-1].snapshot_bytes / (copy_gbps * 1e9)
-    out["write_vs_raw"] = out["write_MBps"] / raw_write if out["write_MBps"] else None  # type: ignore[operator]
+        out.record("snapshot_copy_s", median(copies[1:]), samples=copies[1:])
+        out.record("stall_vs_copy", median(ratios), samples=ratios)
+        out.record("first_save_stall_s", records[0].save_stall_s)
+    out.record("load_s", loaded.load_s)
+    out.record("raw_write_MBps", raw_write)
+    out.record("copy_GBps", copy_gbps)
+    out.record("snapshot_bytes", records[-1].snapshot_bytes)
+    out.record("copy_bound_s", records[-1].snapshot_bytes / (copy_gbps * 1e9))
+    write = out["write_MBps"]
+    out.record("write_vs_raw", write / raw_write if write else None)  # type: ignore[operator]
     if state_device.type == "cuda":
-        out["save_staging_host_bytes"] = ckpt.staging.nbytes
-    out["saves"] = len(records)
-    out["steps"] = steps
-    out["deferrals"] = len(ckpt.schedule.deferrals)
-    out["forced_saves"] = len(ckpt.schedule.forced)
+        out.record("save_staging_host_bytes", ckpt.staging.nbytes)
+    out.record("saves", len(records))
+    out.record("steps", steps)
+    out.record("deferrals", len(ckpt.schedule.deferrals))
+    out.record("forced_saves", len(ckpt.schedule.forced))
     if config.mem_threshold is not None and config.mem_basis == "peak":
-        out["mem_threshold_bytes"] = int(config.mem_threshold * peak_bytes)  # type: ignore[operator]
+        out.record("mem_threshold_bytes", int(config.mem_threshold * peak_bytes))  # type: ignore[operator]
         taken = ckpt.schedule.taken_fractions
-        out["max_save_memory_fraction"] = max(taken) if taken else None
-    out["verified"] = "bitwise"
-    out.update(lost)
+        out.record("max_save_memory_fraction", max(taken) if taken else None)
+    out.record("verified", "bitwise")
+    _record_time_lost(out, lost)
     return out
+
+
+def _record_time_lost(out: Measurements, lost: dict) -> None:
+    """``measure_time_lost``'s dict (``<metric>_samples`` beside the medians) recorded under the vocabulary's names;
+    the saving windows' median is recorded beside their samples."""
+    if not lost:
+        return
+    lost = dict(lost)
+    samples = {name: lost.pop(f"{name}_samples", ()) for name in _TIME_LOST_SAMPLES}
+    lost.setdefault("time_lost_saving_s", median(list(samples["time_lost_saving_s"])))
+    for name, value in lost.items():
+        out.record(name, value, samples=samples.get(name, ()))
 
 
 def differing_keys(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[str]:

@@ -1,11 +1,13 @@
-"""Per-save measurements, named as in the metric vocabulary (``pytest_flashckpt.core.metrics``), and their medians."""
+"""Per-save measurements, named as in the metric vocabulary (``pytest_flashckpt.core.metrics``), and their medians.
+
+``SAVE_METRICS``: the vocabulary names every checkpoint pass measures (``run_checkpoint_pass``)."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
 
-METRICS = ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "load_s", "save_extra_peak_bytes", "files")
+SAVE_METRICS = ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "load_s", "save_extra_peak_bytes", "files")
 
 
 @dataclass

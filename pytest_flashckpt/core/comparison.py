@@ -2,6 +2,9 @@
 the stored baseline (stored in ``results.json`` as ``comparison``). Built by ``baselines`` (the gate), rendered by
 ``report`` (the markdown report and the CI step summary).
 
+The gate's notes (a metric not compared, unguarded, within noise, unstable, a regression on a busy machine) are
+``VerdictNote`` rows with a ``kind``; ``Comparison.text`` is the summary and the notes as one line for the report.
+
 Both also read like the mappings they replaced (``row["verdict"]``, ``set(comparison)``), so callers written
 against the dict form keep working; new code uses the attributes.
 """
@@ -14,6 +17,10 @@ from typing import Any, Iterator, Literal
 
 VerdictWord = Literal["ok", "improved", "regressed", "~", "unstable", "unguarded", "missing"]
 ComparisonStatus = Literal["compared", "no-baseline", "other-profile", "disabled"]
+NoteKind = Literal["probe", "unguarded", "~", "unstable", "busy-machine", "coverage", "run", "note"]
+"""What a gate note is about: a metric not compared (probe changed), a verdict that needs a reason (unguarded, ~,
+unstable, a regression flagged ``busy-machine``), the run's coverage (a subset, scenarios not in the baseline), a
+condition of the run (``--flashckpt-save-baseline``), or a note read from a file written before notes were typed."""
 VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "improved", "~", "unstable", "unguarded", "ok")
 
 
@@ -46,12 +53,30 @@ class RegressionVerdict(_ReadsLikeAMapping):
     verdict: VerdictWord
     smallest_p: float | None = None  # the smallest p these sample sizes can reach (sampled metrics)
     reason: str | None = None  # why, for every verdict but ok (missing, unguarded, unstable, ~, a noisy regression)
+    busy_machine: bool = False  # a significant change while this run's rounds scattered far more than the baseline's
 
     __hash__ = None  # type: ignore[assignment]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RegressionVerdict":
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+        return cls(**{f.name: data.get(f.name, f.default) for f in fields(cls)})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class VerdictNote:
+    """One note of the gate, a sentence a reader must see beside the verdict counts."""
+
+    kind: NoteKind
+    text: str
+
+    @classmethod
+    def from_dict(cls, data: "Mapping[str, Any] | str") -> "VerdictNote":
+        if isinstance(data, str):
+            return cls("note", data)
+        return cls(data.get("kind", "note"), data["text"])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,13 +84,15 @@ class RegressionVerdict(_ReadsLikeAMapping):
 
 @dataclass(eq=True)
 class Comparison(_ReadsLikeAMapping):
-    """A run against this profile's stored baseline."""
+    """A run against this profile's stored baseline: ``message`` says what was compared (the counts, or why
+    nothing was), ``notes`` what a reader must know beside it."""
 
     status: ComparisonStatus
     baseline_path: str | None
     baseline_profile_id: str | None
     message: str | None
     verdicts: list[RegressionVerdict] = field(default_factory=list)
+    notes: list[VerdictNote] = field(default_factory=list)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -78,11 +105,18 @@ class Comparison(_ReadsLikeAMapping):
             status=data.get("status", "compared"), baseline_path=data.get("baseline_path"),
             baseline_profile_id=data.get("baseline_profile_id"), message=data.get("message"),
             verdicts=[v if isinstance(v, RegressionVerdict) else RegressionVerdict.from_dict(v) for v in data.get("verdicts") or []],
+            # a file written before notes were typed has them inside ``message``: it stays there, shown as it was
+            notes=[n if isinstance(n, VerdictNote) else VerdictNote.from_dict(n) for n in data.get("notes") or []],
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "verdicts"},
-                "verdicts": [v.to_dict() for v in self.verdicts]}
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("verdicts", "notes")},
+                "verdicts": [v.to_dict() for v in self.verdicts], "notes": [n.to_dict() for n in self.notes]}
+
+    @property
+    def text(self) -> str:
+        """The message and every note, in that order, as one paragraph (the report's line under its heading)."""
+        return "; ".join(part for part in [self.message or "", *(n.text for n in self.notes)] if part)
 
     def counts(self) -> dict[str, int]:
         return {word: sum(v.verdict == word for v in self.verdicts) for word in VERDICT_ORDER}

@@ -4,7 +4,11 @@ A metric has a name (the key in ``Result.metrics`` and ``results.json``), a unit
 it), which direction is worse, whether the regression gate guards it, the ``@pytest.mark.flashckpt`` budget key
 that bounds it (if any) and the formatter the report uses. The runner, the fixture, the baseline verdicts, the
 report, ``flashckpt compare`` and the budgets read this table instead of keeping their own lists, so adding a
-metric is: a row here plus the code that produces it (docs/architecture.md, "Adding a metric").
+metric is: a row here plus the code that produces it (docs/architecture.md, "How to add ... A metric").
+
+A measurement is written through ``Measurements.record(metric, value, samples=(), per_rank=())`` (``Result`` is
+one): a name outside this table is refused there, at the producer, with the valid names. Samples (per round, per
+save) and per-rank values are kept under the metric's own name.
 
 Kinds:
 
@@ -22,8 +26,10 @@ This module imports nothing from the project (and no torch): every layer may rea
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["exact", "memory", "sampled", "ratio", "time", "info"]
 Worse = Literal["higher", "lower"]
@@ -108,6 +114,9 @@ _TABLE = (
     Metric("nvml_peak_used_bytes", "B", "info", "device memory used at its sampled peak (nvml probe)", fmt="mib"),
     Metric("nvml_context_bytes", "B", "info", "device memory outside torch (CUDA context; nvml probe)", fmt="mib"),
     Metric("nvml_context_created_by_probe", "count", "info", "1 when the nvml probe created the CUDA context itself (then reported apart)", fmt="count"),
+    Metric("nvml_samples", "count", "info", "device memory readings the nvml probe's sampler took", fmt="count"),
+    Metric("nvml_memory_api", "text", "info", "the NVML memory call the nvml probe read (v2: used excludes reserved; v1)"),
+    Metric("rss_samples", "count", "info", "resident-memory readings the rss probe's sampler took", fmt="count"),
     Metric("cuda_other_live_bytes", "B", "info", "device memory alive at the probe's start that is not this scenario's (other objects)", fmt="mib"),
     # checkpoint pass: GPU staging, overlapped copy, time lost per save (checkpoint/time_lost.py)
     Metric("save_staging_host_bytes", "B", "info", "pinned host staging of a GPU save (host memory; not in save_extra_peak_bytes there)", fmt="mib"),
@@ -121,8 +130,9 @@ _TABLE = (
     Metric("time_lost_min_s", "s", "info", "smallest per-round time lost", fmt="ms"),
     Metric("time_lost_max_s", "s", "info", "largest per-round time lost", fmt="ms"),
     Metric("time_lost_plain_s", "s", "info", "median time of the K-step window without a save", fmt="ms"),
+    Metric("time_lost_saving_s", "s", "info", "median time of the K-step window with a save", fmt="ms"),
     Metric("time_lost_window_steps", "count", "info", "K: steps per time-lost window", fmt="count"),
-    # distributed scenarios (pytest_flashckpt/distributed): per-rank values are in samples as <metric>_per_rank
+    # distributed scenarios (pytest_flashckpt/distributed): per-rank values are in Result.per_rank under the metric's name
     Metric("world_size", "count", "info", "ranks of a distributed or simulated-FSDP scenario", fmt="count"),
     Metric("peak_bytes_min_rank", "B", "info", "the smallest rank's peak (peak_bytes is the largest)", fmt="mib"),
     Metric("fwd_bwd_peak_bytes", "B", "memory", "largest rank's peak during forward and backward (FSDP2)", fmt="mib"),
@@ -196,6 +206,93 @@ assert set(COMPARED) <= set(METRICS), "COMPARED names a metric outside the vocab
 
 def get(name: str) -> Metric | None:
     return METRICS.get(name)
+
+
+class UnknownMetric(ValueError):
+    """A measurement written under a name that is not a row of the vocabulary."""
+
+
+def spec(name: str) -> Metric:
+    """The vocabulary row of ``name``; ``UnknownMetric`` names the key, the closest rows and where to add one."""
+    row = METRICS.get(name)
+    if row is not None:
+        return row
+    close = difflib.get_close_matches(name, METRICS, n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise UnknownMetric(
+        f"{name!r} is not a metric of the vocabulary{hint}; add a Metric row to pytest_flashckpt/core/metrics.py "
+        f"or record one of: {', '.join(METRICS)}"
+    )
+
+
+MetricValue = float | int | str | None
+"""A metric's value: a number, a text (``strategy``, ``peak_source``), or None (not measurable here)."""
+
+
+class CheckedValues(dict):
+    """A dict whose writes (``[]=``, ``update``, ``setdefault``) accept only vocabulary names (``UnknownMetric``
+    otherwise); building one from stored data (``CheckedValues(mapping)``) is not a write and keeps every key, so
+    an older file with a since-removed metric still loads."""
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        spec(name)
+        super().__setitem__(name, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        for name, value in dict(*args, **kwargs).items():
+            self[name] = value
+
+    def setdefault(self, name: str, default: Any = None) -> Any:
+        if name not in self:
+            self[name] = default
+        return self[name]
+
+    def __ior__(self, other: Any):  # type: ignore[override]
+        self.update(other)
+        return self
+
+
+class Measurements(Mapping):
+    """Metrics of the vocabulary with their samples, written through ``record``: ``values`` (metric -> value),
+    ``samples`` (metric -> per-round or per-save values, the ones its median came from) and ``per_rank``
+    (metric -> one value per rank of a distributed scenario). Reads like the mapping of its values
+    (``measured["bytes_written"]``, ``"load_s" in measured``)."""
+
+    def __init__(self) -> None:
+        self.values: CheckedValues = CheckedValues()
+        self.samples: CheckedValues = CheckedValues()
+        self.per_rank: CheckedValues = CheckedValues()
+
+    def record(self, metric: str, value: MetricValue, samples: Iterable[float] = (), per_rank: Iterable[float] = ()) -> None:
+        """Write ``metric`` (a vocabulary name: ``UnknownMetric`` otherwise) with its value, and the samples and
+        per-rank values behind it when there are any."""
+        spec(metric)
+        self.values[metric] = value
+        samples, per_rank = list(samples), list(per_rank)
+        if samples:
+            self.samples[metric] = samples
+        if per_rank:
+            self.per_rank[metric] = per_rank
+
+    def record_all(self, values: Mapping[str, MetricValue]) -> None:
+        """``record`` for each of ``values`` (none with samples)."""
+        for metric, value in values.items():
+            self.record(metric, value)
+
+    def absorb(self, other: "Measurements") -> None:
+        """Take every value, sample list and per-rank list of ``other`` (its names are checked already)."""
+        self.values.update(other.values)
+        self.samples.update(other.samples)
+        self.per_rank.update(other.per_rank)
+
+    def __getitem__(self, metric: str) -> MetricValue:
+        return self.values[metric]
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 def judged_as(name: str, exact_probe: bool) -> Literal["exact", "memory", "ratio", "time"] | None:

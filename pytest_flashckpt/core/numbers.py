@@ -12,6 +12,12 @@ MISSING = "—"
 Number = float | int | None
 
 
+def num(value: object) -> float | int | None:
+    """``value`` when it is a number (not a bool, a text or None), else None: how every report module reads a
+    metric that may be absent, a text (``mfu_absent``) or None (not measurable on this run)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def mib(value: Number) -> str:
     return MISSING if value is None else f"{value / 2**20:,.1f} MiB"
 

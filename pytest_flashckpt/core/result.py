@@ -1,26 +1,51 @@
 """``Result`` (one scenario, plain data) and ``RunRecord`` (one suite run): what the runner returns, what
-``results.json`` holds, what baselines and reports read. JSON-serialisable and schema-versioned."""
+``results.json`` holds, what baselines and reports read. JSON-serialisable and schema-versioned.
+
+A result's metrics are written through ``Result.record`` (or ``absorb`` of a ``Measurements``): a name outside
+the vocabulary (``pytest_flashckpt.core.metrics``) is refused where it is written. Samples and per-rank values are
+kept under the metric's own name (``samples["save_stall_s"]``, ``per_rank["peak_bytes"]``); files written before
+that (``<metric>_samples``, ``<metric>_per_rank`` keys in ``samples``) are read into the same shape."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 from pytest_flashckpt.core.comparison import Comparison
 from pytest_flashckpt.core.files import atomic_write_text
+from pytest_flashckpt.core.metrics import METRICS, CheckedValues, Measurements, MetricValue, spec
+from pytest_flashckpt.core.numbers import num
 
 SCHEMA_VERSION = 1
 
 Status = Literal["measured", "skipped", "error"]
-Metric = float | int | str | None
+
+# how files written before one sample convention named samples and per-rank values (read, never written)
+_LEGACY_SUFFIXES = {"_samples": "samples", "_per_rank": "per_rank"}
+
+
+def _legacy_lists(samples: Mapping[str, list], per_rank: Mapping[str, list]) -> tuple[dict[str, list], dict[str, list]]:
+    """``samples`` and ``per_rank`` of a stored result with the old ``<metric>_samples`` / ``<metric>_per_rank``
+    sample keys moved under the metric's own name; every other key stays where it was."""
+    out = {"samples": {}, "per_rank": dict(per_rank)}
+    for key, values in samples.items():
+        for suffix, where in _LEGACY_SUFFIXES.items():
+            if key.endswith(suffix) and key[: -len(suffix)] in METRICS:
+                out[where][key[: -len(suffix)]] = values
+                break
+        else:
+            out["samples"][key] = values
+    return out["samples"], out["per_rank"]
 
 
 @dataclass
 class Result:
     """Measurements of one scenario. ``metrics`` holds the named metrics of ``pytest_flashckpt.core.metrics`` (``peak_bytes``,
-    ``memory_saving``, ``overhead``, ``save_stall_s``...); ``samples`` the per-round values behind them."""
+    ``memory_saving``, ``overhead``, ``save_stall_s``...); ``samples`` the per-round (per-save) values behind them and
+    ``per_rank`` a distributed scenario's value on each rank, both under the metric's name. Written through
+    ``record`` / ``absorb``; a write of a name outside the vocabulary raises ``UnknownMetric``."""
 
     suite: str
     scenario: str
@@ -31,9 +56,36 @@ class Result:
     backend: str | None = None  # the concrete backend asked for (after resolving ``auto``)
     kernel: str | None = None  # the attention kernel detected while it ran
     probe: str | None = None
-    metrics: dict[str, Metric] = field(default_factory=dict)
-    samples: dict[str, list[float]] = field(default_factory=dict)
+    metrics: dict[str, MetricValue] = field(default_factory=CheckedValues)
+    samples: dict[str, list[float]] = field(default_factory=CheckedValues)
     notes: list[str] = field(default_factory=list)
+    per_rank: dict[str, list[float]] = field(default_factory=CheckedValues)
+
+    def __post_init__(self) -> None:
+        # stored data is taken as it is (a file may hold a metric removed since); later writes are checked
+        samples, per_rank = _legacy_lists(self.samples, self.per_rank)
+        self.metrics, self.samples, self.per_rank = CheckedValues(self.metrics), CheckedValues(samples), CheckedValues(per_rank)
+
+    def record(self, metric: str, value: MetricValue, samples: Iterable[float] = (), per_rank: Iterable[float] = ()) -> None:
+        """Write ``metric`` (a vocabulary name, ``UnknownMetric`` otherwise) with its value, and the per-round
+        samples and per-rank values behind it when there are any."""
+        spec(metric)
+        self.metrics[metric] = value
+        samples, per_rank = list(samples), list(per_rank)
+        if samples:
+            self.samples[metric] = samples
+        if per_rank:
+            self.per_rank[metric] = per_rank
+
+    def number(self, metric: str) -> float | int | None:
+        """``metric``'s value when it is a number; None when absent, None or a text (``numbers.num``)."""
+        return num(self.metrics.get(metric))
+
+    def absorb(self, measured: Measurements) -> None:
+        """Take every value, sample list and per-rank list of ``measured`` (a pass's ``Measurements``)."""
+        self.metrics.update(measured.values)
+        self.samples.update(measured.samples)
+        self.per_rank.update(measured.per_rank)
 
     @property
     def id(self) -> str:

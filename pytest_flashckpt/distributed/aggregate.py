@@ -4,6 +4,8 @@ The slowest rank sets the pace of a data-parallel step, so step time and save st
 the maximum over ranks (then the median over rounds or saves); peak memory is reported as the maximum over ranks
 (what the largest device must hold) and per rank, forward + backward and optimizer step apart, with the largest
 all-gather a rank saw (on gloo, the bound of what its uncounted staging adds: ``distributed.memory``); bytes written are summed over ranks and kept per rank.
+Every value is written through ``Result.record`` under the vocabulary's name, per-rank values in ``Result.per_rank``
+and per-round (per-save) values in ``Result.samples``, both under the metric's name.
 """
 
 from __future__ import annotations
@@ -27,46 +29,35 @@ def aggregate(result: Result, ranks: list[dict[str, Any]]) -> None:
         result.reason = f"rank {bad[0]['rank']}: {bad[0].get('reason')}"
         result.notes.extend(r["traceback"] for r in bad if r.get("traceback"))
         return
-    metrics, samples = result.metrics, result.samples
-    metrics["world_size"] = len(ranks)
     first = ranks[0]
+    result.record("world_size", len(ranks))
     result.backend, result.kernel = first.get("backend"), first.get("kernel")
     result.notes.append(f"activation (every rank): {first.get('activation')}")
     if "peak_bytes" in first:
         peaks = [r["peak_bytes"] for r in ranks]
-        samples["peak_bytes_per_rank"] = peaks
-        samples["state_bytes_per_rank"] = [r["state_bytes"] for r in ranks]
-        metrics["peak_bytes"] = max(peaks)
-        metrics["peak_bytes_min_rank"] = min(peaks)
-        metrics["state_bytes"] = max(samples["state_bytes_per_rank"])
-        samples["fwd_bwd_peak_bytes_per_rank"] = [r["fwd_bwd_peak_bytes"] for r in ranks]
-        metrics["fwd_bwd_peak_bytes"] = max(samples["fwd_bwd_peak_bytes_per_rank"])
-        samples["optimizer_peak_bytes_per_rank"] = [r["optimizer_peak_bytes"] for r in ranks]
-        metrics["optimizer_peak_bytes"] = max(samples["optimizer_peak_bytes_per_rank"])
+        result.record("peak_bytes", max(peaks), per_rank=peaks)
+        result.record("peak_bytes_min_rank", min(peaks))
+        for name in ("state_bytes", "fwd_bwd_peak_bytes", "optimizer_peak_bytes"):
+            values = [r[name] for r in ranks]
+            result.record(name, max(values), per_rank=values)
         if "largest_allgather_bytes" in first:  # records before the rank probe counted local shards lack it
-            metrics["largest_allgather_bytes"] = max(r["largest_allgather_bytes"] for r in ranks)
+            result.record("largest_allgather_bytes", max(r["largest_allgather_bytes"] for r in ranks))
     if "step_time_s" in first:
         per_round = [max(r["step_time_s"][i] for r in ranks) for i in range(len(first["step_time_s"]))]
-        samples["step_time_s"] = per_round
-        samples["step_time_s_per_rank"] = [_median(r["step_time_s"]) for r in ranks]
-        metrics["step_time_s"] = _median(per_round)
+        result.record("step_time_s", _median(per_round), samples=per_round,
+                      per_rank=[_median(r["step_time_s"]) for r in ranks])
     if "saves" in first:
         n = len(first["saves"])
-        stalls = [max(r["saves"][i]["stall_s"] for r in ranks) for i in range(n)]
-        totals = [max(r["saves"][i]["total_s"] for r in ranks) for i in range(n)]
-        samples["save_stall_s"], samples["save_total_s"] = stalls, totals
-        metrics["save_stall_s"], metrics["save_total_s"] = _median(stalls), _median(totals)
-        per_rank_bytes = [int(_median([s["bytes"] for s in r["saves"]])) for r in ranks]
-        samples["bytes_written_per_rank"] = per_rank_bytes
-        metrics["bytes_written"] = sum(per_rank_bytes)
-        staged = [max(s["staged_bytes"] for s in r["saves"]) for r in ranks]
-        samples["async_staged_bytes_per_rank"] = staged
-        metrics["async_staged_bytes"] = sum(staged)  # staging copies on every rank add up on a shared host
-        rss = [max(s["host_bytes_added"] for s in r["saves"]) for r in ranks]
-        samples["async_rss_added_bytes_per_rank"] = rss
-        metrics["async_rss_added_bytes"] = sum(rss)
-        metrics["load_s"] = max(r["load_s"] for r in ranks)
-        metrics["roundtrip_differences"] = first["roundtrip_differences"]
+        for name in ("save_stall_s", "save_total_s"):  # the slowest rank's, save by save
+            slowest = [max(r["saves"][i][name] for r in ranks) for i in range(n)]
+            result.record(name, _median(slowest), samples=slowest)
+        per_rank_bytes = [int(_median([s["bytes_written"] for s in r["saves"]])) for r in ranks]
+        result.record("bytes_written", sum(per_rank_bytes), per_rank=per_rank_bytes)
+        for name in ("async_staged_bytes", "async_rss_added_bytes"):  # copies on every rank add up on a shared host
+            largest = [max(s[name] for s in r["saves"]) for r in ranks]
+            result.record(name, sum(largest), per_rank=largest)
+        result.record("load_s", max(r["load_s"] for r in ranks))
+        result.record("roundtrip_differences", first["roundtrip_differences"])
         if first["roundtrip_differences"]:
             result.status = "error"
             result.reason = (

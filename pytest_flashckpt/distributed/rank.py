@@ -8,9 +8,10 @@ started by torchrun (``launcher``). Writes ``DIR/rank-<r>.json`` with this rank'
   ``optimizer_peak_bytes``; ``largest_allgather_bytes`` bounds what gloo's staging adds on a CPU rank
   (``GLOO_STAGING_FACTOR`` x it, not counted);
 - ``step_time_s``: every timed step (ranks enter each round together, after a barrier);
-- ``saves``: per save this rank's ``stall_s`` (training blocked), ``total_s`` (until committed), ``bytes`` (the
-  shard files it wrote), ``staged_bytes`` (the host copy an async save stages: this rank's state) and
-  ``host_bytes_added`` (resident memory measured around the staging; the allocator may reuse freed pages);
+- ``saves``: per save this rank's ``save_stall_s`` (training blocked), ``save_total_s`` (until committed),
+  ``bytes_written`` (the shard files it wrote), ``async_staged_bytes`` (the host copy an async save stages: this
+  rank's state) and ``async_rss_added_bytes`` (resident memory measured around the staging; the allocator may reuse
+  freed pages): the names of the metric vocabulary (``core.metrics``) they become, checked before they are written;
 - ``roundtrip_differences``: rank 0, after the last save: tensors of the state loaded back into a fresh sharded
   trainer that differ in any bit from the gathered original (0 for a correct save).
 """
@@ -31,6 +32,7 @@ from torch.distributed.tensor import DTensor
 from pytest_flashckpt.activation import StrategyUnavailable
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build
+from pytest_flashckpt.core.metrics import spec as metric_spec
 from pytest_flashckpt.distributed import fsdp, sharded_store
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
@@ -123,10 +125,7 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
                 for _ in range(save.save_interval):
                     trainer.train_step()
                 ckpt.save(trainer)
-        out["saves"] = [
-            {"stall_s": r.stall_s, "total_s": r.total_s, "bytes": r.bytes_written, "host_bytes_added": r.host_bytes_added, "staged_bytes": r.staged_bytes}
-            for r in ckpt.saves
-        ]
+        out["saves"] = [_save_record(r) for r in ckpt.saves]
         original = sharded_store.gathered_state(trainer)  # the trainer has not moved since the last save
         fresh, _ = _trainer(scenario, device, backend)
         start = time.perf_counter()
@@ -137,6 +136,15 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
             out["roundtrip_differences"] = len(sharded_store.bitwise_differences(loaded, original))
             out["roundtrip_tensors"] = len(original)
     return out
+
+
+def _save_record(save: Any) -> dict[str, Any]:
+    """One sharded save of this rank, under the vocabulary's names (``aggregate`` reads them as they are)."""
+    record = {"save_stall_s": save.stall_s, "save_total_s": save.total_s, "bytes_written": save.bytes_written,
+              "async_staged_bytes": save.staged_bytes, "async_rss_added_bytes": save.host_bytes_added}
+    for name in record:
+        metric_spec(name)  # UnknownMetric here, in the rank, rather than a KeyError when the records are gathered
+    return record
 
 
 def main(argv: list[str] | None = None) -> None:

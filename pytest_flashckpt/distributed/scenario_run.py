@@ -56,7 +56,7 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
             result.reason = f"{exc}" + (f"; rank {failed[0]['rank']}: {failed[0]['reason']}" if failed else "")
             result.notes.append(exc.log)
             return result
-        result.metrics["launch_wall_s"] = time.perf_counter() - start
+        result.record("launch_wall_s", time.perf_counter() - start)
         records = [json.loads(p.read_text()) for p in sorted(work.glob("rank-*.json"))]
         if len(records) != scenario.world_size * launch.nnodes:
             result.status, result.reason = "error", f"{len(records)} of {scenario.world_size * launch.nnodes} ranks wrote their record"

@@ -59,8 +59,8 @@ def build_series(runs: Sequence[tuple[Run, RunRecord]], metrics: Sequence[str] =
             if result.status != "measured":
                 continue
             for name in metrics:
-                value = result.metrics.get(name)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = result.number(name)
+                if value is not None:
                     s = table.setdefault((result.id, name), Series(result.id, name))
                     s.runs.append(run)
                     s.values.append(float(value))

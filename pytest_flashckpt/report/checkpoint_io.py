@@ -20,25 +20,20 @@ IO_HEADERS = [
 ]
 
 
-def _num(r: Result, key: str) -> float | None:
-    value = r.metrics.get(key)
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _rows(r: Result, notes: Footnotes) -> tuple[list[str], list[str]]:
     name = f"`{r.id}`"
     if r.status != "measured":
         skipped = notes.skipped(r.status, r.reason)
         return [name, select.describe_save(r), skipped, *[MISSING] * 8], [name, skipped, *[MISSING] * (len(IO_HEADERS) - 2)]
     timing = [
-        name, select.describe_save(r), ms(_num(r, "save_stall_s")), ms(_num(r, "save_total_s")),
-        ratio(_num(r, "stall_vs_copy")), pct(_num(r, "stall_vs_sync")), ms(_num(r, "reference_save_total_s")), ms(_num(r, "time_lost_s")),
-        ratio(_num(r, "time_lost_vs_sync")), ms(_num(r, "copy_bound_s")), ms(_num(r, "load_s")),
+        name, select.describe_save(r), ms(r.number("save_stall_s")), ms(r.number("save_total_s")),
+        ratio(r.number("stall_vs_copy")), pct(r.number("stall_vs_sync")), ms(r.number("reference_save_total_s")), ms(r.number("time_lost_s")),
+        ratio(r.number("time_lost_vs_sync")), ms(r.number("copy_bound_s")), ms(r.number("load_s")),
     ]
     io = [
-        name, mib(_num(r, "bytes_written")), count(_num(r, "files")), mbps(_num(r, "write_MBps")),
-        mbps(_num(r, "raw_write_MBps")), pct(_num(r, "write_vs_raw")), gbps(_num(r, "staging_GBps")),
-        gbps(_num(r, "copy_GBps")), pct(_num(r, "staging_vs_copy")), mib(_num(r, "save_extra_peak_bytes")),
+        name, mib(r.number("bytes_written")), count(r.number("files")), mbps(r.number("write_MBps")),
+        mbps(r.number("raw_write_MBps")), pct(r.number("write_vs_raw")), gbps(r.number("staging_GBps")),
+        gbps(r.number("copy_GBps")), pct(r.number("staging_vs_copy")), mib(r.number("save_extra_peak_bytes")),
     ]
     return timing, io
 

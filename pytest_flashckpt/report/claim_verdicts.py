@@ -24,12 +24,12 @@ from pytest_flashckpt.core.claims import MIN_WORKLOADS, Claim, OverheadBand
 from pytest_flashckpt.report.format import pct, ratio
 from pytest_flashckpt.core.result import Result
 
-VerdictWord = Literal["holds", "does not hold", "not measurable"]
+ClaimWord = Literal["holds", "does not hold", "not measurable"]  # a claim's verdict (regression words: core.comparison.VerdictWord)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    word: VerdictWord
+    word: ClaimWord
     reason: str
 
     def cell(self) -> str:

@@ -27,13 +27,8 @@ from pytest_flashckpt.core.result import Result
 HEADERS = ["scenario", "ranks", "save", "peak (max rank)", "peak per rank", "fwd+bwd / optimizer peak", "step", "stall", "total", "bytes per rank", "async staged (RSS added)", "load", "round trip"]
 
 
-def _num(r: Result, key: str) -> float | None:
-    value = r.metrics.get(key)
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _per_rank(r: Result, key: str, fmt) -> str:
-    values = r.samples.get(key)
+def _per_rank(r: Result, metric: str, fmt) -> str:
+    values = r.per_rank.get(metric)
     return " / ".join(fmt(v) for v in values) if values else MISSING
 
 
@@ -45,7 +40,7 @@ def _save(r: Result) -> str:
 
 
 def _roundtrip(r: Result) -> str:
-    diff = _num(r, "roundtrip_differences")
+    diff = r.number("roundtrip_differences")
     return MISSING if diff is None else ("bitwise" if diff == 0 else f"{count(diff)} tensors differ")
 
 
@@ -90,12 +85,12 @@ def comparison_section(chosen: list[Result]) -> list[str]:
     notes = Footnotes()
     rows = []
     for r in chosen:
-        measured = _num(r, "peak_bytes")
+        measured = r.number("peak_bytes")
         if r.status != "measured" or measured is None:
             continue
         simulated, why = simulated_rank_peak(r)
         diff = MISSING if simulated is None else f"{(simulated - measured) / measured * 100:+.1f}%"
-        staging = _num(r, "largest_allgather_bytes")
+        staging = r.number("largest_allgather_bytes")
         bound = f"≤ {mib(_staging_factor() * staging)}" if staging and "gloo" in str(r.device) else MISSING
         rows.append([f"`{r.id}`", mib(measured), mib(simulated) if simulated is not None else notes.skipped("not simulated", why), diff, bound])
     if not rows:
@@ -126,10 +121,10 @@ def distributed_section(results: list[Result]) -> list[str]:
             rows.append([name, ranks, _save(r), notes.skipped(r.status, r.reason), *[MISSING] * 9])
             continue
         rows.append([
-            name, ranks, _save(r), mib(_num(r, "peak_bytes")), _per_rank(r, "peak_bytes_per_rank", mib),
-            f"{mib(_num(r, 'fwd_bwd_peak_bytes'))} / {mib(_num(r, 'optimizer_peak_bytes'))}",
-            ms(_num(r, "step_time_s")), ms(_num(r, "save_stall_s")), ms(_num(r, "save_total_s")),
-            _per_rank(r, "bytes_written_per_rank", mib), f"{mib(_num(r, 'async_staged_bytes'))} ({mib(_num(r, 'async_rss_added_bytes'))})" if _num(r, "async_staged_bytes") else MISSING, ms(_num(r, "load_s")), _roundtrip(r),
+            name, ranks, _save(r), mib(r.number("peak_bytes")), _per_rank(r, "peak_bytes", mib),
+            f"{mib(r.number('fwd_bwd_peak_bytes'))} / {mib(r.number('optimizer_peak_bytes'))}",
+            ms(r.number("step_time_s")), ms(r.number("save_stall_s")), ms(r.number("save_total_s")),
+            _per_rank(r, "bytes_written", mib), f"{mib(r.number('async_staged_bytes'))} ({mib(r.number('async_rss_added_bytes'))})" if r.number("async_staged_bytes") else MISSING, ms(r.number("load_s")), _roundtrip(r),
         ])  # fmt: skip
     lines.append(
         "Ranks under torchrun, model sharded with FSDP2 (`fully_shard` per block and root); saves are sharded DCP "

@@ -9,23 +9,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_flashckpt.core.claims import CLAIMS
 from pytest_flashckpt.core.files import atomic_write_text
-from pytest_flashckpt.report import select
 from pytest_flashckpt.report.activation import activation_section
 from pytest_flashckpt.report.article import article_table, single_claim
 from pytest_flashckpt.report.attention import attention_section
 from pytest_flashckpt.report.checkpoint_io import checkpoint_section
 from pytest_flashckpt.report.distributed import distributed_section
-from pytest_flashckpt.report.format import mib, ms, pct, ratio
 from pytest_flashckpt.report.header import header
 from pytest_flashckpt.report.plots import Plot, write_plots
 from pytest_flashckpt.report.regression import regression_section
 from pytest_flashckpt.report.scenarios import scenarios_section
-from pytest_flashckpt.report.claim_verdicts import judge
 from pytest_flashckpt.report.simulation import simulation_section
 from pytest_flashckpt.report.throughput import throughput_section
-from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.core.result import RunRecord
 
 REPORT_NAME = "flashckpt-report.md"
 
@@ -62,41 +58,3 @@ def write_report(record: RunRecord, out_dir: Path) -> Path:
     path = out_dir / REPORT_NAME
     atomic_write_text(path, render(record, plots))
     return path
-
-
-def _article_lines(results: list[Result]) -> list[str]:
-    out = []
-    for tag, tagged in select.by_article(results).items():
-        claim = CLAIMS.get(tag)
-        for r in tagged:
-            if claim is None:
-                out.append(f"article {tag!r} ({r.id}): no such claim; known: {', '.join(CLAIMS)}")
-                continue
-            verdict = judge(claim, r)
-            out.append(f"article {claim.title} ({r.id}): {verdict.word} ({verdict.reason})")
-    return out
-
-
-def summary_lines(results: list[Result]) -> list[str]:
-    """Short terminal summary: one line per scenario, then one per article claim tested."""
-    out = []
-    for r in results:
-        if r.status != "measured":
-            out.append(f"{r.id}: {r.status} ({r.reason})")
-            continue
-        m = r.metrics
-        parts = [f"kernel {r.kernel}"]
-        if isinstance(m.get("peak_bytes"), (int, float)):
-            parts.append(f"peak {mib(m['peak_bytes'])}")  # type: ignore[arg-type]
-        if isinstance(m.get("simulated_peak_bytes"), (int, float)):  # simulate suite: a prediction, marked as such
-            parts.append(f"simulated peak {mib(m['simulated_peak_bytes'])}")  # type: ignore[arg-type]
-        if isinstance(m.get("memory_saving"), (int, float)):
-            parts.append(f"saving {pct(m['memory_saving'])}")  # type: ignore[arg-type]
-        if isinstance(m.get("step_time_s"), (int, float)):
-            parts.append(f"step {ms(m['step_time_s'])}")  # type: ignore[arg-type]
-        if isinstance(m.get("overhead"), (int, float)):
-            parts.append(f"overhead {ratio(m['overhead'])}")  # type: ignore[arg-type]
-        if isinstance(m.get("save_stall_s"), (int, float)):
-            parts.append(f"stall {ms(m['save_stall_s'])}")  # type: ignore[arg-type]
-        out.append(f"{r.id}: " + ", ".join(parts))
-    return out + _article_lines(results)

@@ -42,11 +42,6 @@ class Plot:
         return f"_Plot \"{self.title}\" not drawn: {self.reason}._"
 
 
-def _num(r: Result, key: str) -> float | None:
-    value = r.metrics.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _save(draw: Callable[["Axes"], None], path: Path, size: tuple[float, float] = (7.5, 4.8)) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -62,7 +57,7 @@ def _save(draw: Callable[["Axes"], None], path: Path, size: tuple[float, float] 
 def pareto_points(results: list[Result]) -> list[Result]:
     return [
         r for r in select.activation_results(results)
-        if r.status == "measured" and _num(r, "memory_saving") is not None and _num(r, "overhead") is not None
+        if r.status == "measured" and r.number("memory_saving") is not None and r.number("overhead") is not None
     ]
 
 
@@ -79,9 +74,9 @@ def draw_pareto(results: list[Result], path: Path) -> None:
     chosen = pareto_points(results)
 
     def draw(ax: "Axes") -> None:
-        xs = [_num(r, "overhead") or 1.0 for r in chosen]
-        right = max([*xs, *(_num(r, "overhead_max") or 1.0 for r in chosen), 1.5]) + 0.1
-        left = min([*xs, *(_num(r, "overhead_min") or 1.0 for r in chosen), 0.95]) - 0.05  # noise can dip below 1
+        xs = [r.number("overhead") or 1.0 for r in chosen]
+        right = max([*xs, *(r.number("overhead_max") or 1.0 for r in chosen), 1.5]) + 0.1
+        left = min([*xs, *(r.number("overhead_min") or 1.0 for r in chosen), 0.95]) - 0.05  # noise can dip below 1
         colors = {"prototype": "tab:green", "medium": "tab:orange", "large": "tab:red", "gradient_checkpointing": "tab:purple"}
         for claim in CLAIMS.values():
             band = claim.overhead
@@ -106,8 +101,8 @@ def draw_pareto(results: list[Result], path: Path) -> None:
         to_label: list[tuple[float, float, str]] = []
         repeats: list[str] = []
         for r in chosen:
-            x, y = _num(r, "overhead") or 1.0, (_num(r, "memory_saving") or 0.0) * 100
-            lo, hi = _num(r, "overhead_min") or x, _num(r, "overhead_max") or x
+            x, y = r.number("overhead") or 1.0, (r.number("memory_saving") or 0.0) * 100
+            lo, hi = r.number("overhead_min") or x, r.number("overhead_max") or x
             strategy, seq, kernel, save = identity(r)
             color = kernel_color[kernel]
             repeat = identity(r) in seen
@@ -131,7 +126,7 @@ def draw_pareto(results: list[Result], path: Path) -> None:
         if repeats:
             ax.plot([], [], "o", color="dimgray", markerfacecolor="white", alpha=0.6,
                     label="same config re-run: " + ", ".join(repeats))
-        front = _frontier([(_num(r, "overhead") or 1.0, (_num(r, "memory_saving") or 0.0) * 100) for r in chosen])
+        front = _frontier([(r.number("overhead") or 1.0, (r.number("memory_saving") or 0.0) * 100) for r in chosen])
         ax.plot([1.0, *(p[0] for p in front)], [0.0, *(p[1] for p in front)], "--", color="tab:blue", alpha=0.5,
                 label="measured Pareto front (from the reference)")
         ax.plot([1.0], [0.0], "s", color="black", label="reference (no checkpointing)")
@@ -218,7 +213,7 @@ def draw_attention(results: list[Result], path: Path) -> None:
 
 # -- save stall vs total -----------------------------------------------------------------------------------
 def save_points(results: list[Result]) -> list[Result]:
-    return [r for r in select.checkpoint_results(results) if r.status == "measured" and _num(r, "save_total_s") is not None]
+    return [r for r in select.checkpoint_results(results) if r.status == "measured" and r.number("save_total_s") is not None]
 
 
 def draw_saves(results: list[Result], path: Path) -> None:
@@ -227,11 +222,11 @@ def draw_saves(results: list[Result], path: Path) -> None:
     def draw(ax: "Axes") -> None:
         labels = [f"{select.describe_save(r)}\n{r.scenario}" for r in chosen]
         ys = list(range(len(chosen)))
-        totals = [(_num(r, "save_total_s") or 0.0) * 1000 for r in chosen]
-        stalls = [(_num(r, "save_stall_s") or 0.0) * 1000 for r in chosen]
+        totals = [(r.number("save_total_s") or 0.0) * 1000 for r in chosen]
+        stalls = [(r.number("save_stall_s") or 0.0) * 1000 for r in chosen]
         ax.barh([y + 0.2 for y in ys], totals, height=0.4, color="tab:gray", label="total (until durable)")
         ax.barh([y - 0.2 for y in ys], stalls, height=0.4, color="tab:red", label="stall (training blocked)")
-        refs = [(y, (_num(r, "reference_save_total_s") or 0.0) * 1000) for y, r in zip(ys, chosen) if _num(r, "reference_save_total_s")]
+        refs = [(y, (r.number("reference_save_total_s") or 0.0) * 1000) for y, r in zip(ys, chosen) if r.number("reference_save_total_s")]
         if refs:
             ax.plot([x for _, x in refs], [y for y, _ in refs], "k|", markersize=16, markeredgewidth=2,
                     label="sync save of the reference (total)")
@@ -265,13 +260,13 @@ def draw_throughput(results: list[Result], path: Path) -> None:
         for r in chosen:
             workloads.setdefault((select.card(r), r.config.get("seq_len"), r.kernel, r.config.get("dtype")), []).append(r)
         for group in workloads.values():  # one workload's strategies joined: the memory / MFU trade-off
-            group = sorted(group, key=lambda r: _num(r, "peak_bytes") or 0.0)
-            ax.plot([(_num(r, "peak_bytes") or 0.0) / 2**20 for r in group], [(mfu_of(r)[0] or 0.0) * 100 for r in group],
+            group = sorted(group, key=lambda r: r.number("peak_bytes") or 0.0)
+            ax.plot([(r.number("peak_bytes") or 0.0) / 2**20 for r in group], [(mfu_of(r)[0] or 0.0) * 100 for r in group],
                     "-", color="lightgrey", zorder=1)
         for i, strategy in enumerate(strategies):
             mine = [r for r in chosen if select.describe_activation(r) == strategy]
             color = f"C{i % 10}"
-            xs = [(_num(r, "peak_bytes") or 0.0) / 2**20 for r in mine]
+            xs = [(r.number("peak_bytes") or 0.0) / 2**20 for r in mine]
             ax.scatter(xs, [(mfu_of(r)[0] or 0.0) * 100 for r in mine], color=color, label=f"{strategy}: MFU", zorder=3)
             hfu = [(x, mfu_of(r)[1]) for x, r in zip(xs, mine) if mfu_of(r)[1] is not None]
             if hfu:
@@ -279,7 +274,7 @@ def draw_throughput(results: list[Result], path: Path) -> None:
                            label=f"{strategy}: HFU", zorder=2)
         for group in workloads.values():
             top = max(group, key=lambda r: mfu_of(r)[0] or 0.0)
-            ax.annotate(f"{select.card(top)} s{top.config.get('seq_len')}", ((_num(top, "peak_bytes") or 0.0) / 2**20,
+            ax.annotate(f"{select.card(top)} s{top.config.get('seq_len')}", ((top.number("peak_bytes") or 0.0) / 2**20,
                         (mfu_of(top)[0] or 0.0) * 100), xytext=(4, 4), textcoords="offset points", fontsize=7)
         ax.set_xlabel("peak training-step memory (MiB)")
         ax.set_ylabel(f"% of the {basis}")

@@ -43,7 +43,7 @@ def regression_section(comparison: Comparison | Mapping[str, Any] | None) -> lis
     if comparison is None:
         lines.append("_No baseline comparison was recorded for this run._")
         return lines
-    status, message, baseline = comparison.status, comparison.message, comparison.baseline_path
+    status, message, baseline = comparison.status, comparison.text, comparison.baseline_path
     where = f" (`{baseline}`, profile `{comparison.baseline_profile_id or '?'}`)" if baseline else ""
     if status != "compared":
         text = STATUS_TEXT.get(status, f"status {status}")
@@ -84,7 +84,7 @@ def markdown_table(comparison: Comparison | Mapping[str, Any]) -> str:
     """The comparison as the markdown block appended to ``$GITHUB_STEP_SUMMARY``: status line, then every verdict."""
     comparison = Comparison.coerce(comparison)
     assert comparison is not None
-    lines = ["### pytest-flashckpt baseline comparison", "", comparison.message or "", ""]
+    lines = ["### pytest-flashckpt baseline comparison", "", comparison.text, ""]
     if comparison.verdicts:
         lines += [verdict_table(comparison.verdicts), ""]
     return "\n".join(lines) + "\n"

@@ -10,19 +10,14 @@ from pytest_flashckpt.core.result import Result
 HEADERS = ["scenario", "strategies", "precision", "kernel", "seq", "peak memory", "memory saving", "step time", "overhead (min-max)", "save stall", "status"]
 
 
-def _num(r: Result, key: str) -> float | None:
-    value = r.metrics.get(key)
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _row(r: Result) -> list[str]:
     head = [f"`{r.id}`", select.describe_strategies(r), select.precision(r)]
     if r.status != "measured":
         return [*head, MISSING, str(r.config.get("seq_len", MISSING)), *[MISSING] * 5, escape(f"{r.status}: {r.reason or 'no reason given'}")]
     return [
         *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.get("seq_len", MISSING)),
-        mib(_num(r, "peak_bytes")), pct(_num(r, "memory_saving")), ms(_num(r, "step_time_s")),
-        spread(_num(r, "overhead"), _num(r, "overhead_min"), _num(r, "overhead_max")), ms(_num(r, "save_stall_s")),
+        mib(r.number("peak_bytes")), pct(r.number("memory_saving")), ms(r.number("step_time_s")),
+        spread(r.number("overhead"), r.number("overhead_min"), r.number("overhead_max")), ms(r.number("save_stall_s")),
         "simulated (see Will it fit?)" if select.simulated(r) else "measured",
     ]
 

@@ -18,8 +18,8 @@ ARTICLE_CARD = "gpt3-2.7b"
 
 
 def _int(r: Result, key: str) -> int | None:
-    value = r.metrics.get(key)
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    value = r.number(key)
+    return None if value is None else int(value)
 
 
 def _fit(peak: int, size: int) -> str:

@@ -38,11 +38,7 @@ def scenario_verdict(result: Result, rows: Sequence[RegressionVerdict] | None, g
 def metric_parts(r: Result, compact: bool = False) -> list[str]:
     """The headline numbers of a measured result: kernel, peak, saving, overhead or step time, MFU and HFU (of the
     datasheet peak, else of the measured matmul roofline), save stall."""
-    m = r.metrics
-
-    def num(key: str) -> float | None:
-        value = m.get(key)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    num = r.number
 
     parts = [] if compact else [f"kernel {r.kernel or '?'}"]
     if num("peak_bytes") is not None:
@@ -101,8 +97,12 @@ def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
     out = []
     for part in (p.strip() for p in text.split("; ")):
         if part:
-            out += textwrap.wrap(part, width, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False)
+            out += _paragraph(part, indent, width)
     return out
+
+
+def _paragraph(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False)
 
 
 def regression_lines(comparison: Comparison | None) -> list[str]:
@@ -110,8 +110,9 @@ def regression_lines(comparison: Comparison | None) -> list[str]:
     comparison = Comparison.coerce(comparison)
     if comparison is None:
         return []
+    notes = [line for note in comparison.notes for line in _paragraph(note.text)]
     if comparison.status != "compared":
-        return ["baseline:" + (" WARNING" if comparison.status == "other-profile" else ""), *wrap(comparison.message or "")]
+        return ["baseline:" + (" WARNING" if comparison.status == "other-profile" else ""), *_paragraph(comparison.message or ""), *notes]
     counts = ", ".join(f"{n} {word}" for word, n in comparison.counts().items() if n) or "nothing compared"
     lines = [f"baseline {comparison.baseline_path or '(unreadable)'}: {counts}"]
     ordered = sorted((v for v in comparison.verdicts if v.verdict != "ok"), key=lambda v: (VERDICT_ORDER.index(v.verdict), v.scenario, v.metric))
@@ -122,9 +123,7 @@ def regression_lines(comparison: Comparison | None) -> list[str]:
         else:
             text = f"  {v.verdict:>9} {v.scenario} {v.metric}: {fmt(v.baseline)} -> {fmt(v.current)} ({fmt_change(v.change) or 'n/a'}{p})"
         lines.append(_clip(text))
-    notes = (comparison.message or "").split("; ")[1:]  # the first part is the counts line above
-    if notes:
-        lines += wrap("; ".join(notes))
+    lines += notes  # the counts line above says what the message says
     if any(v.verdict == "improved" for v in comparison.verdicts):
         lines.append("  improvements found: refresh the baseline with --flashckpt-save-baseline to guard them")
     return lines

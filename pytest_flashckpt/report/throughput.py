@@ -19,11 +19,6 @@ HEADERS = [
 ]
 
 
-def _num(r: Result, key: str) -> float | None:
-    value = r.metrics.get(key)
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def throughput_results(results: list[Result]) -> list[Result]:
     """Scenarios that time a step (``timing`` in ``measure``), measured or not; simulated ones are predictions."""
     return [r for r in results if "timing" in (r.config.get("measure") or ()) and not select.simulated(r)]
@@ -32,14 +27,14 @@ def throughput_results(results: list[Result]) -> list[Result]:
 def plotted(results: list[Result]) -> list[Result]:
     """Measured results with an MFU (datasheet or roofline) and a peak memory: the MFU vs memory plot's points."""
     return [r for r in throughput_results(results) if select.measured(r) and mfu_of(r)[0] is not None
-            and _num(r, "peak_bytes") is not None]
+            and r.number("peak_bytes") is not None]
 
 
 def mfu_of(r: Result) -> tuple[float | None, float | None, str]:
     """(MFU, HFU, against what): the datasheet's when the run had one, else the measured roofline's."""
-    if _num(r, "mfu") is not None:
-        return _num(r, "mfu"), _num(r, "hfu"), "datasheet peak"
-    return _num(r, "mfu_roofline"), _num(r, "hfu_roofline"), "measured matmul roofline"
+    if r.number("mfu") is not None:
+        return r.number("mfu"), r.number("hfu"), "datasheet peak"
+    return r.number("mfu_roofline"), r.number("hfu_roofline"), "measured matmul roofline"
 
 
 def header_lines(record: RunRecord) -> list[str]:
@@ -48,11 +43,11 @@ def header_lines(record: RunRecord) -> list[str]:
     datasheet: dict[str, str] = {}
     rooflines: dict[str, list[str]] = {}
     for r in record.results:
-        if not select.measured(r) or _num(r, "model_flops_per_s") is None:
+        if not select.measured(r) or r.number("model_flops_per_s") is None:
             continue
         dtype = str(r.config.get("dtype", "?"))
         datasheet.setdefault(dtype, str(r.metrics.get("peak_source") or f"none: {r.metrics.get('mfu_absent') or 'not recorded'}"))
-        roof = _num(r, "roofline_flops_per_s")
+        roof = r.number("roofline_flops_per_s")
         if roof is not None:
             text = f"{metric('roofline_flops_per_s', roof)} at {r.metrics.get('roofline_shape', '?')}"
             if text not in rooflines.setdefault(dtype, []):
@@ -74,18 +69,18 @@ def _row(r: Result, notes: Footnotes) -> list[str]:
     head = [f"`{r.id}`", select.describe_activation(r)]
     if r.status != "measured":
         return [*head, notes.skipped(r.status, r.reason), *[MISSING] * (len(HEADERS) - 3)]
-    mfu, hfu = _num(r, "mfu"), _num(r, "hfu")
+    mfu, hfu = r.number("mfu"), r.number("hfu")
     absent = r.metrics.get("mfu_absent")
-    datasheet = ([pct(mfu), pct(hfu), pct(_num(r, "reference_mfu"))] if mfu is not None
+    datasheet = ([pct(mfu), pct(hfu), pct(r.number("reference_mfu"))] if mfu is not None
                  else [f"{MISSING} {notes.mark(str(absent))}" if absent else MISSING] * 3)
     return [
         *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.get("dtype", MISSING)),
-        metric("tokens_per_s", _num(r, "tokens_per_s")), metric("model_flops_per_s", _num(r, "model_flops_per_s")),
-        metric("hardware_flops_per_s", _num(r, "hardware_flops_per_s")),
-        ratio(_num(r, "hardware_step_flops") / _num(r, "model_step_flops")) if _num(r, "model_step_flops") else MISSING,
-        ratio(_num(r, "overhead")), *datasheet, metric("roofline_flops_per_s", _num(r, "roofline_flops_per_s")),
-        pct(_num(r, "mfu_roofline")), pct(_num(r, "hfu_roofline")),
-        pct(_num(r, "reference_mfu_roofline")), mib(_num(r, "peak_bytes")),
+        metric("tokens_per_s", r.number("tokens_per_s")), metric("model_flops_per_s", r.number("model_flops_per_s")),
+        metric("hardware_flops_per_s", r.number("hardware_flops_per_s")),
+        ratio(r.number("hardware_step_flops") / r.number("model_step_flops")) if r.number("model_step_flops") else MISSING,
+        ratio(r.number("overhead")), *datasheet, metric("roofline_flops_per_s", r.number("roofline_flops_per_s")),
+        pct(r.number("mfu_roofline")), pct(r.number("hfu_roofline")),
+        pct(r.number("reference_mfu_roofline")), mib(r.number("peak_bytes")),
     ]
 
 

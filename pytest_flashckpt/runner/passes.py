@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.probes import MemoryReading, make_probe
 from pytest_flashckpt.runner.timing import interleaved
 
@@ -72,21 +73,26 @@ class TimingPass:
         """Per-round strategy / reference ratios (each round ran both, side by side)."""
         return None if self.reference_s is None else [s / r for s, r in zip(self.step_s, self.reference_s)]
 
-    def metrics(self) -> dict[str, float]:
-        """The vocabulary's timing metrics: ``step_time_s``, and with a reference ``reference_step_time_s``,
-        ``overhead`` (median per-round ratio), ``overhead_min`` and ``overhead_max``."""
-        out = {"step_time_s": self.step_time_s}
+    def measurements(self) -> Measurements:
+        """The vocabulary's timing metrics with their per-round samples: ``step_time_s``, and with a reference
+        ``reference_step_time_s``, ``overhead`` (median per-round ratio), ``overhead_min`` and ``overhead_max``."""
+        out = Measurements()
+        out.record("step_time_s", self.step_time_s, samples=self.step_s)
         ratios = self.overhead_samples
-        if ratios is not None:
-            out.update(reference_step_time_s=self.reference_step_time_s, overhead=statistics.median(ratios),
-                       overhead_min=min(ratios), overhead_max=max(ratios))
+        if ratios is not None and self.reference_s is not None:
+            out.record("reference_step_time_s", self.reference_step_time_s, samples=self.reference_s)
+            out.record("overhead", statistics.median(ratios), samples=ratios)
+            out.record("overhead_min", min(ratios))
+            out.record("overhead_max", max(ratios))
         return out
 
+    def metrics(self) -> dict[str, float]:
+        """The values of ``measurements()``."""
+        return dict(self.measurements().values)  # type: ignore[arg-type]
+
     def samples(self) -> dict[str, list[float]]:
-        out = {"step_time_s": self.step_s}
-        if self.reference_s is not None:
-            out.update(reference_step_time_s=self.reference_s, overhead=self.overhead_samples or [])
-        return out
+        """The per-round samples of ``measurements()``, under each metric's name."""
+        return dict(self.measurements().samples)
 
 
 def timing_pass(
@@ -104,11 +110,20 @@ class SavePass:
     stall_s: list[float] = field(default_factory=list)
     total_s: list[float] = field(default_factory=list)
 
+    def measurements(self) -> Measurements:
+        """``save_stall_s`` and ``save_total_s``: medians over the saves, with the per-save samples."""
+        out = Measurements()
+        out.record("save_stall_s", statistics.median(self.stall_s), samples=self.stall_s)
+        out.record("save_total_s", statistics.median(self.total_s), samples=self.total_s)
+        return out
+
     def metrics(self) -> dict[str, float]:
-        return {"save_stall_s": statistics.median(self.stall_s), "save_total_s": statistics.median(self.total_s)}
+        """The values of ``measurements()``."""
+        return dict(self.measurements().values)  # type: ignore[arg-type]
 
     def samples(self) -> dict[str, list[float]]:
-        return {"save_stall_s": self.stall_s, "save_total_s": self.total_s}
+        """The per-save samples of ``measurements()``, under each metric's name."""
+        return dict(self.measurements().samples)
 
 
 def _wait(handle: Any) -> None:

@@ -21,6 +21,7 @@ from pytest_flashckpt.config.preflight import preflight  # noqa: F401  (its old 
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.core.files import work_folder
+from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import BackendUnavailable, OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.core.result import Result
@@ -144,31 +145,36 @@ def _warmup(trainer: Trainer, steps: int) -> set[str]:
     return recorder.op_names
 
 
-def _peak(trainer: Trainer, probe_name: str, device: torch.device) -> dict[str, int]:
+def _peak(trainer: Trainer, probe_name: str, device: torch.device) -> Measurements:
     reading = peak_pass(trainer.train_step, trainer.state_tensors(), probe_name, device)
-    return {"peak_bytes": reading.peak_bytes, "state_bytes": reading.start_bytes, **reading.extra}
+    out = Measurements()
+    out.record("peak_bytes", reading.peak_bytes)
+    out.record("state_bytes", reading.start_bytes)
+    out.record_all(reading.extra)  # the probe's own (rng_state_bytes, nvml_context_bytes, ...): vocabulary rows too
+    return out
 
 
-def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> dict[str, float | int]:
+def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> Measurements:
     """The analytic model's peak and saving for this scenario, to read each measured number against."""
     from pytest_flashckpt.activation import analytic
 
+    out = Measurements()
     if scenario.model.hf is not None:  # the analytic formulas are the project's families': none for a HF model ("—")
-        return {}
+        return out
     config = trainer.model.config
     if not analytic.supports(config):  # no analytic model of this family's blocks: the report shows "—"
-        return {}
+        return out
     work = analytic.Workload(
         scenario.batch_size, scenario.seq_len, trainer.model.backend, DTYPES[scenario.dtype].itemsize, device.type
     )
     strategy, k = scenario.activation.strategy, scenario.activation.k
     if strategy == "budget":  # per-shape plans have no closed form; the plan's predicted peak is in the notes
-        return {}
+        return out
     if scenario.precision == "mixed":  # the analytic model knows one dtype for states and activations
-        return {}
-    out: dict[str, float | int] = {"analytic_peak_bytes": analytic.estimate(config, work, strategy, k).peak_bytes}
+        return out
+    out.record("analytic_peak_bytes", analytic.estimate(config, work, strategy, k).peak_bytes)
     if strategy != "none":
-        out["analytic_memory_saving"] = analytic.saving(config, work, strategy, k)
+        out.record("analytic_memory_saving", analytic.saving(config, work, strategy, k))
     return out
 
 
@@ -185,7 +191,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
         result.notes.append(ctx.inject.describe())
     result.kernel = detect_kernel(op_names, backend)
     reference = None if scenario.is_reference else _reference_trainer(scenario, ctx, backend)
-    metrics, samples = result.metrics, result.samples
+    metrics = result.metrics  # read here; written through result.record (vocabulary names only)
 
     # Scenarios that differ only in their save (the article's medium and large rows) train the same step: its
     # memory and timing are measured once per run and shared, with a note naming where they were measured.
@@ -197,21 +203,20 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
 
     if "memory" in scenario.measure:
         ctx.phase("memory pass")
-        metrics.update(shared("memory pass", lambda: _peak(trainer, ctx.probe, ctx.device)))
+        result.absorb(shared("memory pass", lambda: _peak(trainer, ctx.probe, ctx.device)))
         if reference is not None:
             ref = ctx.cached("memory", scenario.reference(), lambda: _peak(reference, ctx.probe, ctx.device))
-            metrics["reference_peak_bytes"] = ref["peak_bytes"]
-            metrics["memory_saving"] = 1.0 - metrics["peak_bytes"] / ref["peak_bytes"]
+            result.record("reference_peak_bytes", ref["peak_bytes"])
+            result.record("memory_saving", 1.0 - metrics["peak_bytes"] / ref["peak_bytes"])  # type: ignore[operator]
 
     if "memory" in scenario.measure:
-        metrics.update(_analytic(scenario, trainer, ctx.device))
+        result.absorb(_analytic(scenario, trainer, ctx.device))
 
     if "timing" in scenario.measure:
         timing = shared(f"timing pass ({scenario.rounds} rounds)", lambda: timing_pass(
             trainer.train_step, None if reference is None else reference.train_step, scenario.rounds, scenario.steps,
             ctx.device, on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}")))
-        metrics.update(timing.metrics())
-        samples.update(timing.samples())
+        result.absorb(timing.measurements())
 
     if "flops" in scenario.measure or "timing" in scenario.measure:  # timed steps get their throughput too
         from pytest_flashckpt.activation.flops import count_step
@@ -220,13 +225,15 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
         own = count_step(trainer)
         ref = None if reference is None else ctx.cached("flop count", scenario.reference(), lambda: count_step(reference))
         if "flops" in scenario.measure:
-            metrics["step_flops"] = own.matmul_flops
+            result.record("step_flops", own.matmul_flops)
             if ref is not None:
-                metrics["reference_step_flops"] = ref.matmul_flops
-                metrics["flop_ratio"] = own.matmul_flops / ref.matmul_flops
+                result.record("reference_step_flops", ref.matmul_flops)
+                result.record("flop_ratio", own.matmul_flops / ref.matmul_flops)
         if "timing" in scenario.measure:
             ctx.phase("matmul roofline")
-            metrics.update(_throughput(scenario, ctx, metrics["step_time_s"], metrics.get("reference_step_time_s"), own, ref))
+            throughput = _throughput(scenario, ctx, metrics["step_time_s"], metrics.get("reference_step_time_s"), own, ref)  # type: ignore[arg-type]
+            for name, value in throughput.items():
+                result.record(name, value)
 
     if "checkpoint" in scenario.measure:
         _checkpoint_pass(scenario, ctx, trainer, result)
@@ -257,18 +264,15 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
         measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak,
                                        stall_increase=stall, on_phase=ctx.phase)
-        for key, value in measured.items():
-            if isinstance(value, list):
-                result.samples[key] = value
-            else:
-                result.metrics[key] = value
+        result.absorb(measured)
         from pytest_flashckpt.checkpoint.bandwidth import against_limits
 
-        result.metrics.update(against_limits(measured))  # the staging copy against the measured memory copy
+        for name, value in against_limits(measured).items():  # the staging copy against the measured memory copy
+            result.record(name, value)
         if scenario.save.strategy != "sync":
             ref_scenario = scenario.reference()
 
-            def reference_save() -> dict[str, Any]:
+            def reference_save() -> Measurements:
                 ref_trainer = _reference_trainer(scenario, ctx, result.backend or "sdpa")
                 ctx.phase("reference save (sync)")
                 return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe,
@@ -276,17 +280,16 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
             metrics = result.metrics
-            metrics["reference_save_total_s"] = ref["save_total_s"]
-            metrics["reference_save_stall_s"] = ref["save_stall_s"]
-            metrics["reference_bytes_written"] = ref["bytes_written"]
+            result.record("reference_save_total_s", ref["save_total_s"])
+            result.record("reference_save_stall_s", ref["save_stall_s"])
+            result.record("reference_bytes_written", ref["bytes_written"])
             if ref["bytes_written"]:
-                metrics["bytes_vs_full"] = metrics["bytes_written"] / ref["bytes_written"]
-            stalls, totals = result.samples["save_stall_s_samples"], ref["save_total_s_samples"]
+                result.record("bytes_vs_full", metrics["bytes_written"] / ref["bytes_written"])  # type: ignore[operator]
+            stalls, totals = measured.samples["save_stall_s"], ref.samples["save_total_s"]
             # save i's stall over the reference's save i: each sample carries both sides' noise, so the rank test
             # sees it (one shared denominator would shift every sample of a run together, a false alarm waiting)
             ratios = [s / totals[i % len(totals)] for i, s in enumerate(stalls)]
-            result.samples["stall_vs_sync"] = ratios
-            metrics["stall_vs_sync"] = statistics.median(ratios)
+            result.record("stall_vs_sync", statistics.median(ratios), samples=ratios)
             if ref.get("time_lost_s") and "time_lost_s" in metrics:  # measured unless time_lost_rounds: 0
-                metrics["reference_time_lost_s"] = ref["time_lost_s"]
-                metrics["time_lost_vs_sync"] = metrics["time_lost_s"] / ref["time_lost_s"]
+                result.record("reference_time_lost_s", ref["time_lost_s"])
+                result.record("time_lost_vs_sync", metrics["time_lost_s"] / ref["time_lost_s"])  # type: ignore[operator]

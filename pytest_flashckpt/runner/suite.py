@@ -135,7 +135,7 @@ class SuiteRun:
             self._gate = Gate(self.baseline_dir, self.context.profile()[1], thresholds, enabled=not o.no_compare,
                               display_root=self.root)
             if o.save_baseline and self._gate.status == "compared":
-                self._gate.notes.append("--flashckpt-save-baseline: regressions are reported, not failed; the baseline is refreshed")
+                self._gate.note("--flashckpt-save-baseline: regressions are reported, not failed; the baseline is refreshed")
         return self._gate
 
     def judge(self, result: Result) -> Judgement:
@@ -170,14 +170,14 @@ class SuiteRun:
             "results": [r.to_dict() for r in self.results],
             "verdict_words": dict(self.verdicts),
             "verdicts": [v.to_dict() for v in gate.verdicts] if gate is not None else [],
-            "gate_notes": list(gate.notes) if gate is not None else [],
+            "gate_notes": [n.to_dict() for n in gate.notes] if gate is not None else [],
             "not_in_baseline": list(gate.not_in_baseline) if gate is not None else [],
         }
 
     def absorb(self, handoff: dict) -> None:
         """Take another process's ``handoff`` as if this run had measured and judged it (results kept in the
         suite's order)."""
-        from pytest_flashckpt.core.comparison import RegressionVerdict
+        from pytest_flashckpt.core.comparison import RegressionVerdict, VerdictNote
 
         self.results.extend(Result.from_dict(r) for r in handoff.get("results", []))
         order = {f"{s.suite}::{s.name}": i for i, s in enumerate(self.suite.scenarios)}
@@ -191,7 +191,8 @@ class SuiteRun:
             except BaselineError:  # an unreadable baseline file: comparison() reports it
                 return
             gate.verdicts.extend(RegressionVerdict.from_dict(v) for v in handoff.get("verdicts", []))
-            gate.notes.extend(n for n in handoff.get("gate_notes", []) if n not in gate.notes)
+            notes = [VerdictNote.from_dict(n) for n in handoff.get("gate_notes", [])]
+            gate.notes.extend(n for n in notes if n not in gate.notes)
             gate.not_in_baseline.extend(handoff.get("not_in_baseline", []))
 
     # -- an interrupted run -------------------------------------------------------------------------

@@ -5,12 +5,12 @@ import re
 import pytest
 
 from pytest_flashckpt.baselines import Baseline, Gate, Thresholds, failure_text
-from pytest_flashckpt.baselines.summary import terminal_lines
 from pytest_flashckpt.report.regression import append_step_summary, markdown_table
+from pytest_flashckpt.report.terminal import regression_lines
 from pytest_flashckpt.core.result import Result
 
-KEYS = {"status", "baseline_path", "baseline_profile_id", "message", "verdicts"}
-ROW_KEYS = {"scenario", "metric", "baseline", "current", "change", "p_value", "verdict", "smallest_p", "reason"}
+KEYS = {"status", "baseline_path", "baseline_profile_id", "message", "verdicts", "notes"}
+ROW_KEYS = {"scenario", "metric", "baseline", "current", "change", "p_value", "verdict", "smallest_p", "reason", "busy_machine"}
 
 
 def _result(name, overhead_samples, peak=100, status="measured"):
@@ -56,15 +56,17 @@ def test_skipped_and_unknown_scenarios_are_not_compared(baseline_dir):
     gate = Gate(baseline_dir, "prof", Thresholds())
     assert gate.judge(_result("a", [], status="skipped")) == []
     assert gate.judge(_result("new", [1.0])) == []
-    assert "not in the baseline: mini::new" in gate.comparison()["message"]
+    comparison = gate.comparison()
+    assert [(n.kind, n.text) for n in comparison.notes] == [("coverage", "not in the baseline: mini::new")]
+    assert comparison.text.endswith("; not in the baseline: mini::new")
 
 
 def test_terminal_and_step_summary(baseline_dir, tmp_path):
     gate = Gate(baseline_dir, "prof", Thresholds())
     gate.judge(_result("a", [1.00, 1.01, 0.99, 1.00, 1.00], peak=90))
     comparison = gate.comparison()
-    lines = terminal_lines(comparison)
-    assert lines[0].startswith("baseline: compared with") and "0 regressed, 0 missing, 2 improved" in lines[0]
+    lines = regression_lines(comparison)
+    assert lines[0] == f"baseline {baseline_dir / 'prof.json'}: 2 improved" and "0 regressed, 0 missing, 2 improved" in comparison.message
     assert any("refresh the baseline with --flashckpt-save-baseline" in line for line in lines)
     summary = tmp_path / "summary.md"
     summary.write_text("before\n")

@@ -44,7 +44,8 @@ def test_two_rounds_cannot_be_significant_and_say_so():
         {"overhead": 2.0}, {"overhead": [2.0, 2.0]}, "cpu", Thresholds(),
     )
     assert rows[0]["verdict"] == "unguarded" and rows[0]["smallest_p"] == pytest.approx(1 / 6)
-    assert "cannot fail" in notes[0] and "smallest p the test can reach is 0.167" in notes[0]
+    assert notes[0].kind == "unguarded"
+    assert "cannot fail" in notes[0].text and "smallest p the test can reach is 0.167" in notes[0].text
 
 
 def test_a_metric_that_cannot_fail_is_never_called_ok():
@@ -88,7 +89,7 @@ def test_sampled_probe_memory_uses_the_memory_tolerance():
 
 def test_memory_from_another_probe_is_not_compared():
     rows, notes = compare_scenario("s::a", _base(peak_bytes=1000), {"peak_bytes": 5000}, {}, "rss", Thresholds())
-    assert rows == [] and "baseline probe 'cpu', this run 'rss'" in notes[0]
+    assert rows == [] and notes[0].kind == "probe" and "baseline probe 'cpu', this run 'rss'" in notes[0].text
 
 
 def test_absolute_times_are_gated_only_on_opt_in():
@@ -104,7 +105,7 @@ def test_stall_vs_sync_is_not_gated_the_stall_is_judged_on_stall_vs_copy():
     sat 27-43% away with nothing changed (baselines/README.md), so it is reported, not gated."""
     base = {"metrics": {"stall_vs_sync": 0.1, "stall_vs_copy": 1.1}, "samples": {"stall_vs_copy": [1.1] * 12}, "probe": "cpu"}
     metrics = {"stall_vs_sync": 0.5, "stall_vs_copy": 3.0}
-    rows, _ = compare_scenario("s::a", base, metrics, {"stall_vs_copy_samples": [3.0] * 6}, "cpu", Thresholds())
+    rows, _ = compare_scenario("s::a", base, metrics, {"stall_vs_copy": [3.0] * 6}, "cpu", Thresholds())
     assert [(r["metric"], r["verdict"]) for r in rows] == [("stall_vs_copy", "regressed")]
 
 
@@ -124,9 +125,9 @@ def test_bytes_written_has_a_tiny_slack_and_save_extra_memory_the_memory_toleran
     assert verdicts == {"bytes_written": "regressed", "save_extra_peak_bytes": "missing"}  # the run lacks the second
 
 
-def test_checkpoint_pass_sample_lists_are_found():
+def test_per_save_samples_are_found_under_the_metrics_name():
     base = {"metrics": {"stall_vs_copy": 1.1}, "samples": {"stall_vs_copy": [1.1] * 10}, "probe": "cpu"}
-    rows, _ = compare_scenario("s::a", base, {"stall_vs_copy": 3.0}, {"stall_vs_copy_samples": [3.0, 3.1, 2.9]}, "cpu", Thresholds())
+    rows, _ = compare_scenario("s::a", base, {"stall_vs_copy": 3.0}, {"stall_vs_copy": [3.0, 3.1, 2.9]}, "cpu", Thresholds())
     assert rows[0]["verdict"] == "regressed"
     rows, _ = compare_scenario("s::a", base, {"stall_vs_copy": 2.0}, {}, "cpu", Thresholds())
     assert rows[0]["verdict"] == "unguarded" and "no per-save samples" in rows[0]["reason"]
@@ -139,9 +140,26 @@ def test_a_slowdown_that_also_widens_the_scatter_still_fails():
     slower_and_jittery = [1.12, 1.38, 1.19, 1.31, 1.15]  # +10% plus up to +30% jitter per round
     row = judge_sampled("s::a", "overhead", quiet, slower_and_jittery, 0.05, 0.01)
     assert noisy(quiet, slower_and_jittery)  # the case the old too_noisy guard hid
-    assert row["verdict"] == "regressed" and "rerun on a quiet one" in row["reason"]
+    assert row["verdict"] == "regressed" and row.busy_machine and "rerun on a quiet one" in row["reason"]
     slower = [1.131, 1.117, 1.107]  # a real 10% slowdown in a quiet run
-    assert judge_sampled("s::a", "overhead", quiet, slower, 0.05, 0.01)["verdict"] == "regressed"
+    quiet_row = judge_sampled("s::a", "overhead", quiet, slower, 0.05, 0.01)
+    assert quiet_row["verdict"] == "regressed" and not quiet_row.busy_machine
+
+
+def test_a_busy_machine_regression_is_a_typed_note_and_its_reason_joins_the_failure_text():
+    """The flag, not the words of the reason, decides: a busy-machine regression is a ``busy-machine`` note and its
+    reason is shown in the failure text; a quiet regression is neither."""
+    from pytest_flashckpt.baselines import failure_text
+
+    quiet = [1.001, 0.999, 1.006, 1.008, 1.016, 0.989, 0.981, 0.997, 0.928, 0.972]
+    base = {"metrics": {"overhead": 1.0}, "samples": {"overhead": quiet}, "probe": "cpu"}
+    jittery = [1.12, 1.38, 1.19, 1.31, 1.15]
+    rows, notes = compare_scenario("s::a", base, {"overhead": 1.19}, {"overhead": jittery}, "cpu", Thresholds())
+    assert [n.kind for n in notes] == ["busy-machine"] and notes[0].text.startswith("s::a: overhead regressed: p = ")
+    assert "a busy machine can shift a whole run" in (failure_text(rows, "b.json", Thresholds()) or "")
+    rows, notes = compare_scenario("s::a", base, {"overhead": 1.12}, {"overhead": [1.131, 1.117, 1.107]}, "cpu", Thresholds())
+    assert rows[0].verdict == "regressed" and notes == []
+    assert "busy machine" not in (failure_text(rows, "b.json", Thresholds()) or "")
 
 
 class FakeClock:
@@ -197,7 +215,7 @@ def test_a_host_sensitive_ratio_against_one_hosts_baseline_regresses_only_beyond
 
     def verdict(level, baseline=base, thresholds=Thresholds()):
         cur = [level * v for v in (1.0, 1.01, 0.99, 1.0, 1.02, 0.98)]
-        rows, notes = compare_scenario("s::a", baseline, {"stall_vs_copy": level}, {"stall_vs_copy_samples": cur}, "cpu", thresholds)
+        rows, notes = compare_scenario("s::a", baseline, {"stall_vs_copy": level}, {"stall_vs_copy": cur}, "cpu", thresholds)
         return rows[0]
 
     assert verdict(1.0).verdict == "ok"

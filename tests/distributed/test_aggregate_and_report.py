@@ -17,7 +17,8 @@ def _rank(rank: int, peak: int, times: list[float], stalls: list[float], nbytes:
         "rank": rank, "world_size": 2, "status": "measured", "backend": "sdpa", "kernel": "math", "activation": "full on blocks 0-3",
         "peak_bytes": peak, "fwd_bwd_peak_bytes": peak - 10, "optimizer_peak_bytes": peak, "state_bytes": 100,
         "step_time_s": times, "load_s": 0.5 + rank,
-        "saves": [{"stall_s": s, "total_s": s + 1, "bytes": nbytes, "host_bytes_added": 7, "staged_bytes": 50} for s in stalls],
+        "saves": [{"save_stall_s": s, "save_total_s": s + 1, "bytes_written": nbytes, "async_rss_added_bytes": 7,
+                   "async_staged_bytes": 50} for s in stalls],
     }  # fmt: skip
     if rank == 0:
         record.update(roundtrip_differences=roundtrip, roundtrip_tensors=117)
@@ -34,14 +35,28 @@ def _result(world_size: int = 2) -> Result:
 def test_the_slowest_rank_sets_step_and_save_times_and_the_largest_rank_the_peak() -> None:
     result = _result()
     aggregate(result, [_rank(1, 300, [1.0, 4.0, 2.0], [0.5, 0.1], 1000), _rank(0, 200, [3.0, 1.0, 1.0], [0.2, 0.3], 1500)])
-    m, s = result.metrics, result.samples
+    m, s, ranks = result.metrics, result.samples, result.per_rank
     assert result.status == "measured"
     assert s["step_time_s"] == [3.0, 4.0, 2.0] and m["step_time_s"] == 3.0
     assert s["save_stall_s"] == [0.5, 0.3] and m["save_stall_s"] == 0.4 and m["save_total_s"] == 1.4
-    assert s["peak_bytes_per_rank"] == [200, 300] and m["peak_bytes"] == 300 and m["fwd_bwd_peak_bytes"] == 290
-    assert s["bytes_written_per_rank"] == [1500, 1000] and m["bytes_written"] == 2500
+    assert ranks["peak_bytes"] == [200, 300] and m["peak_bytes"] == 300 and m["fwd_bwd_peak_bytes"] == 290
+    assert ranks["bytes_written"] == [1500, 1000] and m["bytes_written"] == 2500
+    assert ranks["step_time_s"] == [1.0, 2.0] and set(s) == {"step_time_s", "save_stall_s", "save_total_s"}
     assert m["async_staged_bytes"] == 100 and m["async_rss_added_bytes"] == 14 and m["load_s"] == 1.5
     assert m["roundtrip_differences"] == 0 and m["world_size"] == 2
+
+
+def test_a_rank_record_under_a_name_outside_the_vocabulary_is_refused_where_it_is_written() -> None:
+    from pytest_flashckpt.core.metrics import UnknownMetric
+    from pytest_flashckpt.distributed.rank import _save_record
+
+    class Save:  # a sharded save as distributed.sharded_store records it
+        stall_s, total_s, bytes_written, staged_bytes, host_bytes_added = 0.1, 0.2, 10, 5, 1
+
+    assert set(_save_record(Save())) == {"save_stall_s", "save_total_s", "bytes_written", "async_staged_bytes",
+                                         "async_rss_added_bytes"}
+    with pytest.raises(UnknownMetric, match="'stall_s' is not a metric of the vocabulary"):
+        Result("d", "s", "measured", {}).record("stall_s", 0.1)
 
 
 def test_a_round_trip_that_differs_or_a_failed_rank_is_an_error() -> None:

@@ -87,7 +87,7 @@ def test_the_runner_sends_a_world_size_scenario_to_torchrun_ranks(tmp_path) -> N
     )  # fmt: skip
     result = run_scenario(scenario, RunContext(torch.device("cpu"), "cpu", workdir=tmp_path))
     assert result.status == "measured", (result.reason, result.notes)
-    assert result.metrics["world_size"] == 2 and len(result.samples["peak_bytes_per_rank"]) == 2
+    assert result.metrics["world_size"] == 2 and len(result.per_rank["peak_bytes"]) == 2
     assert result.metrics["roundtrip_differences"] == 0 and result.metrics["async_staged_bytes"] > 0
     assert "full on blocks 0, 1" in result.notes[0] and result.device == "cpu x2 (gloo)"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("flashckpt-work-dist-")]  # the launch's folder is gone

@@ -76,7 +76,7 @@ def test_the_report_puts_the_simulated_rank_peak_beside_the_measured_one() -> No
     simulated, why = simulated_rank_peak(result)
     assert why == "" and simulated == simulate_step("tiny", "float32", 2, 64, "sdpa", "full", target="cpu", world_size=2).peak_bytes
     aggregate(result, [_rank(0, simulated), _rank(1, simulated // 2)])
-    assert result.samples["optimizer_peak_bytes_per_rank"] == [simulated // 2, simulated // 4]
+    assert result.per_rank["optimizer_peak_bytes"] == [simulated // 2, simulated // 4]
     assert result.metrics["largest_allgather_bytes"] == 2**20
     text = "\n".join(distributed_section([result]))
     assert "simulated - measured" in text and "+0.0%" in text and "≤ 4.0 MiB" in text

@@ -6,7 +6,7 @@ import re
 
 import report_synthetic as syn
 
-from pytest_flashckpt.report import render, summary_lines
+from pytest_flashckpt.report import render
 from pytest_flashckpt.core.result import RunRecord
 
 SECTIONS = [
@@ -134,9 +134,3 @@ def test_sections_without_data_say_so_in_one_line() -> None:
     assert "No attention-kernel comparison" in text
     assert "No scenario with a save strategy" in text
     assert "No scenario ran" in text
-
-
-def test_summary_lines_include_article_verdicts(record: RunRecord) -> None:
-    lines = summary_lines(record.results)
-    assert any(line.startswith("article quick prototype (synthetic::prototype-s512): holds") for line in lines)
-    assert any("skipped (SYNTHETIC-SKIP offload" in line for line in lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import report_synthetic
 
-from pytest_flashckpt.core.comparison import Comparison
+from pytest_flashckpt.core.comparison import Comparison, VerdictNote
 from pytest_flashckpt.core.files import shown_path
 from pytest_flashckpt.report.article import article_rows
 from pytest_flashckpt.report.regression import regression_section
@@ -42,13 +42,17 @@ def test_scenario_verdict_says_why_there_is_none(record: RunRecord) -> None:
 
 def test_regression_lines_show_only_what_is_not_ok_in_short_lines() -> None:
     comparison = Comparison.coerce(report_synthetic.comparison())
-    long_notes = "; ".join(f"scenario synthetic::s{i} has a note that goes on for a while" for i in range(30))
-    comparison.message = "compared with baselines/synthetic.json: 1 regressed, 0 improved, 0 within noise (~), 1 ok; " + long_notes
+    comparison.message = "compared with baselines/synthetic.json: 1 regressed, 0 improved, 0 within noise (~), 1 ok"
+    comparison.notes = [VerdictNote("~", f"scenario synthetic::s{i} has a note that goes on for a while; " + "and on " * 12)
+                        for i in range(30)]
     lines = regression_lines(comparison)
     assert lines[0] == "baseline baselines/synthetic.json: 1 regressed, 1 ok"
     assert any("regressed synthetic::medium-s512 peak_bytes" in line for line in lines)
     assert not any(" ok " in line and "overhead" in line for line in lines)  # ok rows are not listed
-    assert max(len(line) for line in lines) <= WIDTH and len(lines) > 30  # the notes split, one per line
+    assert max(len(line) for line in lines) <= WIDTH  # each note wrapped to the width, from its own line
+    starts = [i for i, line in enumerate(lines) if line.startswith("  scenario synthetic::s")]
+    assert len(starts) == 30 and all(b - a == 2 for a, b in zip(starts, starts[1:]))  # one note: two lines
+    assert not any("compared with" in line for line in lines)  # the message is the counts line, not repeated
 
 
 def test_article_lines_render_the_reports_rows(record: RunRecord) -> None:
