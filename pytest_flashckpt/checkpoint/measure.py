@@ -26,7 +26,8 @@ from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.training import Trainer
 
-# what measure_time_lost returns: <metric>_samples lists beside their medians (time_lost_saving_s has samples only)
+# measure_time_lost (checkpoint.time_lost) returns <metric>_samples lists beside their medians; recorded here under
+# the metric's own name (the saving windows get their median recorded beside their samples)
 _TIME_LOST_SAMPLES = ("time_lost_s", "time_lost_plain_s", "time_lost_saving_s")
 
 def _peak_gauge(trainer: Trainer, peak_bytes: int | None, probe_name: str):

@@ -112,7 +112,7 @@ def regression_lines(comparison: Comparison | None) -> list[str]:
         return []
     notes = [line for note in comparison.notes for line in _paragraph(note.text)]
     if comparison.status != "compared":
-        return ["baseline:" + (" WARNING" if comparison.status == "other-profile" else ""), *_paragraph(comparison.message or ""), *notes]
+        return ["baseline:" + (" WARNING" if comparison.status == "other-profile" else ""), *wrap(comparison.message or ""), *notes]
     counts = ", ".join(f"{n} {word}" for word, n in comparison.counts().items() if n) or "nothing compared"
     lines = [f"baseline {comparison.baseline_path or '(unreadable)'}: {counts}"]
     ordered = sorted((v for v in comparison.verdicts if v.verdict != "ok"), key=lambda v: (VERDICT_ORDER.index(v.verdict), v.scenario, v.metric))

@@ -134,3 +134,25 @@ def test_sections_without_data_say_so_in_one_line() -> None:
     assert "No attention-kernel comparison" in text
     assert "No scenario with a save strategy" in text
     assert "No scenario ran" in text
+
+
+def test_the_committed_sample_renders_the_same_from_its_old_shape_and_rewritten_in_the_new(tmp_path) -> None:
+    """reports/sample/results.json has per-save samples as ``<metric>_samples`` and the gate's notes inside the
+    comparison's message: it loads into the typed shape and renders the committed report beside it byte for byte,
+    and written back in the new shape and read again it renders the same. (Fails too when the report's rendering
+    changed and the sample was not regenerated.)"""
+    from pathlib import Path
+
+    from pytest_flashckpt.report import write_report
+
+    sample = Path(__file__).resolve().parents[2] / "reports" / "sample" / "results.json"
+    old = RunRecord.read_json(sample)
+    committed = (sample.parent / "flashckpt-report.md").read_text(encoding="utf-8")
+    assert write_report(old, tmp_path / "report").read_text(encoding="utf-8") == committed
+    assert old.comparison is not None and old.comparison.notes == [] and "; checkpoint::" in (old.comparison.message or "")
+    assert old.comparison.text == old.comparison.message  # the message is shown whole, as it was written
+    rewritten = tmp_path / "results.json"
+    old.write_json(rewritten)
+    new = RunRecord.read_json(rewritten)
+    assert not any(name.endswith("_samples") for r in new.results for name in r.samples)
+    assert render(new) == render(old)
