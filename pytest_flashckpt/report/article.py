@@ -21,33 +21,31 @@ DETAIL_HEADERS = ["claim", "measured by", "memory saving", "overhead (min-max)",
 
 
 def _overhead(r: Result) -> str:
-    m = r.metrics
-    return spread(m.get("overhead"), m.get("overhead_min"), m.get("overhead_max"))  # type: ignore[arg-type]
+    return spread(r.number("overhead"), r.number("overhead_min"), r.number("overhead_max"))
 
 
 def _stall(r: Result) -> str:
     if select.save_strategy(r) == "none":
         return "no save in this scenario"
-    stall = r.metrics.get("save_stall_s")
-    if not isinstance(stall, (int, float)):
+    stall = r.number("save_stall_s")
+    if stall is None:
         return MISSING
-    share = r.metrics.get("stall_vs_sync")
-    return f"{ms(stall)} ({pct(share)} of a sync save)" if isinstance(share, (int, float)) else ms(stall)
+    share = r.number("stall_vs_sync")
+    return f"{ms(stall)} ({pct(share)} of a sync save)" if share is not None else ms(stall)
 
 
 def _save_measure(claim: Claim, r: Result) -> str:
     """The measured quantity behind the row's save criterion, for one workload."""
-    m = r.metrics
     kind = claim.save.kind if claim.save is not None else None
-    if kind == "bytes" and isinstance(m.get("bytes_vs_full"), (int, float)):
-        return f"{pct(m['bytes_vs_full'])} of a full save's bytes"
-    if kind == "schedule" and isinstance(m.get("deferrals"), (int, float)):
-        return f"{int(m['deferrals'])} deferred, {int(m.get('forced_saves') or 0)} forced"
+    if kind == "bytes" and r.number("bytes_vs_full") is not None:
+        return f"{pct(r.number('bytes_vs_full'))} of a full save's bytes"
+    if kind == "schedule" and r.number("deferrals") is not None:
+        return f"{int(r.number('deferrals') or 0)} deferred, {int(r.number('forced_saves') or 0)} forced"
     return _stall(r)
 
 
 def _range(results: list[Result], key: str, fmt) -> str:
-    values = [float(r.metrics[key]) for r in results if r.status == "measured" and isinstance(r.metrics.get(key), (int, float))]
+    values = [float(v) for v in (r.number(key) for r in results if r.status == "measured") if v is not None]
     if not values:
         return "not measured"
     return fmt(values[0]) if min(values) == max(values) else f"{fmt(min(values))}-{fmt(max(values))}"
@@ -125,10 +123,10 @@ def _detail(claim: Claim, r: Result) -> list[str]:
     verdict = judge(claim, r)
     if r.status != "measured":
         return [claim.title, f"`{r.id}`", "not measured", "not measured", "not measured", escape(verdict.cell())]
-    saving = r.metrics.get("memory_saving")
+    saving = r.number("memory_saving")
     return [
         claim.title, f"`{r.id}` ({select.card(r)} {r.config.get('batch_size', '?')}x{r.config.get('seq_len', '?')})",
-        pct(saving) if isinstance(saving, (int, float)) else MISSING, _overhead(r), _save_measure(claim, r), escape(verdict.cell()),
+        pct(saving) if saving is not None else MISSING, _overhead(r), _save_measure(claim, r), escape(verdict.cell()),
     ]
 
 
@@ -136,8 +134,8 @@ def measured_here(record: RunRecord) -> str:
     """What each activation strategy cost in this run (the numbers beside the published ones, never typed in)."""
     by_strategy: dict[str, list[float]] = {}
     for r in select.activation_results(record.results):
-        value = r.metrics.get("overhead")
-        if r.status == "measured" and isinstance(value, (int, float)):
+        value = r.number("overhead")
+        if r.status == "measured" and value is not None:
             by_strategy.setdefault(select.describe_activation(r), []).append(float(value))
     if not by_strategy:
         return ""
@@ -210,12 +208,12 @@ def single_claim(record: RunRecord) -> list[str]:
         if r.status != "measured":
             rows.append([f"`{r.id}`", "not measured", "not measured", MISSING, escape(verdict.cell())])
             continue
-        flops = r.metrics.get("flop_ratio")
+        flops, saving = r.number("flop_ratio"), r.number("memory_saving")
         rows.append([
             f"`{r.id}` ({select.describe_activation(r)}, seq {r.config.get('seq_len', '?')})",
-            pct(r.metrics.get("memory_saving")) if isinstance(r.metrics.get("memory_saving"), (int, float)) else MISSING,
+            pct(saving) if saving is not None else MISSING,
             _overhead(r),
-            ratio(flops) if isinstance(flops, (int, float)) else MISSING,
+            ratio(flops) if flops is not None else MISSING,
             escape(verdict.cell()),
         ])
     lines += [

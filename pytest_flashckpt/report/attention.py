@@ -82,8 +82,8 @@ def attention_section(results: list) -> list[str]:
         times = []
         for b in ["eager", *flash]:
             r = p.by_backend.get(b)
-            t = r.metrics.get("step_time_s") if r is not None and r.status == "measured" else None
-            times.append(ms(t) if isinstance(t, (int, float)) else MISSING)
+            t = r.number("step_time_s") if r is not None and r.status == "measured" else None
+            times.append(ms(t) if t is not None else MISSING)
         rows.append([
             p.card, str(p.batch_size), str(p.seq_len),
             *(_peak_cell(p, b, notes) for b in backends),

@@ -46,8 +46,8 @@ class PartVerdict:
 
 
 def judge_saving(claim: Claim, result: Result) -> PartVerdict:
-    value = result.metrics.get("memory_saving")
-    if not isinstance(value, (int, float)):
+    value = result.number("memory_saving")
+    if value is None:
         why = "the scenario did not measure memory" if "memory" not in result.config.get("measure", ["memory"]) else (
             "no memory saving recorded (a reference scenario, or no reference peak)"
         )
@@ -62,15 +62,15 @@ def judge_saving(claim: Claim, result: Result) -> PartVerdict:
 
 
 def judge_overhead(claim: Claim, result: Result) -> PartVerdict:
-    value = result.metrics.get("overhead")
-    if not isinstance(value, (int, float)):
+    value = result.number("overhead")
+    if value is None:
         why = "the scenario did not measure timing" if "timing" not in result.config.get("measure", ["timing"]) else (
             "no overhead recorded (no reference timing)"
         )
         return PartVerdict(None, f"overhead not measurable: {why}")
     band = claim.overhead
-    low, high = result.metrics.get("overhead_min"), result.metrics.get("overhead_max")
-    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+    low, high = result.number("overhead_min"), result.number("overhead_max")
+    if low is None or high is None:
         low = high = value
     rounds = f"{ratio(value)} (rounds {low:.2f}-{high:.2f})"
     if band.contains(low) and band.contains(high):
@@ -93,23 +93,23 @@ def judge_save(claim: Claim, result: Result) -> PartVerdict | None:
     criterion = claim.save
     if criterion is None:
         return None
-    m = result.metrics
+    number = result.number
     if "checkpoint" not in result.config.get("measure", []):
         return PartVerdict(None, "save not measurable: the scenario did not measure a save")
     if criterion.kind == "stall":
-        share = m.get("stall_vs_sync")
-        if not isinstance(share, (int, float)):
+        share = number("stall_vs_sync")
+        if share is None:
             return PartVerdict(None, "save not measurable: no stall_vs_sync (no reference sync save)")
-        ok = share <= criterion.limit  # type: ignore[operator]
+        ok = share <= criterion.limit
         return PartVerdict(ok, f"save stall {pct(share)} of a sync save is {'within' if ok else 'above'} {criterion.limit:.0%}")
     if criterion.kind == "bytes":
-        share = m.get("bytes_vs_full")
-        if not isinstance(share, (int, float)):
+        share = number("bytes_vs_full")
+        if share is None:
             return PartVerdict(None, "save not measurable: no bytes_vs_full (no reference full save)")
-        ok = share < criterion.limit  # type: ignore[operator]
+        ok = share < criterion.limit
         return PartVerdict(ok, f"a save writes {pct(share)} of a full save's bytes{'' if ok else ': not fewer'}")
-    deferrals, forced = m.get("deferrals"), m.get("forced_saves")
-    if not isinstance(deferrals, (int, float)) or not isinstance(forced, (int, float)):
+    deferrals, forced = number("deferrals"), number("forced_saves")
+    if deferrals is None or forced is None:
         return PartVerdict(None, "save not measurable: no schedule recorded")
     ok = deferrals > 0 and forced == 0
     why = f"{int(deferrals)} deferrals, {int(forced)} saves forced above the threshold"
@@ -177,7 +177,7 @@ def judge_row(claim: Claim, results: list[Result]) -> RowVerdict:
     ):
         if needs is not None and needs != save_kind:
             continue
-        values = [float(r.metrics[key]) for r in measured if isinstance(r.metrics.get(key), (int, float))]
+        values = [float(v) for v in (r.number(key) for r in measured) if v is not None]
         if values:
             ranges.append(f"{label} {_span(values, scale, digits, unit)}")
     if len(results) == 1:
