@@ -3,7 +3,9 @@ written), gated ones are judged, budgets bound what the fixture measures."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from dataclasses import fields
 from pathlib import Path
 
@@ -61,6 +63,9 @@ def test_a_file_written_before_one_sample_convention_loads_into_it():
     assert not any(name.endswith("_samples") for name in loaded.samples) and loaded.per_rank == {}
     old = Result.from_dict({**stored, "samples": {"peak_bytes_per_rank": [1, 2], "overhead": [1.0]}})
     assert old.per_rank == {"peak_bytes": [1, 2]} and old.samples == {"overhead": [1.0]}
+    removed = Result.from_dict({**stored, "metrics": {"a_metric_removed_since": 1}})  # read as it was written
+    assert copy.deepcopy(removed).metrics == {"a_metric_removed_since": 1}
+    assert pickle.loads(pickle.dumps(removed)).metrics == {"a_metric_removed_since": 1}
 
 
 def test_gated_metrics_have_a_judgement():

@@ -251,6 +251,9 @@ class CheckedValues(dict):
         self.update(other)
         return self
 
+    def __reduce__(self):  # a copy or a pickle is rebuilt from the stored mapping, as a loaded file is
+        return (type(self), (dict(self),))
+
 
 class Measurements(Mapping):
     """Metrics of the vocabulary with their samples, written through ``record``: ``values`` (metric -> value),
