@@ -12,7 +12,7 @@ against the dict form keep working; new code uses the attributes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Iterator, Literal
 
 VerdictWord = Literal["ok", "improved", "regressed", "~", "unstable", "unguarded", "missing"]
@@ -59,7 +59,7 @@ class RegressionVerdict(_ReadsLikeAMapping):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RegressionVerdict":
-        return cls(**{f.name: data.get(f.name, f.default) for f in fields(cls)})
+        return cls(**{f.name: data.get(f.name, None if f.default is MISSING else f.default) for f in fields(cls)})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

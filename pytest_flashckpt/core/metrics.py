@@ -6,9 +6,10 @@ that bounds it (if any) and the formatter the report uses. The runner, the fixtu
 report, ``flashckpt compare`` and the budgets read this table instead of keeping their own lists, so adding a
 metric is: a row here plus the code that produces it (docs/architecture.md, "How to add ... A metric").
 
-A measurement is written through ``Measurements.record(metric, value, samples=(), per_rank=())`` (``Result`` is
-one): a name outside this table is refused there, at the producer, with the valid names. Samples (per round, per
-save) and per-rank values are kept under the metric's own name.
+A measurement is written through ``Measurements.record(metric, value, samples=(), per_rank=())`` (a pass's
+measurements) or ``Result.record`` (the same call on a scenario's result): a name outside this table is refused
+there, at the producer, with the valid names. Samples (per round, per save) and per-rank values are kept under the
+metric's own name.
 
 Kinds:
 
