@@ -26,6 +26,7 @@ for one save or one resume; a selective run keeps one manager, which remembers i
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,10 +67,10 @@ class LoopState:
 
 
 def _config(strategy: str, options: Mapping[str, Any]) -> SaveConfig:
-    fields = set(SaveConfig.__dataclass_fields__)
+    fields = {f.name for f in dataclasses.fields(SaveConfig) if f.init}
     unknown = sorted(set(options) - fields)
     if unknown:
-        valid = ", ".join(sorted(set(SaveConfig.__dataclass_fields__) - {"strategy", "saves", "time_lost_rounds"}))
+        valid = ", ".join(sorted(fields - {"strategy", "saves", "time_lost_rounds"}))
         raise TypeError(f"unknown save option(s) {', '.join(unknown)}; valid: {valid}")
     if strategy == "none":
         raise ValueError("strategy 'none' saves nothing; name a save strategy (sync, async, dcp, selective, layerwise, scheduled)")

@@ -111,7 +111,7 @@ def run_checkpoint_pass(
     max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
     steps = 0
     # a staged save's stall is a copy: time that copy of the same state just before each save (stall_vs_copy)
-    copy_timer = SnapshotCopyTimer() if ckpt.strategy.background else None
+    copy_timer = SnapshotCopyTimer() if ckpt.background else None
     copies: list[float] = []
     try:
         while len(ckpt.records) < config.saves and steps < max_steps:
@@ -137,8 +137,8 @@ def run_checkpoint_pass(
     mismatched = differing_keys({k: loaded.tensors[k] for k in saved_keys}, expected)
     if mismatched:
         raise CheckpointError(f"{last}: {len(mismatched)} tensors differ from the saved state after loading, e.g. {mismatched[:3]}")
-    out: Metrics = {"strategy": config.strategy, "format": "dcp" if config.strategy == "dcp" else config.format}
-    if ckpt.strategy.overlapped:
+    out: Metrics = {"strategy": config.strategy, "format": config.file_format}
+    if ckpt.overlapped:
         out["staging"] = "overlapped"
         out["fence_wait_s"] = median([r.fence_wait_s for r in records])
     samples = {
