@@ -20,7 +20,8 @@ for the copy before the optimizer's next ``step()``; change any other saved tens
 :meth:`CheckpointManager.fence`), ``dcp``, ``selective`` (``select_params``; its first save is the full base, later
 ones hold the selection; parameters left out come back from the base: frozen ones are exact, trained ones are not
 and a resume warns (:class:`SelectiveResumeWarning`)), ``layerwise`` (one file per block of the model's anatomy),
-``scheduled`` (``save_interval`` + ``mem_threshold``). The one-call :func:`save` and :func:`resume` build a manager
+``scheduled`` (``save_interval`` + ``mem_threshold``); each is a preset of three axes that ``layout``, ``staging``
+and ``schedule`` also set one by one (docs/checkpoints.md, "Axes and presets"). The one-call :func:`save` and :func:`resume` build a manager
 for one save or one resume; a selective run keeps one manager, which remembers its base.
 """
 

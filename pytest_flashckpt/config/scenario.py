@@ -3,7 +3,8 @@
 Suite files and the ``flashckpt`` fixture build these; the runner measures them. The article's YAML keys are
 accepted as written there (``gradient_checkpointing``, ``checkpoint_level: layer``, ``layer_checkpoint_dir``,
 ``async_save``, ``select_params``, ``save_interval``, ``mem_threshold``, ``max_keep``) and folded into the typed
-strategy fields, so every scenario has exactly one activation strategy and one save strategy.
+fields: every scenario has exactly one activation strategy, and one save (three axes, ``SaveConfig.axes``, named by
+``SaveConfig.strategy``; ``config.save_axes``).
 """
 
 from __future__ import annotations

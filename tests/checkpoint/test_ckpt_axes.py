@@ -49,12 +49,13 @@ def test_each_preset_resolves_to_the_axes_it_had(settings, name, layout, staging
     assert (again.strategy, again.axes) == (config.strategy, config.axes)
 
 
-def test_the_preset_table_is_the_seed_strategies() -> None:
-    assert {n: (p.layout, p.staging, p.schedule) for n, p in SAVE_PRESETS.items()} == {
+def test_the_preset_table_holds_the_seed_strategies() -> None:
+    seed = {
         "sync": ("file", "blocking", "every"), "async": ("file", "background", "every"), "dcp": ("dcp", "blocking", "every"),
         "selective": ("selected", "blocking", "every"), "layerwise": ("layerwise", "blocking", "every"),
         "scheduled": ("file", "blocking", "memory_aware"),
     }
+    assert {n: (p.layout, p.staging, p.schedule) for n, p in SAVE_PRESETS.items()}.items() >= seed.items()  # new presets may join
     assert SaveConfig().strategy == "none" and SaveConfig(format="safetensors", saves=2).strategy == "none"
 
 
