@@ -111,9 +111,8 @@ class SaveConfig:
                                       self.mem_threshold, self.layer_checkpoint_dir, base_layout)
         name, axes = save_axes.resolve(self.strategy, given)
         _set(self, strategy=name, axes=axes)
-        if name == NO_SAVE:
-            return
-        save_axes.check_combination(axes, self.schedule, self.format, self.layer_checkpoint_dir, self.mem_threshold)
+        if name != NO_SAVE:
+            save_axes.check_combination(axes, self.schedule, self.format, self.layer_checkpoint_dir, self.mem_threshold)
         if axes.layout == "selected" and self.select_params in (None, False):
             _set(self, select_params=True)
         if self.save_interval <= 0:
@@ -272,9 +271,13 @@ class Scenario:
             raise ValueError(f"world_size must be a positive number of ranks, got {self.world_size}")
         if self.world_size > 1:
             if checkpoint.strategy not in ("none", "dcp") or checkpoint.axis_settings or checkpoint.axes.schedule != "every":
-                raise ValueError(f"world_size {self.world_size}: sharded saves use checkpoint.strategy dcp (async_save: true for dcp.async_save) "
-                                 f"every save_interval steps, not {checkpoint.strategy!r}{' with ' + ', '.join(checkpoint.axis_settings) if checkpoint.axis_settings else ''}; "
-                                 "the layout, staging and schedule settings are for saves in one process")
+                extra = [*checkpoint.axis_settings, *(["mem_threshold"] if checkpoint.mem_threshold is not None else [])]
+                written = f"{checkpoint.strategy!r}" + (f" with {', '.join(extra)}" if extra else "")
+                raise ValueError(
+                    f"world_size {self.world_size}: sharded saves use checkpoint.strategy dcp (async_save: true for "
+                    f"dcp.async_save) every save_interval steps, not {written}; the layout, staging and schedule "
+                    "settings are for saves in one process"
+                )
             if self.batch_size % self.world_size:
                 raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
             if "flops" in self.measure:

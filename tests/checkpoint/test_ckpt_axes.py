@@ -163,3 +163,15 @@ def test_a_scenario_as_json_builds_back_to_the_same_save(settings) -> None:
     scenario = Scenario(name="s", save=SaveConfig(**settings))
     again = build(Scenario, json.loads(json.dumps(to_plain(scenario))), "scenario.json")
     assert (again.save, again.save.strategy, again.save.axes) == (scenario.save, scenario.save.strategy, scenario.save.axes)
+
+
+@pytest.mark.parametrize(("save", "shown"), [({"strategy": "dcp", "staging": "background"}, "'dcp' with staging"),
+                                             ({"strategy": "dcp", "mem_threshold": 0.5}, "'dcp' with mem_threshold"),
+                                             ({"layout": "dcp"}, "'dcp' with layout")])
+def test_sharded_saves_take_the_dcp_preset_only(save, shown) -> None:
+    """A rank's sharded save reads strategy and async_save (distributed.rank); an axis setting would be ignored there."""
+    from pytest_flashckpt.config.scenario import Scenario
+
+    with pytest.raises(ValueError, match=f"world_size 2: sharded saves use checkpoint.strategy dcp .* not {shown};"):
+        Scenario(name="s", world_size=2, save=SaveConfig(**save))
+    assert Scenario(name="s", world_size=2, save=SaveConfig(strategy="dcp", async_save=True)).save.axes.background
