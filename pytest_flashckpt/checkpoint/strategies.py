@@ -1,8 +1,11 @@
-"""A save strategy is a preset of three axes, not a class: the name (``SaveConfig.strategy``) is data in
-``core.registry.SAVE_PRESETS`` (a preset's layout, staging and schedule) and goes nowhere else; ``config.save_axes``
-resolves a scenario's settings into ``SaveConfig.axes``, and this module composes the save from those axes for the
-:class:`~pytest_flashckpt.checkpoint.Checkpointer`, which owns what every save shares (commit protocol, one save in
-flight, records, the schedule).
+"""A save strategy is a preset of three axes, not a class. Its name is a key of ``core.registry.SAVE_PRESETS``
+(with the preset's layout, staging and schedule), or for axes no preset names one derived from them
+(``registry.derived_save_name``); ``config.save_axes`` resolves a scenario's settings into ``SaveConfig.strategy``
+(the name) and ``SaveConfig.axes``. In this package the name only chooses whether to save at all (``none``) and
+is otherwise recorded: in each ``SaveRecord``, each checkpoint's ``meta.json`` and ``manifest.json``, and so in the
+results a report reads. This module
+composes the save from ``SaveConfig.axes`` for the :class:`~pytest_flashckpt.checkpoint.Checkpointer`, which owns
+what every save shares (commit protocol, one save in flight, records, the schedule).
 
 * layout (``layouts``): which files a checkpoint has and which tensor keys each holds;
 * staging (here, :meth:`SavePlan.begin`): what the training loop waits for at the save call. ``blocking``: nothing
