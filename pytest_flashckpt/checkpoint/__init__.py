@@ -12,9 +12,10 @@ Around a training loop of your own (any model, optimizer, optional scheduler, ex
 ``run_checkpoint_pass`` is the scenario runner's entry point. Modules: ``state`` (what is saved), ``treeflat``
 (nested state <-> JSON + flat tensors), ``formats`` (torch / safetensors files), ``payload`` (one checkpoint's files),
 ``manifest`` (sha256 list, verification), ``store`` (commit protocol, ``latest``), ``rotation`` (``max_keep``),
-``selection`` (``select_params``, per-block files), ``staging`` (async snapshot buffers: blocking or overlapped copy),
-``dcp_io`` (torch DCP), ``scheduling`` (memory-aware interval), ``strategies`` (one registered class per save
-strategy), ``checkpointer`` (runs a strategy: commits, one save in flight, the fence), ``loading``, ``metrics``,
+``selection`` (``select_params``, per-block files), ``staging`` (snapshot buffers: blocking or overlapped copy),
+``dcp_io`` (torch DCP), ``layouts`` (the layout axis: which files), ``scheduling`` (the schedule axis: every N steps,
+memory-aware), ``strategies`` (the save composed from its three axes; a strategy name is a preset of them in
+``core.registry``), ``checkpointer`` (commits, one save in flight, the fence), ``loading``, ``metrics``,
 ``bandwidth``, ``time_lost`` (what a save costs the training loop), ``measure``, ``export`` (model weights as a plain state dict), ``inspection``
 (``flashckpt inspect``).
 """
@@ -27,12 +28,10 @@ from pytest_flashckpt.checkpoint.loading import KeyReport, LoadedCheckpoint, loa
 from pytest_flashckpt.checkpoint.measure import run_checkpoint_pass
 from pytest_flashckpt.checkpoint.metrics import SAVE_METRICS, SaveRecord
 from pytest_flashckpt.checkpoint.scheduling import Deferral, process_memory
-from pytest_flashckpt.checkpoint.strategies import REGISTRY as SAVE_STRATEGIES
 from pytest_flashckpt.checkpoint.time_lost import measure_time_lost
 
 __all__ = [
     "SAVE_METRICS",
-    "SAVE_STRATEGIES",
     "CheckpointError",
     "CheckpointFallbackWarning",
     "CheckpointManager",

@@ -20,12 +20,14 @@ for the copy before the optimizer's next ``step()``; change any other saved tens
 :meth:`CheckpointManager.fence`), ``dcp``, ``selective`` (``select_params``; its first save is the full base, later
 ones hold the selection; parameters left out come back from the base: frozen ones are exact, trained ones are not
 and a resume warns (:class:`SelectiveResumeWarning`)), ``layerwise`` (one file per block of the model's anatomy),
-``scheduled`` (``save_interval`` + ``mem_threshold``). The one-call :func:`save` and :func:`resume` build a manager
+``scheduled`` (``save_interval`` + ``mem_threshold``); each is a preset of three axes that ``layout``, ``staging``
+and ``schedule`` also set one by one (docs/checkpoints.md, "Axes and presets"). The one-call :func:`save` and :func:`resume` build a manager
 for one save or one resume; a selective run keeps one manager, which remembers its base.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,10 +68,10 @@ class LoopState:
 
 
 def _config(strategy: str, options: Mapping[str, Any]) -> SaveConfig:
-    fields = set(SaveConfig.__dataclass_fields__)
+    fields = {f.name for f in dataclasses.fields(SaveConfig) if f.init}
     unknown = sorted(set(options) - fields)
     if unknown:
-        valid = ", ".join(sorted(set(SaveConfig.__dataclass_fields__) - {"strategy", "saves", "time_lost_rounds"}))
+        valid = ", ".join(sorted(fields - {"strategy", "saves", "time_lost_rounds"}))
         raise TypeError(f"unknown save option(s) {', '.join(unknown)}; valid: {valid}")
     if strategy == "none":
         raise ValueError("strategy 'none' saves nothing; name a save strategy (sync, async, dcp, selective, layerwise, scheduled)")

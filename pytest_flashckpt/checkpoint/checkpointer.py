@@ -1,14 +1,15 @@
-"""The checkpointer: one object per run that saves a ``Trainer`` with the strategy a ``SaveConfig`` names.
+"""The checkpointer: one object per run that saves a ``Trainer`` as a ``SaveConfig``'s axes say.
 
 Anything shaped like a ``Trainer`` will do (``state.Checkpointable``: model, optimizer, optional scheduler, step,
 ``state_tensors()``, optional ``extra``); ``checkpoint.api`` hands in a user's own loop that way.
 
-What a strategy does (layout, the blocking part, what it remembers) lives in ``strategies`` (one registered class
-per name); the checkpointer owns what every strategy shares: the commit protocol, at most one save in flight (a
-background failure is raised by the next call or by ``close()``), the schedule (every ``save_interval`` steps,
-deferred while memory is above ``mem_threshold``), the fence of an overlapped copy, and the per-save records.
+The save is composed from the config's three axes: the layout and the blocking part of the staging in
+``strategies.SavePlan`` (``self.plan``), the schedule from ``scheduling.schedule_for`` (``self.schedule``: every
+``save_interval`` steps, memory-aware: deferred while memory is above ``mem_threshold``). The checkpointer owns what
+every save shares: the commit protocol, at most one save in flight (a background failure is raised by the next
+call or by ``close()``), the fence of an overlapped copy, and the per-save records.
 
-Overlapped staging (``async`` with ``staging: overlapped``): ``save`` returns right after capturing the state; the copy
+Overlapped staging (``staging: overlapped``, e.g. ``async`` with it): ``save`` returns right after capturing the state; the copy
 into the staging buffers runs during the next forward and backward. The checkpointer registers a step pre-hook on
 the trainer's optimizer that waits for the copy before ``optimizer.step()`` changes parameters and optimizer state;
 any other in-place change of a saved tensor must call :meth:`Checkpointer.fence` first (non-tensor state, e.g. the LR
@@ -18,7 +19,6 @@ scheduler's, is captured by value at the save call).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,12 +31,13 @@ from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.manifest import Manifest, write_manifest
 from pytest_flashckpt.checkpoint.metrics import SaveRecord
 from pytest_flashckpt.checkpoint.rotation import rotate
-from pytest_flashckpt.checkpoint.scheduling import MemoryGauge, SaveSchedule, process_memory
+from pytest_flashckpt.checkpoint.scheduling import MemoryGauge, process_memory, schedule_for
 from pytest_flashckpt.checkpoint.staging import StagingArea
 from pytest_flashckpt.checkpoint.state import capture
 from pytest_flashckpt.checkpoint.store import CheckpointStore, describe_os_error
-from pytest_flashckpt.checkpoint.strategies import Pending, strategy_for
+from pytest_flashckpt.checkpoint.strategies import Pending, SavePlan
 from pytest_flashckpt.config.scenario import SaveConfig
+from pytest_flashckpt.core.registry import NO_SAVE, SAVE_PRESETS
 from pytest_flashckpt.training import Trainer
 
 
@@ -47,17 +48,18 @@ class Checkpointer:
     saves only: it is the same tensors every time, and a dispatch mode would inflate the stall of every save."""
 
     def __init__(self, root: Path, config: SaveConfig, probe=None, gauge: MemoryGauge = process_memory, probe_saves: int = 1) -> None:
-        if config.strategy == "none":
-            raise ValueError("SaveConfig.strategy is 'none'; name a save strategy (sync, async, dcp, selective, layerwise, scheduled)")
+        if config.strategy == NO_SAVE:
+            raise ValueError(f"SaveConfig.strategy is 'none'; name a save strategy ({', '.join(SAVE_PRESETS)}) or set its axes")
         self.config = config
-        self.strategy = strategy_for(config)
+        self.plan = SavePlan(config)
         self.store = CheckpointStore(Path(root))
         self.probe = probe
         self.probe_saves = probe_saves
         self._transient_peak = 0
         self.records: list[SaveRecord] = []
-        self.schedule = SaveSchedule(config.save_interval, config.mem_threshold, config.max_defer_steps, gauge)
-        self.background = self.strategy.background
+        self.schedule = schedule_for(config, gauge)
+        self.background = self.plan.background
+        self.overlapped = self.plan.overlapped
         self.staging = StagingArea()
         self._writer: ThreadPoolExecutor | None = None  # one background writer thread, started here (see warm())
         self._in_flight: Future | None = None
@@ -67,12 +69,12 @@ class Checkpointer:
         self._pending_record: SaveRecord | None = None
         self._hooks: dict[int, object] = {}  # id(optimizer) -> step pre-hook handle
         self._dcp_group = contextlib.ExitStack()
-        if self.strategy.format == "dcp":
+        if self.plan.format == "dcp":
             self._dcp_group.enter_context(dcp_io.process_group())
         if self.background:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-save")
             self._writer.submit(lambda: None).result()  # a thread start waits until it runs: paid here, not per save
-            if self.strategy.overlapped:
+            if self.overlapped:
                 self.staging.warm()
 
     # -- public API -------------------------------------------------------------------------------------------
@@ -99,9 +101,9 @@ class Checkpointer:
         staged_before = self.staging.nbytes
         try:
             with self._track(trainer) as reading:
-                payload = self.strategy.payload(trainer, state)
+                payload = self.plan.payload(trainer, state)
                 record.base = payload.base
-                pending = self.strategy.begin(payload, tmp, self.staging)
+                pending = self.plan.begin(payload, tmp, self.staging)
                 record.snapshot_s = pending.snapshot_s
         except BaseException:
             self.store.abort(tmp)
@@ -191,13 +193,13 @@ class Checkpointer:
             payload = pending.write(tmp)
             payload_io.write_meta(tmp, payload, record.step, cfg.strategy)
             record.write_s = time.perf_counter() - t0
-            manifest = Manifest(record.name, record.step, cfg.strategy, payload.format, dataclasses.asdict(cfg), base=payload.base)
+            manifest = Manifest(record.name, record.step, cfg.strategy, payload.format, cfg.recorded(), base=payload.base)
             manifest_bytes = write_manifest(tmp, manifest)
             record.bytes_written = manifest.bytes + manifest_bytes
             record.files = len(manifest.files) + 1
             with self._lock:
                 self.store.commit(tmp, record.name)
-                self.strategy.committed(record.name, payload)
+                self.plan.committed(record.name, payload)
                 rotate(self.store, cfg.max_keep)
         except OSError as exc:
             self.store.abort(tmp)

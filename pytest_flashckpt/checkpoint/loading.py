@@ -208,7 +208,7 @@ def load_blocks(model: nn.Module, folder: Path, blocks: Iterable[int]) -> KeyRep
     prefix = blocks_prefix(model)  # the model's anatomy: blocks., transformer.h., model.layers.
     files = {v["file"] for k, v in meta["tensors"].items() if any(k.startswith(f"model/{prefix}{b}.") for b in wanted)}
     if len(files) == 0 or any("block_" not in f for f in files):
-        raise CheckpointError(f"{folder} ({manifest.strategy}) has no per-block files for blocks {wanted}; save with strategy layerwise")
+        raise CheckpointError(f"{folder} ({manifest.strategy}) has no per-block files for blocks {wanted}; save with layout: layerwise (strategy layerwise, or layer_checkpoint_dir)")
     tensors = _read_files(folder, manifest, meta, sorted(files))
     weights = {k.removeprefix("model/"): t for k, t in tensors.items() if k.startswith("model/") and any(k.startswith(f"model/{prefix}{b}.") for b in wanted)}
     return _apply(model, weights, folder, strict=True, require_all=False)

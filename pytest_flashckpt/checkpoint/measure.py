@@ -115,7 +115,7 @@ def run_checkpoint_pass(
     max_steps = config.saves * (config.save_interval + config.max_defer_steps) + 1
     steps = 0
     # a staged save's stall is a copy: time that copy of the same state just before each save (stall_vs_copy)
-    copy_timer = SnapshotCopyTimer() if ckpt.strategy.background else None
+    copy_timer = SnapshotCopyTimer() if ckpt.background else None
     copies: list[float] = []
     try:
         while len(ckpt.records) < config.saves and steps < max_steps:
@@ -143,8 +143,8 @@ def run_checkpoint_pass(
         raise CheckpointError(f"{last}: {len(mismatched)} tensors differ from the saved state after loading, e.g. {mismatched[:3]}")
     out = Measurements()
     out.record("strategy", config.strategy)
-    out.record("format", "dcp" if config.strategy == "dcp" else config.format)
-    if ckpt.strategy.overlapped:
+    out.record("format", config.file_format)
+    if ckpt.overlapped:
         out.record("staging", "overlapped")
         out.record("fence_wait_s", median([r.fence_wait_s for r in records]))
     for name in ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files"):

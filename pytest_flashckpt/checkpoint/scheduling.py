@@ -1,4 +1,5 @@
-"""Memory-aware save scheduling (``save_interval`` + ``mem_threshold`` + ``max_defer_steps``).
+"""The schedule axis of a save: ``every`` (a save every ``save_interval`` steps) or ``memory_aware`` (the same,
+deferred while memory is high: ``mem_threshold`` + ``max_defer_steps``); :func:`schedule_for` builds it.
 
 A save falls due every ``save_interval`` steps. While memory in use is at or above ``mem_threshold`` of capacity it is
 deferred (each deferral recorded with the step and the reading); after ``max_defer_steps`` steps of deferral it is
@@ -21,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.core.files import PAGE_SIZE, resident_bytes
 
 MemoryGauge = Callable[[], tuple[int, int]]  # () -> (bytes in use, capacity in bytes)
@@ -61,6 +63,14 @@ class Deferral:
     fraction: float
     threshold: float
     phase: str = "step end"  # "mid-step" (after the forward pass) or "step end" (after the optimizer step)
+
+
+def schedule_for(config: SaveConfig, gauge: MemoryGauge = process_memory) -> "SaveSchedule":
+    """The schedule ``config.axes.schedule`` names (a ``SaveConfig``): memory-aware reads ``gauge`` against
+    ``mem_threshold`` (the seed's ``scheduled`` preset written without one has nothing to defer for); ``every``
+    never reads memory."""
+    threshold = config.mem_threshold if config.axes.schedule == "memory_aware" else None
+    return SaveSchedule(config.save_interval, threshold, config.max_defer_steps, gauge)
 
 
 class SaveSchedule:

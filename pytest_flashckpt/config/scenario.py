@@ -3,7 +3,8 @@
 Suite files and the ``flashckpt`` fixture build these; the runner measures them. The article's YAML keys are
 accepted as written there (``gradient_checkpointing``, ``checkpoint_level: layer``, ``layer_checkpoint_dir``,
 ``async_save``, ``select_params``, ``save_interval``, ``mem_threshold``, ``max_keep``) and folded into the typed
-strategy fields, so every scenario has exactly one activation strategy and one save strategy.
+fields: every scenario has exactly one activation strategy, and one save (three axes, ``SaveConfig.axes``, named by
+``SaveConfig.strategy``; ``config.save_axes``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
-from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES, SAVE_STRATEGIES
+from pytest_flashckpt.config import save_axes
+from pytest_flashckpt.config.save_axes import SaveAxes
+from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES, NO_SAVE, SAVE_LAYOUTS, SAVE_PRESETS, SAVE_SCHEDULES, SAVE_STAGINGS
 
 # the names live in pytest_flashckpt.core.registry (with their descriptions); Literal[tuple] is Literal[*names]
 ActivationStrategy = Literal[tuple(ACTIVATION_STRATEGIES)]  # type: ignore[valid-type]
-SaveStrategy = Literal[tuple(SAVE_STRATEGIES)]  # type: ignore[valid-type]
+SaveLayout = Literal[tuple(SAVE_LAYOUTS)]  # type: ignore[valid-type]
+SaveStaging = Literal[tuple(SAVE_STAGINGS)]  # type: ignore[valid-type]
+SaveSchedule = Literal[tuple(SAVE_SCHEDULES)]  # type: ignore[valid-type]
 MeasurePass = Literal["memory", "timing", "flops", "checkpoint"]  # the passes a scenario runs
 
 REFERENCE_SAVES = 3  # a reference sync save pass makes at most this many saves (Scenario.reference)
@@ -78,45 +83,38 @@ class ActivationConfig:
 
 @dataclass(frozen=True)
 class SaveConfig:
-    """How training state is saved; ``strategy`` is derived from the article's keys when not given."""
+    """How training state is saved: three axes (``layout``, ``staging``, ``schedule``), set one by one or filled by
+    a preset (``strategy``); the article's keys set one axis each (``config.save_axes`` has the rules). After
+    construction ``strategy`` is the name reports show (the preset's, or one derived from the axes) and ``axes``
+    the values the checkpointer composes the save from."""
 
-    strategy: SaveStrategy = "none"
-    format: Literal["torch", "safetensors"] = "torch"  # file format of sync/async/selective/layerwise saves
+    strategy: str | None = None  # a preset (registry.SAVE_PRESETS), none; unset: named from the settings
+    layout: SaveLayout | None = None  # which files (registry.SAVE_LAYOUTS); unset: the preset's
+    staging: SaveStaging | None = None  # what training waits for (registry.SAVE_STAGINGS); unset: the preset's
+    schedule: SaveSchedule | None = None  # when a save is taken (registry.SAVE_SCHEDULES); unset: the preset's
+    format: Literal["torch", "safetensors"] = "torch"  # tensor files of the file, layerwise and selected layouts
     save_interval: int = 1  # steps between saves
-    async_save: bool = False  # article key: snapshot, then write in the background (dcp: torch's async_save)
-    staging: Literal["blocking", "overlapped"] = "blocking"  # async: copy at the save call, or during the next step (fenced before optimizer.step)
+    async_save: bool = False  # article key: staging background (dcp: torch's async_save)
     max_keep: int | None = None  # keep the newest N complete checkpoints
-    select_params: bool | str | list[str] | None = None  # true = non-embedding (article); "trainable"; glob patterns
-    mem_threshold: float | None = None  # scheduled: save only while memory in use is under this fraction of capacity
-    mem_basis: Literal["capacity", "peak"] = "capacity"  # scheduled: capacity = device/host memory; peak = this scenario's measured peak step memory (live tensor bytes vs it)
-    max_defer_steps: int = 10  # scheduled: a deferred save is forced after this many steps
+    select_params: bool | str | list[str] | None = None  # layout selected: true = non-embedding (article); "trainable"; glob patterns
+    mem_threshold: float | None = None  # schedule memory_aware: save only while memory in use is under this fraction of capacity
+    mem_basis: Literal["capacity", "peak"] = "capacity"  # memory_aware: capacity = device/host memory; peak = this scenario's measured peak step memory (live tensor bytes vs it)
+    max_defer_steps: int = 10  # memory_aware: a deferred save is forced after this many steps
     layer_checkpoint_dir: str | None = None  # layerwise: folder (relative to the checkpoint) for per-block files
     saves: int = 3  # how many saves the checkpoint pass measures
     time_lost_rounds: int = 3  # interleaved rounds of K steps with one save vs K without (K = save_interval); 0: not measured
+    axes: SaveAxes = field(init=False, compare=False)  # resolved in __post_init__
 
     def __post_init__(self) -> None:
-        implied = []
-        if (self.async_save or self.staging == "overlapped") and self.strategy in ("none", "sync"):
-            implied.append("async")
-        if self.select_params not in (None, False) and self.strategy in ("none", "sync"):
-            implied.append("selective")
-        if self.mem_threshold is not None and self.strategy in ("none", "sync"):
-            implied.append("scheduled")
-        if self.layer_checkpoint_dir is not None and self.strategy in ("none", "sync"):
-            implied.append("layerwise")
-        if len(implied) > 1:
-            raise ValueError(
-                f"checkpoint keys imply several save strategies ({', '.join(implied)}); set 'strategy' to one of them"
-            )
-        if implied:
-            _set(self, strategy=implied[0])
-        if self.strategy == "selective" and self.select_params in (None, False):
+        base_layout = SAVE_PRESETS[self.strategy].layout if self.strategy in SAVE_PRESETS else "file"
+        given = save_axes.settings_of(self.layout, self.staging, self.schedule, self.async_save, self.select_params,
+                                      self.mem_threshold, self.layer_checkpoint_dir, base_layout)
+        name, axes = save_axes.resolve(self.strategy, given)
+        _set(self, strategy=name, axes=axes)
+        if name != NO_SAVE:
+            save_axes.check_combination(axes, self.schedule, self.format, self.layer_checkpoint_dir, self.mem_threshold)
+        if axes.layout == "selected" and self.select_params in (None, False):
             _set(self, select_params=True)
-        if self.staging == "overlapped" and (self.strategy == "dcp" or (self.strategy != "async" and not self.async_save)):
-            raise ValueError(
-                f"staging: overlapped overlaps the copy of a staged background save with the next step; strategy "
-                f"{self.strategy!r} has none: use strategy async (or async_save: true), or drop staging"
-            )
         if self.save_interval <= 0:
             raise ValueError(f"save_interval must be a positive number of steps, got {self.save_interval}")
         if self.max_keep is not None and self.max_keep <= 0:
@@ -133,6 +131,27 @@ class SaveConfig:
             raise ValueError(f"saves must be positive, got {self.saves}")
         if self.layer_checkpoint_dir is not None:
             _check_inside_checkpoint("layer_checkpoint_dir", self.layer_checkpoint_dir)
+
+    @property
+    def file_format(self) -> str:
+        """What the tensor files are: ``dcp`` for the dcp layout, else ``format``."""
+        return "dcp" if self.axes.layout == "dcp" else self.format
+
+    @property
+    def axis_settings(self) -> dict[str, str]:
+        """The axis keys the scenario wrote itself (``layout``, ``staging``, ``schedule``)."""
+        return {axis: getattr(self, axis) for axis in save_axes.AXES if getattr(self, axis) is not None}
+
+    def recorded(self) -> dict:
+        """The configuration a checkpoint's manifest records: the seed's keys as the seed wrote them (``staging``
+        the copy: blocking unless overlapped), plus ``layout`` and ``schedule`` when the scenario set them, so a
+        preset's manifest is the bytes it always was."""
+        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        record.update(staging=self.staging or "blocking")
+        for axis in ("layout", "schedule"):
+            if record[axis] is None:
+                del record[axis]
+        return record
 
 
 @dataclass(frozen=True)
@@ -251,8 +270,14 @@ class Scenario:
         if self.world_size < 1:
             raise ValueError(f"world_size must be a positive number of ranks, got {self.world_size}")
         if self.world_size > 1:
-            if checkpoint.strategy not in ("none", "dcp"):
-                raise ValueError(f"world_size {self.world_size}: sharded saves use checkpoint.strategy dcp (async_save: true for dcp.async_save), not {checkpoint.strategy!r}")
+            if checkpoint.strategy not in ("none", "dcp") or checkpoint.axis_settings or checkpoint.axes.schedule != "every":
+                extra = [*checkpoint.axis_settings, *(["mem_threshold"] if checkpoint.mem_threshold is not None else [])]
+                written = f"{checkpoint.strategy!r}" + (f" with {', '.join(extra)}" if extra else "")
+                raise ValueError(
+                    f"world_size {self.world_size}: sharded saves use checkpoint.strategy dcp (async_save: true for "
+                    f"dcp.async_save) every save_interval steps, not {written}; the layout, staging and schedule "
+                    "settings are for saves in one process"
+                )
             if self.batch_size % self.world_size:
                 raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
             if "flops" in self.measure:

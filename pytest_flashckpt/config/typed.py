@@ -114,9 +114,10 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
 
 
 def to_plain(obj: Any) -> Any:
-    """A dataclass tree as plain JSON-able data (tuples become lists)."""
+    """A dataclass tree as plain JSON-able data (tuples become lists): the fields ``build`` takes back (values
+    resolved in ``__post_init__`` into ``init=False`` fields, such as ``SaveConfig.axes``, are built again)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, dict):

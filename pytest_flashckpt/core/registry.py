@@ -1,9 +1,9 @@
 """The families, named once: memory probes, activation strategies and save strategies.
 
 Each entry is a name and a one-line description (probes also the class that implements them and whether their
-byte counts are exact). Option choices and help, the config ``Literal`` types, validation messages and the
+byte counts are exact; a save preset also its value on each of the three save axes). Option choices and help, the config ``Literal`` types, validation messages and the
 report's wording all derive from these tables, so a new family member is registered here and implemented in its
-own module (docs/architecture.md, "Adding a probe" / "Adding a save strategy").
+own module (docs/architecture.md, "Adding a probe" / "A save strategy").
 
 Nothing here imports torch or another part of the project: config (the bottom layer) reads it.
 """
@@ -59,15 +59,61 @@ ACTIVATION_STRATEGIES: dict[str, str] = {
     "budget": "per input shape, the plan with the least recomputation whose measured peak fits activation.budget",
 }
 
-SAVE_STRATEGIES: dict[str, str] = {
-    "none": "no checkpoint saved",
-    "sync": "one file written in the training loop (the reference save)",
-    "async": "snapshot into a staging area, then written by a background thread",
-    "dcp": "torch.distributed.checkpoint (optionally its async_save)",
-    "selective": "selected tensors saved on top of a full base checkpoint",
-    "layerwise": "one file per block plus the rest",
-    "scheduled": "saves deferred while memory in use is above a threshold",
+# -- saves: three axes, and the seed's strategy names as presets of them ---------------------------------------
+NO_SAVE = "none"  # the strategy name of a scenario that saves nothing
+
+SAVE_LAYOUTS: dict[str, str] = {
+    "file": "every tensor in one file (format: torch or safetensors)",
+    "layerwise": "one file per block plus rest, under layer_checkpoint_dir (default layers)",
+    "selected": "a full base first, then only the selected tensors (select_params) and their optimizer state",
+    "dcp": "a torch.distributed.checkpoint folder (one per block with layer_checkpoint_dir)",
 }
+SAVE_STAGINGS: dict[str, str] = {
+    "blocking": "written and committed while training waits",
+    "background": "snapshot at the save call, written by a background thread (dcp: torch's dcp.async_save)",
+    "overlapped": "background, the snapshot copy running during the next step (optimizer.step waits for it)",
+}
+SAVE_SCHEDULES: dict[str, str] = {
+    "every": "a save every save_interval steps",
+    "memory_aware": "every save_interval steps, deferred while memory in use is at or above mem_threshold "
+                    "(forced after max_defer_steps)",
+}
+
+
+@dataclass(frozen=True)
+class SavePreset:
+    """A save strategy name: one value per axis, and what it means."""
+
+    name: str
+    layout: str  # a key of SAVE_LAYOUTS
+    staging: str  # a key of SAVE_STAGINGS
+    schedule: str  # a key of SAVE_SCHEDULES
+    description: str
+
+
+SAVE_PRESETS: dict[str, SavePreset] = {
+    preset.name: preset
+    for preset in (
+        SavePreset("sync", "file", "blocking", "every", "one file written in the training loop (the reference save)"),
+        SavePreset("async", "file", "background", "every", "snapshot into a staging area, then written by a background thread"),
+        SavePreset("dcp", "dcp", "blocking", "every", "torch.distributed.checkpoint (optionally its async_save)"),
+        SavePreset("selective", "selected", "blocking", "every", "selected tensors saved on top of a full base checkpoint"),
+        SavePreset("layerwise", "layerwise", "blocking", "every", "one file per block plus the rest"),
+        SavePreset("scheduled", "file", "blocking", "memory_aware", "saves deferred while memory in use is above a threshold"),
+    )
+}
+SAVE_DEFAULT = SAVE_PRESETS["sync"]  # the axes a scenario gets for what it does not set
+
+
+def save_strategy_names() -> dict[str, str]:
+    """Every name ``checkpoint.strategy`` accepts, with its meaning (``none`` and the presets)."""
+    return {NO_SAVE: "no checkpoint saved", **{name: p.description for name, p in SAVE_PRESETS.items()}}
+
+
+def derived_save_name(layout: str, staging: str, schedule: str) -> str:
+    """The strategy name of axes that no preset names: ``<layout>-<staging>-<schedule>`` (``dcp-background-every``);
+    it depends on the three values only, so it never changes when a preset is added."""
+    return f"{layout}-{staging}-{schedule}"
 
 
 def describe(table: dict[str, str]) -> str:

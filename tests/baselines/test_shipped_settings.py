@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from pytest_flashckpt.baselines.stats import smallest_p
-from pytest_flashckpt.checkpoint.strategies import strategy_for
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds
 from pytest_flashckpt.config.data import shipped_names
 from pytest_flashckpt.config.suites import load_suite
@@ -24,7 +23,7 @@ def gated_sample_sizes(scenario) -> dict[str, int]:
     if "timing" in scenario.measure and not scenario.is_reference:
         sizes["overhead"] = scenario.rounds
     # staged saves of one process only: a sharded save's stall (distributed/aggregate.py) is recorded, not gated
-    if scenario.world_size == 1 and scenario.save.strategy != "none" and strategy_for(scenario.save).background:
+    if scenario.world_size == 1 and scenario.save.strategy != "none" and scenario.save.axes.background:
         sizes["stall_vs_copy"] = scenario.save.saves - 1  # staged saves only, the first (cold) one left out
     return sizes
 

@@ -55,4 +55,7 @@ CONFIGS: dict[str, SaveConfig] = {
     "layerwise-safetensors": SaveConfig(layer_checkpoint_dir="layers", format="safetensors"),
     "layerwise-torch": SaveConfig(strategy="layerwise", format="torch"),
     "scheduled": SaveConfig(mem_threshold=1.0, save_interval=1),
+    # axes no preset names (a derived strategy name)
+    "selective-background": SaveConfig(layout="selected", staging="background", select_params="trainable"),
+    "layerwise-overlapped": SaveConfig(layout="layerwise", staging="overlapped"),
 }

@@ -52,10 +52,12 @@ class Gate:
         self.seen += 1
 
 
-def test_config_rejects_overlapped_without_a_background_save() -> None:
-    with pytest.raises(ValueError, match="staging: overlapped"):
-        SaveConfig(strategy="layerwise", staging="overlapped")
-    assert SaveConfig(staging="overlapped").strategy == "async"
+def test_config_rejects_overlapped_staging_where_it_cannot_overlap() -> None:
+    with pytest.raises(ValueError, match="staging: overlapped .* valid stagings for layout dcp: blocking, background"):
+        SaveConfig(strategy="dcp", staging="overlapped")
+    assert SaveConfig(staging="overlapped").strategy == "async"  # the seed's name for it
+    layerwise = SaveConfig(strategy="layerwise", staging="overlapped")  # an axis: any file layout can overlap its copy
+    assert (layerwise.strategy, layerwise.axes.layout, layerwise.axes.staging) == ("layerwise", "layerwise", "overlapped")
 
 
 def test_save_returns_before_the_copy_and_the_optimizer_step_waits(tmp_path) -> None:
@@ -302,11 +304,15 @@ def test_cuda_overlapped_save_is_exact(tmp_path) -> None:
     assert all(torch.equal(loaded.tensors[k].cpu(), v) for k, v in expected.items())
 
 
-def test_every_configurable_save_strategy_is_registered() -> None:
+def test_every_axis_value_has_an_implementation() -> None:
     from typing import get_args
 
-    from pytest_flashckpt.checkpoint import SAVE_STRATEGIES
-    from pytest_flashckpt.config.scenario import SaveStrategy
+    from pytest_flashckpt.checkpoint.layouts import LAYOUTS
+    from pytest_flashckpt.config.scenario import SaveLayout, SaveSchedule, SaveStaging
+    from pytest_flashckpt.core.registry import SAVE_LAYOUTS, SAVE_PRESETS, SAVE_SCHEDULES, SAVE_STAGINGS
 
-    assert sorted(SAVE_STRATEGIES) == sorted(set(get_args(SaveStrategy)) - {"none"})
-    assert all(cls.summary for cls in SAVE_STRATEGIES.values())
+    assert sorted(LAYOUTS) == sorted(SAVE_LAYOUTS) == sorted(get_args(SaveLayout))
+    assert sorted(get_args(SaveStaging)) == sorted(SAVE_STAGINGS) and sorted(get_args(SaveSchedule)) == sorted(SAVE_SCHEDULES)
+    for preset in SAVE_PRESETS.values():
+        assert (preset.layout in SAVE_LAYOUTS and preset.staging in SAVE_STAGINGS and preset.schedule in SAVE_SCHEDULES
+                and preset.description), preset
