@@ -143,7 +143,7 @@ def run_saver(name: str, trainer: Trainer, workdir: Path, repeats: int, steps: i
         total = [r["total_s"] for r in saver.records[1:]]
     return {
         "time_lost_s": lost["time_lost_s"],
-        "time_lost_s_samples": lost["time_lost_s_samples"],
+        "time_lost_s_samples": lost.samples["time_lost_s"],
         "time_lost_min_s": lost["time_lost_min_s"],
         "time_lost_max_s": lost["time_lost_max_s"],
         "plain_window_s": lost["time_lost_plain_s"],

@@ -26,9 +26,6 @@ from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.probes import make_probe
 from pytest_flashckpt.training import Trainer
 
-# measure_time_lost (checkpoint.time_lost) returns <metric>_samples lists beside their medians; recorded here under
-# the metric's own name (the saving windows get their median recorded beside their samples)
-_TIME_LOST_SAMPLES = ("time_lost_s", "time_lost_plain_s", "time_lost_saving_s")
 
 def _peak_gauge(trainer: Trainer, peak_bytes: int | None, probe_name: str):
     """(gauge, context of one training step) for ``mem_basis: peak``: live tensor bytes against the measured peak.
@@ -99,7 +96,7 @@ def run_checkpoint_pass(
     copy_gbps = copy_bandwidth_GBps(device=state_device)
     if config.time_lost_rounds > 0:
         say("time lost per save")
-    lost = measure_time_lost(trainer, config, workdir / "time-lost") if config.time_lost_rounds > 0 else {}
+    lost = measure_time_lost(trainer, config, workdir / "time-lost") if config.time_lost_rounds > 0 else None
     probe = make_probe(probe_name, state_device) if probe_name else None
     step_context = contextlib.nullcontext
     hook = None
@@ -180,20 +177,9 @@ def run_checkpoint_pass(
         taken = ckpt.schedule.taken_fractions
         out.record("max_save_memory_fraction", max(taken) if taken else None)
     out.record("verified", "bitwise")
-    _record_time_lost(out, lost)
+    if lost is not None:
+        out.absorb(lost)
     return out
-
-
-def _record_time_lost(out: Measurements, lost: dict) -> None:
-    """``measure_time_lost``'s dict (``<metric>_samples`` beside the medians) recorded under the vocabulary's names;
-    the saving windows' median is recorded beside their samples."""
-    if not lost:
-        return
-    lost = dict(lost)
-    samples = {name: lost.pop(f"{name}_samples", ()) for name in _TIME_LOST_SAMPLES}
-    lost.setdefault("time_lost_saving_s", median(list(samples["time_lost_saving_s"])))
-    for name, value in lost.items():
-        out.record(name, value, samples=samples.get(name, ()))
 
 
 def differing_keys(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[str]:

@@ -27,6 +27,7 @@ import torch
 
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
 from pytest_flashckpt.config.scenario import SaveConfig
+from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.training import Trainer
 
 
@@ -53,13 +54,13 @@ class Saver(Protocol):
 
 def measure_time_lost(
     trainer: Trainer, config: SaveConfig, workdir: Path, rounds: int | None = None, steps: int | None = None, saver: Saver | None = None
-) -> dict:
+) -> Measurements:
     """Interleaved plain / saving windows of ``steps`` (default ``config.save_interval``, at most ``MAX_WINDOW_STEPS``) training steps for
     ``rounds`` (default ``config.time_lost_rounds``) rounds, saving with ``config`` into ``workdir`` (newest kept).
 
-    Returns ``time_lost_s`` (median of per-round saving - plain), ``time_lost_s_samples``, ``time_lost_min_s``,
-    ``time_lost_max_s``, ``time_lost_window_steps``, ``time_lost_plain_s`` (median plain window) and the per-round
-    ``time_lost_plain_s_samples`` / ``time_lost_saving_s_samples``. One untimed save first (it allocates staging
+    Returns ``Measurements``: ``time_lost_s`` (median of per-round saving - plain), ``time_lost_min_s``,
+    ``time_lost_max_s``, ``time_lost_window_steps``, ``time_lost_plain_s`` and ``time_lost_saving_s`` (median plain
+    and saving windows), each median with its per-round samples. One untimed save first (it allocates staging
     buffers, and a selective strategy's later saves are the selected tensors on top of it). The trainer advances.
     ``saver`` replaces the ``Checkpointer`` built from ``config`` (benchmarks compare savers that are no strategy of
     ours); the caller then owns it (closes it, reads its records)."""
@@ -92,13 +93,11 @@ def measure_time_lost(
             for fn, out in order if r % 2 == 0 else reversed(order):
                 out.append(_timed(fn, device))
     lost = [s - p for s, p in zip(saving_s, plain_s)]
-    return {
-        "time_lost_s": statistics.median(lost),
-        "time_lost_s_samples": lost,
-        "time_lost_min_s": min(lost),
-        "time_lost_max_s": max(lost),
-        "time_lost_window_steps": steps,
-        "time_lost_plain_s": statistics.median(plain_s),
-        "time_lost_plain_s_samples": plain_s,
-        "time_lost_saving_s_samples": saving_s,
-    }
+    out = Measurements()
+    out.record("time_lost_s", statistics.median(lost), samples=lost)
+    out.record("time_lost_min_s", min(lost))
+    out.record("time_lost_max_s", max(lost))
+    out.record("time_lost_window_steps", steps)
+    out.record("time_lost_plain_s", statistics.median(plain_s), samples=plain_s)
+    out.record("time_lost_saving_s", statistics.median(saving_s), samples=saving_s)
+    return out
