@@ -151,7 +151,7 @@ def _apply_budget(model, config, dtype, kernel, target, world_size, budget, shap
     """Plan ``budget`` for ``shape`` from simulated costs and put ``model``'s blocks under the plan."""
     if budget is None:
         raise ValueError("strategy 'budget' needs a budget (a size such as '60 GiB', a fraction, or 'min + 30%')")
-    from pytest_flashckpt.activation.budget.runtime import apply_budget
+    from pytest_flashckpt.activation import apply_budget
     from pytest_flashckpt.simulate.costs import SimulatedCosts
 
     source = SimulatedCosts.shared(config, dtype, kernel, target, world_size, seed=seed)
