@@ -45,7 +45,7 @@ from pytest_flashckpt.activation.wrapper import switchable_forwards
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.models.gpt import GPTConfig
 from pytest_flashckpt.simulate.kernels import TARGETS
-from pytest_flashckpt.simulate.step import check_workload, dtype_name, simulated_model, simulated_trainer
+from pytest_flashckpt.simulate.workload import check_workload, dtype_name, simulated_model, simulated_trainer
 
 
 class SimulatedOffload(torch.autograd.graph.saved_tensors_hooks):

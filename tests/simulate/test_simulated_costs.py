@@ -66,7 +66,8 @@ def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_
     from pytest_flashckpt.activation.wrapper import BlockForward
     from pytest_flashckpt.models.anatomy import get_anatomy, role_hooks
     from pytest_flashckpt.simulate.costs import SimulatedOffload
-    from pytest_flashckpt.simulate.step import _measured_step, simulated_model, simulated_trainer
+    from pytest_flashckpt.simulate.step import _measured_step
+    from pytest_flashckpt.simulate.workload import simulated_model, simulated_trainer
 
     rng = random.Random(0)
     plans = [[offload] * costs.n_blocks] + [[rng.randrange(len(costs.options)) for _ in range(costs.n_blocks)] for _ in range(5)]
