@@ -1,4 +1,4 @@
-"""``SimulatedCosts``: the budget planner's per-block costs (``activation.budget.costs.PlanCosts``) for a card no
+"""``SimulatedCosts``: the budget planner's per-block costs (``activation.budget.model.PlanCosts``) for a card no
 CPU holds, read off training steps simulated on the ``meta`` device.
 
 The steps are the ones ``MeasuredCosts`` measures on a CPU (one warm step, then one step per block option with
