@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from pytest_flashckpt.activation.applied import AppliedActivation, AppliedBudget
 from pytest_flashckpt.activation.blocks import resolve_blocks
+from pytest_flashckpt.activation.budget.costs import MeasuredCosts
 from pytest_flashckpt.activation.budget.model import CostSource
 from pytest_flashckpt.activation.budget.planner import BudgetPlanner
 from pytest_flashckpt.activation.options import NONE
@@ -90,8 +91,6 @@ def _apply_budget(model: nn.Module, config: ActivationConfig, blocks: list[nn.Mo
                 f"budget plans from costs measured with the exact cpu probe; a {device.type.upper()} run needs a cost "
                 "source: pass source=SimulatedCosts(...) (pytest_flashckpt.simulate.costs; the runner does)"
             )
-        from pytest_flashckpt.activation.budget.costs import MeasuredCosts  # the measuring machinery, only when used
-
         source = MeasuredCosts.shared(model, blocks, anatomy)
     planner = BudgetPlanner(BudgetSpec.parse(config.budget), source)
     forwards = install_block_forwards(model, blocks, anatomy, [NONE] * len(blocks), switchable=True)

@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import torch
 
-from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.activation import apply_ac, apply_budget
 from pytest_flashckpt.config.model_card import ModelCard as GPTConfig  # any family's card
+from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.simulate.costs import SimulatedCosts
