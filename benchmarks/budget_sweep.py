@@ -30,10 +30,9 @@ from pathlib import Path
 
 import torch
 
-from pytest_flashckpt.activation import apply_ac
+from pytest_flashckpt.activation import apply_ac, apply_budget
 from pytest_flashckpt.activation.budget import MeasuredCosts, min_peak
 from pytest_flashckpt.baselines.stats import mann_whitney_greater
-from pytest_flashckpt.activation.budget.runtime import apply_budget
 from pytest_flashckpt.activation.flops import count_step_flops
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.cards import build_model, load_card

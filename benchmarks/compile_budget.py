@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probe_gap import profiler_added_peak  # noqa: E402  (the allocator-event peak, shared with probe_gap)
 
-from pytest_flashckpt.activation.budget.runtime import apply_budget  # noqa: E402
+from pytest_flashckpt.activation import apply_budget  # noqa: E402
 from pytest_flashckpt.models.cards import build_model, load_card  # noqa: E402
 from pytest_flashckpt.runner.timing import interleaved  # noqa: E402
 from pytest_flashckpt.simulate.costs import SimulatedCosts  # noqa: E402

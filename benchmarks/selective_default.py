@@ -20,10 +20,10 @@ from contextlib import contextmanager
 
 import torch
 
-import pytest_flashckpt.activation as activation
+import pytest_flashckpt.activation.options as activation_options
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.flops import measure_step_flops
-from pytest_flashckpt.activation.selective import default_save_ops
+from pytest_flashckpt.activation.ops import default_save_ops
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models import build_model, load_card
 from pytest_flashckpt.probes.cpu import LiveTensorProbe
@@ -35,12 +35,12 @@ BATCH, SEQ = 4, 256
 @contextmanager
 def recompute_roles(roles):
     """The default policy with other recomputed roles (what DEFAULT_RECOMPUTE_ROLES would be)."""
-    saved = activation.DEFAULT_RECOMPUTE_ROLES
-    activation.DEFAULT_RECOMPUTE_ROLES = roles
+    saved = activation_options.DEFAULT_RECOMPUTE_ROLES
+    activation_options.DEFAULT_RECOMPUTE_ROLES = roles
     try:
         yield
     finally:
-        activation.DEFAULT_RECOMPUTE_ROLES = saved
+        activation_options.DEFAULT_RECOMPUTE_ROLES = saved
 
 
 VARIANTS = {

@@ -46,6 +46,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_flashckpt.activation.plan import plan_for
+from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.families import family_of
 from pytest_flashckpt.models.gpt import GPTConfig
 
@@ -138,13 +140,23 @@ def resident_bytes(config: GPTConfig, work: Workload, optimizer_states: int = 2)
     return config.num_params() * work.dtype_bytes * (1 + optimizer_states) + 2 * work.batch_size * work.seq_len * 8
 
 
+# block option kind -> the analytic block mode it is kept in (offload keeps nothing on the accelerator)
+_MODE_OF_KIND = {"none": "none", "full": "full", "by_op": "selective_op", "offload": "offload"}
+
+
 def block_modes(strategy: str, n_layer: int, k: int = 2) -> tuple[str, ...]:
-    """How each block is kept under a strategy (offload keeps nothing on the accelerator: mode ``offload``)."""
-    if strategy in ("none", "full", "selective_op", "offload"):
-        return (strategy,) * n_layer
-    if strategy == "every_k":
-        return tuple("full" if i % k == 0 else "none" for i in range(n_layer))
-    raise ValueError(f"unknown activation strategy {strategy!r}")
+    """How each block is kept under a strategy: its plan (``activation.plan.plan_for``), read as the modes this
+    model has formulas for. Offload is modelled as on the GPU it needs; a plan with an option it has no formula for
+    (``by_role``, the budget planner's; per-shape plans have no closed form) is a ValueError naming it."""
+    if strategy == "budget":
+        raise ValueError("the analytic model has no formula for strategy 'budget': its plans are chosen per input shape "
+                         "from measured costs (read the plan's predicted peak instead)")
+    modes = []
+    for option in plan_for(ActivationConfig(strategy=strategy, k=k, budget=None), n_layer, device_type="cuda"):
+        if option.kind not in _MODE_OF_KIND:
+            raise ValueError(f"the analytic model has no formula for block option {option.name!r} (strategy {strategy!r})")
+        modes.append(_MODE_OF_KIND[option.kind])
+    return tuple(modes)
 
 
 def estimate(config: GPTConfig, work: Workload, strategy: str = "none", k: int = 2, explicit_save_ops: bool = False) -> ActivationEstimate:

@@ -15,8 +15,12 @@ def __getattr__(name: str):
         from pytest_flashckpt.simulate.result import SimulatedPeak
 
         return SimulatedPeak
-    if name in ("check_workload", "dtype_name", "simulate_step"):
-        from pytest_flashckpt.simulate import step
+    if name == "simulate_step":
+        from pytest_flashckpt.simulate.step import simulate_step
 
-        return getattr(step, name)
+        return simulate_step
+    if name in ("check_workload", "dtype_name"):
+        from pytest_flashckpt.simulate import workload
+
+        return getattr(workload, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

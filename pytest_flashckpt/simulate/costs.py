@@ -1,4 +1,4 @@
-"""``SimulatedCosts``: the budget planner's per-block costs (``activation.budget.costs.PlanCosts``) for a card no
+"""``SimulatedCosts``: the budget planner's per-block costs (``activation.budget.model.PlanCosts``) for a card no
 CPU holds, read off training steps simulated on the ``meta`` device.
 
 The steps are the ones ``MeasuredCosts`` measures on a CPU (one warm step, then one step per block option with
@@ -32,19 +32,20 @@ from functools import partial
 import torch
 
 from pytest_flashckpt.activation.budget.costs import (
-    PlanCosts,
-    _install_marks,
-    _quiet,
     MACHINE_BALANCE,
+    install_marks,
+    measure_transfer_weight,
     pointwise_weight_for,
+    quiet,
     segment_costs,
 )
-from pytest_flashckpt.activation.budget.options import OFFLOAD, BlockOption, default_options
-from pytest_flashckpt.activation.budget.runtime import install_planned_forwards
+from pytest_flashckpt.activation.budget.model import PlanCosts
+from pytest_flashckpt.activation.options import OFFLOAD, BlockOption, default_options
+from pytest_flashckpt.activation.wrapper import switchable_forwards
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.models.gpt import GPTConfig
 from pytest_flashckpt.simulate.kernels import TARGETS
-from pytest_flashckpt.simulate.step import check_workload, dtype_name, simulated_model, simulated_trainer
+from pytest_flashckpt.simulate.workload import check_workload, dtype_name, simulated_model, simulated_trainer
 
 
 class SimulatedOffload(torch.autograd.graph.saved_tensors_hooks):
@@ -114,9 +115,9 @@ class SimulatedCosts:
         self.options = tuple(options)
         self.transfer_weight = transfer_weight or 0.0
         self.notes: tuple[str, ...] = ()
-        with _quiet():
+        with quiet():
             self.model = simulated_model(self.config, self.dtype, kernel, target, seed)
-            self.forwards = install_planned_forwards(self.model)
+            self.forwards = switchable_forwards(self.model)
             self._packed = [0] * len(self.forwards)
             for i, forward in enumerate(self.forwards):
                 forward.offload_context = partial(SimulatedOffload, self._packed, i)
@@ -128,7 +129,7 @@ class SimulatedCosts:
                 )
         self.pointwise_weight = pointwise_weight
         self._probe_ref: list = []
-        _install_marks(self.model, self._probe_ref)
+        install_marks(self.model, self._probe_ref)
         self._trainer = None
         self._cache: dict[tuple[int, int], PlanCosts] = {}
 
@@ -155,7 +156,7 @@ class SimulatedCosts:
     def _simulate(self, batch_size: int, seq_len: int) -> PlanCosts:
         started = time.perf_counter()
         self._packed[:] = [0] * len(self._packed)  # only the offload step packs: its bytes per block
-        with _quiet():
+        with quiet():
             if self._trainer is None:
                 self._trainer = simulated_trainer(self.model, batch_size, seq_len, self.target, self.seed)
                 self._trainer.train_step()  # AdamW's state exists from here on; on meta no shape needs warming
@@ -210,12 +211,10 @@ def cuda_costs_for(model: torch.nn.Module) -> SimulatedCosts:
     (``pointwise_weight_for``) and the transfer weight timed on the model's GPU (``measure_transfer_weight``), so
     offload is planned too (a plan with offload therefore depends on that timing; without offload it does not). The plan's
     peak is then a prediction of the allocator's live bytes (no CUDA context, workspaces or fragmentation)."""
-    from pytest_flashckpt.activation.budget.costs import measure_transfer_weight
-
     param = next(model.parameters())
     backend = getattr(model, "backend", "sdpa")
     if backend not in _KERNEL_OF_BACKEND:
         raise ValueError(f"budget on a GPU: no simulated kernel for attention backend {backend!r}")
-    with _quiet():
+    with quiet():
         transfer = measure_transfer_weight(param.device, param.dtype)
     return SimulatedCosts.shared(model.config, param.dtype, _KERNEL_OF_BACKEND[backend], "cuda", transfer_weight=transfer)

@@ -12,11 +12,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_flashckpt.activation import apply_ac
+from pytest_flashckpt.activation import apply_ac, apply_budget
 from pytest_flashckpt.activation.budget import BudgetSpec, BudgetTooSmall, MeasuredCosts, PlanCosts, min_peak, solve
 from pytest_flashckpt.activation.budget.costs import measure_pointwise_weight
-from pytest_flashckpt.activation.budget.options import FULL, NONE, SELECTIVE
-from pytest_flashckpt.activation.budget.runtime import apply_budget, install_planned_forwards
+from pytest_flashckpt.activation.options import BY_ROLE, FULL, NONE
+from pytest_flashckpt.activation.wrapper import switchable_forwards
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.config.typed import build
@@ -26,8 +26,8 @@ from pytest_flashckpt.training import Trainer, make_batch
 
 SHAPES = [(1, 16), (2, 32), (1, 48)]
 # Each option costs one measured step per shape; five of the eight keep the tests fast and still mix keep,
-# three kinds of selective and full recompute.
-OPTIONS = (NONE, SELECTIVE[1], SELECTIVE[3], SELECTIVE[5], FULL)
+# three kinds of saving by role and full recompute.
+OPTIONS = (NONE, BY_ROLE[1], BY_ROLE[3], BY_ROLE[5], FULL)
 
 
 def micro(dropout: float = 0.1, n_layer: int = 3) -> GPTConfig:
@@ -67,7 +67,7 @@ def test_predicted_peak_equals_the_probe_on_mixed_plans(backend, dropout):
         uniform = [costs.option_index(option)] * costs.n_blocks
         assert costs.predict_peak(uniform) == costs.measured_peaks[option.name]
     model = build_model(config, backend)
-    forwards = install_planned_forwards(model)
+    forwards = switchable_forwards(model)
     trainer = Trainer.create(model, 2, 32)
     trainer.train_step()
     rng = random.Random(0)
@@ -156,7 +156,7 @@ def test_a_stream_of_mixed_lengths_stays_under_the_budget_and_recomputes_less_th
     trainer = Trainer.create(model, 2, 16)
     trainer.train_step()
     adaptive_flops = fixed_flops = 0
-    fixed = applied.planner.plan_for(*longest).plan.choice
+    fixed = applied.planner.plan(*longest).plan.choice
     for seq in stream:
         trainer.seq_len = seq
         assert measured_peak(trainer) <= budget, seq

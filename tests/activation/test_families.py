@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.flops import measure_step_flops
-from pytest_flashckpt.activation.selective import UnlabelledMatmul
+from pytest_flashckpt.activation.policy import UnlabelledMatmul
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models import build_model, load_card
 from pytest_flashckpt.models.llama.flops import expected_matmul_flops

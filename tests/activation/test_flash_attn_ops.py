@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_flashckpt.activation.selective import consumes_rng
+from pytest_flashckpt.activation.ops import consumes_rng
 
 CHECK = Path(__file__).parent / "fake_flash_attn" / "check.py"
 

@@ -7,7 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.flops import measure_step_flops, expected_matmul_flops
-from pytest_flashckpt.activation.selective import DEFAULT_RECOMPUTE_LINEARS
+from pytest_flashckpt.activation.options import DEFAULT_RECOMPUTE_LINEARS
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models import GPTConfig, build_model
 from pytest_flashckpt.training import make_batch

@@ -11,7 +11,7 @@ import torch
 
 from pytest_flashckpt.activation.budget import MeasuredCosts
 from pytest_flashckpt.activation.budget.costs import MACHINE_BALANCE, pointwise_weight_for
-from pytest_flashckpt.activation.budget.runtime import BudgetPlanner
+from pytest_flashckpt.activation.budget.planner import BudgetPlanner
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.config.budget import BudgetSpec
 from pytest_flashckpt.models import GPTConfig, build_model
@@ -31,7 +31,7 @@ def no_clock(monkeypatch):
 
 
 def _plans(source) -> list[tuple[int, ...]]:
-    return [BudgetPlanner(BudgetSpec.parse(b), source).plan_for(*SHAPE).plan.choice for b in BUDGETS]
+    return [BudgetPlanner(BudgetSpec.parse(b), source).plan(*SHAPE).plan.choice for b in BUDGETS]
 
 
 def test_the_pointwise_weight_is_a_fixed_model_not_a_timing(no_clock):

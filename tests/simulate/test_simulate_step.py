@@ -58,12 +58,12 @@ def test_bad_choices(kwargs, message):
         simulate_step("tiny", "bf16", 1, 64, **kwargs)
 
 
-def test_kept_per_block_for_a_planner():
-    from pytest_flashckpt.simulate.blocks import kept_per_block
-
-    costs = kept_per_block("tiny", "bf16", 1, 128)
+def test_every_k_keeps_per_block_what_full_and_none_keep():
+    """Per-block kept bytes are attributed block by block: every_k's blocks keep exactly what the same block keeps
+    under full (checkpointed) or none, and selective_op sits between the two."""
+    kept = {s: simulate_step("tiny", "bf16", 1, 128, "flash", s).block_kept_bytes for s in ("none", "full", "selective_op")}
     n = load_card("tiny").n_layer
-    assert all(len(v) == n for v in costs.kept.values())
-    assert costs.kept["full"][0] < costs.kept["selective_op"][0] < costs.kept["none"][0]
+    assert all(len(v) == n for v in kept.values())
+    assert kept["full"][0] < kept["selective_op"][0] < kept["none"][0]
     every_k = simulate_step("tiny", "bf16", 1, 128, "flash", "every_k", k=2)
-    assert every_k.block_kept_bytes == tuple(costs.kept["full" if i % 2 == 0 else "none"][i] for i in range(n))
+    assert every_k.block_kept_bytes == tuple(kept["full" if i % 2 == 0 else "none"][i] for i in range(n))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pytest_flashckpt.activation.budget import BudgetTooSmall, MeasuredCosts, min_peak
-from pytest_flashckpt.activation.budget.options import FULL, NONE, OFFLOAD, SELECTIVE, default_options
+from pytest_flashckpt.activation.options import BY_ROLE, FULL, NONE, OFFLOAD, default_options
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario, SimulateConfig
 from pytest_flashckpt.models import GPTConfig
@@ -63,10 +63,11 @@ def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_
     assert all(row[offload] == 0 for row in costs.flops)  # and recomputes nothing
     for strategy in ("none", "full"):  # the uniform plans are simulate_step's strategies, peak for peak
         assert costs.measured_peaks[strategy] == simulate_step(config, "bf16", 2, 32, "flash", strategy, target="cuda").peak_bytes
-    from pytest_flashckpt.activation.budget.runtime import PlannedForward
+    from pytest_flashckpt.activation.wrapper import BlockForward
     from pytest_flashckpt.models.anatomy import get_anatomy, role_hooks
     from pytest_flashckpt.simulate.costs import SimulatedOffload
-    from pytest_flashckpt.simulate.step import _measured_step, simulated_model, simulated_trainer
+    from pytest_flashckpt.simulate.step import _measured_step
+    from pytest_flashckpt.simulate.workload import simulated_model, simulated_trainer
 
     rng = random.Random(0)
     plans = [[offload] * costs.n_blocks] + [[rng.randrange(len(costs.options)) for _ in range(costs.n_blocks)] for _ in range(5)]
@@ -74,8 +75,8 @@ def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_
         model = simulated_model(config, "bfloat16", "flash", "cuda")
         counter = [0] * costs.n_blocks
         for i, (block, o) in enumerate(zip(model.blocks, plan)):
-            block.forward = PlannedForward(block.forward, costs.options[o], lambda i=i: SimulatedOffload(counter, i))
-            role_hooks(block, get_anatomy(model))  # selective options read the projection's role from these
+            block.forward = BlockForward(block.forward, costs.options[o], offload_context=lambda i=i: SimulatedOffload(counter, i))
+            role_hooks(block, get_anatomy(model))  # by-role options read the projection's role from these
         trainer = simulated_trainer(model, 2, 32, "cuda")
         trainer.train_step()
         probe, _host = _measured_step(trainer, count_host=False)
@@ -95,7 +96,7 @@ def test_simulate_step_with_a_budget_simulates_the_plan_and_its_peak_is_the_pred
 def test_offload_is_left_out_with_its_reason_or_refused_when_unpriced():
     costs = SimulatedCosts(micro(2), "bf16", "flash", "cuda").costs(1, 16)
     assert OFFLOAD not in costs.options and "transfer_weight" in costs.excluded["offload"]
-    assert costs.options == (NONE, *SELECTIVE, FULL)
+    assert costs.options == (NONE, *BY_ROLE, FULL)
     with pytest.raises(ValueError, match="'offload' needs transfer_weight"):
         SimulatedCosts(micro(2), "bf16", "flash", "cuda", options=(NONE, OFFLOAD))
     with pytest.raises(ValueError, match="on target 'cpu' there is no device memory to free"):
@@ -176,7 +177,7 @@ def test_a_gpu_run_plans_from_simulated_costs_with_the_fixed_pointwise_weight_an
     from pytest_flashckpt.simulate import costs as simulated_costs
 
     timed = []
-    monkeypatch.setattr(budget_costs, "measure_transfer_weight", lambda device, dtype: timed.append(("transfer", device.type)) or 0.5)
+    monkeypatch.setattr(simulated_costs, "measure_transfer_weight", lambda device, dtype: timed.append(("transfer", device.type)) or 0.5)
     model = build_model(micro(), "sdpa", "meta", torch.bfloat16)
     source = simulated_costs.cuda_costs_for(model)
     assert timed == [("transfer", "meta")]

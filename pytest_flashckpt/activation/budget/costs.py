@@ -1,21 +1,5 @@
-"""What each block option costs, measured on the real training step: the planner's only input.
-
-``PlanCosts`` describes one input shape. Per block ``i`` and option ``o``:
-
-- ``kept[i][o]``: bytes the block's forward leaves alive (its saved tensors and its output, which the next block
-  keeps as its input): the live-bytes rise from the block's forward pre-hook to its forward hook;
-- ``reach[i][o]``: the highest live bytes while block ``i`` runs forward or backward (its backward segment
-  runs from the gradient of its output to the gradient of the block below's output, the last one to the end of
-  the step: embeddings' backward and the optimizer step), *minus* what the blocks below keep. The head (final
-  LayerNorm, logits, loss and their backward) is folded into the top block's ``reach``;
-- ``flops`` / ``pointwise``: matmul FLOPs and pointwise output elements counted in those segments, minus the
-  same count with no checkpointing: the recomputation the option adds;
-- ``transfer`` (offload only; empty when no option offloads): bytes the option moves between device and host
-  (each saved tensor out in the forward and back in the backward), priced by ``transfer_weight``.
-
-A plan's peak is then ``max(before, max_i(sum(kept[j][o_j] for j < i) + reach[i][o_i]))`` (``before``: the
-embeddings' forward). This is additive by construction: the blocks below a block are the only plan-dependent
-memory alive while it runs. ``tests/activation/test_budget.py`` checks it against the probe on mixed plans.
+"""What each block option costs, measured on the real training step: the planner's only input (``PlanCosts``,
+``model``: what the numbers mean and why a plan's peak is additive in them).
 
 Sources: ``MeasuredCosts`` runs one real step per option (every block under that option) under the exact
 ``cpu`` probe with segment marks, on a private copy of the model (built from its config), so planning never
@@ -28,73 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
-from pytest_flashckpt.activation.budget.options import NONE, BlockOption, default_options
+from pytest_flashckpt.activation.budget.model import PlanCosts
 from pytest_flashckpt.activation.flops import CPU_FLASH_FORMULAS
+from pytest_flashckpt.activation.options import NONE, BlockOption, default_options
+from pytest_flashckpt.activation.wrapper import switchable_forwards
+from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.probes.cpu import _LiveStorages
 from pytest_flashckpt.training import Trainer
-
-
-@dataclass
-class PlanCosts:
-    """Measured costs of every block option at one input shape (see the module docstring)."""
-
-    batch_size: int
-    seq_len: int
-    options: tuple[BlockOption, ...]
-    kept: list[list[int]]  # [block][option] bytes
-    reach: list[list[int]]  # [block][option] bytes
-    flops: list[list[int]]  # [block][option] extra matmul FLOPs
-    pointwise: list[list[int]]  # [block][option] extra pointwise elements
-    before: int  # peak before the first block (embeddings' forward), bytes
-    measured_peaks: dict[str, int] = field(default_factory=dict)  # option name -> measured uniform-plan peak
-    pointwise_weight: float = 0.0  # FLOP-equivalents of one recomputed pointwise element (fixed: ``pointwise_weight_for``)
-    transfer: list[list[int]] = field(default_factory=list)  # [block][option] bytes moved to host and back
-    transfer_weight: float = 0.0  # FLOP-equivalents of one byte moved between device and host
-    source: str = "measured"  # measured | simulated
-    seconds: float = 0.0  # time spent measuring (or simulating)
-    excluded: dict[str, str] = field(default_factory=dict)  # option name -> why the source does not offer it
-    notes: tuple[str, ...] = ()  # what the source could not do as measured (e.g. no pointwise weight)
-
-    @property
-    def n_blocks(self) -> int:
-        return len(self.kept)
-
-    def option_index(self, option: BlockOption) -> int:
-        return self.options.index(option)
-
-    def cost(self, i: int, o: int) -> float:
-        """The objective: recomputed FLOPs plus pointwise elements and offloaded bytes at their weights (the pointwise
-        one a fixed model, so the same costs give the same plan on every run)."""
-        moved = self.transfer_weight * self.transfer[i][o] if self.transfer else 0.0
-        return self.flops[i][o] + self.pointwise_weight * self.pointwise[i][o] + moved
-
-    def predict_peak(self, plan: Iterable[int]) -> int:
-        """Predicted whole-step peak (bytes) of a plan given as option indices per block."""
-        peak, below = self.before, 0
-        for i, o in enumerate(plan):
-            peak = max(peak, below + self.reach[i][o])
-            below += self.kept[i][o]
-        return peak
-
-    def plan_flops(self, plan: Iterable[int]) -> int:
-        return sum(self.flops[i][o] for i, o in enumerate(plan))
-
-    def none_peak(self) -> int:
-        return self.predict_peak([self.option_index(NONE)] * self.n_blocks)
-
-
-class CostSource(Protocol):
-    """Supplies ``PlanCosts`` for an input shape (measured here; simulated on ``meta`` for large cards)."""
-
-    def costs(self, batch_size: int, seq_len: int) -> PlanCosts: ...
 
 
 _FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_FLASH_FORMULAS.items()}}
@@ -134,16 +65,10 @@ class _Segments(_LiveStorages):
         return out
 
 
-def _anatomy_blocks(model: nn.Module):
-    from pytest_flashckpt.models.anatomy import get_blocks
-
-    return get_blocks(model)
-
-
-def _install_marks(model: nn.Module, probe_ref: list, blocks=None) -> list:
+def install_marks(model: nn.Module, probe_ref: list, blocks=None) -> list:
     """Forward pre-/post-hooks on every block and a gradient hook on each block's output; returns handles."""
     handles = []
-    for i, block in enumerate(blocks if blocks is not None else _anatomy_blocks(model)):
+    for i, block in enumerate(blocks if blocks is not None else get_blocks(model)):
 
         def pre(_module, _args, i=i) -> None:
             if probe_ref:
@@ -334,7 +259,7 @@ class MeasuredCosts:
                  blocks=None, anatomy=None) -> None:
         """``blocks``/``anatomy``: a model of no family of ours (``apply_ac(..., blocks=...)``) is measured on a deep
         copy, its blocks found by name; without an anatomy only whole-block options (none, full, offload) exist,
-        since a selective option needs the roles of the block's matmuls."""
+        since a ``by_role`` option reads the roles of the block's matmuls from its anatomy."""
         param = next(model.parameters())
         self.device = param.device
         if self.device.type != "cpu":
@@ -343,17 +268,15 @@ class MeasuredCosts:
             )
         self.options = options or default_options(self.device.type)
         if anatomy is None and blocks is not None:
-            self.options = tuple(o for o in self.options if o.kind != "selective")
-        with _quiet():
+            self.options = tuple(o for o in self.options if not o.reads_roles)
+        with quiet():
             self.model, private_blocks = _private_copy(model, blocks)
-            from pytest_flashckpt.activation.budget.runtime import install_planned_forwards
-
-            self.forwards = install_planned_forwards(self.model, private_blocks, anatomy if private_blocks is not None else None)
+            self.forwards = switchable_forwards(self.model, private_blocks)
             self.pointwise_weight = pointwise_weight if pointwise_weight is not None else pointwise_weight_for(self.device.type, param.dtype)
         self._trainer: Trainer | None = None
         self._probe_ref: list = []
         self._cache: dict[tuple[int, int], PlanCosts] = {}
-        _install_marks(self.model, self._probe_ref, private_blocks)
+        install_marks(self.model, self._probe_ref, private_blocks)
 
     _shared: dict = {}
 
@@ -377,7 +300,7 @@ class MeasuredCosts:
         return self._cache[batch_size, seq_len]
 
     def _measure(self, batch_size: int, seq_len: int) -> PlanCosts:
-        with _quiet():
+        with quiet():
             if self._trainer is None:
                 self._trainer = Trainer.create(self.model, batch_size, seq_len)
             return segment_costs(
@@ -418,7 +341,7 @@ def segment_costs(
     warm_step: bool = True, optimizer_once: bool = False, rng_states: bool | None = None,
 ) -> PlanCosts:
     """``PlanCosts`` of ``trainer``'s model (its blocks' ``forwards`` switchable, marks installed by
-    ``_install_marks(model, probe_ref)``) at one shape: one warm step with no checkpointing (AdamW state exists,
+    ``install_marks(model, probe_ref)``) at one shape: one warm step with no checkpointing (AdamW state exists,
     as in a measured step), then one step per option under the segment probe on ``device_type``. ``warm_step``
     False skips the warm step where nothing warms up (``meta``) and the optimizer state already exists;
     ``optimizer_once`` runs the optimizer step in the first option's step only (``_OptimizerSegment``: it is the
@@ -464,7 +387,7 @@ def _set(forwards: list, option: BlockOption) -> None:
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     """No caller dispatch modes, forked RNG, grad enabled: measuring is invisible to the caller."""
     with _disable_current_modes(), torch.random.fork_rng(devices=[]), torch.enable_grad():
         yield

@@ -1,7 +1,7 @@
 """Choose one option per block: least recomputation whose predicted whole-step peak fits the budget.
 
 The peak of a plan is ``max(before, max_i(below_i + reach[i][o_i]))`` with ``below_i`` the bytes the blocks
-under ``i`` keep (``costs.PlanCosts``). Walking the blocks bottom-up, the only thing the past hands the future
+under ``i`` keep (``model.PlanCosts``). Walking the blocks bottom-up, the only thing the past hands the future
 is ``below_i``, and less is never worse, so a dynamic program over blocks whose states are the Pareto frontier
 of (``below``, cost so far) is exact: a state dominated in both can be dropped without losing the optimum.
 No discretisation is needed; the frontier's size is bounded by the number of distinct ``below`` values.
@@ -17,37 +17,10 @@ optimality (more recomputation), never fit: the returned ``Plan.exact`` is False
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
-from pytest_flashckpt.activation.budget.costs import PlanCosts
+from pytest_flashckpt.activation.budget.model import BudgetTooSmall, Plan, PlanCosts
 
 MAX_STATES = 4096
-
-
-class BudgetTooSmall(ValueError):
-    """No plan fits: ``minimum`` is the smallest achievable peak (bytes)."""
-
-    def __init__(self, message: str, minimum: int) -> None:
-        super().__init__(message)
-        self.minimum = minimum
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Option index per block, the predicted peak (bytes) and recompute cost, and how it was found."""
-
-    choice: tuple[int, ...]
-    predicted_peak: int
-    cost: float
-    flops: int
-    budget: int
-    exact: bool
-    seconds: float  # wall time of the solve
-    states: int  # largest frontier seen
-    cpu_seconds: float = 0.0  # process CPU time of the solve (what the algorithm costs on a busy machine)
-
-    def names(self, costs: PlanCosts) -> tuple[str, ...]:
-        return tuple(costs.options[o].name for o in self.choice)
 
 
 def _thin(states: list, max_states: int) -> tuple[list, bool]:

@@ -7,7 +7,7 @@ makes k and v narrower) plus 2*B*T*3*C*I for gate, up and down (the SwiGLU width
 for math attention (eager), 2.5x for a fused kernel (it recomputes the scores). Head: 2*B*T*C*V forward, 3x in
 all. Recomputation: a checkpointed block replays its forward but stops before ``down_proj`` (its input is the last
 tensor the backward needs; the residual add after it saves nothing); the default ``selective_op`` policy
-recomputes only the ``o`` projection (``activation.selective.DEFAULT_RECOMPUTE_ROLES``).
+recomputes only the ``o`` projection (``activation.options.DEFAULT_RECOMPUTE_ROLES``).
 """
 
 from __future__ import annotations

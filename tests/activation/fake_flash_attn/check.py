@@ -11,17 +11,17 @@ sys.path[:0] = [str(here / version), str(here)]
 
 import torch  # noqa: E402
 
-from pytest_flashckpt.activation import apply_ac, selective  # noqa: E402
+from pytest_flashckpt.activation import apply_ac, ops  # noqa: E402
 from pytest_flashckpt.config.scenario import ActivationConfig  # noqa: E402
 from pytest_flashckpt.models import GPTConfig, build_model  # noqa: E402
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel  # noqa: E402
 from pytest_flashckpt.training import make_batch  # noqa: E402
 
 if "--save-random-ops" in sys.argv:  # the behaviour before the fix: random ops in the list are saved
-    selective.consumes_rng = lambda func, args, kwargs: False
+    ops.consumes_rng = lambda func, args, kwargs: False
 
 CONFIG = GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
-listed_before_import = "flashattn._flash_attn_forward.default" in selective.default_save_ops()
+listed_before_import = "flashattn._flash_attn_forward.default" in ops.default_save_ops()
 
 
 def step(strategy):

@@ -1,0 +1,98 @@
+"""One wrapper for every strategy: ``BlockForward`` runs a block's forward under its ``BlockOption``.
+
+It stands in for the block's ``forward`` (an instance attribute, so no wrapper module is inserted and parameter
+names, ``blocks.<i>.*``, which the save strategies rely on, stay exactly those of the plain model) and runs the
+original forward, with whatever positional and keyword arguments the block takes (hidden states, rotary tables,
+masks):
+
+- ``none``, or any option while gradients are off (no graph, so nothing to save or recompute): the plain forward;
+- ``offload``: under ``offload_context`` (``save_on_cpu(pin_memory=True)``; the simulator swaps in hooks that do to
+  device memory what it does, on ``meta`` where no data can be copied);
+- ``full``: under ``torch.utils.checkpoint`` (non-reentrant, RNG state preserved, so recomputation reproduces
+  dropout masks bit for bit);
+- ``by_role`` / ``by_op``: the same, with the role policy's selective-checkpoint contexts (``activation.policy``).
+
+``option`` may be switched between forwards (the budget strategy sets it per input shape).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from pytest_flashckpt.activation.blocks import block_names, resolve_blocks
+from pytest_flashckpt.activation.options import NONE, BlockOption
+from pytest_flashckpt.activation.policy import OpMatches, contexts
+from pytest_flashckpt.models.anatomy import ModelAnatomy, role_hooks
+
+
+def save_on_host():
+    """``offload``'s saved-tensor hooks on a real device: every saved tensor to pinned host memory."""
+    return torch.autograd.graph.save_on_cpu(pin_memory=True)
+
+
+class BlockForward:
+    """Stands in for a block's ``forward``: runs the original one under ``option`` (see the module docstring).
+    ``where`` names the block in errors; ``matches`` counts a ``by_op`` option's listed ops (``OpMatches``)."""
+
+    def __init__(self, forward: Callable, option: BlockOption = NONE, where: str = "block",
+                 offload_context: Callable = save_on_host, matches: OpMatches | None = None) -> None:
+        self.forward = forward
+        self.option = option
+        self.where = where
+        self.offload_context = offload_context
+        self.matches = matches
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        kind = self.option.kind
+        if kind == "none" or not torch.is_grad_enabled():
+            return self.forward(*args, **kwargs)
+        if kind == "offload":
+            with self.offload_context():
+                return self.forward(*args, **kwargs)
+        if kind == "full":
+            return checkpoint(self.forward, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        option, where, matches = self.option, self.where, self.matches
+        return checkpoint(self.forward, *args, use_reentrant=False, preserve_rng_state=True,
+                          context_fn=lambda: contexts(option, where, matches), **kwargs)
+
+    def __repr__(self) -> str:
+        return f"BlockForward({self.option.name})"
+
+
+def is_wrapped(block: nn.Module) -> bool:
+    """Whether a strategy already runs this block's forward."""
+    return isinstance(block.__dict__.get("forward"), BlockForward)
+
+
+def install_block_forwards(
+    model: nn.Module, blocks: list[nn.Module], anatomy: ModelAnatomy | None, options: list[BlockOption],
+    matches: OpMatches | None = None, switchable: bool = False,
+) -> list[BlockForward]:
+    """A ``BlockForward`` on each block with its option, and, where the option reads roles (every block when the
+    options are ``switchable``: set later, per input shape) and the model has an anatomy, the role hooks that tell
+    the policy which projection runs a matmul (``models.anatomy.role_hooks``). Raises RuntimeError if a block
+    already runs under a strategy."""
+    if len(options) != len(blocks):
+        raise ValueError(f"a plan of {len(options)} block options for a model of {len(blocks)} blocks")
+    if any(is_wrapped(block) for block in blocks):
+        raise RuntimeError("an activation strategy is already applied to this model; build a fresh model instead")
+    forwards = []
+    for block, option, where in zip(blocks, options, block_names(model, blocks)):
+        forward = BlockForward(block.forward, option, where, matches=matches)
+        block.forward = forward
+        forwards.append(forward)
+        if anatomy is not None and (switchable or option.reads_roles):
+            role_hooks(block, anatomy)
+    return forwards
+
+
+def switchable_forwards(model: nn.Module, blocks: list[nn.Module] | None = None) -> list[BlockForward]:
+    """``none`` on every block of ``model`` (its anatomy's, each checked, unless ``blocks`` is given), switchable:
+    role hooks on every block with an anatomy. What a cost source measures each option on, and what the budget
+    strategy sets per input shape."""
+    found, anatomy = resolve_blocks(model, blocks)
+    return install_block_forwards(model, found, anatomy, [NONE] * len(found), switchable=True)

@@ -1,0 +1,24 @@
+"""No import circle among the modules of ``simulate/``: what the simulated step and the planner's simulated costs
+both need (``workload``) sits below both, so ``step`` imports ``costs`` and never the other way round."""
+
+from __future__ import annotations
+
+import itertools
+
+import grimp  # comes with import-linter (the test extra)
+
+
+def circles(package: str) -> list[str]:
+    graph = grimp.build_graph("pytest_flashckpt")
+    modules = sorted(m for m in graph.modules if m == package or m.startswith(package + "."))
+    found = []
+    for a, b in itertools.combinations(modules, 2):
+        there, back = graph.find_shortest_chain(a, b), graph.find_shortest_chain(b, a)
+        if there and back:
+            found.append(" -> ".join(there) + "  and back: " + " -> ".join(back[1:]))
+    assert len(modules) > 5, modules  # the package was found
+    return found
+
+
+def test_no_import_circle_in_simulate():
+    assert circles("pytest_flashckpt.simulate") == []
