@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -31,6 +32,15 @@ from pytest_flashckpt.training import Trainer
 _FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_FLASH_FORMULAS.items()}}
 
 
+class Mark(NamedTuple):
+    """What the probe had counted when the step passed a labelled point (``f3``: block 3's forward begins)."""
+
+    live: int  # bytes live at the mark
+    peak: int  # the highest live bytes since the previous mark
+    flops: int  # matmul FLOPs so far
+    pointwise: int  # pointwise output elements so far
+
+
 class _Segments(_LiveStorages):
     """The exact live-storage probe plus marks: each mark records live bytes, the peak since the previous mark,
     and the matmul FLOPs and pointwise elements so far. FLOPs use PyTorch's formulas (``flop_registry``, plus
@@ -43,14 +53,14 @@ class _Segments(_LiveStorages):
         self.flops = 0
         self.segment_peak = 0
         self.pointwise_elements = 0
-        self.marks: dict[str, tuple[int, int, int, int]] = {}  # label -> (live, peak since last mark, flops, pointwise)
+        self.marks: dict[str, Mark] = {}
 
     def _count(self, tensor: torch.Tensor) -> None:  # every counted storage, checkpointing's RNG states included
         super()._count(tensor)
         self.segment_peak = max(self.segment_peak, self.live_bytes)
 
     def mark(self, label: str) -> None:
-        self.marks[label] = (self.live_bytes, self.segment_peak, self.flops, self.pointwise_elements)
+        self.marks[label] = Mark(self.live_bytes, self.segment_peak, self.flops, self.pointwise_elements)
         self.segment_peak = self.live_bytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -151,29 +161,29 @@ def _segment_step(
     m = probe.marks
     peak = probe.peak_bytes
     if optimizer is None:
-        optimizer = _OptimizerSegment(m["opt"][0], m["end"][1], m["end"][2] - m["opt"][2], m["end"][3] - m["opt"][3])
+        optimizer = _OptimizerSegment(m["opt"].live, m["end"].peak, m["end"].flops - m["opt"].flops, m["end"].pointwise - m["opt"].pointwise)
     else:
-        if m["opt"][0] != optimizer.live:
+        if m["opt"].live != optimizer.live:
             return None
-        m["end"] = (m["opt"][0], optimizer.peak, m["opt"][2] + optimizer.flops, m["opt"][3] + optimizer.pointwise)
+        m["end"] = Mark(m["opt"].live, optimizer.peak, m["opt"].flops + optimizer.flops, m["opt"].pointwise + optimizer.pointwise)
         peak = max(peak, optimizer.peak)
-    base = m["f0"][0]
-    below = [m[f"f{i}"][0] - base for i in range(n_blocks)] + [m[f"e{n_blocks - 1}"][0] - base]
+    base = m["f0"].live
+    below = [m[f"f{i}"].live - base for i in range(n_blocks)] + [m[f"e{n_blocks - 1}"].live - base]
     kept, reach, flops, pointwise = [], [], [], []
     for i in range(n_blocks):
         backward_end = f"b{i - 1}" if i > 0 else "end"
-        forward_peak = m[f"e{i}"][1]
-        backward_peak = m[backward_end][1] if i > 0 else max(m["opt"][1], m["end"][1])  # embeddings' backward, optimizer
-        seg_flops = (m[f"e{i}"][2] - m[f"f{i}"][2]) + (m[backward_end][2] - m[f"b{i}"][2])
-        seg_pointwise = (m[f"e{i}"][3] - m[f"f{i}"][3]) + (m[backward_end][3] - m[f"b{i}"][3])
+        forward_peak = m[f"e{i}"].peak
+        backward_peak = m[backward_end].peak if i > 0 else max(m["opt"].peak, m["end"].peak)  # embeddings' backward, optimizer
+        seg_flops = (m[f"e{i}"].flops - m[f"f{i}"].flops) + (m[backward_end].flops - m[f"b{i}"].flops)
+        seg_pointwise = (m[f"e{i}"].pointwise - m[f"f{i}"].pointwise) + (m[backward_end].pointwise - m[f"b{i}"].pointwise)
         top = max(forward_peak, backward_peak)
         if i == n_blocks - 1:
-            top = max(top, m[f"b{i}"][1])  # the head: from the top block's forward end to its output gradient
+            top = max(top, m[f"b{i}"].peak)  # the head: from the top block's forward end to its output gradient
         kept.append(below[i + 1] - below[i])
         reach.append(top - below[i])
         flops.append(seg_flops)
         pointwise.append(seg_pointwise)
-    return _Uniform(peak, m["f0"][1], kept, reach, flops, pointwise), optimizer
+    return _Uniform(peak, m["f0"].peak, kept, reach, flops, pointwise), optimizer
 
 
 MACHINE_BALANCE = {"cpu": 16.0, "cuda": 256.0}  # FLOP per byte of memory traffic at which a matmul and a streaming
