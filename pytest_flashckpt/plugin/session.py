@@ -3,8 +3,9 @@
 Scenarios become test items; pytest's own loop runs them (-k, -m, pytest-xdist), and each item runs its scenario
 through the library's per-scenario API (``runner.suite.SuiteRun.step``: the scenario's runner, then the baseline
 judgement), the one ``flashckpt run``'s loop uses. The session's end calls ``SuiteRun.finish`` (results.json, the
-report, the step summary) and prints the end summary both front ends share (``runner.summary.end_summary``). Configuration problems are found before anything runs (every scenario validated,
-every model card read), so a run that fails to configure writes nothing.
+report, the step summary) and prints the end summary both front ends share (``runner.summary.end_summary``).
+Configuration problems are found before anything runs (every scenario validated, every model card read), so a run
+that fails to configure writes nothing.
 """
 
 from __future__ import annotations
