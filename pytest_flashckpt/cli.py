@@ -1,4 +1,5 @@
-"""The ``flashckpt`` command: re-render a report from a results file, compare two runs for a pull request, and
+"""The ``flashckpt`` command: run a suite without pytest, re-render a report from a results file, compare two runs
+for a pull request, pool baselines, A/B two code versions, find change points over CI runs, simulate a step, and
 look at or export checkpoints.
 
     flashckpt run --suite NAME|PATH [--report DIR] [--device cuda] [--save-baseline] ...
@@ -8,15 +9,19 @@ look at or export checkpoints.
     flashckpt inspect CKPT
     flashckpt export CKPT OUT.safetensors
     flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
+    flashckpt pool-baseline RUN1/results.json RUN2/results.json [--out baselines]
+    flashckpt ab --a main --b HEAD [--suite ab] [--rounds 6]
+    flashckpt history DIR [--metric NAME ...]
 
-``run`` measures a suite without pytest (``runner.suite.run_suite``) and writes the same ``results.json`` and report
-as ``pytest --flashckpt-suite``; its options are the plugin's (``config.run_options``) without the ``flashckpt-``
-prefix. ``report``, ``compare`` and ``claims`` read only ``results.json`` files (never torch), so they run on any
-machine that has the files; ``inspect`` and ``export`` read checkpoints and ``simulate``
-runs a step on the meta device (they import torch). Problems with an input
-file or option (missing, not JSON, another schema version, not a checkpoint, a bad value) are usage errors: a
-message naming the file on stderr and exit status 2, like argparse's own errors. ``inspect`` exits 1 when the
-checkpoint fails verification.
+``run`` measures a suite without pytest (``runner.suite.SuiteRun.run_all``: the scenario runners, the baseline gate
+and the end summary the plugin uses) and writes the same ``results.json`` and report as ``pytest --flashckpt-suite``;
+its options are the plugin's (``config.run_options``) without the ``flashckpt-`` prefix. ``report``, ``compare``,
+``claims`` and ``pool-baseline`` read only ``results.json`` files (never torch), so they run on any machine that has
+the files; ``inspect`` and ``export`` read checkpoints and ``simulate`` runs a step on the meta device (they import
+torch). Problems with an input file or option (missing, not JSON, another schema version, not a checkpoint, a bad
+value) are usage errors: a message naming the file on stderr and exit status 2, like argparse's own errors.
+``inspect`` exits 1 when the checkpoint fails verification; ``run`` exits 1 on a regression or a broken scenario
+and 2 when interrupted (Ctrl-C / SIGTERM).
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options = Options.from_lookup(args.suite, lookup)
     except OptionError as exc:
         raise InputError(str(exc)) from None
-    from pytest_flashckpt.report.terminal import Heartbeat, article_lines, regression_lines, scenario_line, where_lines
+    from pytest_flashckpt.report.terminal import Heartbeat, scenario_line
     from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
 
     try:
@@ -79,6 +84,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if heartbeat.due():
             print(f"  ... {scenario.suite}::{scenario.name}: {phase}", flush=True)
 
+    def done(outcome) -> None:  # one line per scenario as it finishes, and why it fails when it does
+        print(scenario_line(outcome.result, outcome.verdict), flush=True)
+        failure = f"baseline: {outcome.baseline_error}" if outcome.baseline_error else outcome.failure
+        if failure:
+            print("  " + failure.replace("\n", "\n  "), flush=True)
+
     run = SuiteRun(suite, options, progress=progress)
     from pytest_flashckpt.runner.preflight import check_run, command_flag
 
@@ -86,34 +97,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         check_run(run, command_flag)  # outputs, device, probe, baseline file, memory, disk: before anything runs
     except ConfigError as exc:
         raise InputError(str(exc)) from None
-    from pytest_flashckpt.baselines import BaselineError
+    from pytest_flashckpt.runner.summary import end_summary
 
-    from pytest_flashckpt.runner.suite import interrupts_as_keyboard_interrupt
-
-    with interrupts_as_keyboard_interrupt() as stopped:  # Ctrl-C / SIGTERM: keep what finished, say so, exit 2
-        try:
-            for scenario in suite.scenarios:
-                heartbeat.printed()
-                result = run.run(scenario)
-                failure = None
-                if result.status == "measured":
-                    try:
-                        failure = run.judge(result).failure
-                    except BaselineError as exc:
-                        failure = f"baseline: {exc}"
-                print(scenario_line(result, run.verdict(result)), flush=True)
-                if failure:
-                    print("  " + failure.replace("\n", "\n  "), flush=True)
-        except KeyboardInterrupt:
-            run.interrupt(stopped.how)
-            print(f"INTERRUPTED ({stopped.how}): {len(run.results)} of {len(suite.scenarios)} scenario(s) finished; "
-                  "writing them as an interrupted run (no baseline update)", flush=True)
-    outputs = run.finish()
-    for line in article_lines(outputs.record) + regression_lines(outputs.record.comparison):
-        print(line)
-    for line in where_lines(run.shown(outputs.report_path), run.shown(outputs.results_path),
-                            run.shown(outputs.baseline_path) if outputs.baseline_path is not None else None,
-                            str(outputs.step_summary) if outputs.step_summary is not None else None):
+    outputs = run.run_all(on_start=lambda scenario: heartbeat.printed(), on_outcome=done)  # Ctrl-C / SIGTERM: exit 2
+    for line in end_summary(run, outputs, flag=command_flag):
         print(line)
     if run.interrupted:
         return INTERRUPTED

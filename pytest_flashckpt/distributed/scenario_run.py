@@ -1,6 +1,6 @@
 """Run a scenario with ``world_size > 1``: its ranks under torchrun, then one ``Result`` from their records.
 
-The runner dispatches here (``runner.run.run_scenario``). Multi-node and cluster launchers are set through the
+Its runner is ``runner.runners.DistributedRunner``. Multi-node and cluster launchers are set through the
 environment, so suite files stay portable: ``FLASHCKPT_LAUNCH_PREFIX`` (e.g. ``"srun --nodes=2 --ntasks-per-node=1"``),
 ``FLASHCKPT_NNODES``, ``FLASHCKPT_MASTER_ADDR``/``FLASHCKPT_MASTER_PORT``, ``FLASHCKPT_DIST_TIMEOUT`` (seconds for the
 whole launch; default 600). ``world_size`` is the number of ranks per node.

@@ -108,7 +108,7 @@ def measure(
     if rounds <= 0 or steps <= 0 or warmup < 0 or saves <= 0:
         raise ValueError(f"rounds, steps and saves must be positive and warmup >= 0 (got {rounds}, {steps}, {saves}, {warmup})")
     from pytest_flashckpt.runner.context import resolve_device, resolve_probe
-    from pytest_flashckpt.runner.passes import peak_pass, resident_tensors, save_pass, timing_pass
+    from pytest_flashckpt.runner.passes import resident_tensors, save_pass, timing_pass
 
     resident_list = resident_tensors(resident)
     if device == "auto":  # where the resident tensors live, else where the first warm-up step runs

@@ -37,7 +37,10 @@ def _fraction(value: Any) -> float:
 
 
 @dataclass(frozen=True)
-class BudgetSpec:
+class MarkerBudget:
+    """One key of the ``flashckpt`` marker (``max_peak_memory=...``): the metric it bounds and how its value is
+    written (not ``config.budget.BudgetSpec``, an activation-memory budget of a suite scenario)."""
+
     key: str
     metric: str  # the metric it bounds (pytest_flashckpt.core.metrics; a field of the fixture's Measurement)
     parse: Callable[[Any], float]
@@ -62,8 +65,8 @@ _PARSERS: dict[str, tuple[Callable[[Any], float], str]] = {
     "fraction": (_fraction, "a fraction in (0, 1), e.g. 0.3"),
 }
 
-SPECS: dict[str, BudgetSpec] = {
-    key: BudgetSpec(key, m.name, *_PARSERS[m.unit], upper=m.worse == "higher", needs=m.needs)
+SPECS: dict[str, MarkerBudget] = {
+    key: MarkerBudget(key, m.name, *_PARSERS[m.unit], upper=m.worse == "higher", needs=m.needs)
     for key, m in BUDGETS.items()
 }
 

@@ -1,9 +1,11 @@
 """A suite run inside pytest: collection, items and hooks only.
 
-Scenarios become test items; each item runs one scenario through the library's per-scenario API
-(``runner.suite.SuiteRun``: ``run`` then ``judge``), and the session's end calls ``SuiteRun.finish`` (results.json,
-the report, the step summary). Configuration problems are found before anything runs (every scenario validated,
-every model card read), so a run that fails to configure writes nothing.
+Scenarios become test items; pytest's own loop runs them (-k, -m, pytest-xdist), and each item runs its scenario
+through the library's per-scenario API (``runner.suite.SuiteRun.step``: the scenario's runner, then the baseline
+judgement), the one ``flashckpt run``'s loop uses. The session's end calls ``SuiteRun.finish`` (results.json, the
+report, the step summary) and prints the end summary both front ends share (``runner.summary.end_summary``).
+Configuration problems are found before anything runs (every scenario validated, every model card read), so a run
+that fails to configure writes nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +22,9 @@ from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.run_options import Options
 from pytest_flashckpt.core.result import Result
+
+if TYPE_CHECKING:
+    from pytest_flashckpt.runner.suite import ScenarioOutcome
 
 
 class ScenarioItem(pytest.Item):
@@ -33,12 +39,13 @@ class ScenarioItem(pytest.Item):
             self.keywords[keyword] = True
 
     def runtest(self) -> None:
-        self.result = self.state.run(self.scenario)
+        outcome = self.state.step(self.scenario)
+        self.result = outcome.result
         if self.result.status == "skipped":
             pytest.skip(self.result.reason or "skipped")
         if self.result.status == "error":
             raise ScenarioError(f"{self.nodeid}: {self.result.reason}\n{''.join(self.result.notes[-1:])}")
-        self.state.check(self, self.result)
+        self.state.check(self, outcome)
 
     def reportinfo(self):
         return self.path, None, f"flashckpt scenario {self.nodeid}"
@@ -195,14 +202,15 @@ class SuiteSession:
         self._scenario_ids = {i.nodeid for i in session.items if isinstance(i, ScenarioItem)}
 
     # -- running --------------------------------------------------------------------------------------
-    def run(self, scenario: Scenario) -> Result:
+    def step(self, scenario: Scenario) -> "ScenarioOutcome":
         self._heartbeat.printed()  # the scenario's start counts as a line: the heartbeat waits from here
-        return self.run_state.run(scenario)
+        return self.run_state.step(scenario)
 
-    def check(self, item: ScenarioItem, result: Result) -> None:
+    def check(self, item: ScenarioItem, outcome: "ScenarioOutcome") -> None:
         """Attach what ran and the metrics to the test report (JUnit properties), feed pytest-benchmark, and fail
-        on a baseline regression (not while ``--flashckpt-save-baseline`` refreshes the baseline: then it is
-        reported only)."""
+        on a baseline regression or an unreadable baseline file (not on a regression while
+        ``--flashckpt-save-baseline`` refreshes the baseline: then it is reported only)."""
+        result = outcome.result
         for key, value in (("kernel", result.kernel), ("backend", result.backend), ("probe", result.probe),
                            ("device", result.device)):
             if value:
@@ -215,16 +223,12 @@ class SuiteSession:
 
             self._bench = BenchmarkBridge(self.config)
         self._bench.add(item, result)
-        from pytest_flashckpt.baselines import BaselineError
-
-        try:
-            judgement = self.run_state.judge(result)
-        except BaselineError as exc:
-            raise RegressionFailure(str(exc)) from None
-        for row in judgement.rows:
+        if outcome.baseline_error is not None:
+            raise RegressionFailure(outcome.baseline_error)
+        for row in outcome.rows:
             item.user_properties.append((f"verdict:{row['metric']}", row["verdict"]))
-        if judgement.failure is not None:
-            raise RegressionFailure(judgement.failure)
+        if outcome.failure is not None:
+            raise RegressionFailure(outcome.failure)
 
     # -- live progress --------------------------------------------------------------------------------
     def _verbosity(self) -> int:
@@ -357,33 +361,10 @@ class SuiteSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not (self.results or self.run_state.interrupted) or self.xdist_worker:
             return
-        from pytest_flashckpt.report.terminal import article_lines, regression_lines, where_lines, wrap
+        from pytest_flashckpt.runner.summary import end_summary
 
-        run, out = self.run_state, self.outputs
         terminalreporter.section("flashckpt")
-        if self.options.inject:
-            from pytest_flashckpt.config.injection import Injection
-
-            injection = Injection.parse(self.options.inject)
-            if injection is not None:
-                terminalreporter.write_line(f"WARNING: {injection.describe()} (--flashckpt-inject): these are not real measurements")
-        record = out.record if out is not None else run.record()
-        lines = article_lines(record) if self._verbosity() >= 0 else []
-        lines += regression_lines(record.comparison)
-        if out is not None:
-            lines += where_lines(run.shown(out.report_path), run.shown(out.results_path),
-                                 run.shown(out.baseline_path) if out.baseline_path is not None else None,
-                                 str(out.step_summary) if out.step_summary is not None else None)
-        for note in run.notes:
-            lines += wrap(f"note: {note}", indent="")
-        if run.interrupted:
-            lines.append(f"INTERRUPTED: {len(self.results)} of {len(self.suite.scenarios)} scenario(s) finished; the "
-                         "report and results.json are marked interrupted; no baseline was updated")
-        if run.missing:
-            lines.append(
-                f"FAILED: {len(run.missing)} scenario(s)/metric(s) of the baseline were not measured (missing); "
-                "pass --flashckpt-subset if the subset is intended"
-            )
+        lines = end_summary(self.run_state, self.outputs, claims=self._verbosity() >= 0)
         if self._bench is not None and self._bench.note:
             lines.append(f"pytest-benchmark: {self._bench.note}")
         for line in lines:

@@ -1,5 +1,6 @@
-"""Run one scenario end to end: build -> apply strategies -> memory pass -> timing pass -> FLOPs -> checkpoint
-pass -> ``Result``. Nothing here imports pytest: the plugin and the ``flashckpt`` fixture are thin layers on top.
+"""Run one scenario end to end in this process (the in-process runner): build -> apply strategies -> memory pass
+-> timing pass -> FLOPs -> checkpoint pass -> ``Result``. Nothing here imports pytest: the plugin and the
+``flashckpt`` fixture are thin layers on top.
 
 Every ratio is against the scenario's *reference* (same model, kernel, batch and sequence; no activation
 checkpointing; a plain synchronous save) measured in the same run. Deterministic reference measurements (peak
@@ -11,7 +12,6 @@ from __future__ import annotations
 import shutil
 import statistics
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,11 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.core.files import work_folder
 from pytest_flashckpt.core.metrics import Measurements
-from pytest_flashckpt.models.attention import BackendUnavailable, OpNameRecorder, detect_kernel, resolve_backend
+from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.runner.context import RunContext, SkipScenario, resolve_device, scenario_key  # noqa: F401
+from pytest_flashckpt.runner.outcome import recorded
 from pytest_flashckpt.runner.passes import peak_pass, timing_pass
 from pytest_flashckpt.training import Trainer
 
@@ -33,28 +34,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
-    """Measure one scenario; a scenario this hardware cannot run comes back ``skipped`` with the reason, one
-    that broke comes back ``error`` with the exception (its traceback in ``notes``), so a run's record is whole."""
-    if scenario.world_size > 1:  # ranks under torchrun (FSDP2 + DCP): see pytest_flashckpt.distributed
-        from pytest_flashckpt.distributed.scenario_run import run_distributed
-
-        return run_distributed(scenario, str(ctx.device), ctx.probe, ctx.workdir)
+    """Measure one scenario in this process (``runner.runners.InProcessRunner``); a scenario this hardware cannot run
+    comes back ``skipped`` with the reason, one that broke comes back ``error`` with the exception (its traceback in
+    ``notes``), so a run's record is whole. A distributed or simulated scenario is refused: its runner is another
+    (``runner.runners.runner_for``)."""
+    if scenario.world_size > 1 or scenario.simulate.enabled:
+        kind = "distributed (world_size > 1)" if scenario.world_size > 1 else "simulated (simulate.enabled)"
+        raise ValueError(f"scenario {scenario.name!r} is {kind}: run_scenario measures in this process only; "
+                         "use runner.runners.measure_scenario, which picks its runner")
     result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
-    try:
-        if scenario.simulate.enabled:  # simulate (issue 12): predicted on meta, see pytest_flashckpt.simulate.scenario
-            from pytest_flashckpt.simulate.scenario import run_simulated
-
-            run_simulated(scenario, result)
-        else:
-            _measure(scenario, ctx, result)
-    except SkipScenario as exc:
-        result.status, result.reason = "skipped", str(exc)
-    except BackendUnavailable as exc:
-        result.status, result.reason = "skipped", str(exc)
-    except Exception as exc:  # recorded (the report shows the row), then the plugin fails the item with it
-        result.status, result.reason = "error", f"{type(exc).__name__}: {exc}{_disk_hint(scenario, ctx)}"
-        result.notes.append("".join(traceback.format_exception(exc)))
-    return result
+    return recorded(result, lambda: _measure(scenario, ctx, result), hint=lambda: _disk_hint(scenario, ctx))
 
 
 LOW_DISK_BYTES = 64 * 2**20  # a work folder this close to full is the likely cause of a failed save

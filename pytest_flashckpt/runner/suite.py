@@ -1,10 +1,13 @@
-"""A suite run without pytest: ``run_suite(suite, options) -> RunRecord``, and ``SuiteRun``, its per-scenario API.
+"""A suite run, the same for every front end: ``SuiteRun`` holds its state and the per-scenario API, ``run_all`` is
+the suite loop outside pytest.
 
-``SuiteRun`` is what every front end drives: the pytest plugin (one test item per scenario: ``run`` then
-``judge``), ``flashckpt run`` (``run_suite``: every scenario, then ``finish``), and later a distributed rank runner
-or a simulation runner, which plug in their own ``measure`` (a ``ScenarioRunner``: scenario + context -> Result).
-The run's context (device, probe, profile) is resolved once, in ``runner.context``; baselines are read, judged
-and saved by ``baselines``; ``finish`` writes ``results.json``, the markdown report and the CI step summary.
+Per scenario, ``step`` runs it through a ``runner.runners.ScenarioRunner`` (the one ``runner_for`` picks from the
+scenario: in process, distributed, simulated; or the one ``SuiteRun`` was handed, e.g. a test's fake measurement)
+and judges its result against the baseline. ``flashckpt run`` drives ``run_all`` (every scenario in order, then
+``finish``); the pytest plugin lets pytest's own loop drive ``step`` (one test item per scenario: -k, -m, xdist)
+and calls ``finish`` at the session's end. Both print the same end summary (``runner.summary``). The run's context
+(device, probe, profile) is resolved once, in ``runner.context``; baselines are read, judged and saved by
+``baselines``; ``finish`` writes ``results.json``, the markdown report and the CI step summary.
 See docs/architecture.md.
 """
 
@@ -17,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 from pytest_flashckpt import __version__
 from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict
@@ -28,15 +31,10 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.suites import Suite, load_suite
 from pytest_flashckpt.core.result import Result, RunRecord
 from pytest_flashckpt.runner.context import RunContext
+from pytest_flashckpt.runner.runners import ScenarioRunner, runner_for
 
 
 Progress = Callable[[Scenario, str], None]  # (scenario, phase: "memory pass", "timing round 3/5", "save 2/6")
-
-
-class ScenarioRunner(Protocol):
-    """Measures one scenario in a run's context; ``runner.run.run_scenario`` is the in-process one."""
-
-    def __call__(self, scenario: Scenario, ctx: RunContext) -> Result: ...
 
 
 @dataclass(frozen=True)
@@ -46,6 +44,19 @@ class Judgement:
 
     rows: list[RegressionVerdict]
     failure: str | None
+
+
+@dataclass(frozen=True)
+class ScenarioOutcome:
+    """One scenario run and judged (``SuiteRun.step``): its result, its one-word verdict, its regression rows, and
+    why it fails the run: ``failure`` (the regressions' text; None while the baseline is refreshed) or
+    ``baseline_error`` (the baseline file could not be read). Both None: nothing to fail on."""
+
+    result: Result
+    verdict: str
+    rows: list[RegressionVerdict]
+    failure: str | None = None
+    baseline_error: str | None = None
 
 
 @dataclass
@@ -66,9 +77,10 @@ def load_checked_suite(name_or_path: str) -> Suite:
 
 
 class SuiteRun:
-    """The state of one suite run; ``root`` is the folder relative paths (report, baselines) are resolved from."""
+    """The state of one suite run; ``root`` is the folder relative paths (report, baselines) are resolved from;
+    ``runner``, when given, measures every scenario (a test's fake), else each scenario's own (``runner_for``)."""
 
-    def __init__(self, suite: Suite, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None,
+    def __init__(self, suite: Suite, options: Options, root: Path | None = None, runner: ScenarioRunner | None = None,
                  progress: Progress | None = None) -> None:
         self.suite = suite
         self.options = options
@@ -78,12 +90,13 @@ class SuiteRun:
         self.verdicts: dict[str, str] = {}  # scenario id -> one word (report.terminal.scenario_verdict)
         self.notes: list[str] = []  # conditions of the run the report's header states (e.g. parallel xdist workers)
         self.started = datetime.now(timezone.utc)
-        self._measure = measure
+        self._runner = runner
         self._ctx: RunContext | None = None
         self._gate = None  # baselines.Gate, made at the first judgement (needs the profile, hence torch)
         self.subset: str | None = "--flashckpt-subset" if options.subset else None  # why a subset is intended
         self.missing: list[RegressionVerdict] = []  # missing rows that fail the run (set by finish)
         self.interrupted = False  # stopped by Ctrl-C / SIGTERM (``interrupt``): finish writes a partial record
+        self.stopped_by: str | None = None  # how it was stopped: "Ctrl-C" or "SIGTERM"
 
     # -- context ------------------------------------------------------------------------------------
     @property
@@ -109,21 +122,51 @@ class SuiteRun:
             scenario = dataclasses.replace(scenario, rounds=self.options.rounds)
         if self.options.saves and scenario.save.strategy != "none":
             scenario = dataclasses.replace(scenario, save=dataclasses.replace(scenario.save, saves=self.options.saves))
-        measure = self._measure
-        if measure is None:
-            from pytest_flashckpt.runner.run import run_scenario
-
-            measure = run_scenario
+        runner = self._runner if self._runner is not None else runner_for(scenario)
         ctx = self.context
         if self.progress is not None:
             progress = self.progress
             ctx.on_phase = lambda phase: progress(scenario, phase)
         try:
-            result = measure(scenario, ctx)
+            result = runner(scenario, ctx)
         finally:
             ctx.on_phase = None
         self.results.append(result)
         return result
+
+    def step(self, scenario: Scenario) -> ScenarioOutcome:
+        """Run one scenario (``run``) and judge it when it was measured (``judge``); an unreadable baseline file is
+        the outcome's ``baseline_error``, not an exception."""
+        from pytest_flashckpt.baselines import BaselineError
+
+        result = self.run(scenario)
+        rows: list[RegressionVerdict] = []
+        failure = broken = None
+        if result.status == "measured":
+            try:
+                judgement = self.judge(result)
+            except BaselineError as exc:
+                broken = str(exc)
+            else:
+                rows, failure = judgement.rows, judgement.failure
+        return ScenarioOutcome(result, self.verdict(result), rows, failure, broken)
+
+    def run_all(self, on_start: Callable[[Scenario], None] | None = None,
+                on_outcome: Callable[[ScenarioOutcome], None] | None = None) -> RunOutputs:
+        """The suite loop outside pytest: every scenario in order through ``step`` (``on_start`` told before each,
+        ``on_outcome`` after), then ``finish``. A Ctrl-C or SIGTERM during a scenario stops the loop; the finished
+        scenarios are written as an interrupted record (``RunOutputs.record.interrupted``)."""
+        with interrupts_as_keyboard_interrupt() as stopped:
+            try:
+                for scenario in self.suite.scenarios:
+                    if on_start is not None:
+                        on_start(scenario)
+                    outcome = self.step(scenario)
+                    if on_outcome is not None:
+                        on_outcome(outcome)
+            except KeyboardInterrupt:
+                self.interrupt(stopped.how)
+        return self.finish()
 
     def gate(self):
         """The baseline gate of this run (BaselineError when this profile's baseline file is unreadable)."""
@@ -202,6 +245,7 @@ class SuiteRun:
         if self.interrupted:
             return
         self.interrupted = True
+        self.stopped_by = how
         done = len(self.results)
         self.notes.append(
             f"interrupted ({how}) after {done} of {len(self.suite.scenarios)} scenario(s): a partial run; the scenario "
@@ -263,37 +307,6 @@ class SuiteRun:
         return not self.options.save_baseline and bool(self.comparison().regressed or self.missing)
 
 
-def run_suite(suite: Suite | str, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> RunRecord:
-    """Run every scenario of ``suite`` (a loaded Suite, a shipped name or a YAML path), judge each against the
-    baseline, write ``results.json`` and the report under ``options.report``; returns the run's record."""
-    return run_suite_outputs(suite, options, root, measure).record
-
-
-def run_suite_outputs(suite: Suite | str, options: Options, root: Path | None = None, measure: ScenarioRunner | None = None) -> RunOutputs:
-    """``run_suite``'s outputs; a Ctrl-C or SIGTERM during a scenario stops the run, and the finished scenarios
-    are written as an interrupted record (``RunOutputs.record.interrupted``)."""
-    if isinstance(suite, str):
-        suite = load_checked_suite(suite)
-    from pytest_flashckpt.baselines import BaselineError
-
-    run = SuiteRun(suite, options, root, measure)
-    from pytest_flashckpt.runner.preflight import check_run, command_flag
-
-    check_run(run, command_flag)  # ConfigError before anything runs
-    with interrupts_as_keyboard_interrupt() as stopped:
-        try:
-            for scenario in suite.scenarios:
-                result = run.run(scenario)
-                if result.status == "measured":
-                    try:
-                        run.judge(result)
-                    except BaselineError:
-                        pass  # an unreadable baseline file: comparison() reports it in the record
-        except KeyboardInterrupt:
-            run.interrupt(stopped.how)
-    return run.finish()
-
-
 @dataclass
 class Stop:
     """How a run was stopped: ``Ctrl-C`` unless a SIGTERM came (``interrupts_as_keyboard_interrupt``)."""
@@ -323,4 +336,5 @@ def interrupts_as_keyboard_interrupt() -> Iterator[Stop]:
         signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["ConfigError", "Stop", "interrupts_as_keyboard_interrupt", "Judgement", "RunOutputs", "ScenarioRunner", "SuiteRun", "load_checked_suite", "run_suite", "run_suite_outputs"]
+__all__ = ["ConfigError", "Judgement", "RunOutputs", "ScenarioOutcome", "ScenarioRunner", "Stop", "SuiteRun",
+           "interrupts_as_keyboard_interrupt", "load_checked_suite"]

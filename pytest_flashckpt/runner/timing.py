@@ -3,7 +3,6 @@ hit both sides alike and their ratio stays honest. Absolute times are recorded, 
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable, Sequence
 
@@ -45,8 +44,3 @@ def interleaved(
             samples[i].append(time_steps(variants[i], steps, device))
     return samples
 
-
-def summarise_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
-    """Median, min and max of the per-round ratios numerator/denominator."""
-    ratios = [n / d for n, d in zip(numerator, denominator)]
-    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}

@@ -75,10 +75,10 @@ def test_an_unknown_included_suite_names_the_include_key(tmp_path, monkeypatch) 
 
 def test_the_plugin_reports_it_once_as_a_usage_error(pytester) -> None:
     pytester.makefile(".yaml", x="scenarios:\n  - {name: foo, model: gpt5-huge}\n")
-    result = pytester.runpytest("--flashckpt-suite=x.yaml")
+    result = pytester.runpytest_inprocess("--flashckpt-suite=x.yaml")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in result.errlines if "gpt5-huge" in line]
     assert errors == [errors[0]] and errors[0].startswith("ERROR: flashckpt: x.yaml: scenario 'foo': model.card: unknown model card")
     assert "Traceback" not in result.stderr.str() and not (pytester.path / "flashckpt-report").exists()
-    result = pytester.runpytest("--flashckpt-suite=no-such-suite")
+    result = pytester.runpytest_inprocess("--flashckpt-suite=no-such-suite")
     result.stderr.fnmatch_lines(["ERROR: flashckpt: --flashckpt-suite: unknown suite 'no-such-suite' (valid names: *"])

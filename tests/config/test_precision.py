@@ -7,7 +7,7 @@ import torch
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario, SimulateConfig, precision_label
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.runner.context import RunContext
-from pytest_flashckpt.runner.run import run_scenario
+from pytest_flashckpt.runner.runners import measure_scenario
 
 
 def test_default_is_pure_and_keeps_the_dtype_label():
@@ -39,8 +39,8 @@ def test_a_mixed_scenario_is_measured_in_mixed_precision_and_equals_its_simulati
     peak of the same scenario (simulate: target cpu)."""
     common = dict(model="tiny", dtype="bfloat16", precision="mixed", batch_size=1, seq_len=64, measure=("memory",),
                   attention="sdpa")
-    measured = run_scenario(Scenario(name="m", **common), RunContext(torch.device("cpu"), "cpu"))
-    simulated = run_scenario(Scenario(name="s", simulate=SimulateConfig(enabled=True, kernel="sdpa", target="cpu"), **common),
+    measured = measure_scenario(Scenario(name="m", **common), RunContext(torch.device("cpu"), "cpu"))
+    simulated = measure_scenario(Scenario(name="s", simulate=SimulateConfig(enabled=True, kernel="sdpa", target="cpu"), **common),
                              RunContext(torch.device("cpu"), "cpu"))
     assert measured.status == simulated.status == "measured", (measured.reason, simulated.reason)
     assert measured.config["precision"] == simulated.config["precision"] == "mixed"

@@ -61,7 +61,8 @@ def test_a_mixed_scenario_runs_under_torchrun_and_round_trips_its_fp32_state(tmp
     """World 2 through the runner: FSDP2 mixed precision trains, holds float32 shards (measured: 396,400 bytes of
     state per rank for 66,000 parameters), saves them with DCP and loads them back bit for bit."""
     from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
-    from pytest_flashckpt.runner.run import RunContext, run_scenario
+    from pytest_flashckpt.runner.context import RunContext
+    from pytest_flashckpt.runner.runners import measure_scenario
 
     card = tmp_path / "micro.yaml"
     card.write_text("name: micro\nvocab_size: 131\nblock_size: 64\nn_layer: 2\nn_head: 3\nn_embd: 48\n")
@@ -70,7 +71,7 @@ def test_a_mixed_scenario_runs_under_torchrun_and_round_trips_its_fp32_state(tmp
         dtype="bfloat16", precision="mixed", activation=ActivationConfig(strategy="full"),
         save=SaveConfig(strategy="dcp", saves=1),
     )  # fmt: skip
-    result = run_scenario(scenario, RunContext(torch.device("cpu"), "cpu", workdir=tmp_path))
+    result = measure_scenario(scenario, RunContext(torch.device("cpu"), "cpu", workdir=tmp_path))
     assert result.status == "measured", (result.reason, result.notes)
     assert result.config["precision"] == "mixed" and result.metrics["roundtrip_differences"] == 0
     n = GPTConfig(name="micro", vocab_size=131, block_size=64, n_layer=2, n_head=3, n_embd=48).num_params()

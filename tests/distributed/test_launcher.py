@@ -77,7 +77,8 @@ def test_the_runner_sends_a_world_size_scenario_to_torchrun_ranks(tmp_path) -> N
     import torch
 
     from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
-    from pytest_flashckpt.runner.run import RunContext, run_scenario
+    from pytest_flashckpt.runner.context import RunContext
+    from pytest_flashckpt.runner.runners import measure_scenario
 
     card = tmp_path / "micro.yaml"
     card.write_text("name: micro\nvocab_size: 128\nblock_size: 64\nn_layer: 2\nn_head: 2\nn_embd: 32\n")
@@ -85,7 +86,7 @@ def test_the_runner_sends_a_world_size_scenario_to_torchrun_ranks(tmp_path) -> N
         "micro", model=str(card), suite="t", world_size=2, batch_size=2, seq_len=32, rounds=2, attention="sdpa",
         activation=ActivationConfig(strategy="full"), save=SaveConfig(strategy="dcp", async_save=True, saves=2),
     )  # fmt: skip
-    result = run_scenario(scenario, RunContext(torch.device("cpu"), "cpu", workdir=tmp_path))
+    result = measure_scenario(scenario, RunContext(torch.device("cpu"), "cpu", workdir=tmp_path))
     assert result.status == "measured", (result.reason, result.notes)
     assert result.metrics["world_size"] == 2 and len(result.per_rank["peak_bytes"]) == 2
     assert result.metrics["roundtrip_differences"] == 0 and result.metrics["async_staged_bytes"] > 0

@@ -1,6 +1,6 @@
 """Interrupted is a state: Ctrl-C or SIGTERM in the middle of a suite keeps the finished scenarios, writes the
 report and results.json marked interrupted, never updates a baseline, and exits 2 (pytest's Interrupted), in
-``run_suite``, ``flashckpt run`` and the pytest plugin."""
+``SuiteRun.run_all`` (the suite loop outside pytest), ``flashckpt run`` and the pytest plugin."""
 
 from __future__ import annotations
 
@@ -80,12 +80,15 @@ def _check_interrupted(folder: Path, how: str) -> RunRecord:
 
 
 @pytest.mark.parametrize(("stop", "how"), [(_raise_keyboard_interrupt, "Ctrl-C"), (_send_sigterm, "SIGTERM")])
-def test_run_suite_keeps_finished_scenarios_and_never_saves_the_baseline(suite_file, tmp_path, default_sigterm, stop, how):
+def test_run_all_keeps_finished_scenarios_and_never_saves_the_baseline(suite_file, tmp_path, default_sigterm, stop, how):
     from pytest_flashckpt.config.run_options import Options
-    from pytest_flashckpt.runner.suite import run_suite_outputs
+    from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
+    from pytest_flashckpt.runner.summary import end_summary
 
     options = Options(suite=str(suite_file), device="cpu", report="out", save_baseline=True)
-    outputs = run_suite_outputs(str(suite_file), options, tmp_path, measure=_stopping_at("two", stop))
+    run = SuiteRun(load_checked_suite(str(suite_file)), options, tmp_path, runner=_stopping_at("two", stop))
+    outputs = run.run_all()
+    assert run.stopped_by == how and f"INTERRUPTED ({how}): 1 of 3 scenario(s) finished" in end_summary(run, outputs)[-1]
     assert outputs.record.interrupted and outputs.baseline_path is None
     _check_interrupted(tmp_path / "out", how)
     assert not (tmp_path / "baselines").exists()  # a partial run never becomes a baseline
@@ -94,10 +97,11 @@ def test_run_suite_keeps_finished_scenarios_and_never_saves_the_baseline(suite_f
 
 def test_a_complete_run_is_not_marked_interrupted(suite_file, tmp_path):
     from pytest_flashckpt.config.run_options import Options
-    from pytest_flashckpt.runner.suite import run_suite_outputs
+    from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
 
-    outputs = run_suite_outputs(str(suite_file), Options(suite=str(suite_file), device="cpu", report="out"), tmp_path,
-                                measure=_measured)
+    run = SuiteRun(load_checked_suite(str(suite_file)), Options(suite=str(suite_file), device="cpu", report="out"),
+                   tmp_path, runner=_measured)
+    outputs = run.run_all()
     data = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
     assert data["interrupted"] is False and len(data["results"]) == 3 and not outputs.record.interrupted
     assert "INTERRUPTED" not in (tmp_path / "out" / "flashckpt-report.md").read_text(encoding="utf-8")
@@ -111,7 +115,7 @@ def test_flashckpt_run_ctrl_c_exits_2_with_the_finished_scenarios_and_no_traceba
     assert main(["run", "--suite", "stop.yaml", "--report", "out", "--device", "cpu", "--save-baseline"]) == 2
     captured = capsys.readouterr()
     assert "Traceback" not in captured.out + captured.err
-    assert "INTERRUPTED (Ctrl-C): 1 of 3 scenario(s) finished" in captured.out
+    assert "INTERRUPTED (Ctrl-C): 1 of 3 scenario(s) finished; the report and results.json are marked interrupted" in captured.out
     assert "stop::one" in captured.out and "baseline saved" not in captured.out
     _check_interrupted(tmp_path / "out", "Ctrl-C")
     assert not (tmp_path / "baselines").exists()
@@ -129,7 +133,7 @@ def test_pytest_sigterm_mid_suite_is_interrupted_exit_2(pytester):
     result = pytester.runpytest_subprocess("--flashckpt-suite=stop.yaml", "--flashckpt-device=cpu", "-p", "no:benchmark",
                                            "--flashckpt-report=out", "--flashckpt-save-baseline")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    result.stdout.fnmatch_lines(["*INTERRUPTED: 1 of 3 scenario(s) finished; the report and results.json are marked "
+    result.stdout.fnmatch_lines(["*INTERRUPTED (SIGTERM): 1 of 3 scenario(s) finished; the report and results.json are marked "
                                  "interrupted; no baseline was updated*"])
     assert "baseline saved" not in result.stdout.str()
     _check_interrupted(pytester.path / "out", "SIGTERM")

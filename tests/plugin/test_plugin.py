@@ -1,5 +1,9 @@
 """The plugin as a user meets it, through pytester: options, collection and -k, skip reasons, written
-results, bad configuration, and zero cost when no suite is asked for."""
+results, bad configuration, and zero cost when no suite is asked for.
+
+One suite run is a pytest subprocess end to end (the entry point, real measurements, kernel detection and skip
+reasons); the others run pytest in this process (``runpytest_inprocess``: torch is imported once), with a fake
+measurement (``fake_runner``, tests/conftest.py) where no training step is needed."""
 
 import json
 import textwrap
@@ -24,7 +28,7 @@ def suite_file(pytester):
 
 
 def test_help_lists_the_options_group_with_defaults(pytester):
-    result = pytester.runpytest("--help")
+    result = pytester.runpytest_inprocess("--help")
     result.stdout.fnmatch_lines(
         [
             "*pytest-flashckpt: measure checkpointing strategies*",
@@ -38,7 +42,7 @@ def test_help_lists_the_options_group_with_defaults(pytester):
 
 
 def test_suite_runs_skips_with_reasons_and_writes_results(pytester, suite_file):
-    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "-rs", "--flashckpt-report=out")
+    result = pytester.runpytest_subprocess(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "-rs", "--flashckpt-report=out")
     result.assert_outcomes(passed=2, skipped=2)
     result.stdout.fnmatch_lines(
         [
@@ -61,23 +65,23 @@ def test_suite_runs_skips_with_reasons_and_writes_results(pytester, suite_file):
 
 
 def test_k_selects_scenarios_and_collect_only_lists_ids(pytester, suite_file):
-    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "--collect-only", "-q", "-k", "sdpa")
+    result = pytester.runpytest_inprocess(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "--collect-only", "-q", "-k", "sdpa")
     result.stdout.fnmatch_lines(["mini::sdpa-s32", "*1/4 tests collected (3 deselected)*"])
     assert not (pytester.path / "flashckpt-report").exists()
 
 
-def test_default_report_folder_is_self_ignoring_a_named_one_is_not(pytester, suite_file):
-    pytester.runpytest(f"--flashckpt-suite={suite_file}", "-k", "sdpa").assert_outcomes(passed=1)
+def test_default_report_folder_is_self_ignoring_a_named_one_is_not(pytester, suite_file, fake_runner):
+    pytester.runpytest_inprocess(f"--flashckpt-suite={suite_file}", "-k", "sdpa").assert_outcomes(passed=1)
     default = pytester.path / "flashckpt-report"
     assert (default / "results.json").is_file() and (default / "flashckpt-report.md").is_file()
     assert (default / ".gitignore").read_text().splitlines()[-1] == "*"
-    pytester.runpytest(f"--flashckpt-suite={suite_file}", "-k", "sdpa", "--flashckpt-report=mine").assert_outcomes(passed=1)
+    pytester.runpytest_inprocess(f"--flashckpt-suite={suite_file}", "-k", "sdpa", "--flashckpt-report=mine").assert_outcomes(passed=1)
     assert (pytester.path / "mine" / "results.json").is_file() and not (pytester.path / "mine" / ".gitignore").exists()
 
 
-def test_ini_twin_sets_the_report_folder(pytester, suite_file):
+def test_ini_twin_sets_the_report_folder(pytester, suite_file, fake_runner):
     pytester.makeini("[pytest]\nflashckpt_report = from-ini\n")
-    result = pytester.runpytest(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "-k", "sdpa")
+    result = pytester.runpytest_inprocess(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "-k", "sdpa")
     result.assert_outcomes(passed=1, deselected=3)
     assert (pytester.path / "from-ini" / "results.json").is_file()
 
@@ -93,14 +97,14 @@ def test_ini_twin_sets_the_report_folder(pytester, suite_file):
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):
-    result = pytester.runpytest(*args)
+    result = pytester.runpytest_inprocess(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
 
 
 def test_bad_suite_is_a_usage_error_and_writes_nothing(pytester):
     bad = pytester.makefile(".yaml", bad="scenarios:\n  - name: a\n    model: tiny\n  - name: b\n    model: tiny\n    activation: {strategy: every_k, k: 7}\n")
-    result = pytester.runpytest(f"--flashckpt-suite={bad}")
+    result = pytester.runpytest_inprocess(f"--flashckpt-suite={bad}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: flashckpt: bad.yaml: scenario 'b': activation.k: 7 is larger than the 4 blocks of 'tiny' (valid: 1..4)"])
     assert not (pytester.path / "flashckpt-report").exists()
@@ -136,7 +140,7 @@ scenarios:
     activation: {strategy: selective_op, save_ops: [aten.cholesky.default]}
 """,
     )
-    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "--flashckpt-report=out")
+    result = pytester.runpytest_inprocess(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "--flashckpt-report=out")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*broken::broken: RuntimeError: *"])
     data = json.loads((pytester.path / "out" / "results.json").read_text())
@@ -163,7 +167,7 @@ def test_auto_device_on_a_gpu_runs_cuda_with_the_cuda_probe_and_a_gpu_profile(py
     import json
 
     suite = pytester.makefile(".yaml", smoke=GPU_SMOKE_SUITE)
-    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-report=out", "-p", "no:benchmark")
+    result = pytester.runpytest_subprocess(f"--flashckpt-suite={suite}", "--flashckpt-report=out", "-p", "no:benchmark")
     result.assert_outcomes(passed=2)
     record = json.loads((pytester.path / "out" / "results.json").read_text())
     assert record["device"].startswith("cuda:") and record["probe"] == "cuda"

@@ -1,5 +1,6 @@
 """What a suite run prints while it runs and at its end (through pytest's terminal reporter, honouring -q/-v),
-and what it adds to the JUnit XML."""
+and what it adds to the JUnit XML; pytest runs in this process (``runpytest_inprocess``), the full lines from real
+measurements (MFU and roofline included), the compact ones from a fake (``fake_runner``, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ scenarios:
 
 def test_a_line_per_scenario_an_end_table_and_junit_properties(pytester):
     suite = pytester.makefile(".yaml", prog=SUITE)
-    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "-p", "no:benchmark",
+    result = pytester.runpytest_inprocess(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "-p", "no:benchmark",
                                 "--junitxml=junit.xml")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([
@@ -38,9 +39,9 @@ def test_a_line_per_scenario_an_end_table_and_junit_properties(pytester):
     assert props["full"]["probe"] == "cpu" and props["full"]["device"] == "cpu"
 
 
-def test_quiet_prints_compact_lines_and_no_article_table(pytester):
+def test_quiet_prints_compact_lines_and_no_article_table(pytester, fake_runner):
     suite = pytester.makefile(".yaml", prog=SUITE)
-    result = pytester.runpytest(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "-p", "no:benchmark", "-q",
+    result = pytester.runpytest_inprocess(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "-p", "no:benchmark", "-q",
                                 "-k", "reference")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["prog::reference: peak *MiB -> no baseline"])

@@ -8,7 +8,8 @@ import torch
 from pytest_flashckpt.core.claims import LARGE, MEDIUM, PROTOTYPE, SAVING_TOLERANCE
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario, SimulateConfig
 from pytest_flashckpt.report.simulation import simulation_section
-from pytest_flashckpt.runner.run import RunContext, run_scenario
+from pytest_flashckpt.runner.context import RunContext
+from pytest_flashckpt.runner.runners import measure_scenario
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def results():
             name=f"tiny-{strategy}-{world}", suite="simulate", model="tiny", dtype="bfloat16", batch_size=2, seq_len=512,
             activation=ActivationConfig(strategy=strategy), simulate=SimulateConfig(enabled=True, world_size=world),
         )
-        out.append(run_scenario(scenario, ctx))
+        out.append(measure_scenario(scenario, ctx))
     return out
 
 

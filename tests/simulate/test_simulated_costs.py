@@ -16,7 +16,8 @@ from pytest_flashckpt.cli import main
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario, SimulateConfig
 from pytest_flashckpt.models import GPTConfig
 from pytest_flashckpt.models.cards import build_model, load_card
-from pytest_flashckpt.runner.run import RunContext, run_scenario
+from pytest_flashckpt.runner.context import RunContext
+from pytest_flashckpt.runner.runners import measure_scenario
 from pytest_flashckpt.simulate import simulate_step
 from pytest_flashckpt.simulate.costs import SimulatedCosts
 
@@ -122,14 +123,14 @@ def _scenario(budget: str) -> Scenario:
 
 def test_a_simulated_budget_scenario_records_the_plan_its_peak_and_the_planning_time():
     ctx = RunContext(torch.device("cpu"), "cpu")
-    result = run_scenario(_scenario("min + 50%"), ctx)
+    result = measure_scenario(_scenario("min + 50%"), ctx)
     assert result.status == "measured", result.reason
     m = result.metrics
     assert m["budget_predicted_peak_bytes"] == m["simulated_peak_bytes"] <= m["budget_bytes"]
     assert m["budget_min_peak_bytes"] <= m["budget_bytes"] <= m["budget_none_peak_bytes"]
     assert m["budget_plan_seconds"] > 0 and m["budget_plan"].startswith("b2xs128: ")
     assert any("left out" in note for note in result.notes)
-    too_small = run_scenario(_scenario("1 MiB"), ctx)
+    too_small = measure_scenario(_scenario("1 MiB"), ctx)
     assert too_small.status == "error"
     assert "activation.budget: 1.0 MiB" in too_small.reason and "raise activation.budget to at least" in too_small.reason
 
@@ -161,7 +162,7 @@ def test_gpt3_2_7b_budget_scenario_fits_its_budget():
     from pytest_flashckpt.config.suites import load_suite
 
     scenario = next(s for s in load_suite("simulate").scenarios if s.activation.strategy == "budget")
-    result = run_scenario(scenario, ctx)
+    result = measure_scenario(scenario, ctx)
     assert result.status == "measured", result.reason
     m = result.metrics
     assert m["budget_predicted_peak_bytes"] == m["simulated_peak_bytes"] <= m["budget_bytes"] == 40 * 2**30
@@ -198,7 +199,7 @@ def test_a_gpu_run_plans_from_simulated_costs_with_the_fixed_pointwise_weight_an
 def test_the_report_lists_a_simulated_budget_plan():
     from pytest_flashckpt.report.simulation import simulation_section
 
-    result = run_scenario(_scenario("min + 50%"), RunContext(torch.device("cpu"), "cpu"))
+    result = measure_scenario(_scenario("min + 50%"), RunContext(torch.device("cpu"), "cpu"))
     text = "\n".join(simulation_section([result]))
     row = next(line for line in text.splitlines() if line.startswith("| `") and "b2xs128:" in line)
     assert "Budget plans from simulated costs" in text and "TFLOP" in row
@@ -231,7 +232,7 @@ def test_a_cpu_budget_scenario_peaks_where_its_simulated_plan_predicts():
     """End to end through the runner: the plan comes from simulated costs, the exact probe measures the step."""
     scenario = Scenario(name="b", model="tiny", attention="sdpa", batch_size=1, seq_len=32, measure=("memory",),
                         activation=ActivationConfig(strategy="budget", budget="min + 50%"), rounds=1)
-    result = run_scenario(scenario, RunContext(device=torch.device("cpu"), probe="cpu"))
+    result = measure_scenario(scenario, RunContext(device=torch.device("cpu"), probe="cpu"))
     assert result.status == "measured", result.reason
     plan_note = next(n for n in result.notes if n.startswith("activation: "))
     predicted_mib = plan_note.split("predicted peak ")[1].split(" MiB")[0]  # the note rounds; tests above are byte-exact
