@@ -19,35 +19,48 @@ from pytest_flashckpt.activation.ops import consumes_rng
 CHECK = Path(__file__).parent / "fake_flash_attn" / "check.py"
 
 
-def run_check(*args: str) -> dict:
+CASES = {"v27": ("v27",), "v27-save-random": ("v27", "--save-random-ops"), "v25": ("v25",)}
+
+
+@pytest.fixture(scope="module")
+def checks() -> dict[str, dict]:
+    """The three fresh interpreters started together (one thread each: on two cores they overlap their torch
+    imports), then read one by one: each case's JSON result, by name."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(CHECK), *args], capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    running = {
+        name: subprocess.Popen([sys.executable, str(CHECK), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for name, args in CASES.items()
+    }
+    results = {}
+    for name, proc in running.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{name}: {stderr[-3000:]}"
+        results[name] = json.loads(stdout.strip().splitlines()[-1])
+    return results
 
 
-def test_flash_attn_27_ops_are_looked_up_after_import_saved_and_detected():
-    result = run_check("v27")
+def test_flash_attn_27_ops_are_looked_up_after_import_saved_and_detected(checks):
+    result = checks["v27"]
     assert not result["listed_before_import"]  # not registered until flash_attn is imported ...
     assert "flashattn._flash_attn_forward.default" in result["save_ops"]  # ... which selective_op now does first
     assert result["matched"]["flashattn._flash_attn_forward.default"] == 2  # one per block
     assert result["kernel"] == "flash_attn"
 
 
-def test_selective_op_with_dropout_gives_the_gradients_of_no_checkpointing_bit_for_bit():
-    fixed = run_check("v27")
+def test_selective_op_with_dropout_gives_the_gradients_of_no_checkpointing_bit_for_bit(checks):
+    fixed = checks["v27"]
     assert fixed["loss_equal"] and fixed["grads_equal"]
 
 
-def test_saving_a_random_attention_op_would_shift_the_later_dropout_masks():
+def test_saving_a_random_attention_op_would_shift_the_later_dropout_masks(checks):
     """The failure the policy prevents, reproduced: the saved attention is replayed without drawing its mask, so
     the residual dropout after it draws another one and the gradients differ (the loss, from the forward, does not)."""
-    broken = run_check("v27", "--save-random-ops")
+    broken = checks["v27-save-random"]
     assert broken["loss_equal"] and not broken["grads_equal"]
 
 
-def test_flash_attn_25_has_no_op_to_save_but_is_detected_by_its_python_call():
-    result = run_check("v25")
+def test_flash_attn_25_has_no_op_to_save_but_is_detected_by_its_python_call(checks):
+    result = checks["v25"]
     assert result["kernel"] == "flash_attn"  # not "unknown (flash_attn)"
     assert not any("flash" in op and "scaled_dot" not in op for op in result["save_ops"])
     assert result["grads_equal"]

@@ -16,15 +16,31 @@ from pytest_flashckpt.simulate.fsdp import shard_bytes, sharded_param_bytes
 PROBE = Path(__file__).with_name("fsdp_layout_probe.py")
 
 
-@pytest.mark.parametrize("world_size", [3, 8])
-def test_formula_equals_fully_shard_layout(world_size):
+WORLD_SIZES = (3, 8)
+
+
+@pytest.fixture(scope="module")
+def layouts() -> dict[int, dict]:
+    """``fully_shard``'s layout of tiny at each world size, from fresh interpreters started together (one thread
+    each, so on two cores their torch imports overlap)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    running = {
+        n: subprocess.Popen([sys.executable, str(PROBE), "tiny", str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for n in WORLD_SIZES
+    }
+    out = {}
+    for n, proc in running.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"world size {n}: {stderr[-3000:]}"
+        out[n] = json.loads(stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_formula_equals_fully_shard_layout(world_size, layouts):
     """Rank 0 holds the largest shard; 3 and 8 do not divide every dim 0 of tiny (2048, 768, 256), so padding
     (ceil) is exercised."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, str(PROBE), "tiny", str(world_size)], capture_output=True, text=True, timeout=120, env=env, check=True
-    )
-    layout = json.loads(out.stdout.strip().splitlines()[-1])
+    layout = layouts[world_size]
     model = build_model(load_card("tiny"), "eager", "meta", torch.bfloat16)
     names = dict(model.named_parameters())
     assert set(layout) == set(names)
