@@ -41,7 +41,8 @@ from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_s
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.config.injection import Injection
-from pytest_flashckpt.runner.run import RunContext, run_scenario
+from pytest_flashckpt.runner.context import RunContext
+from pytest_flashckpt.runner.run import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from pytest_flashckpt.config.preflight import preflight  # noqa: F401  (its old home; config.preflight now)
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.core.files import work_folder
@@ -25,7 +24,7 @@ from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.core.result import Result
-from pytest_flashckpt.runner.context import RunContext, SkipScenario, resolve_device, scenario_key  # noqa: F401
+from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.outcome import recorded
 from pytest_flashckpt.runner.passes import peak_pass, timing_pass
 from pytest_flashckpt.training import Trainer

@@ -84,7 +84,8 @@ def test_the_large_row_defers_saves_and_takes_none_above_its_threshold(tmp_path)
 
     import torch
 
-    from pytest_flashckpt.runner.run import RunContext, run_scenario
+    from pytest_flashckpt.runner.context import RunContext
+    from pytest_flashckpt.runner.run import run_scenario
 
     ctx = RunContext(device=torch.device("cpu"), probe="cpu", workdir=tmp_path)
     for scenario in load_suite("article").scenarios:

@@ -10,7 +10,7 @@ from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for, load_s
 from pytest_flashckpt.models import attention
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.runner.profile import run_kernel
-from pytest_flashckpt.runner.run import preflight
+from pytest_flashckpt.config.preflight import preflight
 
 
 def test_gpu_suite_loads_and_passes_preflight():

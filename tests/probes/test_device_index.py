@@ -63,7 +63,7 @@ def test_real_events_and_gauge_on_the_second_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this machine has none")
 def test_real_cuda_device_resolves_to_an_explicit_index():
-    from pytest_flashckpt.runner.run import resolve_device
+    from pytest_flashckpt.runner.context import resolve_device
 
     assert resolve_device("cuda").index == torch.cuda.current_device()
     assert resolve_device("auto").index == 0

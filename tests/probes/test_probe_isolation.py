@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario
-from pytest_flashckpt.runner.run import RunContext, resolve_device, run_scenario
+from pytest_flashckpt.runner.context import RunContext, resolve_device
+from pytest_flashckpt.runner.run import run_scenario
 
 
 def scenario(name: str, strategy: str, dtype: str, seq_len: int) -> Scenario:
