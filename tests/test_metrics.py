@@ -54,8 +54,9 @@ def test_the_runners_passes_write_vocabulary_names_with_samples_under_the_metric
 
 
 def test_a_file_written_before_one_sample_convention_loads_into_it():
-    """reports/sample/results.json keeps per-save samples as ``<metric>_samples``: read under the metric's name."""
-    record = json.loads((ROOT / "reports" / "sample" / "results.json").read_text(encoding="utf-8"))
+    """A results.json written before (tests/data/results-old-shape.json) keeps per-save samples as
+    ``<metric>_samples``: read under the metric's name."""
+    record = json.loads((ROOT / "tests" / "data" / "results-old-shape.json").read_text(encoding="utf-8"))
     stored = next(r for r in record["results"] if r["scenario"] == "save-async")
     assert "save_stall_s_samples" in stored["samples"]  # the old convention, as committed
     loaded = Result.from_dict(stored)

@@ -136,19 +136,26 @@ def test_sections_without_data_say_so_in_one_line() -> None:
     assert "No scenario ran" in text
 
 
-def test_the_committed_sample_renders_the_same_from_its_old_shape_and_rewritten_in_the_new(tmp_path) -> None:
-    """reports/sample/results.json has per-save samples as ``<metric>_samples`` and the gate's notes inside the
-    comparison's message: it loads into the typed shape and renders the committed report beside it byte for byte,
-    and written back in the new shape and read again it renders the same. (Fails too when the report's rendering
-    changed and the sample was not regenerated.)"""
+def test_the_committed_sample_renders_the_committed_report_byte_for_byte(tmp_path) -> None:
+    """reports/sample/results.json renders the report committed beside it: fails when the report's rendering
+    changed and the sample was not regenerated."""
     from pathlib import Path
 
     from pytest_flashckpt.report import write_report
 
     sample = Path(__file__).resolve().parents[2] / "reports" / "sample" / "results.json"
-    old = RunRecord.read_json(sample)
     committed = (sample.parent / "flashckpt-report.md").read_text(encoding="utf-8")
-    assert write_report(old, tmp_path / "report").read_text(encoding="utf-8") == committed
+    assert write_report(RunRecord.read_json(sample), tmp_path / "report").read_text(encoding="utf-8") == committed
+
+
+def test_a_record_in_the_old_shape_renders_as_it_does_rewritten_in_the_new(tmp_path) -> None:
+    """tests/data/results-old-shape.json (five scenarios of the sample as committed before the typed measurements:
+    per-save samples as ``<metric>_samples``, the gate's notes inside the comparison's message) loads into the typed
+    shape, shows its message whole, and written back in the new shape and read again renders the same."""
+    from pathlib import Path
+
+    old_file = Path(__file__).resolve().parents[1] / "data" / "results-old-shape.json"
+    old = RunRecord.read_json(old_file)
     assert old.comparison is not None and old.comparison.notes == [] and "; checkpoint::" in (old.comparison.message or "")
     assert old.comparison.text == old.comparison.message  # the message is shown whole, as it was written
     rewritten = tmp_path / "results.json"
