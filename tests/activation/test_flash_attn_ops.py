@@ -5,14 +5,12 @@ Python call the dispatcher never sees. Each case runs in a fresh interpreter (cu
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from fresh_python import run_together
 
 from pytest_flashckpt.activation.ops import consumes_rng
 
@@ -24,19 +22,8 @@ CASES = {"v27": ("v27",), "v27-save-random": ("v27", "--save-random-ops"), "v25"
 
 @pytest.fixture(scope="module")
 def checks() -> dict[str, dict]:
-    """The three fresh interpreters started together (one thread each: on two cores they overlap their torch
-    imports), then read one by one: each case's JSON result, by name."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    running = {
-        name: subprocess.Popen([sys.executable, str(CHECK), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for name, args in CASES.items()
-    }
-    results = {}
-    for name, proc in running.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"{name}: {stderr[-3000:]}"
-        results[name] = json.loads(stdout.strip().splitlines()[-1])
-    return results
+    """The three cases' results by name, from fresh interpreters started together."""
+    return run_together({name: (CHECK, *args) for name, args in CASES.items()})
 
 
 def test_flash_attn_27_ops_are_looked_up_after_import_saved_and_detected(checks):

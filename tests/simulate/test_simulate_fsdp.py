@@ -1,13 +1,10 @@
 """FSDP per-rank sharding: the dim-0 formula equals the real ``fully_shard`` layout; per-rank peaks."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from fresh_python import run_together
 
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.simulate import simulate_step
@@ -21,19 +18,8 @@ WORLD_SIZES = (3, 8)
 
 @pytest.fixture(scope="module")
 def layouts() -> dict[int, dict]:
-    """``fully_shard``'s layout of tiny at each world size, from fresh interpreters started together (one thread
-    each, so on two cores their torch imports overlap)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    running = {
-        n: subprocess.Popen([sys.executable, str(PROBE), "tiny", str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for n in WORLD_SIZES
-    }
-    out = {}
-    for n, proc in running.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"world size {n}: {stderr[-3000:]}"
-        out[n] = json.loads(stdout.strip().splitlines()[-1])
-    return out
+    """``fully_shard``'s layout of tiny at each world size, from fresh interpreters started together."""
+    return run_together({n: (PROBE, "tiny", n) for n in WORLD_SIZES}, timeout=120)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
