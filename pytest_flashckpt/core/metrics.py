@@ -28,7 +28,7 @@ This module imports nothing from the project (and no torch): every layer may rea
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -256,6 +256,21 @@ class CheckedValues(dict):
         return (type(self), (dict(self),))
 
 
+def record_into(
+    values: MutableMapping[str, MetricValue], samples_of: MutableMapping[str, list], per_rank_of: MutableMapping[str, list],
+    metric: str, value: MetricValue, samples: Iterable[float] = (), per_rank: Iterable[float] = (),
+) -> None:
+    """The one write of a measurement (``Measurements.record``, ``Result.record``): ``metric`` must be a vocabulary
+    name (``UnknownMetric`` otherwise); its samples and per-rank values are kept under its own name when given."""
+    spec(metric)
+    values[metric] = value
+    samples, per_rank = list(samples), list(per_rank)
+    if samples:
+        samples_of[metric] = samples
+    if per_rank:
+        per_rank_of[metric] = per_rank
+
+
 class Measurements(Mapping):
     """Metrics of the vocabulary with their samples, written through ``record``: ``values`` (metric -> value),
     ``samples`` (metric -> per-round or per-save values, the ones its median came from) and ``per_rank``
@@ -270,13 +285,7 @@ class Measurements(Mapping):
     def record(self, metric: str, value: MetricValue, samples: Iterable[float] = (), per_rank: Iterable[float] = ()) -> None:
         """Write ``metric`` (a vocabulary name: ``UnknownMetric`` otherwise) with its value, and the samples and
         per-rank values behind it when there are any."""
-        spec(metric)
-        self.values[metric] = value
-        samples, per_rank = list(samples), list(per_rank)
-        if samples:
-            self.samples[metric] = samples
-        if per_rank:
-            self.per_rank[metric] = per_rank
+        record_into(self.values, self.samples, self.per_rank, metric, value, samples, per_rank)
 
     def record_all(self, values: Mapping[str, MetricValue]) -> None:
         """``record`` for each of ``values`` (none with samples)."""

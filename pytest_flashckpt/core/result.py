@@ -15,7 +15,7 @@ from typing import Any, Iterable, Literal, Mapping
 
 from pytest_flashckpt.core.comparison import Comparison
 from pytest_flashckpt.core.files import atomic_write_text
-from pytest_flashckpt.core.metrics import METRICS, CheckedValues, Measurements, MetricValue, spec
+from pytest_flashckpt.core.metrics import METRICS, CheckedValues, Measurements, MetricValue, record_into
 from pytest_flashckpt.core.numbers import num
 
 SCHEMA_VERSION = 1
@@ -69,13 +69,7 @@ class Result:
     def record(self, metric: str, value: MetricValue, samples: Iterable[float] = (), per_rank: Iterable[float] = ()) -> None:
         """Write ``metric`` (a vocabulary name, ``UnknownMetric`` otherwise) with its value, and the per-round
         samples and per-rank values behind it when there are any."""
-        spec(metric)
-        self.metrics[metric] = value
-        samples, per_rank = list(samples), list(per_rank)
-        if samples:
-            self.samples[metric] = samples
-        if per_rank:
-            self.per_rank[metric] = per_rank
+        record_into(self.metrics, self.samples, self.per_rank, metric, value, samples, per_rank)
 
     def number(self, metric: str) -> float | int | None:
         """``metric``'s value when it is a number; None when absent, None or a text (``numbers.num``)."""
