@@ -17,7 +17,7 @@ from pytest_flashckpt.checkpoint.bandwidth import SnapshotCopyTimer, copy_bandwi
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
 from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.loading import load_into
-from pytest_flashckpt.checkpoint.metrics import median
+from pytest_flashckpt.checkpoint.metrics import COUNTED, PER_SAVE_METRICS, median
 from pytest_flashckpt.checkpoint.scheduling import memory_gauge
 from pytest_flashckpt.checkpoint.state import capture
 from pytest_flashckpt.checkpoint.time_lost import measure_time_lost
@@ -144,10 +144,10 @@ def run_checkpoint_pass(
     if ckpt.overlapped:
         out.record("staging", "overlapped")
         out.record("fence_wait_s", median([r.fence_wait_s for r in records]))
-    for name in ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files"):
+    for name in PER_SAVE_METRICS:
         values = [getattr(r, name) for r in records]
         middle = median(values)
-        if name in ("bytes_written", "save_extra_peak_bytes", "files") and middle is not None:
+        if name in COUNTED and middle is not None:
             middle = int(middle)
         out.record(name, middle, samples=values)
     if len(copies) == len(records) > 1:

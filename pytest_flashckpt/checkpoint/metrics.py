@@ -1,13 +1,17 @@
 """Per-save measurements, named as in the metric vocabulary (``pytest_flashckpt.core.metrics``), and their medians.
 
-``SAVE_METRICS``: the vocabulary names every checkpoint pass measures (``run_checkpoint_pass``)."""
+``PER_SAVE_METRICS``: the ``SaveRecord`` fields a checkpoint pass records as the median over its saves, with every
+save's value as the samples (``COUNTED`` among them are whole numbers); ``SAVE_METRICS``: those and the load time,
+the vocabulary names every checkpoint pass measures (``run_checkpoint_pass``)."""
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-SAVE_METRICS = ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "load_s", "save_extra_peak_bytes", "files")
+PER_SAVE_METRICS = ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files")
+COUNTED = ("bytes_written", "save_extra_peak_bytes", "files")
+SAVE_METRICS = (*PER_SAVE_METRICS, "load_s")
 
 
 @dataclass

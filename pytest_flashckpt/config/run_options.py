@@ -36,13 +36,6 @@ class OptionSpec:
         return self.name.replace("-", "_")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError("must be a positive integer")
-    return value
-
-
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:

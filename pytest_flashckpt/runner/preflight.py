@@ -82,7 +82,6 @@ def _context(run, flag: Flag):
 
     from pytest_flashckpt.runner.context import SkipScenario
 
-    o = run.options
     try:
         ctx = run.context
     except (SkipScenario, ValueError, RuntimeError, AssertionError) as exc:
