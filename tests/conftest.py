@@ -14,6 +14,43 @@ settings.load_profile(os.environ.get("FLASHCKPT_HYPOTHESIS_PROFILE", "ci"))
 
 pytest_plugins = ["pytester"]
 
+MAX_WORKERS = 4  # each worker imports torch and transformers and builds its own models: about 1 GiB of memory each
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _is_the_default_run(config: pytest.Config) -> bool:
+    """Plain ``pytest`` in this repository (README's test command): the test paths of the ini, the ini's marker
+    selection, no ``-n`` given, nothing that wants one process (``--pdb``, ``--collect-only``, a suite run)."""
+    option = config.option
+    return (
+        getattr(option, "numprocesses", "absent") is None  # pytest-xdist is installed and -n was not given
+        and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and option.markexpr == "not slow"
+        and not option.keyword
+        and not option.usepdb
+        and not option.collectonly
+        and not getattr(option, "flashckpt_suite", None)
+        and "PYTEST_XDIST_WORKER" not in os.environ
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The default run spreads over pytest-xdist workers, one per core (at most ``MAX_WORKERS``): on 2 cores it
+    takes about half the time of one process (docs/contributing.md, "Tests"). Named paths, ``-k``, ``-m slow``
+    and ``-n 0`` run in one process, as pytest does by default."""
+    if _is_the_default_run(config) and _cores() > 1:
+        workers = min(_cores(), MAX_WORKERS)
+        config.option.numprocesses = workers
+        config.option.dist = "worksteal"
+        # The workers share the cores: an intra-op thread pool of cores/workers each (inherited by the processes
+        # their tests start), or the pools spin against each other (2 workers x 2 threads on 2 cores: 148 s;
+        # 2 x 1: 101 s).
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // workers)))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def inprocess_pytest_keeps_imported_libraries(tmp_path_factory):

@@ -104,7 +104,10 @@ def test_no_compare_and_baseline_dir_option(pytester, suite, fake_runner):
     assert json.loads((pytester.path / "out" / "results.json").read_text())["comparison"]["status"] == "disabled"
 
 
-def test_benchmark_plugin_receives_the_step_timings(pytester, suite, fake_runner):
+def test_benchmark_plugin_receives_the_step_timings(pytester, suite, fake_runner, monkeypatch):
+    # The run in here is a plain one, even when this test runs on a pytest-xdist worker: pytest-benchmark reads
+    # the worker's PYTEST_XDIST_WORKER and would disable itself.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     result = pytester.runpytest_inprocess(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "-k", "reference", "--benchmark-json=bench.json", "--flashckpt-report=out")
     result.assert_outcomes(passed=1, deselected=2)
     bench = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]
