@@ -18,8 +18,11 @@ WORLD_SIZES = (3, 8)
 
 @pytest.fixture(scope="module")
 def layouts() -> dict[int, dict]:
-    """``fully_shard``'s layout of tiny at each world size, from fresh interpreters started together."""
-    return run_together({n: (PROBE, "tiny", n) for n in WORLD_SIZES}, timeout=120)
+    """``fully_shard``'s layout of tiny at each world size, from one fresh interpreter that shards a fresh model
+    under a fresh fake process group per world size (one torch import instead of one per world size)."""
+    by_size = run_together({"layouts": (PROBE, "tiny", *WORLD_SIZES)}, timeout=120)["layouts"]
+    assert sorted(by_size) == sorted(map(str, WORLD_SIZES))
+    return {n: by_size[str(n)] for n in WORLD_SIZES}
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
