@@ -9,6 +9,7 @@ from fresh_python import run_together
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.simulate import simulate_step
 from pytest_flashckpt.simulate.fsdp import shard_bytes, sharded_param_bytes
+from simulated_steps import simulated
 
 PROBE = Path(__file__).with_name("fsdp_layout_probe.py")
 
@@ -39,8 +40,8 @@ def test_formula_equals_fully_shard_layout(world_size, layouts):
 
 
 def test_per_rank_peak_shards_states_and_splits_batch():
-    per_rank_batch = simulate_step("tiny", "bf16", 2, 512, "flash", "none")
-    rank = simulate_step("tiny", "bf16", 4, 512, "flash", "none", world_size=2)
+    per_rank_batch = simulated("tiny", "bf16", 2, 512, "flash", "none")
+    rank = simulated("tiny", "bf16", 4, 512, "flash", "none", world_size=2)
     s = rank.sharding
     assert rank.breakdown["parameters"] == s["parameter_bytes_per_rank"] == per_rank_batch.breakdown["parameters"] // 2
     assert rank.start_bytes == per_rank_batch.start_bytes // 2  # parameters and AdamW moments, halved
@@ -54,8 +55,8 @@ def test_per_rank_peak_shards_states_and_splits_batch():
 def test_rank_peak_can_move_to_another_moment():
     """Unsharded, the full step of tiny at a short sequence peaks in the optimizer step; a rank's optimizer step
     works on shards, so the rank's peak moves into the backward pass."""
-    single = simulate_step("tiny", "bf16", 1, 128, "flash", "full")
-    rank = simulate_step("tiny", "bf16", 8, 128, "flash", "full", world_size=8)
+    single = simulated("tiny", "bf16", 1, 128, "flash", "full")
+    rank = simulated("tiny", "bf16", 8, 128, "flash", "full", world_size=8)
     assert single.peak_phase == "optimizer" and rank.peak_phase == "backward"
 
 
