@@ -43,8 +43,11 @@ def test_simulated_costs_equal_measured_costs_on_cpu(card, shapes, one_thread):
     """Every option the planner knows on a CPU, every block, every shape a source plans (the second one from
     the same source: no warm-up on meta): the same step, read the same way, on meta."""
     config = load_card(card)
-    measured_source = MeasuredCosts(build_model(config, "sdpa", "cpu", torch.float32), pointwise_weight=1.0)
-    simulated_source = SimulatedCosts(card, "float32", "sdpa", "cpu", pointwise_weight=1.0)
+    measured_source = MeasuredCosts(build_model(config, "sdpa", "cpu", torch.float32))
+    # the process's one source for the card (``cpu_costs_for``'s, which the CPU budget scenario below plans from at
+    # 1 x 64): the same default pointwise weight as the measured source's (no compared field depends on it)
+    simulated_source = SimulatedCosts.shared(card, "float32", "sdpa", "cpu")
+    assert simulated_source.pointwise_weight == measured_source.pointwise_weight
     for shape in shapes:
         measured, simulated = measured_source.costs(*shape), simulated_source.costs(*shape)
         assert simulated.options == measured.options == default_options("cpu")
@@ -72,15 +75,21 @@ def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_
 
     rng = random.Random(0)
     plans = [[offload] * costs.n_blocks] + [[rng.randrange(len(costs.options)) for _ in range(costs.n_blocks)] for _ in range(5)]
+    model = simulated_model(config, "bfloat16", "flash", "cuda")
+    counter = [0] * costs.n_blocks
+    forwards = []
+    for i, block in enumerate(model.blocks):
+        forwards.append(BlockForward(block.forward, NONE, offload_context=lambda i=i: SimulatedOffload(counter, i)))
+        block.forward = forwards[-1]
+        role_hooks(block, get_anatomy(model))  # by-role options read the projection's role from these
+    trainer = simulated_trainer(model, 2, 32, "cuda")
+    trainer.train_step()  # AdamW state exists from here on; a step on meta leaves nothing else behind (no data, no
+    # allocator), so each plan's measured step below starts from the state a fresh model's warm-up step would leave
     for plan in plans:
-        model = simulated_model(config, "bfloat16", "flash", "cuda")
-        counter = [0] * costs.n_blocks
-        for i, (block, o) in enumerate(zip(model.blocks, plan)):
-            block.forward = BlockForward(block.forward, costs.options[o], offload_context=lambda i=i: SimulatedOffload(counter, i))
-            role_hooks(block, get_anatomy(model))  # by-role options read the projection's role from these
-        trainer = simulated_trainer(model, 2, 32, "cuda")
-        trainer.train_step()
+        for forward, o in zip(forwards, plan):
+            forward.option = costs.options[o]
         probe, _host = _measured_step(trainer, count_host=False)
+        assert probe.start_bytes == probe.live_bytes  # the plan's step freed all it made: the next starts clean
         assert probe.peak_bytes == costs.predict_peak(plan), [costs.options[o].name for o in plan]
 
 
@@ -95,7 +104,7 @@ def test_simulate_step_with_a_budget_simulates_the_plan_and_its_peak_is_the_pred
 
 
 def test_offload_is_left_out_with_its_reason_or_refused_when_unpriced():
-    costs = SimulatedCosts(micro(2), "bf16", "flash", "cuda").costs(1, 16)
+    costs = SimulatedCosts.shared(micro(), "bf16", "flash", "cuda").costs(2, 32)  # the budget tests' source
     assert OFFLOAD not in costs.options and "transfer_weight" in costs.excluded["offload"]
     assert costs.options == (NONE, *BY_ROLE, FULL)
     with pytest.raises(ValueError, match="'offload' needs transfer_weight"):
@@ -230,7 +239,7 @@ def test_cpu_budget_runs_plan_from_simulated_costs_where_they_are_tested_equal()
 
 def test_a_cpu_budget_scenario_peaks_where_its_simulated_plan_predicts():
     """End to end through the runner: the plan comes from simulated costs, the exact probe measures the step."""
-    scenario = Scenario(name="b", model="tiny", attention="sdpa", batch_size=1, seq_len=32, measure=("memory",),
+    scenario = Scenario(name="b", model="tiny", attention="sdpa", batch_size=1, seq_len=64, measure=("memory",),
                         activation=ActivationConfig(strategy="budget", budget="min + 50%"), rounds=1)
     result = measure_scenario(scenario, RunContext(device=torch.device("cpu"), probe="cpu"))
     assert result.status == "measured", result.reason
