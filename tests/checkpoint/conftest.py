@@ -18,3 +18,16 @@ settings.load_profile(os.environ.get("FLASHCKPT_HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     """The proof models are tiny: every checkpoint test runs on one intra-op thread (tests/conftest.py)."""
+
+
+@pytest.fixture
+def small_bandwidth_probes(monkeypatch):
+    """``run_checkpoint_pass`` times this machine's raw write and memory copy first (64 MB each by default: about
+    0.2 s of CPU, 0.4 s of wall, per pass). Tests of what a pass returns run both real probes on 8 MB instead, the
+    size ``test_bandwidth_probes`` checks them with: ``raw_write_MBps`` and ``copy_GBps`` are still measured."""
+    import functools
+
+    from pytest_flashckpt.checkpoint import bandwidth, measure
+
+    monkeypatch.setattr(measure, "write_bandwidth_MBps", functools.partial(bandwidth.write_bandwidth_MBps, megabytes=8))
+    monkeypatch.setattr(measure, "copy_bandwidth_GBps", functools.partial(bandwidth.copy_bandwidth_GBps, megabytes=8))

@@ -76,6 +76,7 @@ def test_captured_state_knows_when_it_lives_on_a_gpu():
     assert gpu.on_device and not CapturedState({"w": torch.ones(2)}, {}).on_device
 
 
+@pytest.mark.usefixtures("small_bandwidth_probes")
 def test_cpu_async_save_still_counts_staging_in_extra_peak_and_reports_no_host_split(tmp_path):
     metrics = run_checkpoint_pass(make_trainer(), SaveConfig(async_save=True, saves=2), tmp_path)
     assert metrics["save_extra_peak_bytes"] >= metrics["snapshot_bytes"]

@@ -15,6 +15,7 @@ from pytest_flashckpt.config.suites import load_suite
     [SaveConfig(strategy="sync", saves=2), SaveConfig(async_save=True, saves=2, max_keep=1), SaveConfig(layer_checkpoint_dir="l", saves=2)],
     ids=["sync", "async", "layerwise"],
 )
+@pytest.mark.usefixtures("small_bandwidth_probes")
 def test_run_checkpoint_pass_returns_every_metric(config: SaveConfig, tmp_path) -> None:
     trainer = make_trainer()
     metrics = run_checkpoint_pass(trainer, config, tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, strategies as st
 
 from ckpt_helpers import make_trainer
@@ -69,6 +70,7 @@ def test_a_mid_step_look_defers_a_due_save_to_the_step_end() -> None:
     assert schedule.taken_fractions == [0.3, 0.3] and schedule.forced == []
 
 
+@pytest.mark.usefixtures("small_bandwidth_probes")
 def test_peak_basis_gauge_counts_live_tensor_bytes_against_the_measured_peak(tmp_path) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
     from pytest_flashckpt.probes import make_probe
