@@ -31,9 +31,27 @@ from typing import Iterable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_is_leaf
 
 from pytest_flashckpt.probes.base import MemoryReading
+
+
+def _tensors(tree, found: list) -> list:
+    """The tensors among ``tree_flatten(tree)``'s leaves, in its order, appended to ``found``: plain lists, tuples
+    and dicts (all an op's arguments and results are made of) walked here, any other pytree node handed to
+    ``tree_flatten``. Called for every op a probe sees, where building pytree's specs cost more than the op."""
+    kind = type(tree)
+    if kind is list or kind is tuple:
+        for item in tree:
+            _tensors(item, found)
+    elif kind is dict:
+        for item in tree.values():
+            _tensors(item, found)
+    elif isinstance(tree, torch.Tensor):
+        found.append(tree)
+    elif not tree_is_leaf(tree):  # a namedtuple, an OrderedDict, a registered class: pytree's own order
+        found.extend(t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+    return found
 
 
 @contextlib.contextmanager
@@ -127,17 +145,14 @@ class _LiveStorages(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self._op = func
-        inputs, _ = tree_flatten((args, kwargs))
-        for t in inputs:  # tensors made outside the mode (e.g. by a DataLoader) count from first use
-            if isinstance(t, torch.Tensor):
-                if t.device.type == self.device_type and id(t.untyped_storage()) not in self._sizes:
-                    self.adopted.append(weakref.ref(t))
-                self.add(t)
+        # tensors made outside the mode (e.g. by a DataLoader) count from first use
+        for t in _tensors((args, kwargs), []):
+            if t.device.type == self.device_type and id(t.untyped_storage()) not in self._sizes:
+                self.adopted.append(weakref.ref(t))
+            self.add(t)
         out = func(*args, **kwargs)
-        outputs, _ = tree_flatten(out)
-        for t in outputs:
-            if isinstance(t, torch.Tensor):
-                self.add(t)
+        for t in _tensors(out, []):
+            self.add(t)
         return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.analytic import Workload, block_bytes, estimate, saving, seq_len_for_saving
@@ -12,12 +13,24 @@ from pytest_flashckpt.probes.base import make_probe
 from pytest_flashckpt.training import Trainer
 
 
+def first_step_without_a_batch(trainer: Trainer) -> None:
+    """What a first ``train_step`` leaves for the second one (AdamW's state, the schedule and data position one
+    step on, no gradients) from zero gradients instead of a forward and backward: the exact probe counts bytes of
+    storages, which depend on shapes, not on the values that step would have trained."""
+    for p in trainer.model.parameters():
+        p.grad = torch.zeros_like(p)
+    trainer.optimizer.step()
+    trainer.scheduler.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.step += 1
+
+
 def probe_peak(config: GPTConfig, backend: str, strategy: str, batch: int, seq: int) -> tuple[int, int]:
     """Peak and resident bytes of the second training step (optimizer state exists), exact cpu probe."""
     model = build_model(config, backend)
     apply_ac(model, ActivationConfig(strategy=strategy, k=2))
     trainer = Trainer.create(model, batch, seq)
-    trainer.train_step()
+    first_step_without_a_batch(trainer)
     with make_probe("cpu").track(resident=[*trainer.state_tensors(), *trainer.batch()]) as reading:
         trainer.train_step()
     return reading.peak_bytes, reading.start_bytes

@@ -1,7 +1,8 @@
 """flash-attn as selective_op and kernel detection see it, and dropout under selective_op, proved on CPU with fake
 flash-attn packages that model the real ones: 2.7+ registers ``flashattn::_flash_attn_forward`` (a custom op with a
 ``dropout_p`` argument that draws its mask inside, opaque to checkpointing) when imported; 2.5 / 2.6 compute behind a
-Python call the dispatcher never sees. Each case runs in a fresh interpreter (custom ops are process-wide)."""
+Python call the dispatcher never sees. Each version runs in a fresh interpreter (custom ops are process-wide); the
+two 2.7 cases share one (the fake op is registered once, at import, and serves both)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,18 @@ from pytest_flashckpt.activation.ops import consumes_rng
 CHECK = Path(__file__).parent / "fake_flash_attn" / "check.py"
 
 
-CASES = {"v27": ("v27",), "v27-save-random": ("v27", "--save-random-ops"), "v25": ("v25",)}
+# case name -> (version, the check.py case); one interpreter per version, its cases run in this order
+CASES = {"v27": ("v27", "fixed"), "v27-save-random": ("v27", "save-random-ops"), "v25": ("v25", "fixed")}
 
 
 @pytest.fixture(scope="module")
 def checks() -> dict[str, dict]:
-    """The three cases' results by name, from fresh interpreters started together."""
-    return run_together({name: (CHECK, *args) for name, args in CASES.items()})
+    """The three cases' results by name, from one fresh interpreter per version, started together."""
+    versions: dict[str, list[str]] = {}
+    for version, case in CASES.values():
+        versions.setdefault(version, []).append(case)
+    results = run_together({version: (CHECK, version, *cases) for version, cases in versions.items()})
+    return {name: results[version][case] for name, (version, case) in CASES.items()}
 
 
 def test_flash_attn_27_ops_are_looked_up_after_import_saved_and_detected(checks):
