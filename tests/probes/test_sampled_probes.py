@@ -15,17 +15,6 @@ from pytest_flashckpt.probes.nvml import NvmlProbe, normalise_uuid
 from pytest_flashckpt.probes.rss import RssProbe, resident_bytes
 
 
-@pytest.fixture(autouse=True)
-def _collections_see_only_the_tests_objects():
-    """The cuda and nvml probes start with ``gc.collect()`` (its order and its effect are tested below). A full
-    collection walks every object the process holds (torch, transformers: about 0.2 s each, nine of them in this
-    file); frozen, the objects alive before the test are left out, so it walks only what the test made, and a cycle
-    the test makes is collected all the same. Unfrozen after: the next collection sees everything again."""
-    gc.freeze()
-    yield
-    gc.unfreeze()
-
-
 def test_cuda_probe_counts_only_the_scenario_however_much_else_is_alive():
     """Another trainer alive on the device (and cached blocks from earlier scenarios) change nothing: peak and
     state are the scenario's own, the same as when it runs alone."""
