@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from plugin_fakes import fake_runner_conftest
 
 from pytest_flashckpt.core.result import Result, RunRecord
 
@@ -121,22 +122,25 @@ def test_flashckpt_run_ctrl_c_exits_2_with_the_finished_scenarios_and_no_traceba
     assert not (tmp_path / "baselines").exists()
 
 
-def test_pytest_sigterm_mid_suite_is_interrupted_exit_2(pytester):
-    """One subprocess: SIGTERM (what CI and ``timeout`` send) arrives as scenario ``two`` starts."""
+def test_pytest_sigterm_mid_suite_is_interrupted_exit_2(pytester, fake_runner):
+    """One subprocess: SIGTERM (what CI and ``timeout`` send) arrives as scenario ``two`` starts. The subprocess
+    measures through the shared ``FakeRunner`` (``plugin_fakes``): what is checked is the interruption."""
     pytester.makefile(".yaml", stop=SUITE)
-    pytester.makeconftest(
-        "import os, signal\n\n"
-        "def pytest_runtest_setup(item):\n"
+    pytester.makeconftest(fake_runner_conftest(type(fake_runner), extra=(
+        "\n\ndef pytest_runtest_setup(item):\n"
+        "    import os, signal\n\n"
         "    if item.name == 'two':\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
-    )
+    )))
     result = pytester.runpytest_subprocess("--flashckpt-suite=stop.yaml", "--flashckpt-device=cpu", "-p", "no:benchmark",
+                                           "-p", "no:hypothesispytest",  # it imports hypothesis at the end; unused here
                                            "--flashckpt-report=out", "--flashckpt-save-baseline")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*INTERRUPTED (SIGTERM): 1 of 3 scenario(s) finished; the report and results.json are marked "
                                  "interrupted; no baseline was updated*"])
     assert "baseline saved" not in result.stdout.str()
-    _check_interrupted(pytester.path / "out", "SIGTERM")
+    record = _check_interrupted(pytester.path / "out", "SIGTERM")
+    assert record.results[0].metrics["state_bytes"] == 50 * 2**20  # measured by the subprocess's FakeRunner
     assert not (pytester.path / "baselines").exists()
 
 

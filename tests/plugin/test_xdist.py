@@ -1,5 +1,7 @@
 """Under pytest-xdist (``-n 2``) the suite's scenarios run one after another on one worker, the controller gathers
-every result and writes results.json and the report once, and the header says other tests shared the CPU."""
+every result and writes results.json and the report once, and the header says other tests shared the CPU. The
+workers measure through the shared ``FakeRunner`` (a conftest in the run's folder, ``plugin_fakes``): what is
+checked is where each scenario ran and what the controller gathered, not the numbers."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import re
 
 import pytest
+from plugin_fakes import fake_runner_conftest
 
 pytest.importorskip("xdist", reason="pytest-xdist is not installed (pip install pytest-xdist to run this test)")
 
@@ -24,11 +27,13 @@ scenarios:
 """
 
 
-def test_two_workers_lose_no_result_and_never_run_scenarios_side_by_side(pytester):
+def test_two_workers_lose_no_result_and_never_run_scenarios_side_by_side(pytester, fake_runner):
     suite = pytester.makefile(".yaml", par=SUITE)
+    pytester.makeconftest(fake_runner_conftest(type(fake_runner)))  # every worker measures through a FakeRunner
     pytester.makepyfile(test_other="def test_a():\n    pass\n\ndef test_b():\n    pass\n")
     result = pytester.runpytest("test_other.py", f"--flashckpt-suite={suite}", "--flashckpt-device=cpu",
-                                "-p", "no:benchmark", "-n", "2", "-v")
+                                "-p", "no:benchmark", "-p", "no:hypothesispytest", "-n", "2", "-v")  # 3 processes: no
+    # hypothesis plugin (it imports hypothesis at each one's end; nothing here uses it)
     result.assert_outcomes(passed=5)
     workers = {m.group(2): m.group(1) for m in re.finditer(r"\[(gw\d+)\].*? PASSED (par::\S+?)(@\S+)?\s", result.stdout.str())}
     assert set(workers) == {"par::reference", "par::full", "par::every2"}, result.stdout.str()
@@ -36,6 +41,7 @@ def test_two_workers_lose_no_result_and_never_run_scenarios_side_by_side(pyteste
     data = json.loads((pytester.path / "flashckpt-report" / "results.json").read_text())
     assert [r["scenario"] for r in data["results"]] == ["reference", "full", "every2"]  # all of them, in suite order
     assert all(r["status"] == "measured" for r in data["results"])
+    assert all(r["metrics"]["state_bytes"] == 50 * 2**20 for r in data["results"])  # the workers' FakeRunner
     assert any("pytest-xdist ran this session on 2 worker(s)" in note for note in data["notes"])
     report = (pytester.path / "flashckpt-report" / "flashckpt-report.md").read_text()
     assert "- **note**: pytest-xdist ran this session on 2 worker(s)" in report
