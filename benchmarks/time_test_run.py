@@ -42,7 +42,7 @@ def _run(args: list[str]) -> dict:
         "wall_s": wall,
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "workers": int(workers.group(1)) if workers else 1,
-        "outcome": outcome[-1] if outcome else out.strip().splitlines()[-1:],
+        "outcome": outcome[-1] if outcome else (out.strip().splitlines() or ["no output"])[-1],
     }
 
 

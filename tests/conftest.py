@@ -15,7 +15,7 @@ settings.load_profile(os.environ.get("FLASHCKPT_HYPOTHESIS_PROFILE", "ci"))
 
 pytest_plugins = ["pytester"]
 
-MAX_WORKERS = 4  # each worker imports torch and transformers and builds its own models: about 1 GiB of memory each
+MAX_WORKERS = 4  # each worker imports torch and transformers and builds its own models: memory grows with workers
 
 
 def _cores() -> int:
@@ -41,7 +41,7 @@ def _is_the_default_run(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """The default run spreads over pytest-xdist workers, one per core (at most ``MAX_WORKERS``): on 2 cores it
-    takes about half the time of one process (docs/contributing.md, "Tests"). Named paths, ``-k``, ``-m slow``
+    takes about half the time of one process (docs/contributing.md, "Running the tests in parallel"). Named paths, ``-k``, ``-m slow``
     and ``-n 0`` run in one process, as pytest does by default."""
     if _is_the_default_run(config) and _cores() > 1:
         workers = min(_cores(), MAX_WORKERS)
