@@ -146,8 +146,8 @@ _MODE_OF_KIND = {"none": "none", "full": "full", "by_op": "selective_op", "offlo
 
 def block_modes(strategy: str, n_layer: int, k: int = 2) -> tuple[str, ...]:
     """How each block is kept under a strategy: its plan (``activation.plan.plan_for``), read as the modes this
-    model has formulas for. Offload is modelled as on the GPU it needs; a plan with an option it has no formula for
-    (``by_role``, the budget planner's; per-shape plans have no closed form) is a ValueError naming it."""
+    model has formulas for. Offload is modelled as on the GPU it needs. ``budget`` is a ValueError (its plans are
+    chosen per input shape: no closed form), and so would be a strategy whose plan holds an option with no formula."""
     if strategy == "budget":
         raise ValueError("the analytic model has no formula for strategy 'budget': its plans are chosen per input shape "
                          "from measured costs (read the plan's predicted peak instead)")

@@ -41,18 +41,15 @@ class UnlabelledMatmul(ValueError):
 
 class OpMatches:
     """The listed ops a ``by_op`` policy saw since ``reset()``: ``matched`` (listed op name -> calls in the original
-    forward; recomputation is not counted, so the numbers are per training forward), ``rng_recomputed`` (listed
-    calls recomputed because they drew random numbers) and ``seen`` (every op the policy was asked about, which makes
+    forward; recomputation is not counted, so the numbers are per training forward) and ``seen`` (every op the policy was asked about, which makes
     the "matched nothing" error say what to list instead)."""
 
     def __init__(self) -> None:
         self.matched: Counter[str] = Counter()
-        self.rng_recomputed: Counter[str] = Counter()
         self.seen: set[str] = set()
 
     def reset(self) -> None:
         self.matched.clear()
-        self.rng_recomputed.clear()
         self.seen.clear()
 
     def check(self, names: tuple[str, ...]) -> None:
@@ -98,8 +95,6 @@ class RolePolicy:
                     self.matches.matched[name] += 1
             save = name is not None and (projection is None or projection not in option.recompute)
         if save and ops.consumes_rng(func, args, kwargs):
-            if name is not None and self.matches is not None and not ctx.is_recompute:
-                self.matches.rng_recomputed[name] += 1
             save = False
         return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -41,6 +41,7 @@ from pytest_flashckpt.checkpoint.loading import LoadedCheckpoint, resume_latest
 from pytest_flashckpt.checkpoint.metrics import SaveRecord
 from pytest_flashckpt.checkpoint.state import Stateful, check_stateful
 from pytest_flashckpt.config.scenario import SaveConfig
+from pytest_flashckpt.core.registry import NO_SAVE, SAVE_PRESETS
 
 __all__ = ["CheckpointManager", "SelectiveResumeWarning", "Stateful", "resume", "save"]
 
@@ -73,8 +74,8 @@ def _config(strategy: str, options: Mapping[str, Any]) -> SaveConfig:
     if unknown:
         valid = ", ".join(sorted(fields - {"strategy", "saves", "time_lost_rounds"}))
         raise TypeError(f"unknown save option(s) {', '.join(unknown)}; valid: {valid}")
-    if strategy == "none":
-        raise ValueError("strategy 'none' saves nothing; name a save strategy (sync, async, dcp, selective, layerwise, scheduled)")
+    if strategy == NO_SAVE:
+        raise ValueError(f"strategy 'none' saves nothing; name a save strategy ({', '.join(SAVE_PRESETS)})")
     return SaveConfig(strategy=strategy, **options)  # type: ignore[arg-type]
 
 

@@ -68,11 +68,8 @@ class SavePlan:
     """One run's save: ``config.axes``'s layout (an object: the selected layout remembers its base) and staging."""
 
     def __init__(self, config: SaveConfig) -> None:
-        if config.strategy == "none":
-            raise ValueError("SaveConfig.strategy is 'none': it saves nothing")
         self.config = config
         self.layout: Layout = layout_for(config)
-        self.staging = config.axes.staging
 
     @property
     def format(self) -> str:

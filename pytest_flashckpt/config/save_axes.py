@@ -84,7 +84,7 @@ def settings_of(layout, staging, schedule, async_save, select_params, mem_thresh
     def put(axis: str, value: str, key: str) -> None:
         if axis in given and given[axis][0] != value:
             other_value, other_key = given[axis]
-            raise ValueError(f"{_said(other_key, other_value)} and {_said(key, value)} set the {axis} two ways "
+            raise ValueError(f"{_said(other_key, axis, other_value)} and {_said(key, axis, value)} set the {axis} two ways "
                              f"({other_value!r}, {value!r}); keep one of them")
         given.setdefault(axis, (value, key))
 
@@ -129,7 +129,7 @@ def resolve(strategy: str | None, given: dict[str, tuple[str, str]]) -> tuple[st
             if value != ours and (named, ours, value) != ("staging", "background", "overlapped"):
                 owner = _owner(named, value) or "sync"
                 raise ValueError(
-                    f"{_said(key, value)} contradicts strategy {strategy!r}, the preset of {named} {ours!r}; drop "
+                    f"{_said(key, named, value)} contradicts strategy {strategy!r}, the preset of {named} {ours!r}; drop "
                     f"{key}, or name strategy {owner!r} (or no strategy: the name then follows the settings)"
                 )
         values = {axis: given[axis][0] if axis in given else getattr(axes, axis) for axis in AXES}
@@ -149,13 +149,9 @@ def resolve(strategy: str | None, given: dict[str, tuple[str, str]]) -> tuple[st
     return name, axes
 
 
-def _said(key: str, value: str) -> str:
-    """How an error quotes the key that set an axis: ``staging: blocking``, ``select_params (layout 'selected')``."""
-    return f"{key}: {value}" if key in AXES else f"{key} ({_axis_of(key)} {value!r})"
-
-
-def _axis_of(key: str) -> str:
-    return {"async_save": "staging", "select_params": "layout", "layer_checkpoint_dir": "layout", "mem_threshold": "schedule"}[key]
+def _said(key: str, axis: str, value: str) -> str:
+    """How an error quotes the key that set ``axis``: ``staging: blocking``, ``select_params (layout 'selected')``."""
+    return f"{key}: {value}" if key in AXES else f"{key} ({axis} {value!r})"
 
 
 def _is_derived(name: object) -> bool:

@@ -143,9 +143,9 @@ class SaveConfig:
         return {axis: getattr(self, axis) for axis in save_axes.AXES if getattr(self, axis) is not None}
 
     def recorded(self) -> dict:
-        """The configuration a checkpoint's manifest records: the seed's keys as the seed wrote them (``staging``
-        the copy: blocking unless overlapped), plus ``layout`` and ``schedule`` when the scenario set them, so a
-        preset's manifest is the bytes it always was."""
+        """The configuration a checkpoint's manifest records: the seed's keys as the seed wrote them (``staging`` as
+        written, ``blocking`` when unset), plus ``layout`` and ``schedule`` when the scenario set them, so a preset's
+        manifest is the bytes it always was."""
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         record.update(staging=self.staging or "blocking")
         for axis in ("layout", "schedule"):

@@ -17,10 +17,11 @@ from typing import Any, Iterator, Literal
 
 VerdictWord = Literal["ok", "improved", "regressed", "~", "unstable", "unguarded", "missing"]
 ComparisonStatus = Literal["compared", "no-baseline", "other-profile", "disabled"]
-NoteKind = Literal["probe", "unguarded", "~", "unstable", "busy-machine", "coverage", "run", "note"]
+NoteKind = Literal["probe", "unguarded", "~", "unstable", "busy-machine", "coverage", "run"]
 """What a gate note is about: a metric not compared (probe changed), a verdict that needs a reason (unguarded, ~,
-unstable, a regression flagged ``busy-machine``), the run's coverage (a subset, scenarios not in the baseline), a
-condition of the run (``--flashckpt-save-baseline``), or a note read from a file written before notes were typed."""
+unstable, a regression flagged ``busy-machine``), the run's coverage (a subset, scenarios not in the baseline), or a
+condition of the run (``--flashckpt-save-baseline``). Files written before notes were typed have none: their
+notes stayed in ``Comparison.message``."""
 VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "improved", "~", "unstable", "unguarded", "ok")
 
 
@@ -73,10 +74,8 @@ class VerdictNote:
     text: str
 
     @classmethod
-    def from_dict(cls, data: "Mapping[str, Any] | str") -> "VerdictNote":
-        if isinstance(data, str):
-            return cls("note", data)
-        return cls(data.get("kind", "note"), data["text"])
+    def from_dict(cls, data: Mapping[str, Any]) -> "VerdictNote":
+        return cls(data["kind"], data["text"])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

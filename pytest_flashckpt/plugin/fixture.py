@@ -136,15 +136,15 @@ def measure(
         out.reference_peak_bytes = _complete_peak_pass(reference, resident_tensors(reference_resident), probe_name, dev).peak_bytes
         if out.reference_peak_bytes:
             out.memory_saving = 1.0 - out.peak_bytes / out.reference_peak_bytes
-    timing = timing_pass(step, reference, rounds, steps, dev)
-    out.samples.update(timing.samples())
-    for key, value in timing.metrics().items():
+    timing = timing_pass(step, reference, rounds, steps, dev).measurements()
+    out.samples.update(timing.samples)
+    for key, value in timing.values.items():
         if key in _FIELDS:
             setattr(out, key, value)
     if save is not None:
-        saved = save_pass(save, saves)
-        out.samples.update(saved.samples())
-        out.save_stall_s, out.save_total_s = saved.metrics()["save_stall_s"], saved.metrics()["save_total_s"]
+        saved = save_pass(save, saves).measurements()
+        out.samples.update(saved.samples)
+        out.save_stall_s, out.save_total_s = saved.values["save_stall_s"], saved.values["save_total_s"]
     return out
 
 

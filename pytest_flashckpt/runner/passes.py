@@ -86,14 +86,6 @@ class TimingPass:
             out.record("overhead_max", max(ratios))
         return out
 
-    def metrics(self) -> dict[str, float]:
-        """The values of ``measurements()``."""
-        return dict(self.measurements().values)  # type: ignore[arg-type]
-
-    def samples(self) -> dict[str, list[float]]:
-        """The per-round samples of ``measurements()``, under each metric's name."""
-        return dict(self.measurements().samples)
-
 
 def timing_pass(
     step: Callable[[], object], reference: Callable[[], object] | None, rounds: int, steps: int, device: torch.device,
@@ -116,14 +108,6 @@ class SavePass:
         out.record("save_stall_s", statistics.median(self.stall_s), samples=self.stall_s)
         out.record("save_total_s", statistics.median(self.total_s), samples=self.total_s)
         return out
-
-    def metrics(self) -> dict[str, float]:
-        """The values of ``measurements()``."""
-        return dict(self.measurements().values)  # type: ignore[arg-type]
-
-    def samples(self) -> dict[str, list[float]]:
-        """The per-save samples of ``measurements()``, under each metric's name."""
-        return dict(self.measurements().samples)
 
 
 def _wait(handle: Any) -> None:

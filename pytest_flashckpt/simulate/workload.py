@@ -1,7 +1,7 @@
 """What a simulated step runs on: a dtype by name, a workload the card can run, the card's model on ``meta``
 with the backend that reproduces a kernel, and the trainer a run on the target has. Shared by the simulated step
-(``simulate.step``) and the planner's simulated costs (``simulate.costs``), which import this module and not
-each other's.
+(``simulate.step``) and the planner's simulated costs (``simulate.costs``), so the costs need not import the step
+(the step imports the costs for strategy ``budget``).
 """
 
 from __future__ import annotations
