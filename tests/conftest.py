@@ -9,6 +9,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from fake_runner import FakeRunner  # a plain module of tests/, as fresh_python
+
 settings.register_profile("ci", max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("FLASHCKPT_HYPOTHESIS_PROFILE", "ci"))
@@ -98,47 +100,10 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-class FakeRunner:
-    """A ``ScenarioRunner`` with no training step, for tests of what a suite run does with results (gate, verdicts,
-    report, options, interruption): fixed bytes per scenario (``extra_peak[name]`` added to its peak) and fixed step
-    times, one sample per round; a ``flash_attn`` scenario is skipped as on a machine without flash-attn, and an
-    ``error`` scenario (its name) breaks. ``calls`` lists the scenarios it was given, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.extra_peak: dict[str, int] = {}
-
-    def __call__(self, scenario, ctx):
-        from pytest_flashckpt.config.typed import to_plain
-        from pytest_flashckpt.core.result import Result
-
-        self.calls.append(scenario.name)
-        attention = "sdpa" if scenario.attention == "auto" else scenario.attention
-        result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device),
-                        backend=attention, kernel=attention, probe=ctx.probe)
-        if attention == "flash_attn":
-            result.status, result.reason = "skipped", "flash-attn is not installed (fake runner)"
-            return result
-        if scenario.name == "error":
-            result.status, result.reason = "error", "RuntimeError: the fake runner breaks scenario 'error'"
-            result.notes.append("Traceback (fake)")
-            return result
-        peak = 70 * 2**20 + self.extra_peak.get(scenario.name, 0)
-        result.metrics = {"peak_bytes": peak, "state_bytes": 50 * 2**20, "step_time_s": 0.01}
-        result.samples = {"step_time_s": [0.01] * max(scenario.rounds, 1)}
-        if scenario.activation.strategy != "none":
-            reference = 70 * 2**20
-            result.metrics.update(reference_peak_bytes=reference, memory_saving=1 - peak / reference, overhead=1.25,
-                                  reference_step_time_s=0.008)
-            result.samples["overhead"] = [1.25] * max(scenario.rounds, 1)
-        return result
-
-
 @pytest.fixture
 def fake_runner(monkeypatch) -> FakeRunner:
     """Every suite run of this test (``SuiteRun`` in this process, ``pytester.runpytest_inprocess`` included)
     measures through a ``FakeRunner`` instead of the runner the scenario asks for."""
-    import pytest_flashckpt.plugin.session  # noqa: F401  (imported out here: kept by pytester's sys.modules snapshot)
     import pytest_flashckpt.runner.suite as suite_module
 
     runner = FakeRunner()

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from plugin_fakes import fake_runner_conftest
+from fake_runner import conftest_text
 
 from pytest_flashckpt.core.result import Result, RunRecord
 
@@ -122,11 +122,11 @@ def test_flashckpt_run_ctrl_c_exits_2_with_the_finished_scenarios_and_no_traceba
     assert not (tmp_path / "baselines").exists()
 
 
-def test_pytest_sigterm_mid_suite_is_interrupted_exit_2(pytester, fake_runner):
+def test_pytest_sigterm_mid_suite_is_interrupted_exit_2(pytester):
     """One subprocess: SIGTERM (what CI and ``timeout`` send) arrives as scenario ``two`` starts. The subprocess
-    measures through the shared ``FakeRunner`` (``plugin_fakes``): what is checked is the interruption."""
+    measures through the shared ``FakeRunner`` (tests/fake_runner.py): what is checked is the interruption."""
     pytester.makefile(".yaml", stop=SUITE)
-    pytester.makeconftest(fake_runner_conftest(type(fake_runner), extra=(
+    pytester.makeconftest(conftest_text(extra=(
         "\n\ndef pytest_runtest_setup(item):\n"
         "    import os, signal\n\n"
         "    if item.name == 'two':\n"

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fake_runner import FakeRunner
+
 from pytest_flashckpt.config.scenario import Scenario, SimulateConfig
 from pytest_flashckpt.runner.context import RunContext
 from pytest_flashckpt.runner.runners import DistributedRunner, InProcessRunner, SimulatedRunner, runner_for
@@ -59,7 +61,7 @@ def test_suite_run_measures_every_scenario_through_the_runner_it_is_handed(tmp_p
     from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
 
     (tmp_path / "seam.yaml").write_text(SUITE, encoding="utf-8")
-    fake = type(fake_runner)()  # another FakeRunner than the one the scenarios' own runner_for now returns
+    fake = FakeRunner()  # another FakeRunner than the one the scenarios' own runner_for now returns
     run = SuiteRun(load_checked_suite(str(tmp_path / "seam.yaml")), Options(suite="seam.yaml", device="cpu", report="out"),
                    tmp_path, runner=fake)
     seen = []

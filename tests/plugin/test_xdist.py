@@ -1,6 +1,6 @@
 """Under pytest-xdist (``-n 2``) the suite's scenarios run one after another on one worker, the controller gathers
 every result and writes results.json and the report once, and the header says other tests shared the CPU. The
-workers measure through the shared ``FakeRunner`` (a conftest in the run's folder, ``plugin_fakes``): what is
+workers measure through the shared ``FakeRunner`` (tests/fake_runner.py, through a conftest in the run's folder): what is
 checked is where each scenario ran and what the controller gathered, not the numbers."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from plugin_fakes import fake_runner_conftest
+from fake_runner import conftest_text
 
 pytest.importorskip("xdist", reason="pytest-xdist is not installed (pip install pytest-xdist to run this test)")
 
@@ -27,9 +27,9 @@ scenarios:
 """
 
 
-def test_two_workers_lose_no_result_and_never_run_scenarios_side_by_side(pytester, fake_runner):
+def test_two_workers_lose_no_result_and_never_run_scenarios_side_by_side(pytester):
     suite = pytester.makefile(".yaml", par=SUITE)
-    pytester.makeconftest(fake_runner_conftest(type(fake_runner)))  # every worker measures through a FakeRunner
+    pytester.makeconftest(conftest_text())  # every worker measures through a FakeRunner
     pytester.makepyfile(test_other="def test_a():\n    pass\n\ndef test_b():\n    pass\n")
     result = pytester.runpytest("test_other.py", f"--flashckpt-suite={suite}", "--flashckpt-device=cpu",
                                 "-p", "no:benchmark", "-p", "no:hypothesispytest", "-n", "2", "-v")  # 3 processes: no

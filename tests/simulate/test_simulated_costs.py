@@ -28,16 +28,6 @@ def micro(n_layer: int = 3) -> GPTConfig:
     return GPTConfig(vocab_size=64, block_size=64, n_layer=n_layer, n_head=2, n_embd=32, dropout=0.0)
 
 
-@pytest.fixture
-def one_thread():
-    """The measured side runs real CPU steps: one intra-op thread keeps them from spinning against other work on a
-    shared machine (bytes do not depend on threads: the probe counts storages, not per-thread scratch)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize(("card", "shapes"), [("tiny", ((1, 64), (2, 32))), ("small", ((1, 32),))])
 def test_simulated_costs_equal_measured_costs_on_cpu(card, shapes, one_thread):
     """Every option the planner knows on a CPU, every block, every shape a source plans (the second one from
