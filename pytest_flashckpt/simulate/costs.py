@@ -210,11 +210,19 @@ def cuda_costs_for(model: torch.nn.Module) -> SimulatedCosts:
     (same card, dtype and attention kernel, target ``cuda``), the pointwise weight the fixed model's
     (``pointwise_weight_for``) and the transfer weight timed on the model's GPU (``measure_transfer_weight``), so
     offload is planned too (a plan with offload therefore depends on that timing; without offload it does not). The plan's
-    peak is then a prediction of the allocator's live bytes (no CUDA context, workspaces or fragmentation)."""
+    peak is then a prediction of the allocator's live bytes (no CUDA context, workspaces or fragmentation). The
+    transfer weight is timed once per device and dtype in a process, so the scenarios of a run that plan the same card
+    share one source (``SimulatedCosts.shared`` keys on the weight) and one timing."""
     param = next(model.parameters())
     backend = getattr(model, "backend", "sdpa")
     if backend not in _KERNEL_OF_BACKEND:
         raise ValueError(f"budget on a GPU: no simulated kernel for attention backend {backend!r}")
-    with quiet():
-        transfer = measure_transfer_weight(param.device, param.dtype)
-    return SimulatedCosts.shared(model.config, param.dtype, _KERNEL_OF_BACKEND[backend], "cuda", transfer_weight=transfer)
+    key = (str(param.device), param.dtype)
+    if key not in _TRANSFER_WEIGHTS:  # timed once per device and dtype: a new timing would be a new shared source
+        with quiet():
+            _TRANSFER_WEIGHTS[key] = measure_transfer_weight(param.device, param.dtype)
+    return SimulatedCosts.shared(model.config, param.dtype, _KERNEL_OF_BACKEND[backend], "cuda",
+                                 transfer_weight=_TRANSFER_WEIGHTS[key])
+
+
+_TRANSFER_WEIGHTS: dict[tuple[str, torch.dtype], float] = {}  # (device, dtype) -> cuda_costs_for's timed weight

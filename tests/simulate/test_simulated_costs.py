@@ -178,8 +178,11 @@ def test_a_gpu_run_plans_from_simulated_costs_with_the_fixed_pointwise_weight_an
 
     timed = []
     monkeypatch.setattr(simulated_costs, "measure_transfer_weight", lambda device, dtype: timed.append(("transfer", device.type)) or 0.5)
+    monkeypatch.setattr(simulated_costs, "_TRANSFER_WEIGHTS", {})
     model = build_model(micro(), "sdpa", "meta", torch.bfloat16)
     source = simulated_costs.cuda_costs_for(model)
+    assert timed == [("transfer", "meta")]
+    assert simulated_costs.cuda_costs_for(build_model(micro(), "sdpa", "meta", torch.bfloat16)) is source  # timed once
     assert timed == [("transfer", "meta")]
     pointwise = budget_costs.pointwise_weight_for("cuda", torch.bfloat16)
     assert (source.kernel, source.target, source.dtype, source.pointwise_weight, source.transfer_weight) == ("sdpa", "cuda", "bfloat16", pointwise, 0.5)
