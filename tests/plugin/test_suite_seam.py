@@ -72,7 +72,8 @@ def test_suite_run_measures_every_scenario_through_the_runner_it_is_handed(tmp_p
     assert not run.failed()
 
 
-def _cli(tmp_path: Path, *args: str) -> int:
+def _cli(*args: str) -> int:
+    """`flashckpt run` on seam.yaml in the current folder (each caller chdirs into its tmp_path)."""
     from pytest_flashckpt.cli import main
 
     return main(["run", "--suite", "seam.yaml", "--report", "out", "--device", "cpu", *args])
@@ -82,14 +83,14 @@ def test_flashckpt_run_saves_compares_and_fails_a_regression_with_the_shared_sum
                                                                                        fake_runner) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "seam.yaml").write_text(SUITE, encoding="utf-8")
-    assert _cli(tmp_path, "--save-baseline") == 0
+    assert _cli("--save-baseline") == 0
     out = capsys.readouterr().out
     assert "seam::gone: skipped (flash-attn is not installed (fake runner))" in out
     assert "baseline saved: baselines/cpu-" in out
-    assert _cli(tmp_path) == 0
+    assert _cli() == 0
     assert "baseline baselines/cpu-" in capsys.readouterr().out
     fake_runner.extra_peak["full"] = 4096
-    assert _cli(tmp_path) == 1  # a regression: exit 1, the failure under the scenario's line, the verdict table
+    assert _cli() == 1  # a regression: exit 1, the failure under the scenario's line, the verdict table
     out = capsys.readouterr().out
     assert "seam::full: " in out and "  peak_bytes: baseline " in out and "regressed seam::full peak_bytes" in out
     record = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
@@ -103,18 +104,18 @@ def test_flashckpt_run_prints_the_injection_warning_and_a_missing_scenario_with_
     """The end summary is the plugin's, with options spelled as the command spells them."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "seam.yaml").write_text(SUITE, encoding="utf-8")
-    assert _cli(tmp_path, "--save-baseline") == 0
+    assert _cli("--save-baseline") == 0
     (tmp_path / "seam.yaml").write_text(SUITE.replace("  - name: full\n    activation: {strategy: full}\n", ""), encoding="utf-8")
     capsys.readouterr()
-    assert _cli(tmp_path, "--inject", "step=0.1") == 1  # the baseline's 'full' was not measured: missing fails it
+    assert _cli("--inject", "step=0.1") == 1  # the baseline's 'full' was not measured: missing fails it
     out = capsys.readouterr().out
     assert "WARNING: injected regression: step +10% (--inject): these are not real measurements" in out
     assert "FAILED: " in out and "pass --subset if the subset is intended" in out
-    assert _cli(tmp_path, "--subset") == 0
+    assert _cli("--subset") == 0
 
 
 def test_flashckpt_run_fails_a_broken_scenario(tmp_path, monkeypatch, capsys, fake_runner) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "seam.yaml").write_text(SUITE + "  - name: error\n", encoding="utf-8")
-    assert _cli(tmp_path) == 1
+    assert _cli() == 1
     assert "seam::error: error (RuntimeError: the fake runner breaks scenario 'error')" in capsys.readouterr().out
