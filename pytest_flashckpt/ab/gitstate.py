@@ -56,7 +56,7 @@ class FolderState:
         head = f"HEAD `{self.head}`" if self.head else "no commit yet"
         if not self.changes:
             return f"{head}, no uncommitted changes"
-        shown = ", ".join(f"`{c}`" for c in self.changes[:limit])
+        shown = ", ".join(f"`{c.strip()}`" for c in self.changes[:limit])
         more = f" and {len(self.changes) - limit} more" if len(self.changes) > limit else ""
         return f"{head} plus {len(self.changes)} uncommitted changes ({shown}{more})"
 

@@ -88,3 +88,30 @@ def profile_mismatch(rounds: Rounds) -> str | None:
                     f"{record.profile_id} ({diff or 'the profile ids differ'}): measurements of two profiles are not "
                     "an A/B comparison (run both sides on one machine and settings)")
     return None
+
+
+def _flat(value, prefix: str = "") -> dict[str, object]:
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, object] = {}
+    for key, inner in value.items():
+        out.update(_flat(inner, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def setting_differences(rounds: Rounds, limit: int = 4) -> list[str]:
+    """Per scenario both sides ran, the settings their results recorded differently (``seq_len 512 vs 256``): the
+    two sides read one suite file with their own code, so a change there (a default, a parser) changes what B
+    measured; the reader has to know before trusting the verdict."""
+    def configs(side: str) -> dict[str, dict]:
+        return {r.id: _flat(r.config) for record in rounds.records[side] for r in record.results}
+
+    a, b = configs("a"), configs("b")
+    out = []
+    for scenario in sorted(set(a) & set(b)):
+        keys = sorted(k for k in set(a[scenario]) | set(b[scenario]) if a[scenario].get(k) != b[scenario].get(k))
+        if keys:
+            shown = ", ".join(f"{k} {a[scenario].get(k)!r} vs {b[scenario].get(k)!r}" for k in keys[:limit])
+            more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+            out.append(f"`{scenario}` ran with other settings in B than in A: {shown}{more}")
+    return out

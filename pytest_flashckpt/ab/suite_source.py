@@ -64,8 +64,12 @@ def _in_tree(name_or_path: str, tree: Tree) -> Path:
 def from_side_a(name_or_path: str, tree: Tree) -> SuiteSource:
     """The suite ``name_or_path`` names in A's tree, loaded and checked; ConfigError naming ``--suite`` otherwise."""
     path = _in_tree(name_or_path, tree)
-    suite = _load(str(path))
     shown = path.relative_to(tree.root.resolve()).as_posix()
+    try:
+        suite = _load(str(path))
+    except ConfigError as exc:  # name the file as it is in A's tree, not the temporary worktree that is removed
+        where = f"{shown} of A's tree ({tree.side.option} {tree.label})" if exc.where == shown_path(path) else exc.where
+        raise ConfigError(where, exc.problem, exc.fix, scenario=exc.scenario, key=exc.key) from None
     if any(origin != shown_path(suite.path) for origin in suite.origins.values()):
         raise ConfigError(shown, "has include:, whose suites each side's own code resolves from its own tree (B's "
                           "tree would supply them)", "write the scenarios into this one file, or --suite-from here")

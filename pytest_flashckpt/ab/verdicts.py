@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from pytest_flashckpt.core import metrics as vocabulary
-from pytest_flashckpt.ab.provenance import sides_table, versions_table
+from pytest_flashckpt.ab.provenance import setting_differences, sides_table, versions_table
 from pytest_flashckpt.ab.rounds import Rounds
 from pytest_flashckpt.ab.suite_source import SuiteSource
 from pytest_flashckpt.ab.trees import Tree
@@ -105,6 +105,7 @@ def markdown(job: Job, outcome: Outcome | None, refused: str | None = None) -> s
         "alternating).",
         "",
         *([f"> **Warning:** {job.unmeasured}", ""] if job.unmeasured else []),
+        *[f"> **Note:** {line}.\n" for line in setting_differences(job.rounds)],
         sides_table(job.trees),
         "",
         versions_table(job.rounds),

@@ -37,8 +37,9 @@ with open(os.environ["AB_TEST_LOG"], "a") as log:
 '''
 
 
-def _record_json(overhead=1.10, profile=PROFILE, profile_id="cpu-2t-torch2.13.0-fake0001") -> str:
-    result = Result("ab", "selective_op-sdpa-s512", "measured", {}, probe="cpu")
+def _record_json(overhead=1.10, profile=PROFILE, profile_id="cpu-2t-torch2.13.0-fake0001", config=None) -> str:
+    result = Result("ab", "selective_op-sdpa-s512", "measured", config or {"seq_len": 512, "model": {"card": "tiny"}},
+                    probe="cpu")
     result.metrics = {"overhead": overhead}
     return json.dumps(RunRecord(dict(profile), profile_id, "t", "c0ffee", "ab", "cpu", "cpu", [result],
                                 tool_version="0.1.0").to_dict())
@@ -216,6 +217,11 @@ def test_a_suite_outside_a_or_with_includes_is_refused_under_suite_from_a(repo, 
     assert "an absolute path is no file of A's tree" in capsys.readouterr().err
     assert ab(tmp_path, "--a", "HEAD", "--b", "HEAD", "--suite", "../outside.yaml") == 2
     assert "leads out of A's tree" in capsys.readouterr().err
+    (repo / "suites" / "bad.yaml").write_text("scenarios:\n  - name: x\n    model: tiny\n    seq_len: -1\n")
+    commit_all(repo, "a bad suite")
+    assert ab(tmp_path, "--a", "HEAD", "--b", "HEAD", "--suite", "bad") == 2
+    err = capsys.readouterr().err.strip()
+    assert "error: suites/bad.yaml of A's tree (--a HEAD): scenario 'x': seq_len" in err and "flashckpt-ab-" not in err
     assert ab(tmp_path, "--a", "HEAD", "--b", "HEAD", "--suite", "no-such") == 2
     assert "unknown suite 'no-such' in A's tree (HEAD)" in capsys.readouterr().err
     assert ran(tmp_path) == [] and not (tmp_path / "out").exists()
@@ -254,3 +260,15 @@ def test_the_parser_requires_one_form_per_side(capsys):
     with pytest.raises(SystemExit):
         main(["ab", "--a", "main"])
     assert "one of the arguments --b --b-path is required" in capsys.readouterr().err
+
+
+def test_a_scenario_b_ran_with_other_settings_is_named(repo, tmp_path):
+    """B's code reads A's suite file its own way (a changed default): ab.md names the settings that differ; the
+    control is every other test's ab.md (same settings, no note)."""
+    git(repo, "switch", "-qc", "shorter")
+    (repo / "pytest_flashckpt" / "record.json").write_text(_record_json(config={"seq_len": 256, "model": {"card": "tiny"}}))
+    commit_all(repo, "B runs shorter sequences")
+    assert ab(tmp_path, "--a", "main", "--b", "main") == 0
+    assert "> **Note:**" not in (tmp_path / "out" / "ab.md").read_text()
+    assert ab(tmp_path, "--a", "main", "--b", "shorter", out="out2") == 0
+    assert "ran with other settings in B than in A: seq_len 512 vs 256" in (tmp_path / "out2" / "ab.md").read_text()
