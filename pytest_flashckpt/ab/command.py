@@ -14,6 +14,7 @@ from pathlib import Path
 from pytest_flashckpt.config.errors import ConfigError, InputError
 
 FAILED = 1  # a regression, a broken round, or no verdict (two profiles)
+INTERRUPTED = 2  # as ``flashckpt run``: stopped by Ctrl-C
 ROUND_FOLDER = "round-*"
 
 
@@ -80,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     except RoundError as exc:
         print(f"flashckpt ab: {exc}", file=sys.stderr)
         return FAILED
+    except KeyboardInterrupt:  # the temporary worktrees are already removed; finished rounds stay in --out
+        print(f"flashckpt ab: interrupted; no verdict (finished rounds' results.json are in {out})", file=sys.stderr)
+        return INTERRUPTED
     thresholds = Thresholds(args.timing_tolerance, Thresholds.memory_tolerance, args.alpha)
     command = "flashckpt " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "flashckpt ab ..."
     job = Job(trees, source, rounds, thresholds, command, (time.time() - began) / 60, (load_before, os.getloadavg()[0]),

@@ -272,3 +272,15 @@ def test_a_scenario_b_ran_with_other_settings_is_named(repo, tmp_path):
     assert "> **Note:**" not in (tmp_path / "out" / "ab.md").read_text()
     assert ab(tmp_path, "--a", "main", "--b", "shorter", out="out2") == 0
     assert "ran with other settings in B than in A: seq_len 512 vs 256" in (tmp_path / "out2" / "ab.md").read_text()
+
+
+def test_ctrl_c_during_the_rounds_removes_the_worktrees_and_exits_2(repo, tmp_path, monkeypatch, capsys):
+    from pytest_flashckpt.ab import rounds
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rounds, "run_once", interrupted)
+    assert ab(tmp_path, "--a", "HEAD", "--b", "HEAD") == 2
+    assert "interrupted; no verdict" in capsys.readouterr().err and not (tmp_path / "out" / "ab.md").exists()
+    assert git(repo, "worktree", "list").count("\n") == 0
