@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gate_power import clopper_pearson  # noqa: E402
 
 from pytest_flashckpt.ab.rounds import Rounds, run_once  # noqa: E402
-from pytest_flashckpt.ab.trees import Tree  # noqa: E402
+from pytest_flashckpt.ab.trees import Side, Tree  # noqa: E402
 from pytest_flashckpt.ab.verdicts import gate  # noqa: E402
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds  # noqa: E402
 from pytest_flashckpt.config.suites import load_suite  # noqa: E402
@@ -127,7 +127,7 @@ def main() -> None:
     if not args.live:
         return from_runs(args)
     suite = str(load_suite(args.suite).path.resolve())
-    tree = Tree(str(ROOT), ROOT, None)
+    tree = Tree(Side("--a-path", str(ROOT)), ROOT, None)
     began, load_before = time.time(), os.getloadavg()[0]
     values: dict[str, list] = {"a": [], "same": [], "inject": []}
     loads: list[float] = []

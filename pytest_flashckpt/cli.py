@@ -10,7 +10,7 @@ look at or export checkpoints.
     flashckpt export CKPT OUT.safetensors
     flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
     flashckpt pool-baseline RUN1/results.json RUN2/results.json [--out baselines]
-    flashckpt ab --a main --b HEAD [--suite ab] [--rounds 6]
+    flashckpt ab --a main --b HEAD|--b-path . [--suite ab] [--suite-from a|here] [--rounds 6]
     flashckpt history DIR [--metric NAME ...]
 
 ``run`` measures a suite without pytest (``runner.suite.SuiteRun.run_all``: the scenario runners, the baseline gate
@@ -197,75 +197,10 @@ def add_pool_baseline_parser(sub) -> None:
     pool.set_defaults(run=_cmd_pool_baseline)
 
 
-def _cmd_ab(args: argparse.Namespace) -> int:
-    import os
-    import shlex
-    import time
-
-    from pytest_flashckpt.ab.rounds import RoundError, run_rounds
-    from pytest_flashckpt.ab.trees import RefError, checked_out
-    from pytest_flashckpt.ab.verdicts import gate, markdown
-    from pytest_flashckpt.baselines.regression_verdicts import Thresholds
-    from pytest_flashckpt.config.errors import ConfigError
-    from pytest_flashckpt.config.injection import Injection
-    from pytest_flashckpt.config.suites import load_suite
-
-    if args.rounds < 2:
-        raise InputError(f"--rounds {args.rounds}: an A/B run needs at least 2 rounds (5 vs 5 is the least that can reach p < 0.01)")
-    try:
-        suite = load_suite(args.suite)  # checked here, before any tree is made: both versions run this file
-    except ConfigError as exc:
-        raise InputError(str(exc if exc.where else exc.within("--suite"))) from None
-    extra: dict[str, list[str]] = {}
-    for version, spec in (("a", args.inject_a), ("b", args.inject_b)):
-        if spec:
-            try:
-                Injection.parse(spec)
-            except ValueError as exc:
-                raise InputError(f"--inject-{version} {spec}: {exc}") from None
-            extra[version] = ["--inject", spec]
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    began, load_before = time.time(), os.getloadavg()[0]
-    try:
-        with checked_out({"--a": args.a, "--b": args.b}, Path.cwd()) as trees:
-            trees = {"a": trees["--a"], "b": trees["--b"]}
-            rounds = run_rounds(trees, str(suite.path.resolve()), args.rounds, out, extra,
-                                say=lambda text: print(text, flush=True))
-    except RefError as exc:
-        raise InputError(str(exc)) from None
-    except RoundError as exc:
-        print(f"flashckpt ab: {exc}", file=sys.stderr)
-        return FAILED
-    thresholds = Thresholds(args.timing_tolerance, Thresholds.memory_tolerance, args.alpha)
-    outcome = gate(rounds, thresholds)
-    command = "flashckpt " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "flashckpt ab ..."
-    text = markdown(outcome, trees, suite.name, args.rounds, thresholds, command, (time.time() - began) / 60,
-                    (load_before, os.getloadavg()[0]))
-    (out / "ab.md").write_text(text, encoding="utf-8")
-    sys.stdout.write(text)
-    print(f"wrote {out / 'ab.md'} (each round's results.json beside it)")
-    return FAILED if outcome.failed else 0
-
-
 def add_ab_parser(sub) -> None:
-    ab = sub.add_parser("ab", help="A/B: two code versions interleaved on this machine, gated with no baseline",
-                        description="Run the suite for two versions of the code (a git commit/branch, or a folder with "
-                                    "pytest_flashckpt in it) interleaved round by round on this machine, one process "
-                                    "per version per round, and gate B against A (Mann-Whitney on the per-round "
-                                    "values). Writes a markdown verdict table for a pull request. Exit 1 on a "
-                                    "regression, 2 on a bad REF or option.")
-    ab.add_argument("--a", required=True, metavar="REF", help="the base version (e.g. main)")
-    ab.add_argument("--b", required=True, metavar="REF", help="the version to judge (e.g. the pull request's head)")
-    ab.add_argument("--suite", default="ab", metavar="NAME|PATH", help="suite both versions run (default: ab, ~1 min a round quiet)")
-    ab.add_argument("--rounds", type=int, default=6, help="rounds per version (default 6: 6 vs 6 can reach p = 0.0011)")
-    ab.add_argument("--out", default="flashckpt-ab", metavar="DIR", help="folder for ab.md and each round's results")
-    ab.add_argument("--timing-tolerance", type=float, default=0.05, help="ratio change tolerated (default 0.05)")
-    ab.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
-    ab.add_argument("--inject-a", default="", metavar="SPEC", help=argparse.SUPPRESS)
-    ab.add_argument("--inject-b", default="", metavar="SPEC",
-                    help="inject a known regression into B's runs (e.g. step=0.10, stall=0.25) to check the gate can fail")
-    ab.set_defaults(run=_cmd_ab)
+    from pytest_flashckpt.ab.command import add_parser
+
+    add_parser(sub)
 
 
 def _cmd_history(args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ def run_once(tree: Tree, suite: str, report: Path, extra: Sequence[str], what: s
     results = report / "results.json"
     if not results.is_file():
         tail = (proc.stdout + proc.stderr)[-3000:]
-        raise RoundError(f"{what} ({tree.ref}): exit {proc.returncode}, no {results}:\n{tail}")
+        raise RoundError(f"{what} ({tree.label}): exit {proc.returncode}, no {results}:\n{tail}")
     return RunRecord.read_json(results)
 
 
@@ -51,7 +51,7 @@ def run_rounds(trees: dict[str, Tree], suite: str, rounds: int, out: Path, extra
     for i in range(rounds):
         order = ("a", "b") if i % 2 == 0 else ("b", "a")
         for version in order:
-            say(f"round {i + 1}/{rounds}: {version} ({trees[version].ref})")
+            say(f"round {i + 1}/{rounds}: {version} ({trees[version].label})")
             record = run_once(trees[version], suite, out / f"round-{i + 1:02d}-{version}", extra.get(version, ()),
                               f"round {i + 1}, version {version}")
             done.records[version].append(record)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
 
 from pytest_flashckpt.core import metrics as vocabulary
+from pytest_flashckpt.ab.provenance import setting_differences, sides_table, versions_table
 from pytest_flashckpt.ab.rounds import Rounds
+from pytest_flashckpt.ab.suite_source import SuiteSource
 from pytest_flashckpt.ab.trees import Tree
 from pytest_flashckpt.baselines.regression_verdicts import (
     Thresholds, judge_exact, judge_sampled, judge_tolerance, metric_kind, missing_scenario,
@@ -72,26 +73,51 @@ def gate(rounds: Rounds, thresholds: Thresholds) -> Outcome:
     return Outcome(rows)
 
 
-def markdown(outcome: Outcome, trees: dict[str, Tree], suite: str, n_rounds: int, thresholds: Thresholds,
-             command: str, minutes: float, load: Sequence[float]) -> str:
-    """The pull-request comment: what ran, the verdict table (not-ok rows first), how it was judged."""
-    def name(t: Tree) -> str:
-        return f"`{t.ref}`" + (f" ({t.commit[:12]})" if t.commit and t.commit != t.ref else "")
+@dataclass(frozen=True)
+class Job:
+    """What an A/B job ran, for its report."""
 
-    failed = outcome.failed
-    head = (f"**{len(failed)} regressed or missing**" if failed else "no regression") + f" of {len(outcome.rows)} verdicts"
+    trees: dict[str, Tree]
+    source: SuiteSource
+    rounds: Rounds
+    thresholds: Thresholds
+    command: str
+    minutes: float
+    load: tuple[float, float]  # load average (1 min) before and after
+    unmeasured: str | None = None  # the repository's uncommitted changes no side ran (provenance.unmeasured_changes)
+
+
+def markdown(job: Job, outcome: Outcome | None, refused: str | None = None) -> str:
+    """The pull-request comment: the verdict (or why none was given), what ran on each side, the suite and where it
+    came from, each side's recorded profile and versions, how it was judged, then the verdict table (not-ok rows
+    first)."""
+    n_rounds = len(job.rounds.records["a"])
+    if refused is not None:
+        head = f"**no verdict: {refused}**"
+    else:
+        failed = outcome.failed
+        head = (f"**{len(failed)} regressed or missing**" if failed else "no regression") + f" of {len(outcome.rows)} verdicts"
+    t = job.thresholds
     lines = [
         "# A/B: B against A on one machine",
         "",
-        f"A = {name(trees['a'])}, B = {name(trees['b'])}; suite `{suite}`, {n_rounds} interleaved rounds (one process "
-        f"per version per round, order alternating); {head}.  ",
-        f"Command: `{command}`  ",
-        f"Machine: {os.cpu_count()} CPUs, load average (1 min) {load[0]:.2f} before, {load[1]:.2f} after; {minutes:.1f} min.  ",
-        f"Gate: a ratio regresses when the median of B's rounds is > {thresholds.timing_tolerance:.0%} above A's AND a "
-        f"one-sided Mann-Whitney test on the per-round values gives p < {thresholds.alpha} ({n_rounds} vs {n_rounds} "
+        f"{head}; {job.source.describe()}; {n_rounds} interleaved rounds (one process per version per round, order "
+        "alternating).",
+        "",
+        *([f"> **Warning:** {job.unmeasured}", ""] if job.unmeasured else []),
+        *[f"> **Note:** {line}.\n" for line in setting_differences(job.rounds)],
+        sides_table(job.trees),
+        "",
+        versions_table(job.rounds),
+        "",
+        f"Command: `{job.command}`  ",
+        f"Machine: {os.cpu_count()} CPUs, load average (1 min) {job.load[0]:.2f} before, {job.load[1]:.2f} after; "
+        f"{job.minutes:.1f} min.  ",
+        f"Gate: a ratio regresses when the median of B's rounds is > {t.timing_tolerance:.0%} above A's AND a "
+        f"one-sided Mann-Whitney test on the per-round values gives p < {t.alpha} ({n_rounds} vs {n_rounds} "
         f"rounds can reach p = {smallest_p(n_rounds, n_rounds):.2g}); exact counts must be equal.",
         "",
-        verdict_table(outcome.rows) if outcome.rows else "_Nothing to compare: A measured no gated metric._",
-        "",
     ]
+    if refused is None:
+        lines += [verdict_table(outcome.rows) if outcome.rows else "_Nothing to compare: A measured no gated metric._", ""]
     return "\n".join(lines)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from pytest_flashckpt.ab.rounds import Rounds
-from pytest_flashckpt.ab.trees import RefError, Tree, checked_out, resolve
-from pytest_flashckpt.ab.verdicts import gate, markdown
+from pytest_flashckpt.ab.suite_source import from_here
+from pytest_flashckpt.ab.trees import RefError, Side, Tree, checked_out, resolve_path, resolve_ref
+from pytest_flashckpt.ab.verdicts import Job, gate, markdown
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.core.result import Result, RunRecord
@@ -53,25 +54,30 @@ def test_a_scenario_b_never_measured_is_missing():
 
 
 def test_markdown_names_both_versions_the_rounds_and_the_rule():
-    out = gate(_rounds(A, [v * 1.10 for v in A]), Thresholds())
-    trees = {"a": Tree("main", ROOT, "0123456789abcdef"), "b": Tree("/x/tree", ROOT, None)}
-    text = markdown(out, trees, "ab", 6, Thresholds(), "flashckpt ab --a main --b /x/tree", 1.5, (0.5, 0.7))
-    assert "A = `main` (0123456789ab), B = `/x/tree`" in text and "6 interleaved rounds" in text
+    rounds = _rounds(A, [v * 1.10 for v in A])
+    out = gate(rounds, Thresholds())
+    trees = {"a": Tree(Side("--a", "main"), ROOT, "0123456789abcdef" * 2 + "01234567"),
+             "b": Tree(Side("--b-path", "/x/tree"), ROOT, None)}
+    job = Job(trees, from_here("ab"), rounds, Thresholds(), "flashckpt ab --a main --b-path /x/tree", 1.5, (0.5, 0.7))
+    text = markdown(job, out)
+    assert "`--a main`" in text and "commit `0123456789abcdef0123456789abcdef01234567`" in text
+    assert "`--b-path /x/tree`" in text and "6 interleaved rounds" in text
     assert "**1 regressed or missing**" in text and "p = 0.0011" in text and "| regressed |" in text.replace("**", "")
 
 
-def test_refs_are_checked_before_anything_runs(tmp_path, capsys):
+def test_sides_are_checked_before_anything_runs(tmp_path, capsys):
     with pytest.raises(RefError, match="no pytest_flashckpt package"):
-        resolve(str(tmp_path), None, "--a")
-    with pytest.raises(RefError, match="neither a folder nor a commit"):
-        resolve("no-such-branch-xyz", ROOT, "--b")
-    assert resolve(str(ROOT), ROOT, "--a") == (ROOT, None)
-    assert main(["ab", "--a", str(ROOT), "--b", "no-such-branch-xyz", "--out", str(tmp_path / "o")]) == 2
-    assert "--b no-such-branch-xyz: neither a folder nor a commit" in capsys.readouterr().err
-    assert main(["ab", "--a", str(ROOT), "--b", str(ROOT), "--inject-b", "step=x", "--out", str(tmp_path / "o")]) == 2
+        resolve_path(Side("--a-path", str(tmp_path)))
+    with pytest.raises(RefError, match="no commit, branch or tag of that name"):
+        resolve_ref(Side("--b", "no-such-branch-xyz"), ROOT)
+    assert resolve_path(Side("--a-path", str(ROOT))) == ROOT
+    assert main(["ab", "--a-path", str(ROOT), "--b", "no-such-branch-xyz", "--out", str(tmp_path / "o")]) == 2
+    assert "--b no-such-branch-xyz: no commit, branch or tag" in capsys.readouterr().err
+    assert main(["ab", "--a-path", str(ROOT), "--b-path", str(ROOT), "--inject-b", "step=x", "--out", str(tmp_path / "o")]) == 2
     assert "--inject-b step=x" in capsys.readouterr().err
-    assert main(["ab", "--a", str(ROOT), "--b", str(ROOT), "--suite", "no-such-suite"]) == 2
+    assert main(["ab", "--a-path", str(ROOT), "--b-path", str(ROOT), "--suite", "no-such-suite", "--out", str(tmp_path / "o")]) == 2
     assert "no-such-suite" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_git_ref_is_checked_out_and_removed(tmp_path):
@@ -82,10 +88,11 @@ def test_a_git_ref_is_checked_out_and_removed(tmp_path):
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run([*git, "-C", str(repo), "add", "."], check=True)
     subprocess.run([*git, "-C", str(repo), "commit", "-qm", "x"], check=True)
-    with checked_out({"--a": "HEAD", "--b": str(repo)}, repo) as trees:
-        checkout = trees["--a"].root
-        assert (checkout / "pytest_flashckpt" / "__init__.py").is_file() and trees["--a"].commit
-        assert trees["--b"].root == repo.resolve() and trees["--b"].commit is None
+    with checked_out({"a": Side("--a", "HEAD"), "b": Side("--b-path", str(repo))}, repo) as trees:
+        checkout = trees["a"].root
+        assert (checkout / "pytest_flashckpt" / "__init__.py").is_file() and len(trees["a"].commit) == 40
+        assert trees["b"].root == repo.resolve() and trees["b"].commit == trees["a"].commit
+        assert trees["b"].state.changes == ()
     assert not checkout.exists()
     assert "flashckpt-ab" not in subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
 
@@ -97,8 +104,8 @@ def test_a_real_ab_job_runs_both_trees_and_judges_an_injected_slowdown(tmp_path)
     one run at load 2-10 measured +27.6%, p = 0.028), so the verdict itself is not asserted."""
     suite = tmp_path / "one.yaml"
     suite.write_text((ROOT / "suites" / "ab.yaml").read_text().split("  - name: save-async")[0])
-    proc = subprocess.run([sys.executable, "-m", "pytest_flashckpt.cli", "ab", "--a", str(ROOT), "--b", str(ROOT),
-                           "--suite", str(suite), "--rounds", "5", "--inject-b", "step=0.30", "--out", str(tmp_path / "ab")],
+    proc = subprocess.run([sys.executable, "-m", "pytest_flashckpt.cli", "ab", "--a-path", str(ROOT), "--b-path", str(ROOT),
+                           "--suite", str(suite), "--suite-from", "here", "--rounds", "5", "--inject-b", "step=0.30", "--out", str(tmp_path / "ab")],
                           capture_output=True, text=True, cwd=tmp_path)
     text = (tmp_path / "ab" / "ab.md").read_text()
     assert len(list((tmp_path / "ab").glob("round-*/results.json"))) == 10
