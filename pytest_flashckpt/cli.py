@@ -9,7 +9,7 @@ look at or export checkpoints.
     flashckpt inspect CKPT
     flashckpt export CKPT OUT.safetensors
     flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
-    flashckpt pool-baseline RUN1/results.json RUN2/results.json [--out baselines]
+    flashckpt pool-baseline RUN1/results.json RUN2/results.json [--out baselines] [--replace]
     flashckpt ab --a main --b HEAD [--suite ab] [--rounds 6]
     flashckpt history DIR [--metric NAME ...]
 
@@ -110,8 +110,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from pytest_flashckpt.report import write_report
 
+    from pytest_flashckpt.core.files import NotAFolder, check_output_folder
+
     record = _read(args.results)
-    out = Path(args.out) if args.out else Path(args.results).resolve().parent
+    try:
+        out = check_output_folder(args.out, "--out") if args.out else Path(args.results).resolve().parent
+    except NotAFolder as exc:
+        raise InputError(str(exc)) from None
     path = write_report(record, out)
     print(path)
     return 0
@@ -165,36 +170,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     tied = f"; tied aliases dropped (restored on load): {', '.join(done.tied)}" if done.tied else ""
     print(f"{done.path}: {len(done.keys)} tensors from {done.source} (step {done.metadata['flashckpt.step']}){tied}")
     return 0
-
-
-def _cmd_pool_baseline(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.baselines import BaselineError
-    from pytest_flashckpt.baselines.pooled import pool, read_runs
-
-    try:
-        baseline = pool(read_runs(args.results, args.label))
-    except BaselineError as exc:
-        raise InputError(str(exc)) from None
-    out = Path(args.out) / f"{baseline.profile_id}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    baseline.write(out)
-    runs = {len(e.get("runs") or ()) for e in baseline.scenarios.values()}
-    print(f"{out}: {len(baseline.scenarios)} scenarios pooled from {len(args.results)} runs "
-          f"({'/'.join(map(str, sorted(runs)))} runs per scenario)")
-    return 0
-
-
-def add_pool_baseline_parser(sub) -> None:
-    pool = sub.add_parser("pool-baseline", help="one baseline from several suite runs (hosts) of a profile",
-                          description="Pool several results.json of one profile (runs on several hosts, or one host's "
-                                      "several runs) into baselines/<profile>.json: every run's samples are kept apart, "
-                                      "so the gate judges a change against the spread between runs and calls a metric "
-                                      "whose runs spread too far 'unstable' (baselines/README.md). Replaces the file.")
-    pool.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files of suite runs, one per run")
-    pool.add_argument("--label", action="append", metavar="NAME",
-                      help="a name per results file, in order (default: each file's folder name)")
-    pool.add_argument("--out", default="baselines", metavar="DIR", help="baseline folder (default: baselines)")
-    pool.set_defaults(run=_cmd_pool_baseline)
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
@@ -370,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(run=_cmd_export)
 
     from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
+
+    from pytest_flashckpt.baselines.pool_command import add_parser as add_pool_baseline_parser
 
     add_simulate_parser(sub)
     add_pool_baseline_parser(sub)
