@@ -243,49 +243,6 @@ def add_ab_parser(sub) -> None:
     ab.set_defaults(run=_cmd_ab)
 
 
-def _cmd_history(args: argparse.Namespace) -> int:
-    import shlex
-
-    from pytest_flashckpt.history.changes import OtavaMissing, change_points, require
-    from pytest_flashckpt.history.render import write
-    from pytest_flashckpt.history.series import DEFAULT_METRICS, HistoryError, build_series, read_runs
-
-    try:
-        require()  # before reading anything: without Otava there is nothing to compute
-        runs = read_runs(Path(args.folder))
-    except (OtavaMissing, HistoryError) as exc:
-        raise InputError(str(exc)) from None
-    series = build_series(runs, tuple(args.metric) if args.metric else DEFAULT_METRICS)
-    found = [(s, change_points(s.values, args.max_pvalue, args.min_magnitude)) for s in series]
-    command = "flashckpt " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["history"] else "flashckpt history ..."
-    out = Path(args.out) if args.out else Path(args.folder)
-    path = write(found, len(runs), args.folder, command, out, args.max_pvalue, args.min_magnitude, draw=not args.no_plots)
-    sys.stdout.write(path.read_text(encoding="utf-8"))
-    print(f"wrote {path}")
-    return 0
-
-
-def add_history_parser(sub) -> None:
-    from pytest_flashckpt.history.changes import INSTALL
-    from pytest_flashckpt.history.series import DEFAULT_METRICS
-
-    history = sub.add_parser("history", help="change points over a folder of suite runs (CI artifacts), with plots",
-                             description="Read every results.json under DIR, order the runs by their recorded time, and "
-                                         "find change points per scenario and metric with Apache Otava's e-divisive "
-                                         f"method (optional; install: {INSTALL}). Writes history.md and trend plots "
-                                         "(PNG, change points marked).")
-    history.add_argument("folder", metavar="DIR", help="folder of runs (results.json at any depth)")
-    history.add_argument("--metric", action="append", metavar="NAME",
-                         help=f"metric to follow; repeat for several (default: {', '.join(DEFAULT_METRICS)})")
-    history.add_argument("--max-pvalue", type=float, default=0.001, help="significance of a change point (default 0.001)")
-    history.add_argument("--min-magnitude", type=float, default=0.02,
-                         help="drop changes smaller than this fraction (default 0.02: run-to-run noise of a run's "
-                              "median is 1-2%% here, reports/history-power.md)")
-    history.add_argument("--out", metavar="DIR", help="folder for history.md and the plots (default: DIR)")
-    history.add_argument("--no-plots", action="store_true", help="markdown only")
-    history.set_defaults(run=_cmd_history)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from pytest_flashckpt.report.compare import DEFAULT_METRICS
 
@@ -347,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
 
     from pytest_flashckpt.baselines.pool_command import add_parser as add_pool_baseline_parser
+    from pytest_flashckpt.history.command import add_parser as add_history_parser
 
     add_simulate_parser(sub)
     add_pool_baseline_parser(sub)
