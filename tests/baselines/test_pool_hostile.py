@@ -189,3 +189,16 @@ def test_text_samples_are_refused(tmp_path, capsys):
     path.write_text(json.dumps(data))
     assert _pool(path, "--out", tmp_path / "b") == 2
     assert "scenario 'mini::s0': samples.overhead: expected a list of finite numbers" in _one_error_line(capsys)
+
+
+def test_an_unreadable_baseline_is_never_replaced_without_replace(tmp_path, capsys):
+    out = tmp_path / "baselines"
+    out.mkdir()
+    broken = out / f"{PROFILE}.json"
+    broken.write_text('{"scenarios": {"mini::s0": ')  # a merge conflict, a truncated file
+    run = _run(tmp_path / "run", seed=15)
+    assert _pool(run, "--out", out) == 2
+    assert "not valid JSON" in _one_error_line(capsys) and broken.read_text().endswith(": ")
+    assert _pool(run, "--out", out, "--replace") == 0
+    assert (out / f"{PROFILE}.json.bak").read_text() == '{"scenarios": {"mini::s0": '
+    assert len(json.loads(broken.read_text())["scenarios"]) == 3
