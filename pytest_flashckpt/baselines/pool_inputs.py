@@ -106,8 +106,8 @@ def read_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
         try:
             raw = path.read_bytes()
             data = json.loads(raw.decode("utf-8"))
-        except (OSError, ValueError) as exc:
-            raise BaselineError(f"{path}: cannot read it as a results or baseline file ({exc})") from None
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past what json reads
+            raise BaselineError(f"{path}: cannot read it as a results or baseline file ({exc or type(exc).__name__})") from None
         digest = hashlib.sha256(raw).hexdigest()
         if digest in digests:
             raise BaselineError(f"{path}: the same file as {digests[digest]} (identical bytes): a run is pooled once; "

@@ -100,6 +100,8 @@ def _record(path: Path) -> RunRecord:
         data = json.loads(_read_regular(path).decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deep to be a results file") from None
     if not isinstance(data, dict) or "results" not in data:
         raise ValueError("not a pytest-flashckpt results file (no 'results' key)")
     record = RunRecord.from_dict(data)

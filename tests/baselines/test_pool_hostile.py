@@ -202,3 +202,12 @@ def test_an_unreadable_baseline_is_never_replaced_without_replace(tmp_path, caps
     assert _pool(run, "--out", out, "--replace") == 0
     assert (out / f"{PROFILE}.json.bak").read_text() == '{"scenarios": {"mini::s0": '
     assert len(json.loads(broken.read_text())["scenarios"]) == 3
+
+
+def test_json_nested_past_what_json_reads_is_one_line(tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(RecursionError):  # control: what json raises, which the old command did not catch
+        json.loads(deep.read_text())
+    assert _pool(deep, "--out", tmp_path / "b") == 2
+    assert "deep.json: cannot read it as a results or baseline file (" in _one_error_line(capsys)
