@@ -114,10 +114,11 @@ def add_runs(base: Baseline, runs: Sequence[LabelledRun], base_source: str) -> t
             raise BaselineError(
                 f"{run.source}: profile {run.profile_id}, but {base_source} is {base.profile_id}: a baseline "
                 "pools runs of one profile only (pool each profile's runs apart)")
+    held_ids = {id(run) for run in held}
     seen: list[LabelledRun] = list(held)
     for run in runs:
         for other in seen:
-            before = f"run {other.label!r} of {base_source}" if other in held else other.source
+            before = f"run {other.label!r} of {base_source}" if id(other) in held_ids else other.source
             if run.fingerprints() & other.fingerprints():
                 raise BaselineError(f"{run.source}: the same run as {before} (the same per-round samples at the same "
                                     "time): a run is pooled once; drop it from the command")
