@@ -9,7 +9,7 @@ look at or export checkpoints.
     flashckpt inspect CKPT
     flashckpt export CKPT OUT.safetensors
     flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
-    flashckpt pool-baseline RUN1/results.json RUN2/results.json [--out baselines]
+    flashckpt pool-baseline RUN1/results.json RUN2/results.json [--out baselines] [--replace]
     flashckpt ab --a main --b HEAD|--b-path . [--suite ab] [--suite-from a|here] [--rounds 6]
     flashckpt history DIR [--metric NAME ...]
 
@@ -110,8 +110,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from pytest_flashckpt.report import write_report
 
+    from pytest_flashckpt.core.files import NotAFolder, check_output_folder
+
     record = _read(args.results)
-    out = Path(args.out) if args.out else Path(args.results).resolve().parent
+    try:
+        out = check_output_folder(args.out, "--out") if args.out else Path(args.results).resolve().parent
+    except NotAFolder as exc:
+        raise InputError(str(exc)) from None
     path = write_report(record, out)
     print(path)
     return 0
@@ -165,85 +170,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     tied = f"; tied aliases dropped (restored on load): {', '.join(done.tied)}" if done.tied else ""
     print(f"{done.path}: {len(done.keys)} tensors from {done.source} (step {done.metadata['flashckpt.step']}){tied}")
     return 0
-
-
-def _cmd_pool_baseline(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.baselines import BaselineError
-    from pytest_flashckpt.baselines.pooled import pool, read_runs
-
-    try:
-        baseline = pool(read_runs(args.results, args.label))
-    except BaselineError as exc:
-        raise InputError(str(exc)) from None
-    out = Path(args.out) / f"{baseline.profile_id}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    baseline.write(out)
-    runs = {len(e.get("runs") or ()) for e in baseline.scenarios.values()}
-    print(f"{out}: {len(baseline.scenarios)} scenarios pooled from {len(args.results)} runs "
-          f"({'/'.join(map(str, sorted(runs)))} runs per scenario)")
-    return 0
-
-
-def add_pool_baseline_parser(sub) -> None:
-    pool = sub.add_parser("pool-baseline", help="one baseline from several suite runs (hosts) of a profile",
-                          description="Pool several results.json of one profile (runs on several hosts, or one host's "
-                                      "several runs) into baselines/<profile>.json: every run's samples are kept apart, "
-                                      "so the gate judges a change against the spread between runs and calls a metric "
-                                      "whose runs spread too far 'unstable' (baselines/README.md). Replaces the file.")
-    pool.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files of suite runs, one per run")
-    pool.add_argument("--label", action="append", metavar="NAME",
-                      help="a name per results file, in order (default: each file's folder name)")
-    pool.add_argument("--out", default="baselines", metavar="DIR", help="baseline folder (default: baselines)")
-    pool.set_defaults(run=_cmd_pool_baseline)
-
-
-def add_ab_parser(sub) -> None:
-    from pytest_flashckpt.ab.command import add_parser
-
-    add_parser(sub)
-
-
-def _cmd_history(args: argparse.Namespace) -> int:
-    import shlex
-
-    from pytest_flashckpt.history.changes import OtavaMissing, change_points, require
-    from pytest_flashckpt.history.render import write
-    from pytest_flashckpt.history.series import DEFAULT_METRICS, HistoryError, build_series, read_runs
-
-    try:
-        require()  # before reading anything: without Otava there is nothing to compute
-        runs = read_runs(Path(args.folder))
-    except (OtavaMissing, HistoryError) as exc:
-        raise InputError(str(exc)) from None
-    series = build_series(runs, tuple(args.metric) if args.metric else DEFAULT_METRICS)
-    found = [(s, change_points(s.values, args.max_pvalue, args.min_magnitude)) for s in series]
-    command = "flashckpt " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["history"] else "flashckpt history ..."
-    out = Path(args.out) if args.out else Path(args.folder)
-    path = write(found, len(runs), args.folder, command, out, args.max_pvalue, args.min_magnitude, draw=not args.no_plots)
-    sys.stdout.write(path.read_text(encoding="utf-8"))
-    print(f"wrote {path}")
-    return 0
-
-
-def add_history_parser(sub) -> None:
-    from pytest_flashckpt.history.changes import INSTALL
-    from pytest_flashckpt.history.series import DEFAULT_METRICS
-
-    history = sub.add_parser("history", help="change points over a folder of suite runs (CI artifacts), with plots",
-                             description="Read every results.json under DIR, order the runs by their recorded time, and "
-                                         "find change points per scenario and metric with Apache Otava's e-divisive "
-                                         f"method (optional; install: {INSTALL}). Writes history.md and trend plots "
-                                         "(PNG, change points marked).")
-    history.add_argument("folder", metavar="DIR", help="folder of runs (results.json at any depth)")
-    history.add_argument("--metric", action="append", metavar="NAME",
-                         help=f"metric to follow; repeat for several (default: {', '.join(DEFAULT_METRICS)})")
-    history.add_argument("--max-pvalue", type=float, default=0.001, help="significance of a change point (default 0.001)")
-    history.add_argument("--min-magnitude", type=float, default=0.02,
-                         help="drop changes smaller than this fraction (default 0.02: run-to-run noise of a run's "
-                              "median is 1-2%% here, reports/history-power.md)")
-    history.add_argument("--out", metavar="DIR", help="folder for history.md and the plots (default: DIR)")
-    history.add_argument("--no-plots", action="store_true", help="markdown only")
-    history.set_defaults(run=_cmd_history)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -304,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out", metavar="OUT", help="the file to write: *.safetensors or *.pt")
     export.set_defaults(run=_cmd_export)
 
+    from pytest_flashckpt.ab.command import add_parser as add_ab_parser
+    from pytest_flashckpt.baselines.pool_command import add_parser as add_pool_baseline_parser
+    from pytest_flashckpt.history.command import add_parser as add_history_parser
     from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
 
     add_simulate_parser(sub)

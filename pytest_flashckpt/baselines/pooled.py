@@ -12,7 +12,9 @@ ones (so a reader that knows no ``runs`` still works), plus
     "runs": [{"label": "host-a", "created": "...", "commit": "...", "samples": {"overhead": [...], ...}}, ...]
 
 A baseline file can be pooled too (the committed one-run baseline is an earlier host's run), so a pooled baseline
-grows one run at a time. Exact counts (bytes, FLOPs, files) must agree between the runs: they are the program's, not the machine's; a
+grows one run at a time. ``save_pooled`` adds runs to the profile's file (``add_runs``): the scenarios the runs
+measured are pooled with the runs the file holds for them, every other scenario stays as it was, the replaced file
+is kept as ``.bak``; ``pool_inputs`` refuses runs that must not be pooled before anything is written. Exact counts (bytes, FLOPs, files) must agree between the runs: they are the program's, not the machine's; a
 disagreement is an error naming both files, since pooling would hide a real difference.
 """
 
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pytest_flashckpt.core import metrics as vocabulary
-from pytest_flashckpt.baselines.store import Baseline, BaselineError, entry
+from pytest_flashckpt.baselines.store import Baseline, BaselineError, entry, locate, replace_keeping_previous
+from pytest_flashckpt.core.files import locked, remove_stale_temp
 from pytest_flashckpt.core.registry import is_exact_probe
 from pytest_flashckpt.core.result import RunRecord
 
@@ -41,6 +44,13 @@ class LabelledRun:
     entries: dict[str, dict[str, Any]]
     source: str  # the file, for error messages
 
+    def fingerprints(self) -> set[tuple[str, str, str]]:
+        """What identifies this run's measurements whatever file they come in: (scenario, time, samples) of every
+        entry with samples. Per-round timings never repeat to the last digit between two runs, so two runs sharing
+        one are one run read twice (a results file and the baseline it was pooled into, or a copy of a file)."""
+        return {(scenario_id, str(e.get("updated")), json.dumps(e["samples"], sort_keys=True))
+                for scenario_id, e in self.entries.items() if e.get("samples")}
+
 
 def from_record(label: str, record: RunRecord, source: str) -> LabelledRun:
     entries = {r.id: entry(r, record.commit, record.created) for r in record.results if r.status == "measured"}
@@ -48,16 +58,19 @@ def from_record(label: str, record: RunRecord, source: str) -> LabelledRun:
 
 
 def from_baseline(label: str, baseline: Baseline, source: str) -> list[LabelledRun]:
-    """A baseline file as runs: a one-run file is one run; a pooled file gives back each run it holds."""
+    """A baseline file as runs: a one-run file is one run; a pooled file gives back each run it holds (told apart
+    by label, time and commit, so two runs that share a label stay two runs)."""
     plain = {k: e for k, e in baseline.scenarios.items() if not e.get("runs")}
     runs = [LabelledRun(label, baseline.profile_id, baseline.profile, plain, source)] if plain else []
-    by_label: dict[str, dict[str, dict[str, Any]]] = {}
+    by_run: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for scenario_id, e in baseline.scenarios.items():
         for run in e.get("runs") or ():
             one = {k: v for k, v in e.items() if k != "runs"}
             one.update(commit=run.get("commit"), updated=run.get("created"), samples=run.get("samples") or {})
-            by_label.setdefault(str(run.get("label")), {})[scenario_id] = one
-    runs += [LabelledRun(name, baseline.profile_id, baseline.profile, entries, source) for name, entries in by_label.items()]
+            key = (str(run.get("label")), str(run.get("created")), str(run.get("commit")))
+            by_run.setdefault(key, {})[scenario_id] = one
+    runs += [LabelledRun(name, baseline.profile_id, baseline.profile, entries, source)
+             for (name, _, _), entries in by_run.items()]
     return runs
 
 
@@ -65,20 +78,69 @@ def pool(runs: Sequence[LabelledRun]) -> Baseline:
     """One baseline of the profile all ``runs`` share, every scenario measured in at least one of them."""
     if not runs:
         raise BaselineError("no runs to pool: name at least one results.json")
-    first = runs[0]
-    for run in runs[1:]:
-        if run.profile_id != first.profile_id:
-            raise BaselineError(
-                f"{run.source}: profile {run.profile_id}, but {first.source} is {first.profile_id}: a baseline "
-                "pools runs of one profile only (pool each profile's runs apart)")
-    by_scenario: dict[str, list[tuple[LabelledRun, dict[str, Any]]]] = {}
-    for run in runs:
-        for scenario_id, e in run.entries.items():
-            by_scenario.setdefault(scenario_id, []).append((run, e))
-    baseline = Baseline(first.profile_id, first.profile)
-    for scenario_id, entries in sorted(by_scenario.items()):
-        baseline.scenarios[scenario_id] = pooled_entry(scenario_id, entries)
+    baseline, _ = add_runs(Baseline(runs[0].profile_id, runs[0].profile), runs, "the new baseline")
     return baseline
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What ``add_runs`` did to a baseline: the runs it added (labels), the scenarios it added, the scenarios that
+    gained runs, and how many it left as they were."""
+
+    runs: tuple[str, ...]
+    added: tuple[str, ...]
+    grown: tuple[str, ...]
+    unchanged: int
+
+    def describe(self) -> str:
+        def some(names: Sequence[str]) -> str:
+            return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+        parts = [f"{len(self.runs)} run(s) added ({some(self.runs)})",
+                 f"{len(self.added)} scenario(s) added" + (f" ({some(self.added)})" if self.added else ""),
+                 f"{len(self.grown)} scenario(s) gained runs" + (f" ({some(self.grown)})" if self.grown else ""),
+                 f"{self.unchanged} unchanged"]
+        return "; ".join(parts)
+
+
+def add_runs(base: Baseline, runs: Sequence[LabelledRun], base_source: str) -> tuple[Baseline, Changes]:
+    """``base`` with ``runs`` pooled in: every scenario of the runs is pooled with the runs ``base`` already holds
+    for it, every other scenario of ``base`` is kept as it was (a run never drops what it did not measure).
+    BaselineError naming the file when a run is of another profile, is already in ``base`` or given twice, or
+    reuses a label of another run (the gate's messages name runs by label)."""
+    held = from_baseline(Path(base_source).stem, base, base_source) if base.scenarios else []
+    for run in runs:
+        if run.profile_id != base.profile_id:
+            raise BaselineError(
+                f"{run.source}: profile {run.profile_id}, but {base_source} is {base.profile_id}: a baseline "
+                "pools runs of one profile only (pool each profile's runs apart)")
+    held_ids = {id(run) for run in held}
+    seen: list[LabelledRun] = list(held)
+    for run in runs:
+        for other in seen:
+            before = f"run {other.label!r} of {base_source}" if id(other) in held_ids else other.source
+            if run.fingerprints() & other.fingerprints():
+                raise BaselineError(f"{run.source}: the same run as {before} (the same per-round samples at the same "
+                                    "time): a run is pooled once; drop it from the command")
+            if run.label == other.label:
+                raise BaselineError(f"{run.source}: its label {run.label!r} is already that of {before}; name each "
+                                    "file's run apart with --label NAME (one per file, in order)")
+        seen.append(run)
+    touched: dict[str, list[tuple[LabelledRun, dict[str, Any]]]] = {}
+    for run in runs:
+        for scenario_id in run.entries:
+            touched.setdefault(scenario_id, [])
+    for run in (*held, *runs):
+        for scenario_id, e in run.entries.items():
+            if scenario_id in touched:
+                touched[scenario_id].append((run, e))
+    merged = Baseline(base.profile_id, base.profile or (runs[0].profile if runs else {}), dict(base.scenarios))
+    for scenario_id, entries in touched.items():
+        merged.scenarios[scenario_id] = pooled_entry(scenario_id, entries)
+    merged.scenarios = dict(sorted(merged.scenarios.items()))
+    added = tuple(sorted(k for k in touched if k not in base.scenarios))
+    grown = tuple(sorted(k for k in touched if k in base.scenarios))
+    return merged, Changes(tuple(r.label for r in runs), added, grown, len(base.scenarios) - len(grown))
 
 
 def pooled_entry(scenario_id: str, entries: list[tuple[LabelledRun, dict[str, Any]]]) -> dict[str, Any]:
@@ -116,26 +178,35 @@ def pooled_entry(scenario_id: str, entries: list[tuple[LabelledRun, dict[str, An
     }
 
 
-def read_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None) -> list[LabelledRun]:
-    """Results files (a suite run each) and baseline files (a one-run baseline, or a pooled one: its runs) as
-    labelled runs; a label defaults to the file's folder name (a results file) or its stem (a baseline). Bad files
-    are BaselineErrors naming the file."""
-    if labels and len(labels) != len(paths):
-        raise BaselineError(f"{len(labels)} --label values for {len(paths)} files: give one per file, in order")
-    runs: list[LabelledRun] = []
-    for i, path in enumerate(paths):
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise BaselineError(f"{path}: cannot read it as a results or baseline file ({exc})") from None
-        if isinstance(data, dict) and "scenarios" in data:
-            label = labels[i] if labels else Path(path).stem
-            runs += from_baseline(label, Baseline.read(Path(path)), str(path))
-            continue
-        try:
-            record = RunRecord.read_json(Path(path))
-        except ValueError as exc:
-            raise BaselineError(str(exc)) from None
-        label = labels[i] if labels else (Path(path).resolve().parent.name or str(path))
-        runs.append(from_record(label, record, str(path)))
-    return runs
+@dataclass(frozen=True)
+class Saved:
+    """What ``save_pooled`` wrote: the baseline file, the backup of the file it replaced (None when new), and the
+    changes."""
+
+    path: Path
+    backup: Path | None
+    changes: Changes
+
+
+def save_pooled(directory: Path, runs: Sequence[LabelledRun], *, replace: bool = False) -> Saved:
+    """Pool ``runs`` into their profile's baseline in ``directory``: added to the runs the file holds (every
+    scenario they did not measure kept as it was), or, with ``replace``, a fresh baseline of ``runs`` only. The
+    file it replaces is kept as ``<profile>.json.bak``; a file that cannot be read as a baseline is never
+    replaced without ``replace``. Read, merge and write hold the folder's lock, as ``store.save_run`` does."""
+    if not runs:
+        raise BaselineError("no runs to pool: name at least one results.json")
+    lookup = locate(Path(directory), runs[0].profile_id)
+    if lookup.exists and not lookup.path.is_file():
+        raise BaselineError(f"{lookup.path}: not a file (a folder or a dangling link); move it aside, then pool again")
+    with locked(directory):
+        remove_stale_temp(directory)
+        if lookup.exists and not replace:
+            base = Baseline.read(lookup.path)
+            if base.profile_id != runs[0].profile_id:
+                raise BaselineError(f"{lookup.path}: its profile_id is {base.profile_id!r}, not the {runs[0].profile_id!r} "
+                                    "its name says; fix the file or rename it")
+        else:
+            base = Baseline(runs[0].profile_id, runs[0].profile)
+        merged, changes = add_runs(base, runs, str(lookup.path))
+        backup = replace_keeping_previous(lookup.path, merged)
+    return Saved(lookup.path, backup, changes)

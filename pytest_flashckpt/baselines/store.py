@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, samples_of
-from pytest_flashckpt.core.files import atomic_write_text, locked, remove_stale_temp
+from pytest_flashckpt.core.files import UnsafeName, atomic_write, atomic_write_text, locked, remove_stale_temp, safe_name
 from pytest_flashckpt.core.numbers import num
 from pytest_flashckpt.core.result import Result, RunRecord
 
@@ -149,7 +149,13 @@ class Lookup:
 
 
 def locate(directory: Path, profile_id: str) -> Lookup:
-    path = directory / f"{profile_id}.json"
+    """Where ``profile_id``'s baseline is in ``directory``; BaselineError when the id cannot name a file there (it
+    may come from an input file: ``../x`` or ``/etc/x`` must never pick where a baseline is written)."""
+    try:
+        safe_name(profile_id, "profile_id")
+    except UnsafeName as exc:
+        raise BaselineError(str(exc)) from None
+    path = Path(directory) / f"{profile_id}.json"
     others = tuple(p for p in sorted(directory.glob("*.json")) if p.name != path.name) if directory.is_dir() else ()
     # anything at the path (a folder, a dangling link) counts: reading it gives the error that names it
     return Lookup(directory, path, path.exists() or path.is_symlink(), others)
@@ -182,3 +188,19 @@ def save_run(directory: Path, record: RunRecord) -> Path:
         baseline.update(record.results, record.commit, record.created)
         baseline.write(lookup.path)
     return lookup.path
+
+
+BACKUP_SUFFIX = ".bak"
+
+
+def replace_keeping_previous(path: Path, baseline: Baseline) -> Path | None:
+    """Write ``baseline`` to ``path``, first copying the file there (if any) to ``<path>.bak`` (atomically, as
+    every write here): a pooling that went wrong is undone with one ``mv``. Returns the backup, or None when
+    there was no file before. The caller holds the folder's lock."""
+    backup = None
+    if path.is_file():
+        backup = path.with_name(path.name + BACKUP_SUFFIX)
+        with atomic_write(backup) as fh:
+            fh.write(path.read_bytes())
+    baseline.write(path)
+    return backup

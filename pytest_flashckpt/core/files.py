@@ -4,7 +4,8 @@
 folder beside the target, flushed and fsync'd, then renamed over the target (and the folder fsync'd), so a reader sees the
 old file or the new one, never half of one; the temporary file lives in a git-ignored ``.flashckpt-tmp/`` and
 what a killed write left is removed by the next write to the folder. (Checkpoints keep their own commit protocol
-in ``checkpoint/store``.)
+in ``checkpoint/store``.) ``safe_name`` checks a name read from an input file (a profile id) before it becomes a
+file name; ``check_output_folder`` an output folder option before anything is written.
 """
 
 from __future__ import annotations
@@ -209,3 +210,56 @@ def remove_abandoned(parent: Path | str | None) -> list[Path]:
         finally:
             os.close(fd)
     return removed
+
+
+MAX_NAME_BYTES = 120  # NAME_MAX is 255; room left for suffixes (.json.bak) and atomic_write's .<pid>-<thread>.tmp
+
+
+class UnsafeName(ValueError):
+    """A name read from an input file (a profile id, a scenario id, a label) that cannot be one path component."""
+
+
+def safe_name(text: object, what: str) -> str:
+    """``text`` when it can be used as one file-name component inside a chosen folder, else ``UnsafeName`` saying
+    why (``what`` names where it came from, e.g. ``"results.json's profile_id"``).
+
+    Names that come from input files must never pick where a file is written: a ``/`` or a ``..`` would write
+    outside the output folder, an absolute path anywhere, a control character or an overlong name fails late or
+    hides in a terminal. Refused: non-text, empty, ``.``/``..``, ``/`` or ``\\``, control characters (incl.
+    NUL), a leading ``-`` (read as an option by the commands that open the file), and more than
+    ``MAX_NAME_BYTES`` bytes of UTF-8."""
+    if not isinstance(text, str):
+        raise UnsafeName(f"{what} must be a text, got {type(text).__name__} {text!r:.60}")
+    problem = None
+    if not text.strip():
+        problem = "is empty"
+    elif text in (".", ".."):
+        problem = "is a relative folder name"
+    elif "/" in text or "\\" in text:
+        problem = "holds a path separator"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in text):
+        problem = "holds a control character"
+    elif text.startswith("-"):
+        problem = "starts with '-'"
+    elif len(text.encode("utf-8")) > MAX_NAME_BYTES:
+        problem = f"is longer than {MAX_NAME_BYTES} bytes"
+    if problem:
+        raise UnsafeName(f"{what} {text!r:.80} {problem}, so it cannot name a file; fix it in the file it came from")
+    return text
+
+
+class NotAFolder(ValueError):
+    """An output option that names a file where a folder must be."""
+
+
+def check_output_folder(path: Path | str, option: str) -> Path:
+    """``path`` when it is a folder or can be made one, else ``NotAFolder`` naming ``option``: an existing file
+    (or a file where a parent folder would go) would otherwise fail half-way through a write with a traceback."""
+    path = Path(path)
+    for part in (path, *path.parents):
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                raise NotAFolder(f"{option} {path}: {part} is {'a file' if part.is_file() else 'not a folder'}; "
+                                 "name a folder (it is created when missing)")
+            break
+    return path

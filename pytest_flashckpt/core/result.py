@@ -145,5 +145,5 @@ class RunRecord:
             raise ValueError(f"{path}: not a pytest-flashckpt results file (no 'results' key)")
         try:
             return cls.from_dict(data)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, AttributeError) as exc:  # AttributeError: a text where a mapping belongs
             raise ValueError(f"{path}: {exc}") from None

@@ -50,3 +50,15 @@ def change_points(values: Sequence[float], max_pvalue: float = 0.001, min_magnit
     compute = require()
     found, _ = compute([float(v) for v in values], window_len=window, max_pvalue=max_pvalue, min_magnitude=min_magnitude)
     return [ChangePoint(int(c.index), float(c.stats.mean_1), float(c.stats.mean_2), float(c.stats.pvalue)) for c in found]
+
+
+def change_points_within(values: Sequence[float], segments: Sequence[range], max_pvalue: float = 0.001,
+                         min_magnitude: float = 0.02) -> list[ChangePoint]:
+    """Change points of ``values`` found in each segment alone (indices into ``values``): a profile change
+    (another machine, torch, kernel) is a step by itself, so a split across it would be reported as a change of
+    the code; no change point ever spans a segment boundary."""
+    found = []
+    for segment in segments:
+        for cp in change_points(values[segment.start:segment.stop], max_pvalue, min_magnitude):
+            found.append(ChangePoint(cp.index + segment.start, cp.before, cp.after, cp.p_value))
+    return found

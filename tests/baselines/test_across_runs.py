@@ -83,7 +83,7 @@ def test_pool_baseline_keeps_every_run_apart(tmp_path, capsys):
     assert [r["label"] for r in entry["runs"]] == ["host-a", "host-bb"]
     assert entry["runs"][1]["samples"]["overhead"] == HOST_B
     assert entry["samples"]["overhead"] == HOST_A + HOST_B and entry["metrics"]["peak_bytes"] == 100
-    assert "1 scenarios pooled from 2 runs" in capsys.readouterr().out
+    assert "2 run(s) added (host-a, host-bb); 1 scenario(s) added (mini::a)" in capsys.readouterr().out
 
 
 def test_pool_baseline_refuses_exact_counts_that_differ_and_other_profiles(tmp_path, capsys):

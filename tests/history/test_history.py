@@ -30,9 +30,9 @@ def _history(tmp_path, shift=0.0, n=30, at=15, seed=1):
 
 def test_runs_are_ordered_by_their_recorded_time(tmp_path):
     _history(tmp_path, n=8)
-    runs = read_runs(tmp_path)
-    assert [r.commit for r, _ in runs] == [f"c{i:03d}" for i in range(8)]
-    (s_overhead,) = [s for s in build_series(runs, ("overhead",))]
+    history = read_runs(tmp_path)
+    assert [r.commit for r, _ in history.runs] == [f"c{i:03d}" for i in range(8)]
+    (s_overhead,) = [s for s in build_series(history, ("overhead",))]
     assert len(s_overhead.values) == 8 and s_overhead.scenario == "s::a"
 
 
@@ -40,7 +40,7 @@ def test_a_shift_is_found_where_it_happened_with_a_plot(tmp_path, capsys):
     folder = _history(tmp_path / "runs", shift=0.08)
     assert main(["history", str(folder), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "history.md").read_text()
-    assert "| `s::a` | `overhead` | 16 (2026-01-01T00:15:00) | c015 |" in text
+    assert "| s::a | overhead | 16 (2026-01-01T00:15:00) | c015 |" in text
     assert (tmp_path / "out" / "history-overhead.png").stat().st_size > 1000
     assert "peak_bytes" not in text.split("| --- |")[-1]  # a constant series has no change point
 
@@ -56,11 +56,11 @@ def test_bad_folders_and_files_are_named(tmp_path, capsys):
     assert "nope: not a folder" in capsys.readouterr().err
     _write(tmp_path, 1, 1.0)
     assert main(["history", str(tmp_path)]) == 2
-    assert "1 results.json found; a history needs at least two runs" in capsys.readouterr().err
+    assert "1 results.json read; a history needs at least two runs" in capsys.readouterr().err
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "results.json").write_text("{")
-    assert main(["history", str(tmp_path)]) == 2
-    assert "broken/results.json: not a JSON results file" in capsys.readouterr().err
+    assert main(["history", str(tmp_path)]) == 2  # a broken file is skipped, and one run is left
+    assert "broken/results.json: not valid JSON" in capsys.readouterr().err
 
 
 def test_without_otava_the_error_gives_the_install_line(monkeypatch, tmp_path, capsys):
