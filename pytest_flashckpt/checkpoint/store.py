@@ -110,6 +110,8 @@ class CheckpointStore:
         if not pointer.exists() and not pointer.is_symlink():
             return None
         plain_name(self.root, LATEST, "pointer")  # a latest symlinked out of the root is not even read
+        if not pointer.is_file():  # a folder, a fifo (whose open would block), a socket: never opened
+            raise CorruptCheckpointError(f"{pointer}: not a plain file (the pointer this library writes is one line naming a checkpoint folder); move it away or delete it to resume from the newest complete checkpoint")
         try:
             with open(pointer, encoding="utf-8") as fh:
                 name = fh.read(4096).strip() or None  # a checkpoint name is ~25 characters
