@@ -94,7 +94,7 @@ def disk_full_during_write(exc: BaseException, tmp: Path, needed: int) -> str | 
         if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
             evidence = os.strerror(e.errno)
         elif any(t in text for t in _FULL_TEXT):
-            evidence = str(e).splitlines()[0][:200]
+            evidence = next(line.strip() for line in str(e).splitlines() if any(t in line.lower() for t in _FULL_TEXT))[:200]
         if evidence:
             break
     root = tmp.parent
@@ -107,7 +107,7 @@ def disk_full_during_write(exc: BaseException, tmp: Path, needed: int) -> str | 
         short = next((str(e) for e in _causes(exc) if "unexpected pos" in str(e)), None)
         if short is None or free >= needed - written:
             return None  # a short write with room left: some other I/O failure, reported as it is
-        evidence = f"torch's writer stopped short: {short.strip().splitlines()[0][-60:].strip()!r}"
+        evidence = f"torch's writer stopped short: {short[short.index('unexpected pos'):].splitlines()[0].strip()!r}"
     return (
         f"no space left on the device holding {root}: it filled up during the write ({evidence}); the save needs "
         f"{mib(needed)}, {mib(written)} were written, {mib(free)} is free now on {mount_point(root)}. Free space, lower max_keep to keep fewer checkpoints, or choose a "
