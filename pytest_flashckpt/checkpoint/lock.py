@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pytest_flashckpt.checkpoint.errors import CheckpointError
+from pytest_flashckpt.checkpoint.store import os_failure
 
 LOCK_FILE = ".writer.lock"
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -84,7 +85,8 @@ class WriterLock:
                     return self
                 os.close(fd)
         except OSError as exc:
-            raise CheckpointError(f"{self.path}: cannot create the writer lock ({exc.strerror}); make {self.root} writable, or choose another checkpoint folder") from None
+            failure = os_failure(exc, self.root)  # a DiskFullError for a full disk
+            raise type(failure)(f"{self.path}: cannot create the writer lock: {failure}") from None
         raise FolderLockedError(f"{self.root}: the writer lock {self.path} was taken and released repeatedly by other runs; use one writer per checkpoint folder")
 
     def _take(self, fd: int) -> bool:

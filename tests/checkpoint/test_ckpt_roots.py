@@ -226,6 +226,40 @@ def test_torchs_errno_less_short_write_is_a_full_disk_only_when_the_rest_does_no
     assert not [n for n in _entries(root) if n.startswith(".tmp-")]
 
 
+def test_a_full_disk_before_the_first_byte_is_a_disk_full_error_too(tmp_path, monkeypatch) -> None:
+    real_open, real_mkdir = os.open, Path.mkdir
+
+    def full_open(path, flags, mode=0o777):
+        if str(path).endswith(LOCK_FILE):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, mode)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lock_module.os, "open", full_open)
+        with pytest.raises(DiskFullError, match=rf"{LOCK_FILE}: cannot create the writer lock: no space left on the device"):
+            Checkpointer(tmp_path / "a", SaveConfig(strategy="sync"))
+
+    def full_mkdir(self, *args, **kwargs):
+        if self.name.startswith(".tmp-"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mkdir(self, *args, **kwargs)
+
+    trainer = make_trainer()
+    trainer.train_step()
+    with Checkpointer(tmp_path / "b", SaveConfig(strategy="sync")) as ckpt:
+        monkeypatch.setattr(Path, "mkdir", full_mkdir)  # the temporary folder of the save cannot be made
+        with pytest.raises(DiskFullError, match="no space left on the device holding"):
+            ckpt.save(trainer)
+
+
+def test_the_cli_names_a_url_root(capsys) -> None:
+    from pytest_flashckpt.cli import main
+
+    assert main(["inspect", "s3://bucket/run"]) == 2
+    err = capsys.readouterr().err
+    assert "s3:// URLs are not supported" in err and "Traceback" not in err
+
+
 def _can_mount_tmpfs() -> bool:
     if shutil.which("unshare") is None:
         return False
