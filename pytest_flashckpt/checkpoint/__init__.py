@@ -11,7 +11,8 @@ Around a training loop of your own (any model, optimizer, optional scheduler, ex
 
 ``run_checkpoint_pass`` is the scenario runner's entry point. Modules: ``state`` (what is saved), ``treeflat``
 (nested state <-> JSON + flat tensors), ``formats`` (torch / safetensors files), ``payload`` (one checkpoint's files),
-``manifest`` (sha256 list, verification), ``store`` (commit protocol, ``latest``), ``rotation`` (``max_keep``),
+``manifest`` (sha256 list, verification), ``store`` (commit protocol, ``latest``), ``roots`` (what a root may be), ``lock`` (one writer per root),
+``space`` (free space before a save, a disk that fills during one), ``rotation`` (``max_keep``),
 ``selection`` (``select_params``, per-block files), ``staging`` (snapshot buffers: blocking or overlapped copy),
 ``dcp_io`` (torch DCP), ``layouts`` (the layout axis: which files), ``scheduling`` (the schedule axis: every N steps,
 memory-aware), ``strategies`` (the save composed from its three axes; a strategy name is a preset of them in
@@ -23,7 +24,16 @@ memory-aware), ``strategies`` (the save composed from its three axes; a strategy
 from pytest_flashckpt.checkpoint.api import CheckpointManager, SelectiveResumeWarning, resume, save
 from pytest_flashckpt.checkpoint.bandwidth import copy_bandwidth_GBps, write_bandwidth_MBps
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
-from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
+from pytest_flashckpt.checkpoint.errors import (
+    CheckpointError,
+    CheckpointFallbackWarning,
+    CorruptCheckpointError,
+    DiskFullError,
+    InvalidRootError,
+    NoCheckpointError,
+    StrictLoadError,
+)
+from pytest_flashckpt.checkpoint.lock import FolderLockedError
 from pytest_flashckpt.checkpoint.loading import KeyReport, LoadedCheckpoint, load_blocks, load_into, load_model_tensors, read_checkpoint, resume_latest
 from pytest_flashckpt.checkpoint.measure import run_checkpoint_pass
 from pytest_flashckpt.checkpoint.metrics import SAVE_METRICS, SaveRecord
@@ -38,6 +48,9 @@ __all__ = [
     "Checkpointer",
     "CorruptCheckpointError",
     "Deferral",
+    "DiskFullError",
+    "FolderLockedError",
+    "InvalidRootError",
     "KeyReport",
     "LoadedCheckpoint",
     "NoCheckpointError",

@@ -23,12 +23,15 @@ and a resume warns (:class:`SelectiveResumeWarning`)), ``layerwise`` (one file p
 ``scheduled`` (``save_interval`` + ``mem_threshold``); each is a preset of three axes that ``layout``, ``staging``
 and ``schedule`` also set one by one (docs/checkpoints.md, "Axes and presets"). The one-call :func:`save` and :func:`resume` build a manager
 for one save or one resume; a selective run keeps one manager, which remembers its base.
+
+A manager is its root's one writer: it takes the root's writer lock when it is built (``checkpoint.lock``; a second
+manager or process on the same root is refused there, before training starts) and frees it at :meth:`close`; the
+one-call :func:`resume` only reads and takes no lock. The root must be a local folder (``checkpoint.roots``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -37,17 +40,16 @@ import torch
 import torch.nn as nn
 
 from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
-from pytest_flashckpt.checkpoint.loading import LoadedCheckpoint, resume_latest
+from pytest_flashckpt.checkpoint.errors import SelectiveResumeWarning
+from pytest_flashckpt.checkpoint.loading import resume_latest
+from pytest_flashckpt.checkpoint.lock import WriterLock
 from pytest_flashckpt.checkpoint.metrics import SaveRecord
+from pytest_flashckpt.checkpoint.roots import check_root
 from pytest_flashckpt.checkpoint.state import Stateful, check_stateful
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.core.registry import NO_SAVE, SAVE_PRESETS
 
 __all__ = ["CheckpointManager", "SelectiveResumeWarning", "Stateful", "resume", "save"]
-
-
-class SelectiveResumeWarning(UserWarning):
-    """A resume took trainable parameters from a selective checkpoint's base: they are as of the base's step."""
 
 
 @dataclass
@@ -83,7 +85,8 @@ class CheckpointManager:
     """Saves ``model``, ``optimizer``, ``scheduler`` (optional) and ``extra`` state under ``root`` with ``strategy``
     and resumes them; ``options`` are ``SaveConfig``'s (``format``, ``max_keep``, ``save_interval``,
     ``select_params``, ``mem_threshold``, ``staging``, ``layer_checkpoint_dir``, ...). Use as a context manager or
-    call :meth:`close`."""
+    call :meth:`close`. Built, it holds ``root``'s writer lock until :meth:`close` (``FolderLockedError`` if
+    another writer holds it)."""
 
     def __init__(
         self,
@@ -96,20 +99,17 @@ class CheckpointManager:
         strategy: str = "sync",
         **options: Any,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        self.root = Path(root)
-        self.loop = LoopState(model, optimizer, scheduler, check_stateful(extra or {}))
+        self.loop = _loop(model, optimizer, scheduler, extra)
         self.config = _config(strategy, options)
+        self.root = check_root(root, writing=True)
+        self._writer_lock = WriterLock(self.root).acquire()
         self._checkpointer: Checkpointer | None = None
 
     @property
     def checkpointer(self) -> Checkpointer:
         """The underlying checkpointer (started at the first save: a resume-only manager starts no writer thread)."""
         if self._checkpointer is None:
-            self._checkpointer = Checkpointer(self.root, self.config)
+            self._checkpointer = Checkpointer(self.root, self.config, lock=self._writer_lock)
         return self._checkpointer
 
     @property
@@ -135,11 +135,7 @@ class CheckpointManager:
         Waits for a save of this manager still in flight first."""
         if self._checkpointer is not None:
             self._checkpointer.wait()
-        loaded = resume_latest(self.loop, self.root, required=required)
-        if loaded is None:
-            return None
-        _warn_stale(loaded, self.loop.model)
-        return self.loop.step
+        return _resume(self.loop, self.root, required)
 
     def fence(self, *tensors: torch.Tensor) -> float:
         """Before changing a saved tensor in place outside ``optimizer.step()`` (overlapped staging only)."""
@@ -151,8 +147,12 @@ class CheckpointManager:
             self._checkpointer.wait()
 
     def close(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.close()
+        """Wait for the save in flight (raising its failure) and free the root's writer lock."""
+        try:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+        finally:
+            self._writer_lock.release()
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -187,8 +187,23 @@ def resume(
     extra: Mapping[str, Stateful] | None = None,
     required: bool = False,
 ) -> int | None:
-    """Restore the newest valid checkpoint under ``root`` (any strategy); its step, or None when there is none."""
-    return CheckpointManager(root, model=model, optimizer=optimizer, scheduler=scheduler, extra=extra).resume(required=required)
+    """Restore the newest valid checkpoint under ``root`` (any strategy); its step, or None when there is none. Only
+    reads: no writer lock, so it works beside a run that is saving there."""
+    return _resume(_loop(model, optimizer, scheduler, extra), root, required)
+
+
+def _loop(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, extra: Mapping[str, Stateful] | None) -> LoopState:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    return LoopState(model, optimizer, scheduler, check_stateful(extra or {}))
+
+
+def _resume(loop: LoopState, root: str | Path, required: bool) -> int | None:
+    """What :meth:`CheckpointManager.resume` and :func:`resume` share: ``resume_latest`` (which warns on trainable
+    parameters a selective checkpoint left to its base) and the step it restored."""
+    return None if resume_latest(loop, root, required=required) is None else loop.step
 
 
 def _step(step: int) -> int:
@@ -196,16 +211,3 @@ def _step(step: int) -> int:
         raise ValueError(f"step must be a non-negative int (steps done so far), got {step!r}")
     return step
 
-
-def _warn_stale(loaded: LoadedCheckpoint, model: nn.Module) -> None:
-    """Trainable parameters a selective checkpoint left to its base are restored as of the base's step."""
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    stale = sorted(k.removeprefix("model/") for k in loaded.from_base if k.startswith("model/") and k.removeprefix("model/") in trainable)
-    if stale:
-        warnings.warn(
-            f"{loaded.folder}: {len(stale)} trainable parameter(s) came from the selective checkpoint's base "
-            f"{loaded.manifest.base!r}, not from step {loaded.manifest.step} ({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''}); "
-            "the resume is not bitwise unless they are frozen: select them (select_params) or freeze them",
-            SelectiveResumeWarning,
-            stacklevel=3,
-        )

@@ -7,7 +7,9 @@ The save is composed from the config's three axes: the layout and the blocking p
 ``strategies.SavePlan`` (``self.plan``), the schedule from ``scheduling.schedule_for`` (``self.schedule``: every
 ``save_interval`` steps, memory-aware: deferred while memory is above ``mem_threshold``). The checkpointer owns what
 every save shares: the commit protocol, at most one save in flight (a background failure is raised by the next
-call or by ``close()``), the fence of an overlapped copy, and the per-save records.
+call or by ``close()``), the fence of an overlapped copy, and the per-save records. It is the root's one writer:
+it holds the root's writer lock (``lock``) from construction to ``close()``, and it refuses a save the disk has no
+room for before writing it (``space``).
 
 Overlapped staging (``staging: overlapped``, e.g. ``async`` with it): ``save`` returns right after capturing the state; the copy
 into the staging buffers runs during the next forward and backward. The checkpointer registers a step pre-hook on
@@ -27,11 +29,14 @@ from pathlib import Path
 import torch
 
 from pytest_flashckpt.checkpoint import dcp_io, payload as payload_io
-from pytest_flashckpt.checkpoint.errors import CheckpointError
+from pytest_flashckpt.checkpoint.errors import CheckpointError, DiskFullError
+from pytest_flashckpt.checkpoint.lock import WriterLock
 from pytest_flashckpt.checkpoint.manifest import Manifest, write_manifest
 from pytest_flashckpt.checkpoint.metrics import SaveRecord
+from pytest_flashckpt.checkpoint.roots import check_root
 from pytest_flashckpt.checkpoint.rotation import rotate
 from pytest_flashckpt.checkpoint.scheduling import MemoryGauge, process_memory, schedule_for
+from pytest_flashckpt.checkpoint.space import bytes_needed, check_free_space, disk_full_during_write
 from pytest_flashckpt.checkpoint.staging import StagingArea
 from pytest_flashckpt.checkpoint.state import capture
 from pytest_flashckpt.checkpoint.store import CheckpointStore, describe_os_error
@@ -45,14 +50,27 @@ class Checkpointer:
     """Saves a trainer into ``root`` per ``config``; use as a context manager or call ``close()``.
 
     ``probe`` (a memory probe) measures the transient memory of the blocking part of the first ``probe_saves``
-    saves only: it is the same tensors every time, and a dispatch mode would inflate the stall of every save."""
+    saves only: it is the same tensors every time, and a dispatch mode would inflate the stall of every save.
 
-    def __init__(self, root: Path, config: SaveConfig, probe=None, gauge: MemoryGauge = process_memory, probe_saves: int = 1) -> None:
+    ``lock``: the root's writer lock when the caller took it already (``CheckpointManager`` takes it when it is
+    built); the checkpointer owns it from here and releases it at ``close()``."""
+
+    def __init__(self, root: Path, config: SaveConfig, probe=None, gauge: MemoryGauge = process_memory, probe_saves: int = 1,
+                 lock: WriterLock | None = None) -> None:
         if config.strategy == NO_SAVE:
             raise ValueError(f"SaveConfig.strategy is 'none'; name a save strategy ({', '.join(SAVE_PRESETS)}) or set its axes")
+        root = check_root(root, writing=True)
+        self.writer_lock = (lock or WriterLock(root)).acquire()
+        try:
+            self._start(root, config, probe, gauge, probe_saves)
+        except BaseException:
+            self.writer_lock.release()
+            raise
+
+    def _start(self, root: Path, config: SaveConfig, probe, gauge: MemoryGauge, probe_saves: int) -> None:
         self.config = config
         self.plan = SavePlan(config)
-        self.store = CheckpointStore(Path(root))
+        self.store = CheckpointStore(root)
         self.probe = probe
         self.probe_saves = probe_saves
         self._transient_peak = 0
@@ -94,6 +112,9 @@ class Checkpointer:
         self.wait()
         waited = time.perf_counter() - start
         state = capture(trainer)
+        payload = self.plan.payload(trainer, state)
+        needed = bytes_needed(payload)
+        check_free_space(self.store.root, needed, f"save of step {trainer.step} into {self.store.root}")
         name = self.store.reserve_name(trainer.step)
         record = SaveRecord(trainer.step, name, self.config.strategy, wait_s=waited, snapshot_bytes=state.nbytes)
         tmp = self.store.begin(name)
@@ -101,7 +122,6 @@ class Checkpointer:
         staged_before = self.staging.nbytes
         try:
             with self._track(trainer) as reading:
-                payload = self.plan.payload(trainer, state)
                 record.base = payload.base
                 pending = self.plan.begin(payload, tmp, self.staging)
                 record.snapshot_s = pending.snapshot_s
@@ -118,9 +138,9 @@ class Checkpointer:
             self._hook(trainer.optimizer)
         if self.background:
             record.save_stall_s = time.perf_counter() - start
-            self._in_flight = self._writer.submit(self._background, pending, tmp, record, start)  # type: ignore[union-attr]
+            self._in_flight = self._writer.submit(self._background, pending, tmp, record, start, needed)  # type: ignore[union-attr]
         else:
-            self._finish(pending, tmp, record, start)
+            self._finish(pending, tmp, record, start, needed)
             record.save_stall_s = time.perf_counter() - start
         return record
 
@@ -153,17 +173,20 @@ class Checkpointer:
         self._raise_background_failure()
 
     def close(self) -> None:
-        """Wait for the save in flight, remove the optimizer hooks and release the DCP process group; raises a
-        pending background failure."""
+        """Wait for the save in flight, remove the optimizer hooks, release the DCP process group and the root's
+        writer lock; raises a pending background failure."""
         try:
             self.wait()
         finally:
-            for handle in self._hooks.values():
-                handle.remove()  # type: ignore[attr-defined]
-            self._hooks.clear()
-            if self._writer is not None:
-                self._writer.shutdown(wait=True)
-            self._dcp_group.close()
+            try:
+                for handle in self._hooks.values():
+                    handle.remove()  # type: ignore[attr-defined]
+                self._hooks.clear()
+                if self._writer is not None:
+                    self._writer.shutdown(wait=True)
+                self._dcp_group.close()
+            finally:
+                self.writer_lock.release()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -185,8 +208,9 @@ class Checkpointer:
             return contextlib.nullcontext(None)
         return self.probe.track(resident=[*trainer.state_tensors(), *self.staging.buffers()])
 
-    def _finish(self, pending: Pending, tmp: Path, record: SaveRecord, start: float) -> None:
-        """Write, manifest, commit, rotate; aborts the temporary folder on any failure."""
+    def _finish(self, pending: Pending, tmp: Path, record: SaveRecord, start: float, needed: int) -> None:
+        """Write, manifest, commit, rotate; aborts the temporary folder on any failure (``needed``: the save's bytes,
+        to tell a disk that filled up from other failures)."""
         cfg = self.config
         try:
             t0 = time.perf_counter()
@@ -201,25 +225,33 @@ class Checkpointer:
                 self.store.commit(tmp, record.name)
                 self.plan.committed(record.name, payload)
                 rotate(self.store, cfg.max_keep)
-        except OSError as exc:
+        except (KeyboardInterrupt, SystemExit):
             self.store.abort(tmp)
+            raise
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            full = disk_full_during_write(exc, tmp, needed)  # before the abort: tmp holds what was written
+            self.store.abort(tmp)
+            if full is not None:
+                record.error = full
+                raise DiskFullError(f"save of step {record.step} into {self.store.root} failed: {full}; the half-written "
+                                    f"{tmp.name} was removed, the previous checkpoint is intact") from exc
+            if not isinstance(exc, OSError):
+                record.error = f"{type(exc).__name__}: {exc}"
+                raise
             record.error = describe_os_error(exc, self.store.root)
             raise CheckpointError(f"save of step {record.step} into {self.store.root} failed: {record.error}; "
                                   f"no partial checkpoint was published, the previous one is intact") from exc
-        except BaseException as exc:
-            self.store.abort(tmp)
-            record.error = f"{type(exc).__name__}: {exc}"
-            raise
         record.save_total_s = time.perf_counter() - start
         record.done = True
 
-    def _background(self, pending: Pending, tmp: Path, record: SaveRecord, start: float) -> None:
+    def _background(self, pending: Pending, tmp: Path, record: SaveRecord, start: float, needed: int) -> None:
         try:
-            self._finish(pending, tmp, record, start)
+            self._finish(pending, tmp, record, start, needed)
         except BaseException as exc:  # surfaced by the next call or close()
             self._failure = exc
 
     def _raise_background_failure(self) -> None:
         if self._failure is not None:
             failure, self._failure = self._failure, None
-            raise CheckpointError(f"a background checkpoint save failed: {failure}") from failure
+            kind = type(failure) if isinstance(failure, CheckpointError) else CheckpointError  # DiskFullError stays one
+            raise kind(f"a background checkpoint save failed: {failure}") from failure

@@ -16,6 +16,7 @@ from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.loading import checked_meta
 from pytest_flashckpt.checkpoint.manifest import MANIFEST, read_manifest, verify
 from pytest_flashckpt.checkpoint.payload import META
+from pytest_flashckpt.checkpoint.roots import root_path
 from pytest_flashckpt.checkpoint.store import LATEST, CheckpointStore
 
 
@@ -33,7 +34,7 @@ def _size(n: int) -> str:
 
 
 def inspect_checkpoint(path: Path) -> Inspection:
-    path = Path(path)
+    path = root_path(path)  # an s3:// URL is refused as one, not reported as a missing local folder
     out = Inspection()
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint folder or checkpoint root")

@@ -23,10 +23,19 @@ import torch
 import torch.nn as nn
 
 from pytest_flashckpt.checkpoint import dcp_io, formats, safe_dcp
-from pytest_flashckpt.checkpoint.errors import CheckpointError, CheckpointFallbackWarning, CorruptCheckpointError, NoCheckpointError, StrictLoadError
+from pytest_flashckpt.checkpoint.errors import (
+    CheckpointError,
+    CheckpointFallbackWarning,
+    CorruptCheckpointError,
+    NoCheckpointError,
+    SelectiveResumeWarning,
+    StrictLoadError,
+    caller_stacklevel,
+)
 from pytest_flashckpt.checkpoint.manifest import MANIFEST, Manifest, verify
 from pytest_flashckpt.checkpoint.paths import confined, plain_name
 from pytest_flashckpt.checkpoint.payload import META, read_meta
+from pytest_flashckpt.checkpoint.roots import check_root
 from pytest_flashckpt.checkpoint.selection import blocks_prefix
 from pytest_flashckpt.checkpoint.state import restore
 from pytest_flashckpt.checkpoint.store import LATEST, CheckpointStore
@@ -140,9 +149,13 @@ def resume_latest(trainer: Trainer, root: Path, *, required: bool = False) -> Lo
     starts from scratch without ceremony; the reason is logged at INFO on this module's logger. A job that must
     resume (a restart after preemption, where a mistyped path would silently retrain from step 0) passes
     ``required=True`` and gets a ``NoCheckpointError`` naming the root instead. Checkpoints that exist but all fail
-    verification are always an error (``CheckpointError``), never None.
+    verification are always an error (``CheckpointError``), never None; so is a root that cannot be one (a file, a
+    URL, one checkpoint folder: ``InvalidRootError``).
+
+    A selective checkpoint whose base supplied trainable parameters warns (``SelectiveResumeWarning``): they are as of
+    the base's step. ``CheckpointManager.resume`` comes through here, so both warn alike.
     """
-    root = Path(root)
+    root = check_root(root, writing=False)
     store = CheckpointStore(root)
     complete = store.complete()
     problems: list[str] = []
@@ -177,10 +190,26 @@ def resume_latest(trainer: Trainer, root: Path, *, required: bool = False) -> Lo
             warnings.warn(
                 f"resumed from {folder} because newer checkpoints could not be loaded: {'; '.join(problems)}",
                 CheckpointFallbackWarning,
-                stacklevel=2,
+                stacklevel=caller_stacklevel(),
             )
+        warn_stale_from_base(loaded, trainer.model)
         return loaded
     raise CheckpointError(f"no valid checkpoint in {root}: {'; '.join(problems)}")
+
+
+def warn_stale_from_base(loaded: LoadedCheckpoint, model: nn.Module) -> None:
+    """Trainable parameters a selective checkpoint left to its base are restored as of the base's step: warn
+    (``SelectiveResumeWarning``) naming them and the fix. Frozen ones are exact and say nothing."""
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    stale = sorted(k.removeprefix("model/") for k in loaded.from_base if k.startswith("model/") and k.removeprefix("model/") in trainable)
+    if stale:
+        warnings.warn(
+            f"{loaded.folder}: {len(stale)} trainable parameter(s) came from the selective checkpoint's base "
+            f"{loaded.manifest.base!r}, not from step {loaded.manifest.step} ({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''}); "
+            "the resume is not bitwise unless they are frozen: select them (select_params) or freeze them",
+            SelectiveResumeWarning,
+            stacklevel=caller_stacklevel(),
+        )
 
 
 def _model_keys(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from pytest_flashckpt.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from pytest_flashckpt.checkpoint.errors import CheckpointError, CorruptCheckpointError, DiskFullError
 from pytest_flashckpt.checkpoint.formats import fsync_path
 from pytest_flashckpt.checkpoint.manifest import MANIFEST
 from pytest_flashckpt.checkpoint.paths import plain_name
@@ -38,11 +38,17 @@ def parse_name(name: str) -> tuple[int, int] | None:
 
 def describe_os_error(exc: OSError, where: Path) -> str:
     """A one-line cause and fix for the errors a save meets in practice."""
-    if exc.errno == errno.ENOSPC:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"no space left on the device holding {where}; free space or set max_keep to rotate old checkpoints"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"permission denied writing in {where}; make the folder writable or choose another checkpoint folder"
     return f"{type(exc).__name__} while writing in {where}: {exc}"
+
+
+def os_failure(exc: OSError, where: Path) -> CheckpointError:
+    """:func:`describe_os_error` as the error to raise: a ``DiskFullError`` for a full disk or quota."""
+    kind = DiskFullError if exc.errno in (errno.ENOSPC, errno.EDQUOT) else CheckpointError
+    return kind(describe_os_error(exc, where))
 
 
 class CheckpointStore:
@@ -67,7 +73,7 @@ class CheckpointStore:
             tmp = self.root / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
             tmp.mkdir()
         except OSError as exc:
-            raise CheckpointError(describe_os_error(exc, self.root)) from exc
+            raise os_failure(exc, self.root) from exc
         self._owned_tmp.add(tmp)
         return tmp
 
@@ -82,7 +88,7 @@ class CheckpointStore:
             fsync_path(self.root)
             self._set_latest(name)
         except OSError as exc:
-            raise CheckpointError(describe_os_error(exc, self.root)) from exc
+            raise os_failure(exc, self.root) from exc
         finally:
             self._owned_tmp.discard(tmp)
         return target
@@ -110,6 +116,8 @@ class CheckpointStore:
         if not pointer.exists() and not pointer.is_symlink():
             return None
         plain_name(self.root, LATEST, "pointer")  # a latest symlinked out of the root is not even read
+        if not pointer.is_file():  # a folder, a fifo (whose open would block), a socket: never opened
+            raise CorruptCheckpointError(f"{pointer}: not a plain file (the pointer this library writes is one line naming a checkpoint folder); move it away or delete it to resume from the newest complete checkpoint")
         try:
             with open(pointer, encoding="utf-8") as fh:
                 name = fh.read(4096).strip() or None  # a checkpoint name is ~25 characters

@@ -1,5 +1,5 @@
 """Crash safety: a saving process killed (SIGKILL) at random points never leaves ``latest`` naming an unloadable
-checkpoint, and every committed checkpoint still loads."""
+checkpoint, every committed checkpoint still loads, and the root's writer lock died with the process."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from ckpt_helpers import make_trainer
 from pytest_flashckpt.checkpoint import load_into, resume_latest
+from pytest_flashckpt.checkpoint.lock import WriterLock
 from pytest_flashckpt.checkpoint.store import CheckpointStore
 
 WRITER = Path(__file__).with_name("crash_writer.py")
@@ -43,3 +44,4 @@ def test_killed_saves_leave_a_loadable_latest(tmp_path) -> None:
         for folder in store.complete():
             load_into(make_trainer(init_seed=1), folder)
         assert resume_latest(make_trainer(init_seed=1), root).folder.name == latest
+        WriterLock(root).acquire().release()  # never left locked: the flock went with the killed process

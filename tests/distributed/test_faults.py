@@ -20,8 +20,9 @@ WORKER = Path(__file__).with_name("fault_worker.py")
 
 def test_a_folder_another_live_run_writes_into_is_refused(tmp_path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import json, os, socket, sys, time; from pathlib import Path; "
-         f"Path(sys.argv[1], {LOCK_FILE!r}).write_text(json.dumps({{'pid': os.getpid(), 'host': socket.gethostname()}})); "
+        [sys.executable, "-c", "import fcntl, json, os, socket, sys, time; "  # what WriterLock does: flock, then the owner's name
+         f"fd = os.open(os.path.join(sys.argv[1], {LOCK_FILE!r}), os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+         "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname()}).encode()); "
          "print('held', flush=True); time.sleep(60)", str(tmp_path)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
