@@ -186,10 +186,50 @@ def _strict_loader():
                 check_expansion(node)
             return node
 
+        def flatten_mapping(self, node):
+            """YAML merge keys, as the spec has them: ``<<: *defaults`` or ``<<: [*a, *b]`` brings each merged
+            map's keys in, an earlier map of a list winning over a later one and the mapping's own keys over them
+            all. PyYAML's own ``flatten_mapping`` keeps the first of each merged key by the ``id()`` of the key's
+            string, so two equal keys written in two maps are both kept and the later map wins; here a key is
+            known by its tag and text. The result holds each merged key once, so a merged map that is constructed
+            again later is not mistaken for one that writes a key twice."""
+            merged, own = [], []
+            for key_node, value_node in node.value:
+                if key_node.tag != "tag:yaml.org,2002:merge":
+                    if key_node.tag == "tag:yaml.org,2002:value":
+                        key_node.tag = "tag:yaml.org,2002:str"
+                    own.append((key_node, value_node))
+                    continue
+                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for source in sources:
+                    if not isinstance(source, yaml.MappingNode):
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"a merge key (<<) takes a mapping or a list of mappings, not a {source.id}", source.start_mark)
+                    self.flatten_mapping(source)
+                    merged.extend(source.value)
+
+            def ident(key_node):
+                return (key_node.tag, key_node.value) if isinstance(key_node, yaml.ScalarNode) else id(key_node)
+
+            seen = {ident(key_node) for key_node, _ in own}
+            kept = []
+            for key_node, value_node in merged:
+                if ident(key_node) not in seen:
+                    seen.add(ident(key_node))
+                    kept.append((key_node, value_node))
+            node.value = kept + own
+
         def construct_mapping(self, node, deep=False):
+            """Refuse a key the mapping itself writes twice, before YAML merge keys (``<<: *defaults``, or a list
+            of maps) are flattened in: a key a merge brings that the mapping also writes is YAML's override (the
+            mapping's own key wins), never an error. Two ``<<`` keys in one mapping are a key given twice."""
             seen: dict = {}
             for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    key = "<<"
+                else:
+                    key = self.construct_object(key_node, deep=True)
                 try:
                     hash(key)
                 except TypeError:
@@ -199,7 +239,7 @@ def _strict_loader():
                         None, None, f"key {key!r} is given twice in one mapping (first on line {seen[key] + 1}); "
                         "keep one", key_node.start_mark)
                 seen[key] = key_node.start_mark.line
-            return super().construct_mapping(node, deep=deep)
+            return super().construct_mapping(node, deep=deep)  # flattens the merges (SafeConstructor)
 
     StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, StrictLoader.construct_mapping)
     StrictLoader.Refused = Refused
