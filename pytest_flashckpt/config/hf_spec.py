@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pytest_flashckpt.config.typed import first_non_finite
+
 ANATOMY_KEYS = ("blocks", "projections", "attention", "norms", "embeddings", "head", "final_norm", "tied")
 LAYER_KEYS = ("n_layer", "num_hidden_layers", "num_layers")
 POSITION_KEYS = ("n_positions", "max_position_embeddings")
@@ -28,6 +30,9 @@ def read_hf_config(hf: dict | str) -> dict[str, Any]:
         raise ValueError(f"model.hf: {path} is not a readable JSON config ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"model.hf: {path} must hold a JSON object (a transformers config.json)")
+    found = first_non_finite(data, "model.hf")
+    if found is not None:  # JSON's NaN / Infinity, which Python's json reads as floats
+        raise ValueError(f"{found[0]}: {found[1]!r} in {path} is not a finite number; write a finite number")
     return data
 
 

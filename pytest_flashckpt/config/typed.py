@@ -11,6 +11,7 @@ accepted key to ``(field, converter)``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -89,10 +90,12 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
             return value
         return build(tp, value, where, path)
     if tp is Any:
+        refuse_non_finite(value, where, path)
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(where, f"{path}: expected a number, got {type(value).__name__} {_brief(value)}")
+        refuse_non_finite(value, where, path)
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -109,8 +112,31 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
     if tp is dict or get_origin(tp) is dict:
         if not isinstance(value, dict):
             raise ConfigError(where, f"{path}: expected a mapping, got {type(value).__name__} {_brief(value)}")
+        refuse_non_finite(value, where, path)
         return dict(value)
     raise TypeError(f"unsupported config annotation {tp!r} at {path}")
+
+
+def first_non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or infinity in ``value`` (a number, or mappings and lists of them), or
+    None. YAML reads ``.nan`` / ``.inf`` and JSON ``NaN`` / ``Infinity`` as floats; no size, fraction or config
+    value means one, and a NaN passes every range check (``nan <= 0`` is false)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, child in children:
+        found = first_non_finite(child, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_non_finite(value: Any, where: str, path: str) -> None:
+    """A ConfigError naming the key of the first NaN or infinity in ``value`` (see ``first_non_finite``)."""
+    found = first_non_finite(value, path)
+    if found is not None:
+        raise ConfigError(where, f"{found[0]}: {found[1]!r} is not a finite number",
+                          "write a finite number (NaN and infinity mean nothing in a config)")
 
 
 def to_plain(obj: Any) -> Any:

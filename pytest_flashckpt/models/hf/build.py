@@ -14,7 +14,8 @@ model's own (no wrapper module), so checkpoints and exports load into a plain tr
 
 from __future__ import annotations
 
-import json
+import copy
+import difflib
 import os
 import types
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pytest_flashckpt.config.hf_spec import read_hf_config
 from pytest_flashckpt.models.hf.anatomy import discover_anatomy, explain_anatomy, stated_anatomy
 
 ATTN_IMPLEMENTATION = {"sdpa": "sdpa", "eager": "eager", "flash_attn": "flash_attention_2"}
@@ -34,6 +36,15 @@ POSITION_KEYS = ("n_positions", "max_position_embeddings")
 
 class HFUnavailable(ImportError):
     """transformers is not installed (the optional extra ``pytest-flashckpt[hf]``)."""
+
+
+class HFConfigProblem(ValueError):
+    """A Hugging Face config that cannot be built as written: ``key`` (``model.hf.n_head``), the problem, the fix.
+    Raised before anything is built, so a front end can place it (file, scenario) as a ``ConfigError``."""
+
+    def __init__(self, key: str, problem: str, fix: str = "") -> None:
+        self.key, self.problem, self.fix = key, problem, fix
+        super().__init__(f"{key}: {problem}" + (f" ({fix})" if fix else ""))
 
 
 def _transformers():
@@ -49,20 +60,12 @@ def _transformers():
 
 
 def _read_config(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
-    if isinstance(spec, (str, Path)):
-        path = Path(spec)
-        if not path.is_file():
-            raise ValueError(f"model.hf: {path} is not a file; give a config.json path or the config's keys inline")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"model.hf: {path} is not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"model.hf: {path} must hold a JSON object (a transformers config.json)")
-        return data
-    if not isinstance(spec, Mapping):
+    """A copy of the config's keys (``hf_config`` pops from it): ``spec`` itself, or the config.json it names."""
+    if isinstance(spec, Path):
+        spec = str(spec)
+    if not isinstance(spec, (Mapping, str)):
         raise ValueError(f"model.hf must be a mapping of config keys or a config.json path, got {type(spec).__name__}")
-    return dict(spec)
+    return dict(read_hf_config(spec if isinstance(spec, str) else dict(spec)))
 
 
 def hf_config(spec: Mapping[str, Any] | str | Path, dropout: float | None = None):
@@ -75,6 +78,7 @@ def hf_config(spec: Mapping[str, Any] | str | Path, dropout: float | None = None
         raise ValueError("model.hf: 'model_type' is required (gpt2, llama, ...), as in a transformers config.json")
     for key in ("architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype"):
         data.pop(key, None)
+    _check_model_type(transformers, model_type)
     try:
         defaults = transformers.AutoConfig.for_model(model_type)
         vocab = data.get("vocab_size", getattr(defaults, "vocab_size", None))
@@ -82,9 +86,12 @@ def hf_config(spec: Mapping[str, Any] | str | Path, dropout: float | None = None
             value = getattr(defaults, key, None)
             if key not in data and isinstance(value, int) and isinstance(vocab, int) and value >= vocab:
                 data[key] = None
+        _check_shape(defaults, data)
         config = transformers.AutoConfig.for_model(model_type, **data)
-    except ValueError as exc:
-        raise ValueError(f"model.hf: model_type {model_type!r}: {exc}") from None
+    except HFConfigProblem:
+        raise
+    except ValueError as exc:  # transformers' own validation, often several lines: one line here
+        raise ValueError(f"model.hf: model_type {model_type!r}: {' '.join(str(exc).split())}") from None
     # training, not generation: no KV cache. With one, a checkpointed layer's recomputation would append its keys
     # and values to the cache the first forward filled (transformers turns it off under its own checkpointing too)
     if hasattr(config, "use_cache"):
@@ -94,6 +101,101 @@ def hf_config(spec: Mapping[str, Any] | str | Path, dropout: float | None = None
             if isinstance(getattr(config, key, None), float):
                 setattr(config, key, dropout)
     return config
+
+
+def _check_model_type(transformers, model_type: str) -> None:
+    """``model_type`` is one this transformers knows and builds as a causal LM (``AutoModelForCausalLM``)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if model_type in causal:
+        return
+    close = difflib.get_close_matches(model_type, causal, n=5, cutoff=0.5)
+    known = (f"did you mean {', '.join(close)}? " if close else "") + (
+        f"{len(causal)} causal LM types, e.g. {', '.join(t for t in ('gpt2', 'llama', 'mistral', 'qwen2', 'gemma') if t in causal)}: "
+        "transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES lists them")
+    what = ("is not a causal LM (AutoModelForCausalLM cannot build it)" if model_type in CONFIG_MAPPING_NAMES
+            else "is not a model type")
+    raise HFConfigProblem("model.hf.model_type", f"{model_type!r} {what} in transformers {transformers.__version__}", known)
+
+
+def _written(config, data: Mapping[str, Any], name: str) -> str:
+    """The key the user wrote (or would write) for transformers' standard attribute ``name``: GPT-2 spells
+    ``num_attention_heads`` ``n_head`` (the config's ``attribute_map``)."""
+    own = getattr(config, "attribute_map", {}).get(name, name)
+    return f"model.hf.{name if name in data else own}"
+
+
+def _check_shape(defaults, data: Mapping[str, Any]) -> None:
+    """The sizes the model's modules are built from (``data``'s, else the model type's ``defaults``) are positive
+    integers, and the heads divide what they split: an odd head count is otherwise a traceback inside the model
+    (GPT-2), a several-line validation error (Llama's hidden size), or silently narrower key/value projections
+    (Llama's ``num_key_value_heads``)."""
+    names = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "vocab_size")
+    sizes = {}
+    for name in names:
+        key = _written(defaults, data, name).removeprefix("model.hf.")
+        # key/value heads not written follow the attention heads (the defaults' count is the default heads')
+        fallback = None if name == "num_key_value_heads" else getattr(defaults, name, None)
+        sizes[name] = data[key] if key in data else fallback
+    config = defaults
+    for name, value in sizes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise HFConfigProblem(_written(config, data, name), f"{value!r} must be a positive integer")
+    hidden, heads, kv = sizes["hidden_size"], sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    if hidden is not None and heads is not None and "head_dim" not in data and hidden % heads:
+        raise HFConfigProblem(_written(config, data, "num_attention_heads"),
+                              f"{heads} heads do not divide the hidden size {hidden} ({_written(config, data, 'hidden_size')})",
+                              f"use a head count that divides {hidden}, e.g. {_divisor_near(hidden, heads)}")
+    if heads is not None and kv is not None and heads % kv:
+        raise HFConfigProblem(_written(config, data, "num_key_value_heads"),
+                              f"{kv} key/value heads do not divide the {heads} attention heads (each key/value head "
+                              "serves a whole group of query heads)", f"use a divisor of {heads}, e.g. {_divisor_near(heads, kv)}")
+
+
+def _divisor_near(total: int, wanted: int) -> int:
+    return min((d for d in range(1, total + 1) if total % d == 0), key=lambda d: (abs(d - wanted), d))
+
+
+def parameter_count(config) -> int:
+    """The parameters ``AutoModelForCausalLM.from_config(config)`` would have (a tied head counted once), without
+    building its layers: the model is built on ``meta`` with one and with two layers, and the difference scaled,
+    so a config of a billion layers is counted in milliseconds. Per-layer lists in the config (``layer_types``)
+    are cut to the layers built."""
+    transformers = _transformers()
+    layers = config.num_hidden_layers
+    counts = []
+    for built in (1, 2):
+        small = copy.deepcopy(config)
+        for key, value in config.to_dict().items():
+            if isinstance(value, list) and len(value) == layers and layers >= 2:
+                setattr(small, key, value[:built])
+        small.num_hidden_layers = built
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(small)
+        counts.append(sum(p.numel() for p in model.parameters()))
+    return counts[0] + (layers - 1) * (counts[1] - counts[0])
+
+
+def _refuse_too_large(config, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, before building, a model whose parameters alone exceed the memory of the device it is built on
+    (free CUDA memory, or the host's physical memory): a config of a billion layers would otherwise build modules
+    until it is killed. A lower bound: gradients, optimizer state and activations come on top (the run's host
+    preflight, ``runner.preflight``, counts those for CPU runs)."""
+    if device.type == "meta":
+        return
+    parameters = parameter_count(config)
+    need = parameters * dtype.itemsize
+    if device.type == "cuda":
+        have = torch.cuda.mem_get_info(device)[0]
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        layers = _written(config, {}, "num_hidden_layers")
+        raise HFConfigProblem("model.hf", f"{parameters:,} parameters ({layers} {config.num_hidden_layers:,}) need "
+                              f"{need:,} bytes in {str(dtype).removeprefix('torch.')} alone, more than the {have:,} bytes "
+                              f"of {device.type}", "use fewer or narrower layers")
 
 
 def max_positions(config) -> int | None:
@@ -138,6 +240,7 @@ def build_hf_model(
     limit = max_positions(config)
     if seq_len is not None and limit is not None and seq_len > limit:
         raise ValueError(f"seq_len {seq_len} is longer than the config's {limit} positions; raise n_positions / max_position_embeddings")
+    _refuse_too_large(config, torch.device(device), dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device(device):
