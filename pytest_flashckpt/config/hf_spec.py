@@ -7,6 +7,7 @@ the model is built (``pytest_flashckpt.models.hf``)."""
 from __future__ import annotations
 
 import json
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,36 @@ def check_hf_spec(hf: dict | str, anatomy: dict | None) -> None:
         unknown = sorted(set(anatomy) - set(ANATOMY_KEYS))
         if unknown:
             raise ValueError(f"model.anatomy: unknown key(s) {', '.join(unknown)}; valid: {', '.join(ANATOMY_KEYS)}")
+        check_anatomy_types(anatomy)
+
+
+_NAME_KEYS = ("blocks", "attention", "head", "final_norm")  # one dotted module name each
+_NAMES_KEYS = ("norms", "embeddings")  # a list of module names each
+
+
+def check_anatomy_types(anatomy: dict) -> None:
+    """Each ``anatomy:`` value has the form its key takes (a module name, a list of names, roles to names, pairs
+    of parameter names), so a wrong one is a line naming the key, not a traceback from the module lookup. Whether
+    the names exist and fit their roles needs the model (``models.hf.build.check_anatomy``)."""
+    def module_name(value) -> bool:
+        return isinstance(value, str) and bool(value.strip())
+
+    for key in _NAME_KEYS:
+        if key in anatomy and not (module_name(anatomy[key]) or (key == "head" and anatomy[key] is None)):
+            raise ValueError(f"model.anatomy.{key}: {reprlib.repr(anatomy[key])} must be a module name such as "
+                             f"{'model.layers' if key == 'blocks' else 'self_attn' if key == 'attention' else 'lm_head'}")
+    for key in _NAMES_KEYS:
+        if key in anatomy and not (isinstance(anatomy[key], list) and all(module_name(v) for v in anatomy[key])):
+            raise ValueError(f"model.anatomy.{key}: {reprlib.repr(anatomy[key])} must be a list of module names")
+    projections = anatomy.get("projections")
+    if projections is not None and not (isinstance(projections, dict) and all(module_name(v) for v in projections.values())):
+        raise ValueError(f"model.anatomy.projections: {reprlib.repr(projections)} must map roles to module names, "
+                         "e.g. {q: self_attn.q_proj, ..., down: mlp.down_proj}")
+    tied = anatomy.get("tied")
+    if tied is not None and not (isinstance(tied, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(module_name(n) for n in p) for p in tied)):
+        raise ValueError(f"model.anatomy.tied: {reprlib.repr(tied)} must be a list of [alias, owner] parameter-name pairs, "
+                         "e.g. [[lm_head.weight, model.embed_tokens.weight]]")
 
 
 def hf_limits(hf: dict | str) -> tuple[int | None, int | None]:

@@ -163,19 +163,80 @@ def parameter_count(config) -> int:
     building its layers: the model is built on ``meta`` with one and with two layers, and the difference scaled,
     so a config of a billion layers is counted in milliseconds. Per-layer lists in the config (``layer_types``)
     are cut to the layers built."""
-    transformers = _transformers()
     layers = config.num_hidden_layers
-    counts = []
-    for built in (1, 2):
-        small = copy.deepcopy(config)
-        for key, value in config.to_dict().items():
-            if isinstance(value, list) and len(value) == layers and layers >= 2:
-                setattr(small, key, value[:built])
-        small.num_hidden_layers = built
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(small)
-        counts.append(sum(p.numel() for p in model.parameters()))
+    counts = [sum(p.numel() for p in _on_meta(config, built).parameters()) for built in (1, 2)]
     return counts[0] + (layers - 1) * (counts[1] - counts[0])
+
+
+def _on_meta(config, layers: int) -> nn.Module:
+    """The model of ``config`` with its first ``layers`` layers, on meta (allocates nothing)."""
+    transformers = _transformers()
+    small = copy.deepcopy(config)
+    for key, value in config.to_dict().items():
+        if isinstance(value, list) and len(value) == config.num_hidden_layers and config.num_hidden_layers >= 2:
+            setattr(small, key, value[:layers])
+    small.num_hidden_layers = layers
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(small)
+
+
+def check_anatomy(config, stated: Mapping[str, Any] | None) -> None:
+    """The anatomy the model of ``config`` will have (``stated``, a suite's ``anatomy:``, or discovered) checked on
+    its first layer built on meta, before anything is built: what ``build_hf_model`` would refuse, refused now."""
+    anatomy_of(_on_meta(config, 1), stated)
+
+
+def _features(module: nn.Module) -> tuple[int, int]:
+    """(in, out) features of a matmul module: an ``nn.Linear`` (weight out x in) or transformers' ``Conv1D``
+    (weight in x out)."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    rows, cols = module.weight.shape
+    return rows, cols
+
+
+def check_roles(model: nn.Module, anatomy, where: str = "model.anatomy.projections") -> None:
+    """Each projection's features fit its role in a block of hidden size ``config.hidden_size``: q, k, v, qkv,
+    gate and up read the hidden state; o and down write it; down reads what up (and gate) write; k and v match;
+    o reads what q writes. A stated anatomy with two roles swapped (q and down) passes the module checks (both
+    are Linear) and would label every matmul wrongly; its shapes tell. (Roles whose shapes coincide, such as
+    q and o of a square attention, cannot be told apart this way.)"""
+    from pytest_flashckpt.models.anatomy import get_blocks
+
+    hidden = model.config.hidden_size
+    block = get_blocks(model, anatomy)[0]
+    roles = anatomy.block.projections
+    size = {role: _features(block.get_submodule(name)) for role, name in roles.items()}
+    reads_hidden = [r for r in ("qkv", "q", "k", "v", "gate", "up") if r in size]
+    writes_hidden = [r for r in ("o", "down") if r in size]
+
+    def refuse(role: str, problem: str) -> None:
+        i, o = size[role]
+        raise HFConfigProblem(f"{where}.{role}", f"{roles[role]!r} (in {i}, out {o}) {problem}",
+                              "check which module is which role: two swapped?")
+
+    for role in reads_hidden:
+        if size[role][0] != hidden:
+            refuse(role, f"does not read the hidden size {hidden}, which a {role} projection reads")
+    for role in writes_hidden:
+        if size[role][1] != hidden:
+            refuse(role, f"does not write the hidden size {hidden}, which a {role} projection writes")
+    pairs = [("down", 0, "up", 1, "reads what up writes"), ("gate", 1, "up", 1, "writes what up writes"),
+             ("v", 1, "k", 1, "writes what k writes"), ("o", 0, "q", 1, "reads what q writes")]
+    for role, side, other, other_side, rule in pairs:
+        if role in size and other in size and size[role][side] != size[other][other_side]:
+            refuse(role, f"must match {other} {roles[other]!r} (in {size[other][0]}, out {size[other][1]}): {role} {rule}")
+
+
+def anatomy_of(model: nn.Module, stated: Mapping[str, Any] | None):
+    """The anatomy of a built Hugging Face ``model``: ``stated`` (a suite's ``anatomy:`` keys) or discovered, held
+    to the model's blocks and to the roles' shapes (``check_roles``); ValueError saying what does not fit."""
+    found = stated_anatomy(model, stated) if stated else discover_anatomy(model)
+    if found is None:
+        raise ValueError(explain_anatomy(model))
+    check_roles(model, found)
+    return found
+
 
 
 def _refuse_too_large(config, device: torch.device, dtype: torch.dtype) -> None:
@@ -246,9 +307,7 @@ def build_hf_model(
         with torch.device(device):
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION[backend])
     model = model.to(dtype=dtype)
-    found = stated_anatomy(model, anatomy) if anatomy else discover_anatomy(model)
-    if found is None:
-        raise ValueError(explain_anatomy(model))
+    found = anatomy_of(model, anatomy)
     model.anatomy = types.MethodType(_Stated(found), model)  # get_anatomy asks model.anatomy() first
     model.flashckpt_family = found.family
     return loss_forward(model)
