@@ -1,8 +1,10 @@
 """Static checks of a suite's Hugging Face model (``model: {hf: ..., anatomy: ...}``) before anything runs, without
 transformers or torch: the config names its ``model_type`` (inline, or in a readable ``config.json``), the
 anatomy's keys are known, and the scenario's sequence and ``every_k`` fit the config's positions and layers where
-the config says them. What needs transformers (the model type exists, the layout is discoverable) is checked when
-the model is built (``pytest_flashckpt.models.hf``)."""
+the config says them; each ``anatomy:`` value has its key's form, and no value is NaN or infinite. What needs
+transformers (the model type builds a causal LM, the heads divide, the anatomy fits the model's shapes, the size)
+is checked by the run's preflight (``runner.preflight.hf_shape``) and again when the model is built
+(``pytest_flashckpt.models.hf.build``)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 One mechanism for every config object (model cards, scenarios, strategy configs): field types come from the
 dataclass annotations (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, ``X | None``, ``list[X]``,
 ``tuple[X, ...]`` and nested dataclasses); value checks live in each dataclass's ``__post_init__`` and raise
-``ValueError``, which is re-raised here as a ``ConfigError`` carrying the file and key path.
+``ValueError``, which is re-raised here as a ``ConfigError`` carrying the file and key path. NaN and infinity
+(YAML's ``.nan`` / ``.inf``) are refused in every number and mapping field, naming the key.
 Aliases (the article's key names) are declared per dataclass in a ``ALIASES`` class attribute mapping an
 accepted key to ``(field, converter)``.
 """
@@ -159,7 +160,8 @@ def _strict_loader():
     twice in one mapping (PyYAML silently keeps the last value), an alias that refers to itself, and aliases that
     expand a file by more than ``MAX_ALIAS_VALUES`` values (a 500-byte "billion laughs" file of nested ``&a`` /
     ``*a`` expands to gigabytes). Anchors and aliases that repeat a block (a model mapping used by several
-    scenarios) stay allowed. Built on first use, so importing this module needs no PyYAML."""
+    scenarios) stay allowed, and so do merge keys (``<<: *defaults``, with the spec's override order). Built on
+    first use, so importing this module needs no PyYAML."""
     import yaml
 
     class Refused(yaml.constructor.ConstructorError):

@@ -103,7 +103,7 @@ def test_a_billion_layers_is_refused_by_the_host_preflight_in_well_under_a_secon
     check_resources(suite.scenarios, suite.origin, 64 * 2**30, None, "work", on_cpu=True)
 
 
-def test_building_a_model_larger_than_the_host_is_refused_before_any_module(monkeypatch):
+def test_building_a_model_larger_than_the_host_is_refused_before_any_module():
     with pytest.raises(HFConfigProblem) as info:
         build_hf_model({**GPT2, "n_layer": 1000000000}, "sdpa")
     message = _one_line(info)

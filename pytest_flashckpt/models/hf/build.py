@@ -10,6 +10,10 @@ The training step calls ``model(tokens, targets)`` and expects the loss (the pro
 cross-entropy of the logits (the targets are already shifted, ``training.make_batch``), in float32 as transformers'
 own loss does; without, it is the model's own forward. Parameter names, ``state_dict`` and the class stay the
 model's own (no wrapper module), so checkpoints and exports load into a plain transformers model.
+
+Checked before a module is built (``hf_config``, ``check_anatomy``, ``parameter_count``; the run's preflight calls
+them too): the model type builds a causal LM, the heads divide the hidden size (and the key/value heads the heads),
+a stated anatomy fits the first layer's shapes (``check_roles``), and the parameters fit the device.
 """
 
 from __future__ import annotations
@@ -203,8 +207,11 @@ def check_roles(model: nn.Module, anatomy, where: str = "model.anatomy.projectio
     q and o of a square attention, cannot be told apart this way.)"""
     from pytest_flashckpt.models.anatomy import get_blocks
 
-    hidden = model.config.hidden_size
-    block = get_blocks(model, anatomy)[0]
+    hidden = getattr(model.config, "hidden_size", None)
+    blocks = get_blocks(model, anatomy)
+    if hidden is None or len(blocks) == 0:
+        return  # no stated width to hold the roles to
+    block = blocks[0]
     roles = anatomy.block.projections
     size = {role: _features(block.get_submodule(name)) for role, name in roles.items()}
     reads_hidden = [r for r in ("qkv", "q", "k", "v", "gate", "up") if r in size]
