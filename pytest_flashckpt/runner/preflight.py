@@ -78,9 +78,10 @@ def check_run(run, flag: Flag = pytest_flag) -> None:
 
 def hf_shape(scenario, where: str) -> ModelShape | None:
     """A Hugging Face scenario's config checked with transformers (the model type builds a causal LM, the heads
-    divide, the anatomy fits its first layer built on meta) and its size counted without building it (``models.hf.build.parameter_count``), for the host-memory
-    and disk predictions; a problem is a ConfigError naming ``where``, the scenario and the key. None without
-    transformers: the run skips the scenario with the install line."""
+    divide, the anatomy fits its first layer built on meta) and its size counted without building it
+    (``models.hf.build.parameter_count``), for the host-memory and disk predictions; a problem is a ConfigError
+    naming ``where``, the scenario and the key. None without transformers: the run skips the scenario with the
+    install line."""
     from pytest_flashckpt.models.hf.build import HFConfigProblem, HFUnavailable, check_anatomy, hf_config, parameter_count
 
     spec = scenario.model

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import os
 import types
 from pathlib import Path
@@ -143,23 +144,28 @@ def _check_shape(defaults, data: Mapping[str, Any]) -> None:
         # key/value heads not written follow the attention heads (the defaults' count is the default heads')
         fallback = None if name == "num_key_value_heads" else getattr(defaults, name, None)
         sizes[name] = data[key] if key in data else fallback
-    config = defaults
     for name, value in sizes.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise HFConfigProblem(_written(config, data, name), f"{value!r} must be a positive integer")
+            raise HFConfigProblem(_written(defaults, data, name), f"{value!r} must be a positive integer")
     hidden, heads, kv = sizes["hidden_size"], sizes["num_attention_heads"], sizes["num_key_value_heads"]
     if hidden is not None and heads is not None and "head_dim" not in data and hidden % heads:
-        raise HFConfigProblem(_written(config, data, "num_attention_heads"),
-                              f"{heads} heads do not divide the hidden size {hidden} ({_written(config, data, 'hidden_size')})",
+        raise HFConfigProblem(_written(defaults, data, "num_attention_heads"),
+                              f"{heads} heads do not divide the hidden size {hidden} ({_written(defaults, data, 'hidden_size')})",
                               f"use a head count that divides {hidden}, e.g. {_divisor_near(hidden, heads)}")
     if heads is not None and kv is not None and heads % kv:
-        raise HFConfigProblem(_written(config, data, "num_key_value_heads"),
+        raise HFConfigProblem(_written(defaults, data, "num_key_value_heads"),
                               f"{kv} key/value heads do not divide the {heads} attention heads (each key/value head "
                               "serves a whole group of query heads)", f"use a divisor of {heads}, e.g. {_divisor_near(heads, kv)}")
 
 
 def _divisor_near(total: int, wanted: int) -> int:
-    return min((d for d in range(1, total + 1) if total % d == 0), key=lambda d: (abs(d - wanted), d))
+    """A divisor of ``total`` at or below ``wanted`` for the fix's example: the nearest within 1000 steps down (a
+    hostile size is never scanned whole), else their greatest common divisor."""
+    start = min(wanted, total)
+    for candidate in range(start, max(start - 1000, 0), -1):
+        if total % candidate == 0:
+            return candidate
+    return math.gcd(total, wanted)
 
 
 def parameter_count(config) -> int:
