@@ -28,12 +28,29 @@ def shipped_names(kind: str) -> list[str]:
     return sorted(p.stem for p in data_dir(kind).glob("*.yaml"))
 
 
+def names_a_file(name_or_path: str) -> bool:
+    """Whether a card or suite value is a path (``cards/my.yaml``, ``my.yml``) rather than a shipped name (``tiny``)."""
+    candidate = Path(name_or_path)
+    return candidate.suffix in {".yaml", ".yml"} or candidate.parent != Path(".")
+
+
+def anchored(path: str, folder: Path) -> str:
+    """A relative ``path`` written in a file in ``folder``, as a path that names the same file from the current
+    folder (shown relative to it when below it, so a suite run from its own folder keeps its strings); an absolute
+    or ``~`` path as written."""
+    from pytest_flashckpt.core.files import shown_path
+
+    if path.startswith("~") or Path(path).is_absolute():
+        return path
+    return shown_path((folder / path).absolute())
+
+
 def resolve(kind: str, name_or_path: str) -> Path:
     """A shipped name (``tiny``) or a path to a YAML file, to an existing path; a clear error otherwise."""
     from pytest_flashckpt.config.errors import ConfigError
 
     candidate = Path(name_or_path)
-    if candidate.suffix in {".yaml", ".yml"} or candidate.parent != Path("."):
+    if names_a_file(name_or_path):
         if candidate.is_file():
             return candidate
         raise ConfigError(str(candidate), f"{KIND_WORDS.get(kind, kind[:-1])} file not found", f"shipped {kind}: {', '.join(shipped_names(kind))}")

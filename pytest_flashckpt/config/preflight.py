@@ -6,8 +6,9 @@ problem is a ``ConfigError`` naming the suite file, the scenario, the key and th
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.model_card import load_card
@@ -109,18 +110,49 @@ def checkpoint_disk_bytes(scenario: Scenario, card) -> int:
     return state_bytes(scenario, card) * max(1, kept)
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What the host-memory and disk predictions read of a model without a card (a Hugging Face config, whose
+    parameters ``runner.preflight`` counts with transformers): its name, parameters and widths."""
+
+    name: str
+    parameters: int
+    n_layer: int
+    n_embd: int
+    vocab_size: int
+    allocate_on_cpu: bool = True
+
+    def num_params(self) -> int:
+        return self.parameters
+
+
 def check_resources(scenarios, origin, host_bytes: int | None, free_disk: int | None, work_folder: str,
-                    on_cpu: bool) -> None:
-    """Refuse a scenario whose predicted host memory exceeds ``host_bytes`` (CPU runs of cards built on a CPU) and a suite whose checkpoints need more than ``free_disk`` in ``work_folder``. ``origin(scenario)``
-    names the file a scenario came from."""
-    need_disk, widest = 0, None
+                    on_cpu: bool, shape_of: Callable[[Scenario], Any] | None = None) -> None:
+    """Refuse a scenario whose predicted host memory exceeds ``host_bytes`` (CPU runs of cards built on a CPU) and
+    a suite whose checkpoints need more than ``free_disk`` in ``work_folder``. ``origin(scenario)`` names the file
+    a scenario came from; ``shape_of(scenario)`` gives a Hugging Face scenario's ``ModelShape`` (None: not
+    predicted, as without ``shape_of``)."""
+    need_disk, widest, widest_card = 0, None, None
     for scenario in scenarios:
         if getattr(scenario.model, "hf", None) is not None:
-            continue  # a Hugging Face config (issue 20), not a card: its sizes are not predicted here
-        card = load_card(scenario.card)
+            card = shape_of(scenario) if shape_of is not None else None
+            if card is None:
+                continue
+        else:
+            card = load_card(scenario.card)
         # simulated scenarios build nothing; a card too big for a CPU is skipped by the run with its reason
         if on_cpu and host_bytes and not scenario.simulate.enabled and card.allocate_on_cpu:
             need = predicted_host_bytes(scenario, card)
+            state = 4 * card.num_params() * DTYPE_BYTES[scenario.dtype]
+            if state > host_bytes:  # the model alone: no batch or sequence makes it fit
+                hf = getattr(scenario.model, "hf", None) is not None
+                raise ConfigError(
+                    origin(scenario),
+                    f"{card.name!r} has {card.num_params():,} parameters: with their gradients and AdamW state they need "
+                    f"at least {_bytes(state)} of host memory, more than this machine's {_bytes(host_bytes)}",
+                    "use a smaller model (fewer or narrower layers)" + ("" if hf else ", or simulate: {enabled: true}"),
+                    scenario=scenario.name, key="model.hf" if hf else "model.card",
+                )
             if need > host_bytes:
                 raise ConfigError(
                     origin(scenario),
@@ -131,11 +163,11 @@ def check_resources(scenarios, origin, host_bytes: int | None, free_disk: int | 
                 )
         disk = checkpoint_disk_bytes(scenario, card)
         if disk > need_disk:
-            need_disk, widest = disk, scenario
+            need_disk, widest, widest_card = disk, scenario, card
     if free_disk is not None and widest is not None and need_disk > free_disk:
         raise ConfigError(
             origin(widest),
-            f"its checkpoints need at least {_bytes(need_disk)} of disk (state of {_bytes(state_bytes(widest, load_card(widest.card)))} "
+            f"its checkpoints need at least {_bytes(need_disk)} of disk (state of {_bytes(state_bytes(widest, widest_card))} "
             f"x the saves kept) and {work_folder} has {_bytes(free_disk)} free",
             "free space, pass --flashckpt-workdir=FOLDER on a larger disk, or lower save.saves / save.max_keep",
             scenario=widest.name, key="save.saves",

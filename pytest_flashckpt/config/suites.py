@@ -4,6 +4,10 @@
     description: ...
     defaults: {model: tiny, batch_size: 4}        # merged under every scenario (nested mappings deep-merged)
     include: [other-suite]                          # scenarios of other suites, run as part of this one
+
+Relative paths in a suite (an ``include`` path, ``model: cards/x.yaml``, ``model.card``, ``model.hf: config.json``)
+name files next to the suite, wherever it is run from: a file of the same name in the current folder is never
+taken instead (``_anchor_paths``).
     scenarios:
       - name: reference
       - name: "{attention}-s{seq_len}"              # a template filled from each matrix combination
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_flashckpt.config.data import resolve
+from pytest_flashckpt.config.data import anchored, names_a_file, resolve
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build, load_yaml
@@ -73,6 +77,8 @@ def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
     scenarios: list[Scenario] = []
     origins: dict[str, str] = {}
     for i, included in enumerate(data.get("include") or []):
+        if isinstance(included, str) and names_a_file(included):
+            included = anchored(included, path.parent)
         try:
             other = load_suite(str(included), (*_seen, path.resolve().as_posix()))
         except ConfigError as exc:
@@ -86,7 +92,7 @@ def load_suite(name_or_path: str, _seen: tuple[str, ...] = ()) -> Suite:
         if not isinstance(entry, dict):
             raise ConfigError(where, f"scenarios[{index}] must be a mapping, got {type(entry).__name__}")
         for expanded in _expand(entry, where, index):
-            merged = _deep_merge(defaults, expanded)
+            merged = _anchor_paths(_deep_merge(defaults, expanded), path.parent)
             merged.setdefault("suite", suite_name)
             try:
                 scenario = build(Scenario, merged, where)
@@ -129,6 +135,23 @@ def _expand(entry: dict[str, Any], where: str, index: int) -> list[dict[str, Any
                               scenario=str(base["name"]), key="name") from None
         out.append(scenario)
     return out
+
+
+def _anchor_paths(scenario: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``scenario`` with its relative model paths (a card file, ``model.card``, a ``model.hf`` config.json) made to
+    name the files in ``folder``, the suite's: read from the current folder, a decoy of the same name there would
+    be measured under the suite's scenario names. Shipped card names (``tiny``) are names, not paths."""
+    model = scenario.get("model")
+    if isinstance(model, str) and names_a_file(model):
+        return {**scenario, "model": anchored(model, folder)}
+    if not isinstance(model, dict):
+        return scenario
+    model = dict(model)
+    if isinstance(model.get("card"), str) and names_a_file(model["card"]):
+        model["card"] = anchored(model["card"], folder)
+    if isinstance(model.get("hf"), str):
+        model["hf"] = anchored(model["hf"], folder)
+    return {**scenario, "model": model}
 
 
 def _nest(dotted: str, value: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 One mechanism for every config object (model cards, scenarios, strategy configs): field types come from the
 dataclass annotations (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, ``X | None``, ``list[X]``,
 ``tuple[X, ...]`` and nested dataclasses); value checks live in each dataclass's ``__post_init__`` and raise
-``ValueError``, which is re-raised here as a ``ConfigError`` carrying the file and key path.
+``ValueError``, which is re-raised here as a ``ConfigError`` carrying the file and key path. NaN and infinity
+(YAML's ``.nan`` / ``.inf``) are refused in every number and mapping field, naming the key.
 Aliases (the article's key names) are declared per dataclass in a ``ALIASES`` class attribute mapping an
 accepted key to ``(field, converter)``.
 """
@@ -11,6 +12,7 @@ accepted key to ``(field, converter)``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -89,10 +91,12 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
             return value
         return build(tp, value, where, path)
     if tp is Any:
+        refuse_non_finite(value, where, path)
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(where, f"{path}: expected a number, got {type(value).__name__} {_brief(value)}")
+        refuse_non_finite(value, where, path)
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -109,8 +113,31 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
     if tp is dict or get_origin(tp) is dict:
         if not isinstance(value, dict):
             raise ConfigError(where, f"{path}: expected a mapping, got {type(value).__name__} {_brief(value)}")
+        refuse_non_finite(value, where, path)
         return dict(value)
     raise TypeError(f"unsupported config annotation {tp!r} at {path}")
+
+
+def first_non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or infinity in ``value`` (a number, or mappings and lists of them), or
+    None. YAML reads ``.nan`` / ``.inf`` and JSON ``NaN`` / ``Infinity`` as floats; no size, fraction or config
+    value means one, and a NaN passes every range check (``nan <= 0`` is false)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, child in children:
+        found = first_non_finite(child, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_non_finite(value: Any, where: str, path: str) -> None:
+    """A ConfigError naming the key of the first NaN or infinity in ``value`` (see ``first_non_finite``)."""
+    found = first_non_finite(value, path)
+    if found is not None:
+        raise ConfigError(where, f"{found[0]}: {found[1]!r} is not a finite number",
+                          "write a finite number (NaN and infinity mean nothing in a config)")
 
 
 def to_plain(obj: Any) -> Any:
@@ -133,7 +160,8 @@ def _strict_loader():
     twice in one mapping (PyYAML silently keeps the last value), an alias that refers to itself, and aliases that
     expand a file by more than ``MAX_ALIAS_VALUES`` values (a 500-byte "billion laughs" file of nested ``&a`` /
     ``*a`` expands to gigabytes). Anchors and aliases that repeat a block (a model mapping used by several
-    scenarios) stay allowed. Built on first use, so importing this module needs no PyYAML."""
+    scenarios) stay allowed, and so do merge keys (``<<: *defaults``, with the spec's override order). Built on
+    first use, so importing this module needs no PyYAML."""
     import yaml
 
     class Refused(yaml.constructor.ConstructorError):
@@ -186,10 +214,50 @@ def _strict_loader():
                 check_expansion(node)
             return node
 
+        def flatten_mapping(self, node):
+            """YAML merge keys, as the spec has them: ``<<: *defaults`` or ``<<: [*a, *b]`` brings each merged
+            map's keys in, an earlier map of a list winning over a later one and the mapping's own keys over them
+            all. PyYAML's own ``flatten_mapping`` keeps the first of each merged key by the ``id()`` of the key's
+            string, so two equal keys written in two maps are both kept and the later map wins; here a key is
+            known by its tag and text. The result holds each merged key once, so a merged map that is constructed
+            again later is not mistaken for one that writes a key twice."""
+            merged, own = [], []
+            for key_node, value_node in node.value:
+                if key_node.tag != "tag:yaml.org,2002:merge":
+                    if key_node.tag == "tag:yaml.org,2002:value":
+                        key_node.tag = "tag:yaml.org,2002:str"
+                    own.append((key_node, value_node))
+                    continue
+                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for source in sources:
+                    if not isinstance(source, yaml.MappingNode):
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"a merge key (<<) takes a mapping or a list of mappings, not a {source.id}", source.start_mark)
+                    self.flatten_mapping(source)
+                    merged.extend(source.value)
+
+            def ident(key_node):
+                return (key_node.tag, key_node.value) if isinstance(key_node, yaml.ScalarNode) else id(key_node)
+
+            seen = {ident(key_node) for key_node, _ in own}
+            kept = []
+            for key_node, value_node in merged:
+                if ident(key_node) not in seen:
+                    seen.add(ident(key_node))
+                    kept.append((key_node, value_node))
+            node.value = kept + own
+
         def construct_mapping(self, node, deep=False):
+            """Refuse a key the mapping itself writes twice, before YAML merge keys (``<<: *defaults``, or a list
+            of maps) are flattened in: a key a merge brings that the mapping also writes is YAML's override (the
+            mapping's own key wins), never an error. Two ``<<`` keys in one mapping are a key given twice."""
             seen: dict = {}
             for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    key = "<<"
+                else:
+                    key = self.construct_object(key_node, deep=True)
                 try:
                     hash(key)
                 except TypeError:
@@ -199,7 +267,7 @@ def _strict_loader():
                         None, None, f"key {key!r} is given twice in one mapping (first on line {seen[key] + 1}); "
                         "keep one", key_node.start_mark)
                 seen[key] = key_node.start_mark.line
-            return super().construct_mapping(node, deep=deep)
+            return super().construct_mapping(node, deep=deep)  # flattens the merges (SafeConstructor)
 
     StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, StrictLoader.construct_mapping)
     StrictLoader.Refused = Refused

@@ -7,6 +7,7 @@ other. A bare number is bytes or seconds. Anything else is a ``ValueError`` nami
 
 from __future__ import annotations
 
+import math
 import re
 
 SIZE_UNITS: dict[str, int] = {
@@ -45,6 +46,8 @@ def _parse_quantity(value: str | int | float, kind: str, units: dict[str, float]
         raise ValueError(f"{value!r}: unknown {kind} unit {unit!r}; expected {formats}")
     if number < 0:
         raise ValueError(f"{value!r}: a {kind} cannot be negative; expected {formats}")
+    if not math.isfinite(number * units[unit]):  # NaN, or '1e400 GiB' (an OverflowError when made bytes)
+        raise ValueError(f"{value!r} is not a finite {kind}; expected {formats}")
     return number * units[unit]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from pytest_flashckpt.config.errors import ConfigError
-from pytest_flashckpt.config.preflight import check_output_folder, check_resources
+from pytest_flashckpt.config.preflight import ModelShape, check_output_folder, check_resources
 
 Flag = Callable[[str], str]  # option name (``flashckpt-report``) -> the flag as this front end spells it
 
@@ -73,7 +73,29 @@ def check_run(run, flag: Flag = pytest_flag) -> None:
     _tidy(run, work)
     existing = work if work.exists() else next(p for p in work.parents if p.exists())
     check_resources(run.suite.scenarios, run.suite.origin, host_memory_bytes(), shutil.disk_usage(existing).free,
-                    run.shown(work), on_cpu=ctx.device.type == "cpu")
+                    run.shown(work), on_cpu=ctx.device.type == "cpu", shape_of=lambda s: hf_shape(s, run.suite.origin(s)))
+
+
+def hf_shape(scenario, where: str) -> ModelShape | None:
+    """A Hugging Face scenario's config checked with transformers (the model type builds a causal LM, the heads
+    divide, the anatomy fits its first layer built on meta) and its size counted without building it
+    (``models.hf.build.parameter_count``), for the host-memory and disk predictions; a problem is a ConfigError
+    naming ``where``, the scenario and the key. None without transformers: the run skips the scenario with the
+    install line."""
+    from pytest_flashckpt.models.hf.build import HFConfigProblem, HFUnavailable, check_anatomy, hf_config, parameter_count
+
+    spec = scenario.model
+    try:
+        config = hf_config(spec.hf, spec.dropout)
+        parameters = parameter_count(config)
+        check_anatomy(config, spec.anatomy)
+    except HFUnavailable:
+        return None
+    except HFConfigProblem as exc:
+        raise ConfigError(where, exc.problem, exc.fix, scenario=scenario.name, key=exc.key) from None
+    except ValueError as exc:
+        raise ConfigError(where, str(exc), scenario=scenario.name) from None
+    return ModelShape(scenario.card, parameters, config.num_hidden_layers, config.hidden_size, config.vocab_size)
 
 
 def _context(run, flag: Flag):

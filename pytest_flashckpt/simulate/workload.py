@@ -28,6 +28,24 @@ def dtype_name(dtype: str | torch.dtype) -> str:
     return DTYPE_NAMES[dtype]
 
 
+TENSOR_BYTES_LIMIT = 2**63  # torch's storage sizes are int64 bytes: a larger tensor cannot exist, not even on meta
+
+
+def largest_tensor(card: GPTConfig, batch_size: int, seq_len: int) -> tuple[str, int]:
+    """The widest tensor one rank's step makes (name, bytes), from the card's shape: the tokens (int64), the
+    float32 logits the loss reads, the MLP's hidden activations and eager attention's scores (float32: the widest
+    dtype a step computes in). Only to refuse a workload no tensor can hold; the simulation counts the real ones."""
+    tokens = batch_size * seq_len
+    mlp_width = getattr(card, "intermediate_size", 4 * card.n_embd)
+    candidates = {
+        "token batch": batch_size * (seq_len + 1) * 8,
+        "logits": tokens * card.vocab_size * 4,
+        "MLP activation": tokens * mlp_width * 4,
+        "attention scores": batch_size * card.n_head * seq_len * seq_len * 4,
+    }
+    return max(candidates.items(), key=lambda item: item[1])
+
+
 def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: int = 1) -> None:
     """ValueErrors naming the value for a workload the card cannot run."""
     if batch_size <= 0:
@@ -45,6 +63,12 @@ def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: i
             f"world size {world_size} does not divide the batch size {batch_size}; each rank needs a whole batch "
             f"(use a batch that is a multiple of {world_size})"
         )
+    name, nbytes = largest_tensor(card, batch_size // world_size, seq_len)
+    if nbytes >= TENSOR_BYTES_LIMIT:
+        raise ValueError(
+            f"batch {batch_size} x seq {seq_len}: the step's {name} alone would be {nbytes:.3g} bytes, beyond the "
+            f"2**63 bytes a tensor can describe even on meta; use a smaller batch or sequence"
+        )
 
 
 def simulated_model(config: GPTConfig, dtype: str, kernel: str, target: str, seed: int = 0, precision: str = "pure"):
@@ -55,8 +79,24 @@ def simulated_model(config: GPTConfig, dtype: str, kernel: str, target: str, see
     return build_model(config, backend, "meta", torch.float32 if precision == "mixed" else getattr(torch, dtype), seed=seed)
 
 
+class MetaBatchTrainer(Trainer):
+    """A trainer whose token batches are born on ``meta`` when the model is there: ``training.make_batch`` draws
+    the tokens on the host and then moves them, so a simulated batch of a million sequences would first fill tens
+    of GB of host memory (and a failed allocation read as "does not fit"). On meta the token values are never read,
+    only their shapes, and the meta tensors are the ones the move made (an int64 ``(batch, seq + 1)`` tensor and its
+    two contiguous slices), so the simulated step and its peak are unchanged."""
+
+    def batch(self, position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(self.model.parameters()).device
+        if device.type != "meta":
+            return super().batch(position)
+        tokens = torch.empty((self.batch_size, self.seq_len + 1), dtype=torch.int64, device=device)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
 def simulated_trainer(model, batch_size: int, seq_len: int, target: str, seed: int = 0,
                       autocast: torch.dtype | None = None) -> Trainer:
     """The trainer a run on ``target`` has: CUDA's default AdamW is the multi-tensor (foreach) one; on a CPU (and
-    on meta) PyTorch picks per-tensor, so a ``cuda`` prediction asks for foreach explicitly."""
-    return Trainer.create(model, batch_size, seq_len, seed=seed, foreach=True if target == "cuda" else None, autocast=autocast)
+    on meta) PyTorch picks per-tensor, so a ``cuda`` prediction asks for foreach explicitly. Its batches are made
+    on meta (``MetaBatchTrainer``): no host memory for any batch size."""
+    return MetaBatchTrainer.create(model, batch_size, seq_len, seed=seed, foreach=True if target == "cuda" else None, autocast=autocast)

@@ -54,17 +54,17 @@ def test_a_bad_value_names_file_scenario_key_and_fix(tmp_path, monkeypatch, body
 
 
 def test_a_bad_model_card_file_names_the_card_file_too(tmp_path, monkeypatch) -> None:
-    (tmp_path / "cards").mkdir()
-    (tmp_path / "cards" / "odd.yaml").write_text("n_embd: 100\nn_head: 3\n", encoding="utf-8")
+    (tmp_path / "suites" / "cards").mkdir(parents=True)  # a card path in a suite is read next to the suite
+    (tmp_path / "suites" / "cards" / "odd.yaml").write_text("n_embd: 100\nn_head: 3\n", encoding="utf-8")
     message = str(_load(tmp_path, monkeypatch, "scenarios:\n  - {name: foo, model: cards/odd.yaml}\n"))
-    assert message == ("suites/x.yaml: scenario 'foo': model.card: cards/odd.yaml: n_embd (100) must be divisible by "
+    assert message == ("suites/x.yaml: scenario 'foo': model.card: suites/cards/odd.yaml: n_embd (100) must be divisible by "
                        "n_head (3)")
 
 
 def test_an_included_suites_scenario_names_its_own_file(tmp_path, monkeypatch) -> None:
     (tmp_path / "suites").mkdir()
     (tmp_path / "suites" / "inner.yaml").write_text("scenarios:\n  - {name: deep, model: gpt5-huge}\n", encoding="utf-8")
-    message = str(_load(tmp_path, monkeypatch, "include: [suites/inner.yaml]\nscenarios:\n  - {name: top}\n", "outer.yaml"))
+    message = str(_load(tmp_path, monkeypatch, "include: [inner.yaml]\nscenarios:\n  - {name: top}\n", "outer.yaml"))
     assert message.startswith("suites/inner.yaml: scenario 'deep': model.card: unknown model card 'gpt5-huge'")
 
 
