@@ -26,13 +26,15 @@ def test_scenarios_the_check_names_are_in_the_gpu_suite():
     assert len(picked) == 2 and set(picked) <= names
 
 
-def test_example_gpu_workflow_runs_the_suite_uploads_and_comments_a_comparison():
+def test_example_gpu_workflow_installs_the_gpu_stack_and_gates_with_ab():
     import yaml
 
     workflow = yaml.safe_load((SCRIPT.parents[1] / "examples" / "ci" / "gpu-runner.yml").read_text())
-    steps = workflow["jobs"]["gpu-suite"]["steps"]
+    job = workflow["jobs"]["ab"]
+    steps = job["steps"]
     runs = "\n".join(step.get("run", "") for step in steps)
-    assert "self-hosted" in workflow["jobs"]["gpu-suite"]["runs-on"]
+    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
     assert "-c constraints.txt" in runs and "torch==2.13.0" in runs and "flash-attn>=2.7" in runs
-    assert "--flashckpt-suite" in runs and "flashckpt compare" in runs and "gh pr comment" in runs
+    assert "flashckpt\" ab" in runs  # the A/B gate, not two suite runs compared afterwards
     assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in steps)
+    assert "gh pr comment" in "\n".join(step.get("run", "") for step in workflow["jobs"]["comment"]["steps"])
