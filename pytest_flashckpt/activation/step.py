@@ -69,20 +69,21 @@ def next_token_loss(output: Any, targets: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class TrainingStep:
     """How to run one model's step: ``call(model, tokens, targets) -> loss``, over ``vocab_size`` tokens.
-    ``described`` names the call in errors; ``given`` is False for a default (a failing default call is then
-    explained with the fix, a user's own step raises its own errors)."""
+    ``described`` names the call in errors; ``explain_failure``: the call is a guess (a default on a model that is
+    none of the project's), so its failure is explained with the fix; a given step, or the call of a model of
+    ours, raises its own errors."""
 
     call: StepFn
     vocab_size: int
     described: str
-    given: bool = True
+    explain_failure: bool = False
 
     def loss(self, model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The step's loss, checked: a scalar tensor that requires grad (ValueError naming the call and the fix)."""
         try:
             loss = self.call(model, tokens, targets)
         except (TypeError, AttributeError, ValueError, IndexError, RuntimeError) as exc:
-            if self.given:
+            if not self.explain_failure:
                 raise
             raise ValueError(
                 f"budget: measuring a {type(model).__name__} with the default step {self.described} failed "
@@ -111,10 +112,15 @@ def training_step(model: nn.Module, step: StepFn | None = None, loss: LossFn | N
         return TrainingStep(step, vocab, f"step={_name(step)}(model, tokens, targets)")
     if loss is not None:
         return TrainingStep(lambda m, x, y: loss(call_model(m, x), y), vocab, f"loss={_name(loss)}({_call(model)}, targets)")
-    if is_transformers_model(model) and not hasattr(model, "flashckpt_family"):  # built by the user, not build_hf_model
+    if is_transformers_model(model) and not _ours(model):  # built by the user, not build_hf_model
         return TrainingStep(lambda m, x, y: next_token_loss(call_model(m, x), y), vocab,
-                            f"next_token_loss({_call(model)}, targets)", given=False)
-    return TrainingStep(lambda m, x, y: m(x, y), vocab, "model(tokens, targets)", given=False)
+                            f"next_token_loss({_call(model)}, targets)", explain_failure=True)
+    return TrainingStep(lambda m, x, y: m(x, y), vocab, "model(tokens, targets)", explain_failure=not _ours(model))
+
+
+def _ours(model: nn.Module) -> bool:
+    """Built by the project (a card's family, or ``models.hf.build_hf_model``): it takes ``model(tokens, targets)``."""
+    return hasattr(model, "flashckpt_family") or (hasattr(getattr(model, "config", None), "family") and hasattr(model, "backend"))
 
 
 def _vocab_size(model: nn.Module, given: int | None) -> int:

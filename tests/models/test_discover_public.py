@@ -1,5 +1,5 @@
-"""Discovery with the public import alone: ``from pytest_flashckpt.activation import apply_ac`` is all a user of a
-transformers model imports (the Hugging Face discoverer is registered with the package, lazily: transformers is not
+"""Discovery with the public import alone: ``from pytest_flashckpt.activation import apply_ac`` (or the checkpoint
+API, for a layer-wise save) is all a user of a transformers model imports (the Hugging Face discoverer is registered with the package, lazily: transformers is not
 imported until a transformers model is met); blocks in an ``nn.ModuleList``, an ``nn.ModuleDict`` (torchtitan's
 ``layers``) or a plain list; and when nothing knows a model, the error names its block containers and the fix."""
 
@@ -32,7 +32,17 @@ none = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32, **none))
 llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
     num_key_value_heads=2, intermediate_size=48, vocab_size=64, max_position_embeddings=32, **none))
+import tempfile
+from pathlib import Path
+from pytest_flashckpt.checkpoint import Checkpointer
+from pytest_flashckpt.config.scenario import SaveConfig
+from pytest_flashckpt.training import Trainer
 for model in (gpt2, llama):
+    with tempfile.TemporaryDirectory() as root:
+        with Checkpointer(root, SaveConfig(strategy="layerwise", format="safetensors")) as ckpt:
+            record = ckpt.save(Trainer.create(model, batch_size=1, seq_len=8))
+        files = sorted(p.name for p in (Path(root) / record.name / "layers").iterdir())
+    print(type(model).__name__, "layerwise", files)
     print(type(model).__name__, apply_ac(model, ActivationConfig(strategy="selective_op")).describe())
 """
 
@@ -43,6 +53,8 @@ def test_a_user_built_transformers_model_needs_only_the_public_import() -> None:
     run = subprocess.run([sys.executable, "-c", PUBLIC_IMPORT_ONLY], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "GPT2LMHeadModel selective_op on blocks 0, 1" in run.stdout
+    for name in ("GPT2LMHeadModel", "LlamaForCausalLM"):
+        assert f"{name} layerwise ['block_000.safetensors', 'block_001.safetensors', 'rest.safetensors']" in run.stdout
     assert "LlamaForCausalLM selective_op on blocks 0, 1" in run.stdout
 
 
