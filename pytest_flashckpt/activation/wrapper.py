@@ -13,12 +13,14 @@ masks):
 - ``by_role`` / ``by_op``: the same, with the role policy's selective-checkpoint contexts (``activation.policy``).
 
 ``option`` may be switched between forwards (the budget strategy sets it per input shape). A switchable block
-(``pin_inputs``) also holds its tensor inputs until the gradient of its output arrives, whatever its option: a
-checkpointed block keeps its inputs for the recomputation anyway, and a model may pass its blocks tensors it made
-before the first block and uses nowhere else (Hugging Face Llama's ``position_ids``, an attention mask). Without
-the pin such a tensor would live into the backward pass only when some block below is checkpointed, so a plan's
-peak would not be the sum of its blocks' measured costs (``budget.model``); with it, it lives the same in every
-plan, which costs nothing where any block is checkpointed and those tensors' bytes where none is.
+(``pin_inputs``) also holds its tensor inputs that need no gradient until the gradient of its output arrives,
+whatever its option: a checkpointed block keeps its inputs for the recomputation anyway, and a model may pass its
+blocks tensors it made before the first block and uses nowhere else (Hugging Face Llama's ``position_ids``, an
+attention mask). Without the pin such a tensor would live into the backward pass only when some block below is
+checkpointed, so a plan's peak would not be the sum of its blocks' measured costs (``budget.model``); with it, it
+lives the same in every plan, which costs nothing where any block is checkpointed and those tensors' bytes (once:
+every block is passed the same ones) where none is. The hidden states (they need a gradient) are not pinned, so an
+offloaded block's input still leaves the device.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class BlockForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         output = self._run(*args, **kwargs)
         if self.pin_inputs and torch.is_grad_enabled():
-            pinned = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            pinned = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and not t.requires_grad]
             on_output_gradient(output, pinned.clear)
         return output
 
