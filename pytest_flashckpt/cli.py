@@ -167,7 +167,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         done = export_weights(Path(args.checkpoint), Path(args.out))
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
-    tied = f"; tied aliases dropped (restored on load): {', '.join(done.tied)}" if done.tied else ""
+    tied = f"; tied aliases written beside their owners: {', '.join(done.tied)}" if done.tied else ""
     print(f"{done.path}: {len(done.keys)} tensors from {done.source} (step {done.metadata['flashckpt.step']}){tied}")
     return 0
 

@@ -63,13 +63,18 @@ class Trainer:
         self.model.train()
         x, y = self.batch()
         with self.autocast_context():
-            loss = self.model(x, y)
+            loss = self.loss(x, y)
         loss.backward()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return loss.detach()
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step's loss: the project's models take ``model(tokens, targets)`` and return it. A trainer of another
+        model overrides this (``activation.step.StepTrainer``: the user's loss or step)."""
+        return self.model(x, y)
 
     def autocast_context(self):
         """``torch.autocast`` over the forward for mixed precision (a no-op context in pure precision). On ``meta``

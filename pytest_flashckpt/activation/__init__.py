@@ -9,7 +9,11 @@ the plain model. Recomputation runs under ``torch.utils.checkpoint`` (non-reentr
 reproduces dropout masks bit for bit); what a partly recomputed block saves is one role policy's decision
 (``policy.RolePolicy``), from the op (``ops``, the op table) and the block's anatomy (``models.anatomy``).
 
-Modules, bottom to top: ``ops``, ``options`` > ``policy``, ``blocks`` > ``wrapper`` > ``budget/`` (``model`` >
+The budget planner measures the model's real training step: on a model that does not take ``model(tokens, targets)
+-> loss``, the user gives it (``step``: ``loss=`` a function of the model's output, or ``step=`` the whole step; a
+user-built transformers model defaults to next-token cross-entropy of its logits).
+
+Modules, bottom to top: ``ops``, ``options``, ``step`` > ``policy``, ``blocks`` > ``wrapper`` > ``budget/`` (``model`` >
 ``solver``, ``costs`` > ``planner``) > ``plan`` > ``applied`` > ``apply``; ``flops`` and ``analytic`` (FLOP counting,
 the analytic activation-memory model of our GPT) stand beside them.
 """
@@ -20,8 +24,9 @@ from pytest_flashckpt.activation.blocks import resolve_blocks
 from pytest_flashckpt.activation.ops import DEFAULT_SAVE_OPS
 from pytest_flashckpt.activation.options import BlockOption
 from pytest_flashckpt.activation.plan import STRATEGIES, StrategyUnavailable, plan_for
+from pytest_flashckpt.activation.step import StepTrainer, TrainingStep, next_token_loss, training_step
 
 __all__ = [
     "DEFAULT_SAVE_OPS", "STRATEGIES", "AppliedActivation", "AppliedBudget", "BlockOption", "StrategyUnavailable",
-    "apply_ac", "apply_budget", "plan_for", "resolve_blocks",
+    "StepTrainer", "TrainingStep", "apply_ac", "apply_budget", "next_token_loss", "plan_for", "resolve_blocks", "training_step",
 ]

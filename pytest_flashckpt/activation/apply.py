@@ -23,6 +23,7 @@ from pytest_flashckpt.activation.budget.planner import BudgetPlanner
 from pytest_flashckpt.activation.options import NONE
 from pytest_flashckpt.activation.plan import StrategyUnavailable, plan_for
 from pytest_flashckpt.activation.policy import OpMatches
+from pytest_flashckpt.activation.step import LossFn, StepFn, training_step
 from pytest_flashckpt.activation.wrapper import install_block_forwards, is_wrapped
 from pytest_flashckpt.config.budget import BudgetSpec
 from pytest_flashckpt.config.scenario import ActivationConfig
@@ -34,7 +35,11 @@ def apply_ac(
     config: ActivationConfig,
     shape: tuple[int, int] | None = None,
     source: CostSource | None = None,
-    blocks: nn.ModuleList | Iterable[nn.Module] | str | None = None,
+    blocks: nn.ModuleList | nn.ModuleDict | Iterable[nn.Module] | str | None = None,
+    *,
+    step: StepFn | None = None,
+    loss: LossFn | None = None,
+    vocab_size: int | None = None,
 ) -> AppliedActivation:
     """Apply ``config.strategy`` to the model's blocks in place and return what was applied.
 
@@ -48,6 +53,10 @@ def apply_ac(
     costs measured on a private CPU copy; a GPU run passes simulated costs, ``simulate.costs.SimulatedCosts``).
     Other strategies ignore both.
 
+    ``step`` / ``loss`` / ``vocab_size`` (``budget`` only, with the default source): the training step the planner
+    measures on a model that does not take ``model(tokens, targets) -> loss`` (``activation.step``: a loss of the
+    model's output, or the whole step; a user-built transformers model defaults to next-token cross-entropy).
+
     Raises ValueError for a configuration that cannot fit this model (k outside 1..n_layer, unknown save op),
     StrategyUnavailable for a strategy this device cannot run (offload without a GPU), and RuntimeError if the
     model already has a strategy applied.
@@ -56,7 +65,14 @@ def apply_ac(
     if any(is_wrapped(block) for block in found):
         raise RuntimeError("an activation strategy is already applied to this model; build a fresh model instead")
     device = next(model.parameters()).device
+    given = [name for name, value in (("step", step), ("loss", loss), ("vocab_size", vocab_size)) if value is not None]
+    if given and (config.strategy != "budget" or source is not None):
+        why = f"strategy {config.strategy!r} measures nothing" if config.strategy != "budget" else "source= measures its own steps"
+        raise ValueError(f"apply_ac: {', '.join(given)}= tell the budget planner's measured source how to run a step, but "
+                         f"{why}; drop {', '.join(given)}=")
     if config.strategy == "budget":
+        if source is None and device.type == "cpu":
+            source = MeasuredCosts.shared(model, found, anatomy, training_step(model, step, loss, vocab_size))
         return _apply_budget(model, config, found, anatomy, device, shape, source)
     options = plan_for(config, len(found), has_anatomy=anatomy is not None, backend=getattr(model, "backend", None),
                        device_type=device.type)
@@ -72,11 +88,14 @@ def apply_ac(
 
 def apply_budget(
     model: nn.Module, budget: str | int | float, shape: tuple[int, int] | None = None, source: CostSource | None = None,
-    blocks: nn.ModuleList | Iterable[nn.Module] | str | None = None,
+    blocks: nn.ModuleList | nn.ModuleDict | Iterable[nn.Module] | str | None = None, *, step: StepFn | None = None,
+    loss: LossFn | None = None, vocab_size: int | None = None,
 ) -> AppliedBudget:
     """``apply_ac`` with strategy ``budget``: the model's blocks under per-shape plans that fit ``budget`` (a size,
-    a fraction of the no-checkpointing peak, ``"min"`` or ``"min + 30%"``)."""
-    applied = apply_ac(model, ActivationConfig(strategy="budget", budget=budget), shape, source, blocks)
+    a fraction of the no-checkpointing peak, ``"min"`` or ``"min + 30%"``); ``step`` / ``loss``: how the planner
+    runs the model's training step (``activation.step``)."""
+    applied = apply_ac(model, ActivationConfig(strategy="budget", budget=budget), shape, source, blocks,
+                       step=step, loss=loss, vocab_size=vocab_size)
     assert isinstance(applied, AppliedBudget)
     return applied
 
@@ -85,13 +104,11 @@ def _apply_budget(model: nn.Module, config: ActivationConfig, blocks: list[nn.Mo
                   device: torch.device, shape: tuple[int, int] | None, source: CostSource | None) -> AppliedBudget:
     """Every block wrapped and switchable; a forward pre-hook on the model sets each block's option from the plan
     for the input's (batch, seq). ``shape`` is planned now."""
-    if source is None:
-        if device.type != "cpu":
-            raise StrategyUnavailable(
-                f"budget plans from costs measured with the exact cpu probe; a {device.type.upper()} run needs a cost "
-                "source: pass source=SimulatedCosts(...) (pytest_flashckpt.simulate.costs; the runner does)"
-            )
-        source = MeasuredCosts.shared(model, blocks, anatomy)
+    if source is None:  # apply_ac measures on a cpu; any other device needs a source
+        raise StrategyUnavailable(
+            f"budget plans from costs measured with the exact cpu probe; a {device.type.upper()} run needs a cost "
+            "source: pass source=SimulatedCosts(...) (pytest_flashckpt.simulate.costs; the runner does)"
+        )
     planner = BudgetPlanner(BudgetSpec.parse(config.budget), source)
     forwards = install_block_forwards(model, blocks, anatomy, [NONE] * len(blocks), switchable=True)
     applied = AppliedBudget("budget", tuple(range(len(forwards))), planner=planner)
@@ -102,14 +119,23 @@ def _apply_budget(model: nn.Module, config: ActivationConfig, blocks: list[nn.Mo
         for forward, option in zip(forwards, options):
             forward.option = option
 
-    def before(_module, args) -> None:
-        idx = args[0]
-        plan_shape(int(idx.shape[0]), int(idx.shape[1]))
+    def before(_module, args, kwargs) -> None:
+        plan_shape(*input_shape(model, args, kwargs))
 
-    model.register_forward_pre_hook(before)
+    model.register_forward_pre_hook(before, with_kwargs=True)
     if shape is not None:
         plan_shape(*shape)
     return applied
+
+
+def input_shape(model: nn.Module, args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(batch, seq) of a model call: the first tensor of two or more dimensions among its positional, then its
+    keyword arguments (``model(tokens)``, ``model(input_ids=tokens)``)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() >= 2:
+            return int(value.shape[0]), int(value.shape[1])
+    raise ValueError(f"budget: a {type(model).__name__} was called without a (batch, seq) tensor argument, so the plan "
+                     "for its input shape is unknown; call the model on the tokens (model(tokens) or model(input_ids=...))")
 
 
 def _count_matches(model: nn.Module, matches: OpMatches, applied: AppliedActivation) -> None:

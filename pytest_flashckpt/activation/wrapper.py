@@ -12,12 +12,22 @@ masks):
   dropout masks bit for bit);
 - ``by_role`` / ``by_op``: the same, with the role policy's selective-checkpoint contexts (``activation.policy``).
 
-``option`` may be switched between forwards (the budget strategy sets it per input shape).
+``option`` may be switched between forwards (the budget strategy sets it per input shape). A switchable block
+(``pin_inputs``) also holds its tensor inputs that need no gradient until the gradient of its output arrives,
+whatever its option: a checkpointed block keeps its inputs for the recomputation anyway, and a model may pass its
+blocks tensors it made before the first block and uses nowhere else (Hugging Face Llama's ``position_ids``, an
+attention mask). Without the pin such a tensor would live into the backward pass only when some block below is
+checkpointed, so a plan's peak would not be the sum of its blocks' measured costs (``budget.model``); with it, it
+lives the same in every plan, which costs nothing where any block is checkpointed and those tensors' bytes (once:
+every block is passed the same ones) where none is. The hidden states (they need a gradient) are not pinned, so an
+offloaded block's input still leaves the device.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from torch.utils._pytree import tree_leaves
 
 import torch
 import torch.nn as nn
@@ -39,14 +49,22 @@ class BlockForward:
     ``where`` names the block in errors; ``matches`` counts a ``by_op`` option's listed ops (``OpMatches``)."""
 
     def __init__(self, forward: Callable, option: BlockOption = NONE, where: str = "block",
-                 offload_context: Callable = save_on_host, matches: OpMatches | None = None) -> None:
+                 offload_context: Callable = save_on_host, matches: OpMatches | None = None, pin_inputs: bool = False) -> None:
         self.forward = forward
         self.option = option
         self.where = where
         self.offload_context = offload_context
         self.matches = matches
+        self.pin_inputs = pin_inputs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        output = self._run(*args, **kwargs)
+        if self.pin_inputs and torch.is_grad_enabled():
+            pinned = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and not t.requires_grad]
+            on_output_gradient(output, pinned.clear)
+        return output
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
         kind = self.option.kind
         if kind == "none" or not torch.is_grad_enabled():
             return self.forward(*args, **kwargs)
@@ -63,6 +81,18 @@ class BlockForward:
         return f"BlockForward({self.option.name})"
 
 
+def on_output_gradient(output: Any, fn: Callable[[], None]) -> None:
+    """Call ``fn`` when the block's backward begins: when the first gradient of its output arrives (the tensor, or
+    the first of the tensors with a graph in a tuple / dict a block returns: Falcon's and older transformers' blocks
+    return ``(hidden_states, ...)``). Not when all have arrived: an extra output the block also uses inside (its
+    attention output, say) gets its gradient in the middle of the block's own backward."""
+    tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if len(tensors) == 1:
+        tensors[0].register_hook(lambda _grad: fn())
+    elif tensors:
+        torch.autograd.graph.register_multi_grad_hook(tensors, lambda _grad: fn(), mode="any")
+
+
 def is_wrapped(block: nn.Module) -> bool:
     """Whether a strategy already runs this block's forward."""
     return isinstance(block.__dict__.get("forward"), BlockForward)
@@ -74,15 +104,15 @@ def install_block_forwards(
 ) -> list[BlockForward]:
     """A ``BlockForward`` on each block with its option, and, where the option reads roles (every block when the
     options are ``switchable``: set later, per input shape) and the model has an anatomy, the role hooks that tell
-    the policy which projection runs a matmul (``models.anatomy.role_hooks``). Raises RuntimeError if a block
-    already runs under a strategy."""
+    the policy which projection runs a matmul (``models.anatomy.role_hooks``); switchable blocks pin their inputs
+    (see the module docstring). Raises RuntimeError if a block already runs under a strategy."""
     if len(options) != len(blocks):
         raise ValueError(f"a plan of {len(options)} block options for a model of {len(blocks)} blocks")
     if any(is_wrapped(block) for block in blocks):
         raise RuntimeError("an activation strategy is already applied to this model; build a fresh model instead")
     forwards = []
     for block, option, where in zip(blocks, options, block_names(model, blocks)):
-        forward = BlockForward(block.forward, option, where, matches=matches)
+        forward = BlockForward(block.forward, option, where, matches=matches, pin_inputs=switchable)
         block.forward = forward
         forwards.append(forward)
         if anatomy is not None and (switchable or option.reads_roles):

@@ -2,11 +2,14 @@
 
 A checkpoint holds the whole training state under prefixed keys (``model/...``, ``optimizer/state/<i>/...``) with
 the tied LM head recorded as an alias in ``meta.json``. An export is what ``torch.load(weights_only=True)`` or
-``safetensors.torch.load_file`` alone can feed to ``model.load_state_dict``: the model's own keys, each tensor once.
-Tied weights are stored the way transformers stores them in safetensors: the alias (``lm_head.weight``) is dropped,
-because safetensors refuses two names for one storage; the GPT restores its tie when loading (see
-``GPT._restore_tied_head``), so ``load_state_dict(sd, strict=True)`` passes. The aliases are also listed in the
-metadata (``flashckpt.tied``) for other models.
+``safetensors.torch.load_file`` alone can feed to ``model.load_state_dict(sd, strict=True)``: the model's own keys,
+every one of them. A tied weight's alias (``lm_head.weight`` of a head tied to the embedding) is written too, since
+a plain ``load_state_dict`` (a transformers ``GPT2LMHeadModel``'s included: only ``from_pretrained`` re-ties) names a
+missing alias as a missing key. safetensors refuses two names for one storage, so in a ``.safetensors`` export the
+alias is its own copy of the owner's bytes (the file grows by that tensor); loading copies both into the one shared
+parameter, so the tie survives. A ``.pt`` export keeps the alias as the same tensor (torch files share storages).
+An untied model's export is exactly its weights, as before. The aliases are listed in the metadata
+(``flashckpt.tied``).
 
 Safetensors metadata: ``format: pt`` (what transformers writes and checks) and ``flashckpt.*`` keys: step, strategy,
 the checkpoint folder's name, and the pytest_flashckpt and torch versions that wrote the checkpoint. A ``.pt`` export
@@ -38,7 +41,7 @@ class Exported:
     path: Path
     source: Path
     keys: list[str]
-    tied: dict[str, str]  # dropped alias -> the key that holds its tensor
+    tied: dict[str, str]  # tied alias -> the key that owns its tensor (both written)
     metadata: dict[str, str]
 
 
@@ -52,10 +55,24 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def model_state_dict(loaded: LoadedCheckpoint) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The model's weights under its own keys, each tensor once, and the tied aliases that were dropped."""
+    """The model's weights under its own keys, each tensor once, and the tied aliases (alias -> owner) the
+    checkpoint stores only once."""
     weights = {k.removeprefix("model/"): t for k, t in loaded.tensors.items() if k.startswith("model/")}
     tied = dict(loaded.meta["tree"].get("model_aliases", {}))
     return weights, tied
+
+
+def with_aliases(weights: dict[str, torch.Tensor], tied: dict[str, str], copy: bool) -> dict[str, torch.Tensor]:
+    """``weights`` plus every tied alias: the owner's tensor itself, or (``copy``, for safetensors, which refuses
+    shared storages) its own copy. A tie whose owner the checkpoint lacks is a CheckpointError, not a file that
+    would fail to load."""
+    out = {k: t.contiguous() for k, t in weights.items()}
+    for alias, owner in sorted(tied.items()):
+        if owner not in out:
+            raise CheckpointError(f"checkpoint ties {alias!r} to {owner!r}, which it does not hold; it cannot be exported")
+        if alias not in out:
+            out[alias] = out[owner].clone() if copy else out[owner]
+    return out
 
 
 def export_weights(checkpoint: Path, out: Path) -> Exported:
@@ -79,15 +96,16 @@ def export_weights(checkpoint: Path, out: Path) -> Exported:
         "flashckpt.torch": versions.get("torch", "unknown"),
         "flashckpt.tied": json.dumps(tied, sort_keys=True),
     }
+    payload = with_aliases(weights, tied, copy=out.suffix == ".safetensors")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if out.suffix == ".safetensors":
-            save_file({k: t.contiguous() for k, t in weights.items()}, str(tmp), metadata=metadata)
+            save_file(payload, str(tmp), metadata=metadata)
         else:
-            torch.save({k: t.contiguous() for k, t in weights.items()}, tmp)
+            torch.save(payload, tmp)
         fsync_path(tmp)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return Exported(out, folder, sorted(weights), tied, metadata)
+    return Exported(out, folder, sorted(payload), tied, metadata)

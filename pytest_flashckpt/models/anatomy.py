@@ -6,7 +6,9 @@ forward order or from the project's own GPT parameter names. A GPT block runs 4 
 7; labelling them by position would mislabel one of them silently.
 
 A model states its anatomy with an ``anatomy()`` method (the project's families do); for a model that cannot, a
-*discoverer* registered with ``register_discoverer`` recognises it (the Hugging Face adapter registers one).
+*discoverer* registered with ``register_discoverer`` recognises it (``models.families`` registers the Hugging Face
+one when the package is imported; it imports the adapter only when it meets a transformers model). The blocks are
+an ``nn.ModuleList`` or an ``nn.ModuleDict`` (torchtitan's ``layers``), in order.
 ``check_block`` holds a block to its anatomy: every named projection exists and is a matmul module, and no matmul
 module of the block is left without a role, so a wrong anatomy is an error naming the block and the modules.
 
@@ -28,7 +30,10 @@ __all__ = [
     "PROJECTION_ROLES",
     "BlockAnatomy",
     "ModelAnatomy",
+    "block_containers",
+    "block_names",
     "check_block",
+    "container_blocks",
     "current_role",
     "get_anatomy",
     "get_blocks",
@@ -81,8 +86,8 @@ class BlockAnatomy:
 class ModelAnatomy:
     """A whole model by module name (dotted paths from the model's root).
 
-    ``family``: ``gpt``, ``llama``, ``hf-gpt2``, ``hf-llama``, ``custom``...; ``blocks``: the ``nn.ModuleList`` of
-    decoder blocks (``blocks``, ``transformer.h``, ``model.layers``); ``embeddings``: the input embedding modules;
+    ``family``: ``gpt``, ``llama``, ``hf-gpt2``, ``hf-llama``, ``custom``...; ``blocks``: the ``nn.ModuleList`` (or
+    ``nn.ModuleDict``) of decoder blocks (``blocks``, ``transformer.h``, ``model.layers``); ``embeddings``: the input embedding modules;
     ``head``: the output projection (None if the model has none); ``final_norm``: the norm before the head;
     ``tied``: (alias, owner) parameter-name pairs that share one storage, e.g. ``(("lm_head.weight",
     "wte.weight"),)`` for a tied head (savers store the owner once and restore the alias from it)."""
@@ -115,7 +120,9 @@ def register_discoverer(fn: Discoverer) -> None:
 def get_anatomy(model: nn.Module) -> ModelAnatomy:
     """The model's anatomy: ``model.anatomy()`` if it defines one, else the first registered discoverer's answer.
 
-    Raises ValueError naming the model's class and what to do when nobody knows it."""
+    The families' discoverers (Hugging Face GPT-2 / Llama / Qwen2 layouts) are registered when the package is
+    imported (``models.families``), so no import beyond ``pytest_flashckpt.activation`` is needed. Raises
+    ValueError naming the model's class, the block containers it has and what to do when nobody knows it."""
     method = getattr(model, "anatomy", None)
     if callable(method):
         anatomy = method()
@@ -126,27 +133,62 @@ def get_anatomy(model: nn.Module) -> ModelAnatomy:
         anatomy = discover(model)
         if anatomy is not None:
             return anatomy
+    containers = block_containers(model)
+    found = ", ".join(f"{name} ({type(m).__name__} of {len(m)})" for name, m in containers) or "none"
+    hint = f"blocks={containers[0][0]!r}" if containers else "blocks=[...]"
     raise ValueError(
         f"no anatomy for a {type(model).__name__}: it has no anatomy() method and no registered discoverer "
-        "recognises it; give the model an anatomy() returning a pytest_flashckpt.models.anatomy.ModelAnatomy, "
-        "register a discoverer (register_discoverer), or pass its blocks explicitly (apply_ac(..., blocks=...))"
+        f"recognises it (known layouts: the project's families, Hugging Face GPT-2 and Llama-style models). Its "
+        f"block containers: {found}. Pass its blocks explicitly (apply_ac(..., {hint}): a ModuleList, ModuleDict, "
+        "list of modules or a dotted path), give the model an anatomy() returning a "
+        "pytest_flashckpt.models.anatomy.ModelAnatomy, or register a discoverer (register_discoverer)"
     )
 
 
-def get_blocks(model: nn.Module, anatomy: ModelAnatomy | None = None) -> nn.ModuleList:
-    """The model's decoder blocks (the ModuleList at ``anatomy.blocks``)."""
+def block_containers(model: nn.Module) -> list[tuple[str, nn.ModuleList | nn.ModuleDict]]:
+    """The model's non-empty ``nn.ModuleList`` / ``nn.ModuleDict`` submodules (candidates for its decoder blocks),
+    largest first: what an error suggests passing as ``blocks=``."""
+    found = [(name, m) for name, m in model.named_modules() if name and isinstance(m, (nn.ModuleList, nn.ModuleDict)) and len(m)]
+    return sorted(found, key=lambda item: -len(item[1]))
+
+
+def container_blocks(container: object) -> list[nn.Module] | None:
+    """The blocks held by ``container``: an ``nn.ModuleList`` or a plain list/tuple of modules in order, an
+    ``nn.ModuleDict`` in its insertion order (torchtitan's ``model.layers``, keyed "0", "1", ...); None if it is
+    none of these or holds something that is not a module."""
+    if isinstance(container, nn.ModuleDict):
+        items = list(container.values())
+    elif isinstance(container, (nn.ModuleList, nn.Sequential, list, tuple)):
+        items = list(container)
+    else:
+        return None
+    return items if all(isinstance(b, nn.Module) for b in items) else None
+
+
+def get_blocks(model: nn.Module, anatomy: ModelAnatomy | None = None) -> nn.ModuleList | list[nn.Module]:
+    """The model's decoder blocks, in order: the ``nn.ModuleList`` at ``anatomy.blocks`` itself, or the values of the
+    ``nn.ModuleDict`` there, as a list."""
     anatomy = anatomy if anatomy is not None else get_anatomy(model)
     try:
-        blocks = model.get_submodule(anatomy.blocks)
+        container = model.get_submodule(anatomy.blocks)
     except AttributeError:
         raise ValueError(
             f"{anatomy.family} anatomy names blocks {anatomy.blocks!r}, but a {type(model).__name__} has no such submodule"
         ) from None
-    if not isinstance(blocks, nn.ModuleList):
+    blocks = container_blocks(container) if isinstance(container, (nn.ModuleList, nn.ModuleDict)) else None
+    if not blocks:
         raise ValueError(
-            f"{anatomy.family} anatomy names blocks {anatomy.blocks!r}, which is a {type(blocks).__name__}, not an nn.ModuleList"
+            f"{anatomy.family} anatomy names blocks {anatomy.blocks!r}, which is {'an empty' if blocks == [] else 'a'} "
+            f"{type(container).__name__}, not a non-empty nn.ModuleList or nn.ModuleDict of blocks"
         )
-    return blocks
+    return container if isinstance(container, nn.ModuleList) else blocks
+
+
+def block_names(model: nn.Module, blocks: list[nn.Module]) -> list[str]:
+    """Each block's dotted name in the model (``blocks.3``, ``model.layers.3``; ``blocks[i]`` for a block that is
+    not a submodule), for errors."""
+    by_id = {id(m): name for name, m in model.named_modules()}
+    return [by_id.get(id(b), f"blocks[{i}]") for i, b in enumerate(blocks)]
 
 
 def is_matmul_module(module: nn.Module) -> bool:

@@ -4,6 +4,10 @@ A family gives the module class (built from its card with a concrete attention b
 own anatomy, ``models.anatomy``) and says which of the project's closed forms know its blocks: the analytic
 activation model (``activation.analytic``, GPT only) and the matmul FLOP formula. A family without one shows "—"
 where a GPT would show the formula's number: a GPT formula is never applied to another family's block.
+
+It also registers the anatomy discoverers of the model families built outside the project (``transformers``
+models), so ``from pytest_flashckpt.activation import apply_ac`` is all a user imports: this module is imported
+with the ``pytest_flashckpt.models`` package, which every user of ``models.anatomy`` imports first.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Callable
 import torch.nn as nn
 
 from pytest_flashckpt.config.model_card import CARD_FAMILIES
+from pytest_flashckpt.models.anatomy import ModelAnatomy, register_discoverer
 
 
 @dataclass(frozen=True)
@@ -58,3 +63,21 @@ def family_of(card) -> Family:
         return FAMILIES[card.family]
     except KeyError:
         raise ValueError(f"model card {card.name!r}: unknown family {card.family!r}; valid: {', '.join(FAMILIES)}") from None
+
+
+def is_transformers_model(model: nn.Module) -> bool:
+    """A module whose class (or a base class) comes from transformers, told by the class's module name alone."""
+    return any(cls.__module__.split(".")[0] == "transformers" for cls in type(model).__mro__)
+
+
+def discover_transformers_anatomy(model: nn.Module) -> ModelAnatomy | None:
+    """The Hugging Face discoverer, imported the first time a transformers model is met, so importing the package
+    costs no transformers import (``models.hf.anatomy`` imports none either; it reads module names)."""
+    if not is_transformers_model(model):
+        return None
+    from pytest_flashckpt.models.hf.anatomy import discover_anatomy
+
+    return discover_anatomy(model)
+
+
+register_discoverer(discover_transformers_anatomy)

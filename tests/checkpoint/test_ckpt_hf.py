@@ -1,7 +1,7 @@
 """Saves and export by anatomy on Hugging Face models (built from configs, random init): every save strategy
 resumes bitwise on GPT-2 (tied head, Conv1D) and Llama (untied head); selective and layer-wise saves key on the
-anatomy (blocks path, embeddings, head, tie), not on the project's parameter names; export drops the head only
-when it is tied."""
+anatomy (blocks path, embeddings, head, tie), not on the project's parameter names; export writes a tied head
+beside its embedding (tests/checkpoint/test_ckpt_export_strict.py: strict loads into user-built models)."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def test_layerwise_writes_one_file_per_decoder_layer(family: str, tmp_path) -> N
 
 
 @pytest.mark.parametrize("family", sorted(HF))
-def test_export_drops_the_head_only_when_tied(family: str, tmp_path) -> None:
+def test_export_loads_strictly_tied_or_not(family: str, tmp_path) -> None:
     from safetensors.torch import load_file
 
     trainer = make(family)
@@ -120,10 +120,9 @@ def test_export_drops_the_head_only_when_tied(family: str, tmp_path) -> None:
     weights = load_file(str(tmp_path / "model.safetensors"))
     fresh = build_hf_model(HF[family], "sdpa", seed=9)
     if family == "gpt2":
-        assert exported.tied == {"lm_head.weight": "transformer.wte.weight"} and "lm_head.weight" not in weights
-        report = fresh.load_state_dict(weights, strict=False)
-        assert list(report.missing_keys) == ["lm_head.weight"] and not report.unexpected_keys
-        assert fresh.lm_head.weight is fresh.transformer.wte.weight  # the tie carries the head
+        assert exported.tied == {"lm_head.weight": "transformer.wte.weight"} and "lm_head.weight" in weights
+        fresh.load_state_dict(weights, strict=True)
+        assert fresh.lm_head.weight is fresh.transformer.wte.weight  # the tie survives the load
     else:
         assert exported.tied == {} and "lm_head.weight" in weights
         fresh.load_state_dict(weights, strict=True)

@@ -23,7 +23,8 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from pytest_flashckpt.activation.budget.model import PlanCosts
 from pytest_flashckpt.activation.flops import CPU_FLASH_FORMULAS
 from pytest_flashckpt.activation.options import NONE, BlockOption, default_options
-from pytest_flashckpt.activation.wrapper import switchable_forwards
+from pytest_flashckpt.activation.step import StepTrainer, TrainingStep, training_step
+from pytest_flashckpt.activation.wrapper import on_output_gradient, switchable_forwards
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.probes.cpu import _LiveStorages
 from pytest_flashckpt.training import Trainer
@@ -87,8 +88,7 @@ def install_marks(model: nn.Module, probe_ref: list, blocks=None) -> list:
         def post(_module, _args, output, i=i) -> None:
             if probe_ref:
                 probe_ref[0].mark(f"e{i}")
-                if output.requires_grad:
-                    output.register_hook(lambda _grad, i=i: probe_ref[0].mark(f"b{i}") if probe_ref else None)
+                on_output_gradient(output, lambda i=i: probe_ref[0].mark(f"b{i}") if probe_ref else None)
 
         handles.append(block.register_forward_pre_hook(pre))
         handles.append(block.register_forward_hook(post))
@@ -124,7 +124,7 @@ def _forward_backward(trainer: Trainer, mark) -> None:
     loss alive as there), then the gradients dropped as its ``zero_grad`` drops them."""
     trainer.model.train()
     x, y = trainer.batch()
-    loss = trainer.model(x, y)
+    loss = trainer.loss(x, y)
     loss.backward()
     mark("opt")
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -266,10 +266,12 @@ class MeasuredCosts:
     forked, so a plan chosen in the middle of a measured step changes neither its numbers nor its randomness."""
 
     def __init__(self, model: nn.Module, options: tuple[BlockOption, ...] | None = None, pointwise_weight: float | None = None,
-                 blocks=None, anatomy=None) -> None:
+                 blocks=None, anatomy=None, training: TrainingStep | None = None) -> None:
         """``blocks``/``anatomy``: a model of no family of ours (``apply_ac(..., blocks=...)``) is measured on a deep
         copy, its blocks found by name; without an anatomy only whole-block options (none, full, offload) exist,
-        since a ``by_role`` option reads the roles of the block's matmuls from its anatomy."""
+        since a ``by_role`` option reads the roles of the block's matmuls from its anatomy. ``training``: the step
+        measured (``activation.step.training_step``: the user's loss or step; default: the model's own)."""
+        self.training = training if training is not None else training_step(model)
         param = next(model.parameters())
         self.device = param.device
         if self.device.type != "cpu":
@@ -291,17 +293,18 @@ class MeasuredCosts:
     _shared: dict = {}
 
     @classmethod
-    def shared(cls, model: nn.Module, blocks=None, anatomy=None) -> "MeasuredCosts":
+    def shared(cls, model: nn.Module, blocks=None, anatomy=None, training: TrainingStep | None = None) -> "MeasuredCosts":
         """One source per (config, backend, device, dtype) in this process, its costs cached per shape: every
         scenario of a budget sweep plans from the same measurements instead of measuring again. A model built
-        from no card of ours gets its own source (keyed by the model)."""
+        from no card of ours gets its own source (keyed by the model and its step)."""
         param = next(model.parameters())
+        training = training if training is not None else training_step(model)
         if _from_card(model):
             key = (model.config, model.backend, str(param.device), param.dtype)
         else:
-            key = (id(model), str(param.device), param.dtype)
+            key = (id(model), str(param.device), param.dtype, training.call)
         if key not in cls._shared:
-            cls._shared[key] = cls(model, blocks=None if _from_card(model) else blocks, anatomy=anatomy)
+            cls._shared[key] = cls(model, blocks=None if _from_card(model) else blocks, anatomy=anatomy, training=training)
         return cls._shared[key]
 
     def costs(self, batch_size: int, seq_len: int) -> PlanCosts:
@@ -312,7 +315,7 @@ class MeasuredCosts:
     def _measure(self, batch_size: int, seq_len: int) -> PlanCosts:
         with quiet():
             if self._trainer is None:
-                self._trainer = Trainer.create(self.model, batch_size, seq_len)
+                self._trainer = StepTrainer.for_step(self.model, self.training, batch_size, seq_len)
             return segment_costs(
                 self._trainer, self.forwards, self.options, self._probe_ref, batch_size, seq_len,
                 pointwise_weight=self.pointwise_weight,

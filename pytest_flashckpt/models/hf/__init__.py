@@ -3,7 +3,8 @@
 ``build_hf_model(config, backend)`` builds ``AutoModelForCausalLM.from_config`` with random weights (from a seed),
 the attention implementation of the scenario's kernel, and the project's training-step call ``model(tokens,
 targets) -> loss`` (``loss_forward``). ``discover_anatomy`` knows GPT-2 and Llama layouts and is registered with
-``models.anatomy.register_discoverer`` on import, so every strategy that reads a model's anatomy works on a
+``models.anatomy.register_discoverer`` when ``pytest_flashckpt`` is imported (``models.families``, which imports
+this package only when a transformers model is met), so every strategy that reads a model's anatomy works on a
 Hugging Face model the user built too; ``explain_anatomy`` says what could not be decided for any other layout, and
 ``stated_anatomy`` turns a suite's ``anatomy:`` keys into one.
 

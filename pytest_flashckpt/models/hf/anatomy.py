@@ -2,7 +2,9 @@
 
 Discovery reads the module tree, never a class list alone: a GPT-2 layout is ``transformer.h`` blocks with
 ``attn.c_attn`` / ``attn.c_proj`` / ``mlp.c_fc`` / ``mlp.c_proj`` (transformers' ``Conv1D``); a Llama layout is
-``model.layers`` blocks with ``self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj``. The tie is read from the
+``model.layers`` blocks with ``self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` (Llama, Qwen2, Mistral
+and the other models transformers lays out like Llama). ``models.families`` registers ``discover_anatomy`` (lazily:
+this module is imported the first time a transformers model is met), so the package's import alone suffices. The tie is read from the
 live model (the head's weight *is* the embedding's), not from ``_tied_weights_keys``, which transformers declares on
 the class whether or not this config ties (an untied Llama's head is its own parameter). Every discovered block is
 then held to the anatomy (``check_block``), so a layout that looks like one of these but holds other matmuls is an
@@ -15,7 +17,7 @@ from typing import Any, Mapping
 
 import torch.nn as nn
 
-from pytest_flashckpt.models.anatomy import BlockAnatomy, ModelAnatomy, check_block, get_blocks, register_discoverer
+from pytest_flashckpt.models.anatomy import BlockAnatomy, ModelAnatomy, block_names, check_block, get_blocks
 
 GPT2 = {
     "blocks": "transformer.h",
@@ -68,8 +70,8 @@ def _build(model: nn.Module, family: str, layout: Mapping[str, Any]) -> ModelAna
     tied = tuple(tuple(p) for p in tied) if tied is not None else tied_pairs(model, head, embeddings)
     anatomy = ModelAnatomy(family, layout["blocks"], block, embeddings, head, layout.get("final_norm"), tied)
     blocks = get_blocks(model, anatomy)
-    for i, b in enumerate(blocks):
-        check_block(anatomy, b, where=f"{anatomy.blocks}.{i}")
+    for name, b in zip(block_names(model, blocks), blocks):
+        check_block(anatomy, b, where=name)
     names = dict(model.named_modules())
     missing = [n for n in (*embeddings, head, anatomy.final_norm) if n is not None and n not in names]
     if missing:
@@ -132,5 +134,3 @@ def stated_anatomy(model: nn.Module, stated: Mapping[str, Any], where: str = "mo
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
 
-
-register_discoverer(discover_anatomy)
