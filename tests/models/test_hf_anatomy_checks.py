@@ -61,7 +61,7 @@ def test_control_without_the_shape_check_a_swapped_anatomy_builds(monkeypatch):
 
 
 @pytest.mark.parametrize(("blocks", "words"), [
-    ("model.norm", "names blocks 'model.norm', which is a LlamaRMSNorm, not an nn.ModuleList"),
+    ("model.norm", "names blocks 'model.norm', which is a LlamaRMSNorm, not a non-empty nn.ModuleList or nn.ModuleDict"),
     ("model.nope", "names blocks 'model.nope', but a LlamaForCausalLM has no such submodule"),
 ])
 def test_blocks_that_are_not_a_list_of_modules_are_one_line(blocks, words):
