@@ -1,0 +1,106 @@
+"""Measuring a ``torch.compile``'d step: the allocator's view, with proof that the step ran compiled.
+
+The exact ``cpu`` probe cannot measure a compiled step. It is a ``TorchDispatchMode``, and Dynamo does not compile
+a frame while one is active: it runs the frame eager and marks its code to be skipped from then on, so one step
+under the probe leaves the model running eager for the rest of the process, timing passes included
+(``reports/spike-compile-measure.md``). Inductor's generated code also allocates its buffers outside Python
+dispatch, where no dispatch mode sees them. What sees them is the CPU allocator's events (``torch.profiler`` with
+``profile_memory``, as ``probes.allocator``); the same profile shows whether compiled code ran ("Torch-Compiled
+Region" events), and Dynamo's counters show whether the step compiled anything new (a recompile after warm-up).
+
+``measure_compiled_step`` returns all three from one profiled step and refuses what would read as a compiled
+number but is not one: a step under a dispatch mode, a step that ran fewer compiled regions than expected, a
+step that recompiled. ``missing_compiler`` is the cheap check that lets a compiled scenario skip with a reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch._C._profiler import _EventType
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from pytest_flashckpt.probes.allocator import _walk
+
+COMPILED_REGION = "Torch-Compiled Region"  # the profiler event around every call of Dynamo-compiled code
+
+
+class NotCompiled(RuntimeError):
+    """A step meant to be measured compiled ran (partly) eager, or compiled again after its warm-up."""
+
+
+@dataclass(frozen=True)
+class CompiledStepReading:
+    added_peak_bytes: int  # most bytes the CPU allocator had handed out at once, over what it had at the start
+    compiled_regions: int  # calls of compiled code during the step (per compiled frame, recomputation included)
+    new_graphs: int  # graphs Dynamo compiled during the step (0 after a proper warm-up)
+
+
+def import_inductor() -> None:
+    """Import Inductor's compiler entry point now, so the first ``torch.compile`` call does not. On torch 2.13 that
+    import defines ``torch.utils.mkldnn``'s ``torch.jit.ScriptModule`` classes, which warn that
+    ``torch.jit.script_method`` is deprecated: torch's own code, not the caller's, yet under pytest's
+    ``filterwarnings = error`` it fails the first compiled step. Only that one warning, only during this import,
+    is ignored; any other warning still reaches the caller."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated", category=DeprecationWarning)
+        import torch._inductor.compile_fx  # noqa: F401
+
+
+def missing_compiler() -> str | None:
+    """Why Inductor cannot compile on this CPU (no working C++ compiler), or None. Cheap: Inductor's own search
+    (``torch._inductor.config.cpp.cxx``: ``$CXX`` read at import, else ``g++``; it runs ``<cxx> --version``),
+    whose answer Inductor caches for the process."""
+    from torch._inductor import cpp_builder, exc
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        searched = [c for c in torch._inductor.config.cpp.cxx if c is not None]
+        return (f"torch.compile (Inductor) needs a C++ compiler and found none (searched {', '.join(searched)} on PATH); "
+                "install g++ or set CXX to a compiler before starting Python")
+    return None
+
+
+def _unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def measure_compiled_step(step: Callable[[], object], expected_regions: int = 1) -> CompiledStepReading:
+    """Run ``step`` (already warmed up: compiled, optimizer state made) once under the profiler's memory events.
+
+    Raises ``NotCompiled`` before running it under a ``TorchDispatchMode`` (Dynamo would run it eager and keep
+    it eager afterwards), and after it if it compiled a new graph (a recompile after warm-up) or ran other than
+    ``expected_regions`` compiled regions: fewer, a compiled frame ran eager (skipped); more, a graph break split
+    a frame into pieces (each runs as its own region). A checkpoint outside a compiled block runs the block's
+    region again when it recomputes, so count those twice."""
+    mode = _get_current_dispatch_mode()
+    if mode is not None:
+        raise NotCompiled(
+            f"a compiled step cannot be measured under the dispatch mode {type(mode).__name__} (the cpu probe is one): "
+            "Dynamo runs the step eager and skips its frames from then on; measure it with measure_compiled_step alone"
+        )
+    graphs = _unique_graphs()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
+    allocations = sorted((e for e in events if e.tag == _EventType.Allocation and str(e.extra_fields.device) == "cpu"),
+                         key=lambda e: e.start_time_ns)
+    peak = 0
+    if allocations:
+        first = allocations[0].extra_fields
+        peak = max(e.extra_fields.total_allocated for e in allocations) - (first.total_allocated - first.alloc_size)
+    reading = CompiledStepReading(peak, sum(e.name.startswith(COMPILED_REGION) for e in events), _unique_graphs() - graphs)
+    if reading.new_graphs:
+        raise NotCompiled(f"the step compiled {reading.new_graphs} new graph(s) after its warm-up (a recompile); "
+                          "its peak and time include compiling: find the changing guard with TORCH_LOGS=recompiles")
+    if reading.compiled_regions != expected_regions:
+        why = "a compiled frame ran eager" if reading.compiled_regions < expected_regions else "a graph break split a frame"
+        raise NotCompiled(f"the step ran {reading.compiled_regions} compiled region(s), expected {expected_regions}: "
+                          f"{why} (TORCH_LOGS=graph_breaks,recompiles says where)")
+    return reading
