@@ -125,10 +125,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from pytest_flashckpt.report.compare import DEFAULT_METRICS, compare_markdown
 
+    from pytest_flashckpt.core.files import atomic_write_text
+
+    out = Path(args.out) if args.out else None
+    if out is not None and (out.is_dir() or not out.parent.is_dir()):  # before reading: a usage error, not a traceback
+        raise InputError(f"--out {out}: {'is a folder' if out.is_dir() else 'its folder does not exist'}; "
+                         "name the markdown file to write (e.g. --out compare.md)")
     a, b = _read(args.a), _read(args.b)
     text = compare_markdown(a, b, args.a, args.b, tuple(args.metric) if args.metric else DEFAULT_METRICS)
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+    if out is not None:
+        atomic_write_text(out, text)  # never a half-written comment file
     else:
         sys.stdout.write(text)
     return 0

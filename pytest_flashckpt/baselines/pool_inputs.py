@@ -26,7 +26,7 @@ from typing import Sequence
 from pytest_flashckpt.baselines.pooled import LabelledRun, from_baseline, from_record
 from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, entry_problem
-from pytest_flashckpt.core.files import UnsafeName, safe_name
+from pytest_flashckpt.core.files import UnsafeName, read_regular_bytes, safe_name
 from pytest_flashckpt.core.numbers import num
 from pytest_flashckpt.core.result import RunRecord
 
@@ -104,7 +104,7 @@ def read_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
     for i, path in enumerate(paths):
         path = Path(path)
         try:
-            raw = path.read_bytes()
+            raw = read_regular_bytes(path)
             data = json.loads(raw.decode("utf-8"))
         except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past what json reads
             raise BaselineError(f"{path}: cannot read it as a results or baseline file ({exc or type(exc).__name__})") from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
@@ -263,3 +264,11 @@ def check_output_folder(path: Path | str, option: str) -> Path:
                                  "name a folder (it is created when missing)")
             break
     return path
+
+
+def read_regular_bytes(path: Path | str) -> bytes:
+    """The bytes of ``path`` when it is a regular file; ``ValueError`` naming it otherwise. Checked with ``os.stat``
+    before any ``open``: a FIFO named results.json would block its reader forever, a folder would raise half-way."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # FileNotFoundError passes through for the caller to word
+        raise ValueError(f"{path}: not a regular file (a folder, FIFO or device); name a results.json a suite run wrote")
+    return Path(path).read_bytes()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping
 
 from pytest_flashckpt.core.comparison import Comparison
-from pytest_flashckpt.core.files import atomic_write_text
+from pytest_flashckpt.core.files import atomic_write_text, read_regular_bytes
 from pytest_flashckpt.core.metrics import METRICS, CheckedValues, Measurements, MetricValue, record_into
 from pytest_flashckpt.core.numbers import num
 
@@ -134,9 +134,10 @@ class RunRecord:
 
     @classmethod
     def read_json(cls, path: Path) -> "RunRecord":
-        """Load a results file; missing files, bad JSON and other schemas are ValueErrors naming the file."""
+        """Load a results file; missing files, bad JSON and other schemas are ValueErrors naming the file. Only a
+        regular file is opened: a FIFO named results.json would block the reader forever, a folder would raise."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = json.loads(read_regular_bytes(path).decode("utf-8"))
         except FileNotFoundError:
             raise ValueError(f"{path}: no such results file (a suite run writes flashckpt-report/results.json)") from None
         except json.JSONDecodeError as exc:
