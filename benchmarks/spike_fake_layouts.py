@@ -4,7 +4,11 @@ collectives do nothing, every rank's shapes are real), how long does it take, an
 what a real gloo rank holds?
 
     python benchmarks/spike_fake_layouts.py                  # every case, writes reports/spike-fake-layouts.md
+    python benchmarks/spike_fake_layouts.py --only A B        # those cases, prints the tables (writes nothing)
     python benchmarks/spike_fake_layouts.py --case tp2-llama  # one case, prints its JSON (what the driver runs)
+
+The report's measured part is rewritten by a full run; what follows its ``FINDINGS`` marker (the written-up
+findings and the recommendation) is kept.
 
 Every case runs in its own interpreter (a fresh process group and fake mode each; an abort or hang costs that case
 only) with a timeout. A case builds the project's model (``models.cards.build_model``) under ``FakeTensorMode``,
@@ -57,10 +61,14 @@ CASES = {
                                                          "strategy": "full"}),
     "fsdp8-llama70b-4block": ("fsdp", "llama3-70b", 8, {"batch": 8, "seq": 8192, "n_layer": 4, "dtype": "bfloat16",
                                                          "strategy": "full"}),
+    "fsdp8-llama70b-16block": ("fsdp", "llama3-70b", 8, {"batch": 8, "seq": 8192, "n_layer": 16, "dtype": "bfloat16",
+                                                           "strategy": "full"}),
     "fsdp8-llama70b": ("fsdp", "llama3-70b", 8, {"batch": 8, "seq": 8192, "dtype": "bfloat16", "strategy": "full"}),
 }
 GLOO = {"gloo-tp2-llama": "tp2-llama", "gloo-fsdp4-gpt": "fsdp4-gpt", "gloo-fsdp4-llama": "fsdp4-llama"}
-TIMEOUT_S = {"fsdp8-llama70b": 420}
+FINDINGS = "<!-- findings: kept when the measured part above is regenerated -->"
+RAW = "## Raw records"
+TIMEOUT_S = {"fsdp8-llama70b": 420, "fsdp8-llama70b-16block": 420}
 
 
 def _tp_attention_forward(self, x, cos, sin):
@@ -467,8 +475,11 @@ def _render(results: dict, command: str, load: tuple, seconds: float) -> str:
                     lines.append(f"| {fake_name} | 0 | {key} | {fk[key]:,} | {rr[key]:,} | {fk[key] - rr[key]:+,} |")
                 else:
                     lines.append(f"| {fake_name} | {rr['rank']} | {key} | (rank 0) | {rr[key]:,} | {fk[key] - rr[key]:+,} |")
-    lines += ["", "Raw records:", "", "```json", json.dumps(results, indent=1, default=str), "```", ""]
     return "\n".join(lines)
+
+
+def _raw(results: dict) -> str:
+    return "\n".join([RAW, "", "```json", json.dumps(results, indent=1, default=str), "```", ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,8 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     load.append(os.getloadavg())
     command = "python benchmarks/spike_fake_layouts.py" + (f" --only {' '.join(names)}" if args.only else "")
     text = _render(results, command, tuple(load), time.perf_counter() - started)
+    if args.only:
+        print(text, _raw(results), sep="\n")
+        return 0
+    kept = REPORT.read_text(encoding="utf-8").partition(FINDINGS)[2].partition(RAW)[0] if REPORT.exists() else "\n"
     tmp = REPORT.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(f"{text}\n\n{FINDINGS}{kept}{_raw(results)}", encoding="utf-8")
     tmp.replace(REPORT)
     print(f"wrote {REPORT.relative_to(ROOT)}")
     return 0
