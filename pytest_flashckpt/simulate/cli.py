@@ -90,7 +90,13 @@ def describe(peak) -> list[str]:
     for category, nbytes in peak.breakdown.items():
         lines.append(f"  {category:<16} {gib(nbytes):>12}")
     if peak.sharding:
-        lines.append(f"  (FSDP: includes {gib(peak.sharding['all_gathered_bytes'])} of all-gathered unsharded parameters, modelled)")
+        from pytest_flashckpt.simulate.fsdp import gathered_in
+
+        gathered = gib(peak.sharding["all_gathered_bytes"])
+        if gathered_in(peak.peak_phase, peak.sharding["all_gathered_bytes"]):
+            lines.append(f"  (FSDP: includes {gathered} of all-gathered unsharded parameters, modelled)")
+        else:
+            lines.append(f"  (FSDP: the {peak.peak_phase} step runs on shards: none of the {gathered} all-gathered in forward and backward)")
     if peak.plan:
         lines.append(f"budget plan ({peak.plan['plan_s']:.1f} s to plan): {peak.plan['describe']}")
         lines += [f"  option {name} left out: {why}" for name, why in peak.plan["excluded"].items()]

@@ -7,14 +7,20 @@ A rank's step: the single-device step simulated at the rank's batch (``batch / N
 (``simulate.probe``: parameters, optimizer state, accumulated gradients and the optimizer step's temporaries
 count 1/N, tracked at every op, so the rank's peak may fall at another moment than the unsharded one), plus what
 FSDP2 all-gathers (modelled, not measured): the root module's parameters (embeddings, final LayerNorm: the root
-is not resharded after forward) and two blocks' parameters (the one running and the one prefetched). NCCL's
+is not resharded after forward) and two blocks' parameters (the one running and the one prefetched), in the
+forward and backward only. By the optimizer step FSDP2 has resharded every parameter (each block after its
+backward, the root at the end of backward), so the optimizer step counts none (on gloo ranks its window starts at
+exactly the local state plus the local gradients). The gathered bytes join the rank's live count when the step
+starts and leave it when the optimizer step starts, so the rank's peak is the larger of the two windows. NCCL's
 communication buffers are not counted.
 """
 
 from __future__ import annotations
 
 import math
+import torch
 import torch.nn as nn
+from torch.utils.hooks import RemovableHandle
 
 from pytest_flashckpt.models.anatomy import get_blocks
 
@@ -48,3 +54,22 @@ def all_gathered_bytes(model: nn.Module) -> int:
     in_blocks = {id(p) for block in blocks for p in block.parameters()}
     root_params = _unsharded(p for p in model.parameters() if id(p) not in in_blocks)
     return root_params + 2 * block_params
+
+
+GATHERED_PHASES = ("forward", "backward")  # the optimizer step runs on the local shards only
+
+
+def gathered_in(phase: str, all_gathered: int) -> int:
+    """The modelled all-gathered bytes a rank holds in ``phase`` (``all_gathered_bytes`` in the forward and backward,
+    none in the optimizer step)."""
+    return all_gathered if phase in GATHERED_PHASES else 0
+
+
+def hold_gathered(probe, optimizer: torch.optim.Optimizer, nbytes: int) -> RemovableHandle:
+    """Count ``nbytes`` of all-gathered parameters in ``probe``'s rank view (``simulate.probe.AttributedStorages``)
+    from now (the step's start: the root's pre-forward all-gather) until ``optimizer``'s step starts (every
+    parameter resharded). No storage stands for them on ``meta``, so they are added to the rank's live count itself:
+    a forward or backward moment peaks with them, an optimizer moment without. Remove the returned handle after
+    the step."""
+    probe._rank_add(nbytes)
+    return optimizer.register_step_pre_hook(lambda *_: probe._rank_add(-nbytes))

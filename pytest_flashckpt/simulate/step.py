@@ -73,7 +73,8 @@ def simulate_step(
         sharding = {"world_size": world_size, "parameter_bytes_full": full, "parameter_bytes_per_rank": per_rank,
                     "all_gathered_bytes": all_gathered_bytes(model)}
     with modes.outside_probe():
-        probe, host_bytes = _measured_step(trainer, count_host=target == "cpu", shard_ratio=ratio)
+        probe, host_bytes = _measured_step(trainer, count_host=target == "cpu", shard_ratio=ratio,
+                                           gathered=sharding.get("all_gathered_bytes", 0))
     peak = _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding)
     return replace(peak, seconds=time.perf_counter() - started, plan=plan, precision=precision)
 
@@ -110,7 +111,7 @@ def _apply_budget(model, config, dtype, kernel, target, world_size, budget, shap
             "excluded": dict(shape_plan.costs.excluded), "notes": list(shape_plan.costs.notes)}
 
 
-def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0) -> tuple[AttributedStorages, int]:
+def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0, gathered: int = 0) -> tuple[AttributedStorages, int]:
     model, optimizer = trainer.model, trainer.optimizer
     probe = AttributedStorages("meta", shard_ratio)
     probe.count_rng_states = count_host  # checkpointing's CPU RNG states are device memory only on a CPU
@@ -148,6 +149,10 @@ def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0)
         for p in model.parameters():
             handles.append(p.register_post_accumulate_grad_hook(lambda param: probe.tag(param.grad, "gradients")))
         handles.append(optimizer.register_step_pre_hook(lambda *_: setattr(probe, "phase", "optimizer")))
+        if gathered:
+            from pytest_flashckpt.simulate.fsdp import hold_gathered
+
+            handles.append(hold_gathered(probe, optimizer, gathered))
         for handle in handles:
             stack.callback(handle.remove)
         with probe:
@@ -158,10 +163,11 @@ def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0)
 
 def _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding) -> SimulatedPeak:
     blocks, outside = probe.by_block(probe.kept_snapshot, config.n_layer)
-    if sharding:  # a rank's view, plus the all-gathered parameters (modelled)
+    if sharding:  # a rank's view, plus the all-gathered parameters (modelled) outside the optimizer step
+        from pytest_flashckpt.simulate.fsdp import gathered_in
+
         breakdown = probe.breakdown(probe.rank_peak_snapshot)
-        gathered = sharding["all_gathered_bytes"]
-        breakdown["temporaries"] += gathered
+        breakdown["temporaries"] += gathered_in(probe.rank_peak_phase, sharding["all_gathered_bytes"])
         peak_bytes, start_bytes, end_bytes = sum(breakdown.values()), round(probe.rank_start), round(probe.rank_live)
         op, phase = probe.rank_peak_op, probe.rank_peak_phase
     else:
