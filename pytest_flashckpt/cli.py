@@ -110,12 +110,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from pytest_flashckpt.report import write_report
 
-    from pytest_flashckpt.core.files import NotAFolder, check_output_folder
+    from pytest_flashckpt.config.errors import ConfigError
+    from pytest_flashckpt.config.preflight import check_output_folder
 
     record = _read(args.results)
+    out = Path(args.out) if args.out else Path(args.results).resolve().parent
     try:
-        out = check_output_folder(args.out, "--out") if args.out else Path(args.results).resolve().parent
-    except NotAFolder as exc:
+        check_output_folder("--out", out)
+    except ConfigError as exc:
         raise InputError(str(exc)) from None
     path = write_report(record, out)
     print(path)

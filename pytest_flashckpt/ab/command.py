@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from pytest_flashckpt.config.errors import ConfigError, InputError
+from pytest_flashckpt.config.preflight import check_output_folder
 
 FAILED = 1  # a regression, a broken round, or no verdict (two profiles)
 INTERRUPTED = 2  # as ``flashckpt run``: stopped by Ctrl-C
@@ -19,16 +20,16 @@ ROUND_FOLDER = "round-*"
 
 
 def _check_out(out: Path) -> None:
-    """``--out`` must become a fresh job folder: not a file, not an earlier job's folder (its round files would be
-    overwritten, or read back as this job's when a round writes nothing), inside a writable folder."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: is a file, not a folder (name a new folder for ab.md and the rounds)")
+    """``--out`` must become a fresh job folder: a folder that can be made or written (the shared check of every
+    output folder option), and not an earlier job's folder (its round files would be overwritten, or read back as
+    this job's when a round writes nothing)."""
+    try:
+        check_output_folder("--out", out)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
     if out.is_dir() and ((out / "ab.md").exists() or any(out.glob(ROUND_FOLDER))):
         raise InputError(f"--out {out}: holds an earlier A/B job (ab.md or round-* folders); name a new folder, or "
                          "remove that one")
-    parent = next(p for p in (out, *out.parents) if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {out}: cannot be created ({parent} is {'not a folder' if not parent.is_dir() else 'not writable'})")
 
 
 def _sides(args: argparse.Namespace):

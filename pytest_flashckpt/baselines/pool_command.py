@@ -10,18 +10,20 @@ from pathlib import Path
 from pytest_flashckpt.baselines.pool_inputs import read_runs
 from pytest_flashckpt.baselines.pooled import save_pooled
 from pytest_flashckpt.baselines.store import BaselineError
-from pytest_flashckpt.config.errors import InputError
-from pytest_flashckpt.core.files import NotAFolder, check_output_folder, shown_path
+from pytest_flashckpt.config.errors import ConfigError, InputError
+from pytest_flashckpt.config.preflight import check_output_folder
+from pytest_flashckpt.core.files import shown_path
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        out = check_output_folder(Path(args.out), "--out")
+        out = Path(args.out)
+        check_output_folder("--out", out)
         inputs = read_runs(args.results, args.label, out)
         if not inputs.runs:
             raise BaselineError("no runs to pool: every file given is the baseline being added to; name a results.json")
         saved = save_pooled(out, inputs.runs, replace=args.replace)
-    except (BaselineError, NotAFolder) as exc:
+    except (BaselineError, ConfigError) as exc:
         raise InputError(str(exc)) from None
     for line in inputs.skipped:
         print(f"skipped {line}")

@@ -5,7 +5,7 @@ folder beside the target, flushed and fsync'd, then renamed over the target (and
 old file or the new one, never half of one; the temporary file lives in a git-ignored ``.flashckpt-tmp/`` and
 what a killed write left is removed by the next write to the folder. (Checkpoints keep their own commit protocol
 in ``checkpoint/store``.) ``safe_name`` checks a name read from an input file (a profile id) before it becomes a
-file name; ``check_output_folder`` an output folder option before anything is written.
+file name; ``read_regular_bytes`` opens only regular files. (Output folder options: ``config.preflight.check_output_folder``.)
 """
 
 from __future__ import annotations
@@ -247,23 +247,6 @@ def safe_name(text: object, what: str) -> str:
     if problem:
         raise UnsafeName(f"{what} {text!r:.80} {problem}, so it cannot name a file; fix it in the file it came from")
     return text
-
-
-class NotAFolder(ValueError):
-    """An output option that names a file where a folder must be."""
-
-
-def check_output_folder(path: Path | str, option: str) -> Path:
-    """``path`` when it is a folder or can be made one, else ``NotAFolder`` naming ``option``: an existing file
-    (or a file where a parent folder would go) would otherwise fail half-way through a write with a traceback."""
-    path = Path(path)
-    for part in (path, *path.parents):
-        if part.exists() or part.is_symlink():
-            if not part.is_dir():
-                raise NotAFolder(f"{option} {path}: {part} is {'a file' if part.is_file() else 'not a folder'}; "
-                                 "name a folder (it is created when missing)")
-            break
-    return path
 
 
 def read_regular_bytes(path: Path | str) -> bytes:

@@ -9,8 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from pytest_flashckpt.config.errors import InputError
-from pytest_flashckpt.core.files import NotAFolder, check_output_folder
+from pytest_flashckpt.config.errors import ConfigError, InputError
+from pytest_flashckpt.config.preflight import check_output_folder
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,9 +20,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         require()  # before reading anything: without Otava there is nothing to compute
-        out = check_output_folder(args.out, "--out") if args.out else Path(args.folder)
+        out = Path(args.out) if args.out else Path(args.folder)
+        check_output_folder("--out", out)
         history = read_runs(Path(args.folder))
-    except (OtavaMissing, HistoryError, NotAFolder) as exc:
+    except (OtavaMissing, HistoryError, ConfigError) as exc:
         raise InputError(str(exc)) from None
     series = build_series(history, tuple(args.metric) if args.metric else DEFAULT_METRICS)
     for line in history.skipped + history.dropped:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_flashckpt.cli import main
-from pytest_flashckpt.core.files import NotAFolder, check_output_folder
+from pytest_flashckpt.config.errors import ConfigError
+from pytest_flashckpt.config.preflight import check_output_folder
 
 
 def test_report_out_naming_a_file_is_one_line(results_file, tmp_path, capsys):
@@ -21,9 +22,9 @@ def test_report_out_naming_a_file_is_one_line(results_file, tmp_path, capsys):
 
 def test_a_file_where_a_parent_folder_would_go_is_named(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(NotAFolder, match=r"--out .*f/sub: .*f is a file"):
-        check_output_folder(tmp_path / "f" / "sub", "--out")
-    assert check_output_folder(tmp_path / "new" / "sub", "--out") == tmp_path / "new" / "sub"
+    with pytest.raises(ConfigError, match=r"--out: .*f is a file, so .*f/sub cannot be made"):
+        check_output_folder("--out", tmp_path / "f" / "sub")
+    check_output_folder("--out", tmp_path / "new" / "sub")  # a folder that can be made passes
 
 
 def test_report_out_as_a_new_folder_still_works(results_file, tmp_path, capsys):
