@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -27,7 +26,7 @@ from pytest_flashckpt.baselines.pooled import LabelledRun, from_baseline, from_r
 from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, entry_problem
 from pytest_flashckpt.core.files import UnsafeName, read_regular_bytes, safe_name
-from pytest_flashckpt.core.numbers import num
+from pytest_flashckpt.core.numbers import finite
 from pytest_flashckpt.core.result import RunRecord
 
 INJECTED_NOTE = "injected regression"  # how config.injection.Injection.describe starts a result's note
@@ -58,9 +57,6 @@ def _refusal(record: RunRecord) -> str | None:
     return None
 
 
-def _finite(value: object) -> bool:
-    return num(value) is not None and math.isfinite(value)  # type: ignore[arg-type]
-
 
 def _bad_value(record: RunRecord) -> str | None:
     """The first gated value or sample list of a measured result that is not finite numbers, named, or None.
@@ -70,11 +66,11 @@ def _bad_value(record: RunRecord) -> str | None:
         if r.status != "measured":
             continue
         for name, value in r.metrics.items():
-            if name in GUARDED and value is not None and not _finite(value):
+            if name in GUARDED and value is not None and not finite(value):
                 return f"scenario {r.id!r}: metrics.{name}: expected a finite number, got {value!r:.60}"
         for name in SAMPLED:
             values = r.samples.get(name)
-            if values is not None and not (isinstance(values, list) and all(_finite(v) for v in values)):
+            if values is not None and not (isinstance(values, list) and all(finite(v) for v in values)):
                 return f"scenario {r.id!r}: samples.{name}: expected a list of finite numbers, got {values!r:.60}"
     return None
 

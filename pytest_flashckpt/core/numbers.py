@@ -7,6 +7,8 @@ See docs/architecture.md.
 
 from __future__ import annotations
 
+import math
+
 MISSING = "—"
 
 Number = float | int | None
@@ -16,6 +18,13 @@ def num(value: object) -> float | int | None:
     """``value`` when it is a number (not a bool, a text or None), else None: how every report module reads a
     metric that may be absent, a text (``mfu_absent``) or None (not measurable on this run)."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def finite(value: object) -> bool:
+    """``value`` is a number (as ``num`` reads one) and neither NaN nor infinite: what a gated value or a sample
+    read from a results file must be (JSON's ``NaN`` / ``Infinity`` parse as floats and pass every range check)."""
+    found = num(value)
+    return found is not None and math.isfinite(found)
 
 
 def mib(value: Number) -> str:

@@ -13,7 +13,6 @@ segments there, and change points are found within a segment only (``Series.segm
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
-from pytest_flashckpt.core.numbers import num
+from pytest_flashckpt.core.numbers import finite
 from pytest_flashckpt.core.result import RunRecord
 
 DEFAULT_METRICS = ("overhead", "stall_vs_copy", "peak_bytes", "step_time_s", "save_stall_s")
@@ -144,9 +143,6 @@ def read_runs(folder: Path) -> History:
     return history
 
 
-def _finite(value: Any) -> bool:
-    return num(value) is not None and math.isfinite(value)
-
 
 def build_series(history: History, metrics: Sequence[str] = DEFAULT_METRICS) -> list[Series]:
     """One series per (scenario, metric) with at least one finite value, in run order; a value that is not a finite
@@ -160,7 +156,7 @@ def build_series(history: History, metrics: Sequence[str] = DEFAULT_METRICS) -> 
                 value = result.metrics.get(name)
                 if value is None:
                     continue
-                if not _finite(value):
+                if not finite(value):
                     history.dropped.append(f"{run.source}: {result.id} {name} = {value!r:.40}: not a finite number; "
                                            "value dropped")
                     continue
