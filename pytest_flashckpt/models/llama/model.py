@@ -79,13 +79,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        B, T, _ = x.shape
+        # head counts and width read off the projections: under tensor parallel a rank holds n_head / tp heads
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         y = causal_attention(q, k, v, self.backend, 0.0)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class SwiGLU(nn.Module):

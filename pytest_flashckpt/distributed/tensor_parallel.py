@@ -1,0 +1,230 @@
+"""Tensor + sequence parallel, alone or under FSDP2 on a 2D mesh (dp_shard x tp), through torch's own API.
+
+The plan is read from the model's anatomy (``models.anatomy``), not from parameter names guessed per family: the
+q/k/v, gate and up projections column-wise, the o and down projections row-wise with their output reduce-scattered
+to sequence shards, the norms sequence-parallel, the attention and MLP inputs all-gathered from the sequence shards
+(``PrepareModuleInput``), the embedding row-wise to sequence shards, the head column-wise with its logits left
+sharded over the vocabulary for ``loss_parallel`` (torchtitan's Llama plan). ``parallelize_module`` does the rest.
+
+Composition follows torchtitan: TP first, then activation checkpointing (``apply_ac`` replaces block ``forward``
+methods; the TP hooks sit on submodules and stay), then ``fully_shard`` per block and root over the mesh's
+``dp_shard`` dimension, then the optimizer over the resulting DTensors.
+
+Known limits, each an error naming it: a fused q/k/v projection (the GPT family's ``c_attn``) cannot be
+column-sharded without giving a rank q of some heads and k/v of others (the model must split it first), and
+learned absolute positions (``wpe``) are added to a sequence-sharded embedding they do not match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+from pytest_flashckpt.activation import AppliedActivation, apply_ac
+from pytest_flashckpt.config.layout import Layout
+from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed.fsdp import ShardedTrainer, mixed_precision_policy
+from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
+from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
+from pytest_flashckpt.models.cards import build_model
+
+MESH_DIMS = ("dp_shard", "tp")
+COLUMN_ROLES = ("q", "k", "v", "gate", "up")  # output features sharded: whole heads / MLP columns per rank
+ROW_ROLES = ("o", "down")  # input features sharded: partial sums reduce-scattered to sequence shards
+
+
+def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
+    """The 2D mesh (dp_shard, tp) of the current process group; a size-1 axis is kept so the plan is one shape."""
+    return init_device_mesh(device_type, (layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
+
+
+def _gather_sequence(n_args: int) -> PrepareModuleInput:
+    """All-gather the first input from sequence shards (the 3-D activation); further inputs (rotary tables) pass."""
+    rest = (None,) * (n_args - 1)
+    return PrepareModuleInput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest))
+
+
+def _attention_inputs(model: nn.Module, anatomy: ModelAnatomy) -> int:
+    """How many positional inputs the attention module takes (Llama: x, cos, sin; GPT: x)."""
+    block = get_blocks(model)[0]
+    attention = block.get_submodule(anatomy.block.attention)
+    code = type(attention).forward.__code__
+    return code.co_argcount - 1
+
+
+def block_plan(model: nn.Module) -> dict[str, ParallelStyle]:
+    """The per-block plan (module path relative to a block -> style), from the block anatomy."""
+    anatomy = get_anatomy(model)
+    roles = anatomy.block.projections
+    if "qkv" in roles:
+        raise ValueError(
+            f"tensor parallel: the {anatomy.family} block's fused q/k/v projection {roles['qkv']!r} cannot be "
+            "column-sharded without mixing heads of q, k and v on a rank; use a family with separate q/k/v "
+            "projections (llama) or tp 1"
+        )
+    plan: dict[str, ParallelStyle] = {norm: SequenceParallel() for norm in anatomy.block.norms}
+    plan[anatomy.block.attention] = _gather_sequence(_attention_inputs(model, anatomy))
+    mlp_parents = {roles[r].rpartition(".")[0] for r in ("gate", "up", "down") if r in roles}
+    for parent in sorted(p for p in mlp_parents if p):
+        plan[parent] = _gather_sequence(1)
+    for role in COLUMN_ROLES:
+        if role in roles:
+            plan[roles[role]] = ColwiseParallel()
+    for role in ROW_ROLES:
+        if role in roles:
+            plan[roles[role]] = RowwiseParallel(output_layouts=Shard(1))
+    return plan
+
+
+def root_plan(model: nn.Module) -> dict[str, ParallelStyle]:
+    """Embedding, final norm and head: tokens in replicated, sequence shards through the stack, vocabulary-sharded
+    logits out (``loss_parallel`` computes the cross-entropy on them without gathering the vocabulary)."""
+    anatomy = get_anatomy(model)
+    if len(anatomy.embeddings) != 1:
+        raise ValueError(
+            f"tensor parallel: the {anatomy.family} model adds {len(anatomy.embeddings)} embeddings "
+            f"({', '.join(anatomy.embeddings)}); learned positions do not match a sequence-sharded token embedding "
+            "(use a family with rotary positions: llama)"
+        )
+    plan: dict[str, ParallelStyle] = {
+        anatomy.embeddings[0]: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+    }
+    if anatomy.final_norm:
+        plan[anatomy.final_norm] = SequenceParallel()
+    if anatomy.head:
+        plan[anatomy.head] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+    return plan
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """``parallelize_module`` with the root and per-block plans; a tied head is tied again afterwards (both sides
+    are sharded over the vocabulary, ``Shard(0)``, so the tie holds shard for shard)."""
+    anatomy = get_anatomy(model)
+    blocks_plan = block_plan(model)
+    parallelize_module(model, tp_mesh, root_plan(model))
+    for block in get_blocks(model):
+        parallelize_module(block, tp_mesh, blocks_plan)
+    for alias, owner in anatomy.tied:
+        alias_module, _, alias_name = alias.rpartition(".")
+        setattr(model.get_submodule(alias_module), alias_name, model.get_parameter(owner))
+
+
+def parallelize(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    activation: ActivationConfig | None = None,
+    mp_policy: MixedPrecisionPolicy | None = None,
+) -> AppliedActivation:
+    """TP on ``mesh["tp"]`` (when it has more than one rank), then the activation strategy, then ``fully_shard``
+    per block and root on ``mesh["dp_shard"]`` (when it has more than one rank, or for mixed precision, which is
+    FSDP2's ``MixedPrecisionPolicy``)."""
+    if mesh["tp"].size() > 1:
+        apply_tp(model, mesh["tp"])
+    applied = apply_ac(model, activation or ActivationConfig())
+    if mesh["dp_shard"].size() > 1 or mp_policy is not None:
+        kwargs = {"mesh": mesh["dp_shard"]} | ({} if mp_policy is None else {"mp_policy": mp_policy})
+        for block in get_blocks(model):
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+    return applied
+
+
+@dataclass
+class ParallelTrainer(ShardedTrainer):
+    """A trainer on a dp_shard x tp layout: the batch is the data-parallel rank's share (every TP rank of a group
+    reads the same rows) and the loss is computed with ``loss_parallel`` on vocabulary-sharded logits (forward
+    and backward inside it, as torch requires)."""
+
+    tensor_parallel: bool = False
+
+    def loss_context(self):
+        """``loss_parallel()`` under TP (the head leaves the logits sharded), else nothing."""
+        return loss_parallel() if self.tensor_parallel else contextlib.nullcontext()
+
+    def train_step(self) -> torch.Tensor:
+        with self.loss_context():
+            return super().train_step()
+
+
+def build_trainer(
+    card,
+    layout: Layout,
+    mesh: DeviceMesh,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int = 0,
+    backend: str = "sdpa",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    activation: ActivationConfig | None = None,
+    precision: str = "pure",
+    model: nn.Module | None = None,
+) -> tuple[ParallelTrainer, AppliedActivation]:
+    """The same initial weights at every layout (built whole from ``seed``, then laid out). ``model``: an already
+    built one (the simulated rank builds it under fake mode). Layout checks run before anything is built."""
+    layout.check_card(card)
+    layout.check_batch(batch_size)
+    mixed = precision == "mixed"
+    if model is None:
+        model = build_model(card, backend, device, torch.float32 if mixed else dtype, seed=seed)
+    applied = parallelize(model, mesh, activation, mixed_precision_policy(dtype) if mixed else None)
+    trainer = ParallelTrainer.create(model, batch_size, seq_len, seed=seed)
+    trainer.rank, trainer.world_size = mesh["dp_shard"].get_local_rank(), layout.dp_shard
+    trainer.tensor_parallel = layout.tp > 1
+    return trainer, applied
+
+
+def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
+def forward_backward(trainer: ParallelTrainer) -> torch.Tensor:
+    """One forward and backward on the trainer's next batch (inside ``loss_parallel`` under TP); the loss."""
+    x, y = trainer.batch()
+    with trainer.loss_context():
+        loss = trainer.model(x, y)
+        loss.backward()
+    return loss.detach()
+
+
+def optimizer_step(trainer: ParallelTrainer) -> None:
+    trainer.optimizer.step()
+    trainer.scheduler.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+
+
+def memory_step(trainer: ParallelTrainer, device_type: str = "cpu") -> dict[str, int]:
+    """One training step in the two windows of ``distributed.rank`` (forward + backward, then the optimizer),
+    counted by the rank probe: DTensors as their local shards. The same function measures a gloo rank and the
+    simulated (fake) rank, so the two differ only in the engine's process group and tensor mode."""
+    trainer.model.train()
+    with ShardedLiveTensorProbe(device_type).track(resident=_local(trainer.state_tensors())) as fwd_bwd:
+        forward_backward(trainer)
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    with ShardedLiveTensorProbe(device_type).track(resident=_local(trainer.state_tensors() + grads)) as opt:
+        optimizer_step(trainer)
+    trainer.step += 1
+    return {
+        "peak_bytes": max(fwd_bwd.peak_bytes, opt.peak_bytes),
+        "fwd_bwd_start_bytes": fwd_bwd.start_bytes,
+        "fwd_bwd_peak_bytes": fwd_bwd.peak_bytes,
+        "optimizer_start_bytes": opt.start_bytes,
+        "optimizer_peak_bytes": opt.peak_bytes,
+        "largest_allgather_bytes": int(fwd_bwd.extra.get("largest_allgather_bytes", 0)),
+    }
