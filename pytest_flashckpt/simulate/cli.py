@@ -37,6 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--kernel", default="flash", choices=KERNELS, help="attention kernel (default flash)")
     p.add_argument("--target", default="cuda", choices=("cuda", "cpu"), help="device the prediction is for (default cuda)")
     p.add_argument("--world-size", type=int, default=1, help="FSDP ranks: per-rank peak with sharded states (default 1)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of --world-size (FSDP over the rest): the real engine under fake mode, simulate.layouts (default 1)")
     p.add_argument("--device-memory", metavar="SIZE", help="device memory, e.g. 80GiB or '40 GB'")
     p.set_defaults(run=run)
 
@@ -44,6 +45,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pytest_flashckpt.config.errors import InputError
 
+    if args.tp != 1:
+        from pytest_flashckpt.simulate.layouts import run_layout
+
+        return run_layout(args)
     strategy = args.strategy
     if args.budget is not None:
         if strategy not in ("none", "budget"):

@@ -77,3 +77,28 @@ def test_checkpoint_of_the_layout_loads_bitwise_in_one_process_and_in_1d(launche
     with dcp_io.process_group():
         gathered = sharded_store.gathered_state(trainer)
     assert sharded_store.bitwise_differences(gathered, load_file(str(out / "ref.safetensors"))) == []
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_simulated_rank_holds_what_the_gloo_rank_holds(launched) -> None:
+    """The same engine in one process under fake mode: every window's start and the optimizer peak equal to the
+    byte; the forward+backward peak is the gloo rank's less what gloo's worker thread still holds of a finished
+    collective (its Work's input and output, freed on that thread): a TP collective's (at most two activations of
+    the rank's rows) or an FSDP all-gather's (its output, the largest the probe saw)."""
+    from fresh_python import run_together
+
+    from tensor_parallel_worker import BATCH, CARD, SEED, SEQ
+
+    (dp, tp), _, ranks = launched
+    cmd = ["-m", "pytest_flashckpt.simulate.fake_ranks", "llama-tiny", "--overrides", json.dumps(CARD), "--dp", str(dp),
+           "--tp", str(tp), "--batch", str(BATCH), "--seq", str(SEQ), "--seed", str(SEED), "--strategies", ",".join(STRATEGIES)]
+    fake = run_together({"fake": cmd})["fake"]
+    activation = BATCH // dp * SEQ * CARD["n_embd"] * 4  # one float32 (rows, seq, width) activation of this rank
+    for record in ranks:
+        for strategy in STRATEGIES:
+            real, sim = record["strategies"][strategy], fake[strategy]
+            for key in ("fwd_bwd_start_bytes", "optimizer_start_bytes", "optimizer_peak_bytes"):
+                assert sim[key] == real[key], (strategy, key, sim[key], real[key])
+            gap = real["fwd_bwd_peak_bytes"] - sim["fwd_bwd_peak_bytes"]
+            assert 0 <= gap <= 2 * activation + sim["largest_allgather_bytes"], (strategy, gap)

@@ -1,0 +1,169 @@
+"""One rank of a parallel layout, simulated by the real engine: torch's ``parallelize_module`` and ``fully_shard``
+(``distributed.tensor_parallel``, the code the gloo and NCCL ranks run) in one process under ``FakeTensorMode``
+with torch's fake process group (``init_process_group("fake")``: collectives return at once, every shape is the
+rank's real one). What the rank holds is what torch builds: DTensor local shards, FSDP2's padded shards and its
+all-gather and reduce-scatter buffers, freed when FSDP2 frees them, counted phase by phase by the rank probe of a
+real rank (``tensor_parallel.memory_step``). No tensor is allocated, so a 70B card runs on a laptop.
+
+Two things differ from a real rank, both outside what is counted:
+
+- Meshes are built before fake mode is entered (``DeviceMesh`` reads its rank tensor's values), and a mesh FSDP2
+  builds while laying out a 2D model (it concatenates the dp_shard and tp meshes inside ``fully_shard``) is built
+  outside fake mode too (``_real_meshes``): mesh tensors are a few integers, not a rank's memory.
+- The parameters are created in their dtype (``torch.set_default_dtype``) instead of ``build_model``'s final
+  ``model.to(dtype)``, which cannot swap a fake parameter; same seed, same shapes.
+
+Only the live tensors are simulated: the CPU allocator of a gloo rank also holds gloo's staging copies of the
+collectives (outside the dispatcher; ``distributed.memory``), measured apart. One call per process: the fake
+process group is the process's default group while it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed import _functional_collectives
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import _collective_utils as _dtensor_collectives
+from torch.distributed.tensor import _decompositions as _dtensor_decompositions
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from pytest_flashckpt.config.layout import Layout
+from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed import tensor_parallel as tp
+from pytest_flashckpt.models.families import family_of
+
+
+def _eager_are_we_tracing() -> bool:
+    """``_functional_collectives._are_we_tracing`` without its "fake mode is on, so we are compiling" guess: this
+    fake run is eager, so a collective's result is wrapped in an ``AsyncCollectiveTensor`` as on a real rank."""
+    return torch.compiler.is_compiling() or get_proxy_mode() is not None
+
+
+@contextlib.contextmanager
+def _eager_collectives():
+    """While active, functional collectives under fake mode behave as in an eager real run. Without it they are
+    waited on at once (``wait_tensor``, the traced form) instead of wrapped (``_wrap_tensor_autograd``), and the
+    all-gathered activations of tensor parallel are freed at other ops: measured on the 2-block Llama of
+    the spike's TP plan (reports/spike-fake-layouts.md), where the fake rank's forward+backward peak was 4.4 % over
+    the gloo rank's. With it the fake and the gloo rank run the same aten and c10d ops in the same order (checked
+    op by op on the 2-block Llama of tests/distributed at tp 2; docs/layouts.md)."""
+    modules = [_functional_collectives, _dtensor_decompositions, _dtensor_collectives]
+    saved = [m._are_we_tracing for m in modules]
+    for m in modules:
+        m._are_we_tracing = _eager_are_we_tracing
+    try:
+        yield
+    finally:
+        for m, original in zip(modules, saved):
+            m._are_we_tracing = original
+
+
+@contextlib.contextmanager
+def _real_meshes():
+    """While active, every ``DeviceMesh`` is built outside fake mode (its rank tensor stays a real tensor)."""
+    init = DeviceMesh.__init__
+
+    @functools.wraps(init)
+    def real_init(self, *args, **kwargs):
+        with unset_fake_temporarily():
+            init(self, *args, **kwargs)
+
+    DeviceMesh.__init__ = real_init
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = init
+
+
+def _build_fake(card, backend: str, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """``models.cards.build_model`` under fake mode: the parameters created in ``dtype`` from the same seed."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            with torch.device("cpu"):
+                return family_of(card).build(card, backend)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def simulate_rank(
+    card,
+    layout: Layout,
+    *,
+    batch_size: int,
+    seq_len: int,
+    strategy: str = "none",
+    k: int = 2,
+    dtype: torch.dtype = torch.float32,
+    precision: str = "pure",
+    rank: int = 0,
+    seed: int = 0,
+    backend: str = "sdpa",
+) -> dict:
+    """Rank ``rank`` of ``layout``: one warm step (AdamW's state exists after it), then one step measured in the
+    two windows of a real rank. Bytes are the rank's live tensors; ``*_s`` are this process's wall times."""
+    if dist.is_initialized():
+        raise RuntimeError("simulate_rank needs a process without a process group (it starts the fake one)")
+    layout.check_card(card)
+    layout.check_batch(batch_size)
+    started = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    try:
+        mesh = tp.make_mesh(layout)
+        with FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives():
+            model = _build_fake(card, backend, torch.float32 if precision == "mixed" else dtype, seed)
+            trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=batch_size, seq_len=seq_len, seed=seed,
+                                          dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k),
+                                          precision=precision, model=model)
+            built = time.perf_counter()
+            trainer.train_step()
+            warm = time.perf_counter()
+            record = tp.memory_step(trainer)
+        done = time.perf_counter()
+    finally:
+        dist.destroy_process_group()
+    record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm)
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pytest_flashckpt.simulate.fake_ranks CARD --dp 2 --tp 2 ...``: one JSON record per strategy on
+    the last line of stdout (what the tests and benchmarks/fake_layouts.py run, one fresh process per case)."""
+    import argparse
+    import json
+
+    from pytest_flashckpt.models.cards import load_card
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("card")
+    parser.add_argument("--overrides", default="{}", help="card overrides as JSON, e.g. '{\"n_layer\": 2}'")
+    parser.add_argument("--dp", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--seq", type=int, required=True)
+    parser.add_argument("--strategies", default="none", help="comma-separated activation strategies")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--precision", default="pure", choices=("pure", "mixed"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    card = load_card(args.card, **json.loads(args.overrides))
+    layout = Layout(dp_shard=args.dp, tp=args.tp)
+    records = {
+        strategy: simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=strategy,
+                                dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed)
+        for strategy in args.strategies.split(",")
+    }
+    print(json.dumps(records))
+
+
+if __name__ == "__main__":
+    main()

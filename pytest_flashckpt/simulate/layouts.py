@@ -1,0 +1,96 @@
+"""``flashckpt simulate ... --tp N``: the per-rank peak of a dp_shard x tp layout, from the real engine under
+fake mode (``simulate.fake_ranks``), for the command line.
+
+    flashckpt simulate --model llama3-8b --seq 8192 --batch 8 --strategy full --world-size 8 --tp 2
+
+Every input is checked before anything is built (``config.layout``: heads divisible by tp, world by tp, batch by
+dp_shard); an error is one line naming the option and the fix. The fake rank runs torch's CPU kernels (the CPU
+flash-attention op and the per-tensor AdamW), so the answer is the live tensors of a rank with those kernels;
+the CUDA allocator's extra (workspaces, rounding, fragmentation) is not counted, as for the meta simulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pytest_flashckpt.config.errors import InputError
+from pytest_flashckpt.config.layout import Layout
+from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
+from pytest_flashckpt.simulate.workload import dtype_name
+
+LAYOUT_STRATEGIES = ("none", "full", "every_k", "selective_op")
+
+
+def check_args(args: argparse.Namespace):
+    """The card and layout the options ask for, or an ``InputError`` naming the option (nothing is built)."""
+    from pytest_flashckpt.models.cards import load_card
+
+    if args.budget is not None or args.strategy not in LAYOUT_STRATEGIES:
+        raise InputError(f"--tp {args.tp}: --strategy {'budget' if args.budget else args.strategy} is not simulated under "
+                         f"tensor parallel yet; use one of {', '.join(LAYOUT_STRATEGIES)}")
+    try:
+        layout = Layout.for_world(args.world_size, tp=args.tp)
+        card = load_card(args.model)
+        layout.check_card(card)
+        layout.check_batch(args.batch)
+        dtype = dtype_name(args.dtype)
+    except FileNotFoundError as exc:
+        raise InputError(f"--model {args.model}: {exc}") from None
+    except ValueError as exc:
+        raise InputError(f"--tp {args.tp} --world-size {args.world_size}: {exc}") from None
+    if layout.tp > 1:
+        _check_plan(card, args.tp)
+    if args.precision == "mixed" and dtype != "bfloat16":
+        raise InputError(f"--precision mixed computes in bf16 over fp32 master weights; --dtype {args.dtype} has no mixed form")
+    if args.seq > card.block_size:
+        raise InputError(f"--seq {args.seq} exceeds block_size {card.block_size} of model card {card.name!r}; use a shorter --seq")
+    return card, layout, dtype
+
+
+def _check_plan(card, tp_size: int) -> None:
+    """The family can be split (separate q/k/v projections, rotary positions): read off its model on meta."""
+    from pytest_flashckpt.distributed.tensor_parallel import block_plan, root_plan
+    from pytest_flashckpt.models.cards import build_model
+
+    model = build_model(card, "sdpa", "meta")
+    try:
+        block_plan(model)
+        root_plan(model)
+    except ValueError as exc:
+        raise InputError(f"--tp {tp_size}: model card {card.name!r}: {exc}") from None
+
+
+def run_layout(args: argparse.Namespace) -> int:
+    import torch
+
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+
+    card, layout, dtype = check_args(args)
+    device_bytes = None if args.device_memory is None else parse_device_memory(args.device_memory)
+    started = time.perf_counter()
+    record = simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=args.strategy,
+                           dtype=getattr(torch, dtype), precision=args.precision, k=args.k)
+    seconds = time.perf_counter() - started
+    print("\n".join(describe(card, layout, args, record, seconds)))
+    peak = record["peak_bytes"]
+    if device_bytes is None:
+        for label, size in REPORT_DEVICES:
+            print(f"  on {label}: {verdict(peak, size)}")
+        return 0
+    print(f"device memory {args.device_memory} ({gib(device_bytes)}): {verdict(peak, device_bytes)}")
+    return 0 if peak <= device_bytes else 1
+
+
+def describe(card, layout: Layout, args, record: dict, seconds: float) -> list[str]:
+    phase = "forward+backward" if record["fwd_bwd_peak_bytes"] >= record["optimizer_peak_bytes"] else "optimizer step"
+    return [
+        f"{card.name}, {args.dtype} {args.precision}, batch {args.batch} x seq {args.seq}, strategy {args.strategy}, "
+        f"layout {layout.describe()} ({layout.world_size} ranks, batch {args.batch // layout.dp_shard} per data-parallel rank)",
+        f"per-rank peak: {gib(record['peak_bytes'])} ({record['peak_bytes']} bytes) in the {phase} "
+        f"(rank 0 simulated by torch's parallelize_module + fully_shard under FakeTensorMode in {seconds:.1f} s)",
+        f"  forward+backward  {gib(record['fwd_bwd_start_bytes']):>12} -> {gib(record['fwd_bwd_peak_bytes']):>12}",
+        f"  optimizer step    {gib(record['optimizer_start_bytes']):>12} -> {gib(record['optimizer_peak_bytes']):>12}",
+        "  CPU kernels (flash attention for CPU, per-tensor AdamW); not counted: CUDA context, NCCL/cuBLAS workspaces, "
+        "allocator rounding and fragmentation",
+    ]
