@@ -136,8 +136,8 @@ def simulate_rank(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m pytest_flashckpt.simulate.fake_ranks CARD --dp 2 --tp 2 ...``: one JSON record per strategy on
-    the last line of stdout (what the tests and benchmarks/fake_layouts.py run, one fresh process per case)."""
+    """``python -m pytest_flashckpt.simulate.fake_ranks CARD --layouts 1x2,2x2 ...``: on the last line of stdout,
+    JSON ``{"DPxTP": {strategy: record}}`` (what the tests and benchmarks/fake_layouts.py run in a fresh process)."""
     import argparse
     import json
 
@@ -146,8 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("card")
     parser.add_argument("--overrides", default="{}", help="card overrides as JSON, e.g. '{\"n_layer\": 2}'")
-    parser.add_argument("--dp", type=int, default=1)
-    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--layouts", default="1x2", help="comma-separated dp_shard x tp layouts, e.g. 1x2,2x2")
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--seq", type=int, required=True)
     parser.add_argument("--strategies", default="none", help="comma-separated activation strategies")
@@ -156,12 +155,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
-    layout = Layout(dp_shard=args.dp, tp=args.tp)
-    records = {
-        strategy: simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=strategy,
-                                dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed)
-        for strategy in args.strategies.split(",")
-    }
+    records: dict[str, dict] = {}
+    for name in args.layouts.split(","):
+        dp, _, tp_size = name.partition("x")
+        layout = Layout(dp_shard=int(dp), tp=int(tp_size))
+        records[name] = {
+            strategy: simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=strategy,
+                                    dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed)
+            for strategy in args.strategies.split(",")
+        }
     print(json.dumps(records))
 
 

@@ -91,9 +91,9 @@ def test_simulated_rank_holds_what_the_gloo_rank_holds(launched) -> None:
     from tensor_parallel_worker import BATCH, CARD, SEED, SEQ
 
     (dp, tp), _, ranks = launched
-    cmd = ["-m", "pytest_flashckpt.simulate.fake_ranks", "llama-tiny", "--overrides", json.dumps(CARD), "--dp", str(dp),
-           "--tp", str(tp), "--batch", str(BATCH), "--seq", str(SEQ), "--seed", str(SEED), "--strategies", ",".join(STRATEGIES)]
-    fake = run_together({"fake": cmd})["fake"]
+    cmd = ["-m", "pytest_flashckpt.simulate.fake_ranks", "llama-tiny", "--overrides", json.dumps(CARD), "--layouts", f"{dp}x{tp}",
+           "--batch", str(BATCH), "--seq", str(SEQ), "--seed", str(SEED), "--strategies", ",".join(STRATEGIES)]
+    fake = run_together({"fake": cmd})["fake"][f"{dp}x{tp}"]
     activation = BATCH // dp * SEQ * CARD["n_embd"] * 4  # one float32 (rows, seq, width) activation of this rank
     for record in ranks:
         for strategy in STRATEGIES:

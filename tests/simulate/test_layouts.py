@@ -1,0 +1,73 @@
+"""``flashckpt simulate --tp``: one rank of a dp_shard x tp layout simulated by the real engine under fake mode
+(simulate.fake_ranks), its state counted against arithmetic on the card, and bad layout requests refused before
+anything runs. The fake ranks run in fresh interpreters (the fake process group is process-wide while it runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fresh_python import run_together
+
+from pytest_flashckpt.cli import main
+from pytest_flashckpt.models.cards import build_model, load_card
+
+CARD = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256, "block_size": 64}
+BATCH, SEQ = 4, 32
+
+
+def _local_param_bytes(dp: int, tp: int) -> tuple[int, int]:
+    """(bytes of rank 0's parameters, how many parameters) by arithmetic: every matrix split tp ways (its sharded
+    dimension divides here), the norms replicated over tp; then every tensor split dp ways (FSDP2, dim 0)."""
+    model = build_model(load_card("llama-tiny", **CARD), "sdpa", "meta")
+    total = 0
+    for name, param in model.named_parameters():
+        numel = param.numel() // (1 if "norm" in name else tp)
+        total += numel // dp * param.element_size()
+    return total, len(list(model.parameters()))
+
+
+@pytest.fixture(scope="module")
+def fake_ranks() -> dict:
+    cmd = ["-m", "pytest_flashckpt.simulate.fake_ranks", "llama-tiny", "--overrides", json.dumps(CARD), "--layouts", "1x2,2x2",
+           "--batch", str(BATCH), "--seq", str(SEQ), "--strategies", "none,full"]
+    records = run_together({"fake": cmd})["fake"]
+    return {tuple(int(n) for n in name.split("x")): by_strategy for name, by_strategy in records.items()}
+
+
+@pytest.mark.parametrize("dp,tp", [(1, 2), (2, 2)])
+def test_the_simulated_rank_holds_its_shards_and_adamw_state(fake_ranks, dp: int, tp: int) -> None:
+    params, count = _local_param_bytes(dp, tp)
+    for record in fake_ranks[(dp, tp)].values():
+        # parameters + AdamW's two moments (the local shards) + one float32 step count per parameter
+        assert record["fwd_bwd_start_bytes"] == 3 * params + 4 * count
+        assert record["optimizer_start_bytes"] - record["fwd_bwd_start_bytes"] >= params  # + the local gradients
+    assert fake_ranks[(dp, tp)]["full"]["fwd_bwd_peak_bytes"] < fake_ranks[(dp, tp)]["none"]["fwd_bwd_peak_bytes"]
+
+
+def test_fsdp_over_tp_halves_the_state_and_lowers_the_peak(fake_ranks) -> None:
+    tp_only, two_d = fake_ranks[(1, 2)]["none"], fake_ranks[(2, 2)]["none"]
+    assert two_d["peak_bytes"] < tp_only["peak_bytes"]
+    assert two_d["largest_allgather_bytes"] > 0 == tp_only["largest_allgather_bytes"]  # FSDP gathers only in 2D
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "llama-tiny", "--tp", "4", "--world-size", "4"], "model card 'llama-tiny' has n_head 6, not divisible by tp"),
+        (["--model", "llama-tiny", "--tp", "2", "--world-size", "3"], "world size 3 is not divisible by tp 2"),
+        (["--model", "llama-tiny", "--tp", "2", "--world-size", "4", "--batch", "3"], "batch 3 is not divisible by dp_shard 2"),
+        (["--model", "llama-tiny", "--tp", "2", "--world-size", "2", "--budget", "0.5"], "--strategy budget is not simulated under tensor parallel"),
+        (["--model", "llama-tiny", "--tp", "0"], "tp must be a positive integer, got 0"),
+        (["--model", "llama-tiny", "--tp", "2", "--world-size", "2", "--seq", "4096"], "--seq 4096 exceeds block_size 2048"),
+        (["--model", "tiny", "--tp", "2", "--world-size", "2"], "fused q/k/v projection 'attn.c_attn'"),
+        (["--model", "no-such-card", "--tp", "2", "--world-size", "2"], "no-such-card"),
+    ],
+)
+def test_bad_layout_requests_exit_2_naming_the_option(argv, message, capsys) -> None:
+    assert main(["simulate", "--seq", "128", "--batch", "4", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not torch.distributed.is_initialized()  # refused before the fake process group starts
