@@ -2,7 +2,7 @@
 
 Per activation strategy: the first step's loss and gradients (gathered from the DTensors) beside one process on
 the full batch, then one step measured by the rank probe (``tensor_parallel.memory_step``) and the next identical
-step's two windows by the CPU allocator's events. Then a DCP save of the (``none``) trainer after two steps, with
+step's two windows by the CPU allocator's events (and the same in mixed precision, no checkpointing). Then a DCP save of the (``none``) trainer after two steps, with
 the gathered full state written by rank 0 for the test to load into one process and compare bit for bit, and
 the same checkpoint loaded here into FSDP alone over every rank (1D), compared by rank 0. Writes ``rank-<r>.json``. Usage: ``tensor_parallel_worker.py OUT DP TP STRATEGIES``.
 """
@@ -47,9 +47,10 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _trainer(layout: Layout, mesh, strategy: str):
-    return tp.build_trainer(card(), layout, mesh, batch_size=BATCH, seq_len=SEQ, seed=SEED,
-                            activation=ActivationConfig(strategy=strategy))[0]
+def _trainer(layout: Layout, mesh, strategy: str, precision: str = "pure"):
+    dtype = torch.bfloat16 if precision == "mixed" else torch.float32
+    return tp.build_trainer(card(), layout, mesh, batch_size=BATCH, seq_len=SEQ, seed=SEED, dtype=dtype,
+                            activation=ActivationConfig(strategy=strategy), precision=precision)[0]
 
 
 def against_one_process(layout: Layout, mesh, strategy: str, ref_loss: float, ref_grads: dict) -> dict:
@@ -65,8 +66,8 @@ def against_one_process(layout: Layout, mesh, strategy: str, ref_loss: float, re
             "grad_ref_max": max(float(g.abs().max()) for g in ref_grads.values()), "n_grads": len(grads)}
 
 
-def memory(layout: Layout, mesh, strategy: str) -> dict:
-    trainer = _trainer(layout, mesh, strategy)
+def memory(layout: Layout, mesh, strategy: str, precision: str = "pure") -> dict:
+    trainer = _trainer(layout, mesh, strategy, precision)
     trainer.train_step()
     record = tp.memory_step(trainer)
     record["allocator_fwd_bwd_added_bytes"] = allocator_added_peak(lambda: tp.forward_backward(trainer))
@@ -109,6 +110,7 @@ if __name__ == "__main__":
     for strategy in strategies:
         record["strategies"][strategy] = {**against_one_process(layout, mesh, strategy, ref_loss, ref_grads),
                                           **memory(layout, mesh, strategy)}
+    record["mixed"] = memory(layout, mesh, "none", "mixed")  # FSDP2's MixedPrecisionPolicy over the TP shards
     record["save"] = save(layout, mesh, out)
     record["load_1d"] = load_1d(out)
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")

@@ -52,8 +52,8 @@ def test_rank_probe_beside_the_allocator_and_checkpointing_lowers_the_peak(launc
             # the allocator sees what the probe counts plus gloo's staging of the collectives (not counted)
             assert entry["allocator_fwd_bwd_added_bytes"] >= probe_added * 0.9, entry
             assert entry["allocator_fwd_bwd_added_bytes"] <= probe_added * 1.5, entry
-    peaks = {json.dumps(r["strategies"]["none"]["fwd_bwd_peak_bytes"]) for r in launched[2]}
-    assert len(peaks) == 1  # the ranks of a symmetric layout hold the same bytes
+    starts = {r["strategies"]["none"]["fwd_bwd_start_bytes"] for r in launched[2]}
+    assert len(starts) == 1  # the ranks of a symmetric layout hold the same state (their peaks move with gloo's thread)
 
 
 @pytest.mark.distributed
@@ -83,22 +83,29 @@ def test_checkpoint_of_the_layout_loads_bitwise_in_one_process_and_in_1d(launche
 @pytest.mark.slow
 def test_simulated_rank_holds_what_the_gloo_rank_holds(launched) -> None:
     """The same engine in one process under fake mode: every window's start and the optimizer peak equal to the
-    byte; the forward+backward peak is the gloo rank's less what gloo's worker thread still holds of a finished
-    collective (its Work's input and output, freed on that thread): a TP collective's (at most two activations of
-    the rank's rows) or an FSDP all-gather's (its output, the largest the probe saw)."""
+    byte; the forward+backward peak is the gloo rank's less what gloo's worker thread still holds of finished
+    collectives (their Work's input and output tensors, released on that thread, so how many depends on when it
+    runs: 24,640 to 65,536 B at tp 2 in reports/fake-vs-gloo-layouts.md, 114,688 B for `full` in a
+    test run under load). Bounded as gloo's
+    staging is (``distributed.memory``): up to GLOO_STAGING_FACTOR full-sequence activations of the rank's rows,
+    plus an FSDP all-gather's output."""
     from fresh_python import run_together
+
+    from pytest_flashckpt.distributed.memory import GLOO_STAGING_FACTOR
 
     from tensor_parallel_worker import BATCH, CARD, SEED, SEQ
 
     (dp, tp), _, ranks = launched
     cmd = ["-m", "pytest_flashckpt.simulate.fake_ranks", "llama-tiny", "--overrides", json.dumps(CARD), "--layouts", f"{dp}x{tp}",
            "--batch", str(BATCH), "--seq", str(SEQ), "--seed", str(SEED), "--strategies", ",".join(STRATEGIES)]
-    fake = run_together({"fake": cmd})["fake"][f"{dp}x{tp}"]
+    mixed = [*cmd[:-2], "--strategies", "none", "--precision", "mixed", "--dtype", "bfloat16"]
+    both = run_together({"pure": cmd, "mixed": mixed})
+    fake = {**both["pure"][f"{dp}x{tp}"], "mixed": both["mixed"][f"{dp}x{tp}"]["none"]}
     activation = BATCH // dp * SEQ * CARD["n_embd"] * 4  # one float32 (rows, seq, width) activation of this rank
     for record in ranks:
-        for strategy in STRATEGIES:
-            real, sim = record["strategies"][strategy], fake[strategy]
+        for strategy in (*STRATEGIES, "mixed"):
+            real, sim = record["strategies"].get(strategy, record.get(strategy)), fake[strategy]
             for key in ("fwd_bwd_start_bytes", "optimizer_start_bytes", "optimizer_peak_bytes"):
                 assert sim[key] == real[key], (strategy, key, sim[key], real[key])
             gap = real["fwd_bwd_peak_bytes"] - sim["fwd_bwd_peak_bytes"]
-            assert 0 <= gap <= 2 * activation + sim["largest_allgather_bytes"], (strategy, gap)
+            assert 0 <= gap <= GLOO_STAGING_FACTOR * activation + sim["largest_allgather_bytes"], (strategy, gap)
