@@ -165,3 +165,21 @@ def test_cli_refuses_a_config_it_cannot_take_saying_why(tmp_path, capsys, config
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "unknown key" not in err
     assert re.search(message, err), err
+
+
+def test_a_suite_scenario_of_an_hf_config_is_simulated_as_it_is_measured() -> None:
+    """``model: {hf: ...}`` with ``simulate: {enabled: true}``: the runner's simulated peak is the measured one, its
+    saving is against the simulated reference, and no GPT formula is applied to a Hugging Face model."""
+    from pytest_flashckpt.config.scenario import ModelSpec, Scenario, SimulateConfig
+    from pytest_flashckpt.runner.context import RunContext
+    from pytest_flashckpt.runner.runners import measure_scenario
+
+    scenario = Scenario("hf-llama-full", model=ModelSpec(hf=CONFIGS["llama"], dropout=0.0), suite="t", dtype="float32",
+                        batch_size=BATCH, seq_len=SEQ, activation=ActivationConfig(strategy="full"),
+                        simulate=SimulateConfig(enabled=True, kernel="sdpa", target="cpu"))
+    result = measure_scenario(scenario, RunContext(torch.device("cpu"), "cpu"))
+    assert result.status == "measured", result.reason
+    m = result.metrics
+    assert m["simulated_peak_bytes"] == measured_cpu_peak(CONFIGS["llama"], "full", 0.0)[0]
+    assert m["simulated_reference_peak_bytes"] == measured_cpu_peak(CONFIGS["llama"], "none", 0.0)[0]
+    assert "analytic_peak_bytes" not in m and result.kernel == "sdpa-flash-cpu"
