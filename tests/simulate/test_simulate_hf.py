@@ -57,7 +57,8 @@ DEFAULT_CASES = {("gpt2", "none"), ("llama", "selective_op"), ("qwen2", "none"),
 @pytest.mark.parametrize(("family", "strategy", "dropout"), [
     *(pytest.param(family, strategy, 0.0, marks=() if (family, strategy) in DEFAULT_CASES else pytest.mark.slow)
       for family in CONFIGS for strategy in ("none", "selective_op")),
-    ("llama", "full", 0.0), pytest.param("llama", "every_k", 0.0, marks=pytest.mark.slow),
+    # llama full runs by default in the suite-scenario test below
+    pytest.param("llama", "full", 0.0, marks=pytest.mark.slow), pytest.param("llama", "every_k", 0.0, marks=pytest.mark.slow),
     ("gpt2", "none", None),  # GPT-2's own dropout 0.1: SDPA takes its math path on a CPU, and on meta alike
 ])
 def test_hf_config_simulated_equals_measured_on_cpu(family, strategy, dropout) -> None:
