@@ -150,7 +150,7 @@ def check_resources(scenarios, origin, host_bytes: int | None, free_disk: int | 
                     origin(scenario),
                     f"{card.name!r} has {card.num_params():,} parameters: with their gradients and AdamW state they need "
                     f"at least {_bytes(state)} of host memory, more than this machine's {_bytes(host_bytes)}",
-                    "use a smaller model (fewer or narrower layers)" + ("" if hf else ", or simulate: {enabled: true}"),
+                    "use a smaller model (fewer or narrower layers), or simulate: {enabled: true}",
                     scenario=scenario.name, key="model.hf" if hf else "model.card",
                 )
             if need > host_bytes:

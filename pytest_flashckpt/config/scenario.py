@@ -247,11 +247,6 @@ class Scenario:
                 checkpoint, strategy="layerwise", layer_checkpoint_dir=model.layer_checkpoint_dir or checkpoint.layer_checkpoint_dir
             )
         _set(self, model=model, activation=activation, save=checkpoint)
-        if model.hf is not None and (self.simulate.enabled or self.world_size > 1):
-            raise ValueError(
-                f"model.hf: a Hugging Face model is measured in one process; {'simulate' if self.simulate.enabled else f'world_size {self.world_size}'} "
-                "builds the project's cards only (the simulator and FSDP ranks have no Hugging Face builder yet); use a model card"
-            )
         for key in ("batch_size", "seq_len", "rounds", "steps"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")

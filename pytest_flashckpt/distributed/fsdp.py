@@ -1,4 +1,5 @@
-"""The process group, the FSDP2-sharded GPT and a data-parallel trainer for one rank.
+"""The process group, the FSDP2-sharded model (a card's, or a Hugging Face config's) and a data-parallel trainer
+for one rank.
 
 Order matters and matches the single-process path: the activation strategy is applied to the plain model first
 (``apply_ac`` replaces block ``forward`` methods, parameter names unchanged), then ``fully_shard`` wraps every block
@@ -19,12 +20,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from pytest_flashckpt.activation import AppliedActivation, apply_ac
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.config.model_card import ModelCard
+from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import build_model
-from pytest_flashckpt.models.gpt import GPT, GPTConfig
+from pytest_flashckpt.models.hf.card import HFCard
 from pytest_flashckpt.training import Trainer, make_batch
 
 
@@ -69,19 +73,20 @@ def mixed_precision_policy(compute_dtype: torch.dtype) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
 
 
-def shard(model: GPT, activation: ActivationConfig | None = None, mp_policy: MixedPrecisionPolicy | None = None) -> AppliedActivation:
+def shard(model: nn.Module, activation: ActivationConfig | None = None, mp_policy: MixedPrecisionPolicy | None = None) -> AppliedActivation:
     """Apply the activation strategy to ``model`` (as in one process), then ``fully_shard`` each block and the root
-    (with ``mp_policy`` for mixed precision; None: the parameters' own dtype throughout)."""
+    (with ``mp_policy`` for mixed precision; None: the parameters' own dtype throughout). The blocks are the model's
+    anatomy's (``models.anatomy.get_blocks``): a GPT's ``blocks``, a Llama's, a Hugging Face model's layers."""
     applied = apply_ac(model, activation or ActivationConfig())
     kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
-    for block in model.blocks:
+    for block in get_blocks(model):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return applied
 
 
 def build_trainer(
-    config: GPTConfig,
+    config: ModelCard | HFCard,
     *,
     batch_size: int,
     seq_len: int,
@@ -96,9 +101,14 @@ def build_trainer(
     """The same initial weights at every world size (built whole from ``seed``, then sharded). ``distributed=False``
     builds the plain single-process model (no FSDP) with the full batch: the reference a sharded run is read against
     (in mixed precision it autocasts to ``dtype``, the one-process form). ``precision="mixed"``: float32 master
-    state, compute in ``dtype`` (see the module docstring)."""
+    state, compute in ``dtype`` (see the module docstring). ``config``: a model card, or a Hugging Face config's
+    card (``models.hf.card.hf_card``), built by the builder a one-process run uses."""
     mixed = precision == "mixed"
-    model = build_model(config, backend, device, torch.float32 if mixed else dtype, seed=seed)
+    param_dtype = torch.float32 if mixed else dtype
+    if isinstance(config, HFCard):
+        model = config.build(backend, device, param_dtype, seed=seed)
+    else:
+        model = build_model(config, backend, device, param_dtype, seed=seed)
     if distributed:
         rank, world = dist.get_rank(), dist.get_world_size()
         if batch_size % world:

@@ -37,14 +37,18 @@ from pytest_flashckpt.distributed import fsdp, sharded_store
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import load_card
+from pytest_flashckpt.models.hf.card import hf_card
 from pytest_flashckpt.probes import make_probe
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _trainer(scenario: Scenario, device: torch.device, backend: str):
-    overrides = {} if scenario.model.dropout is None else {"dropout": scenario.model.dropout}
-    card = load_card(scenario.card, **overrides)
+    spec = scenario.model
+    if spec.hf is not None:  # a Hugging Face config: the builder a one-process run uses (models.hf)
+        card = hf_card(spec.hf, spec.dropout, spec.anatomy)
+    else:
+        card = load_card(scenario.card, **({} if spec.dropout is None else {"dropout": spec.dropout}))
     return fsdp.build_trainer(
         card, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed, backend=backend,
         device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation, precision=scenario.precision,

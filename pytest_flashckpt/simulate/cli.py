@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
         "Exit status 0: fits (or no --device-memory), 1: does not fit, 2: bad input.",
     )
     p.add_argument("--model", default="gpt3-2.7b", help="model card name or path (default gpt3-2.7b)")
+    p.add_argument("--hf-config", metavar="CONFIG_JSON", help="a Hugging Face config.json to simulate instead of --model "
+                   "(built on meta by the builder measured runs use; needs pytest-flashckpt[hf])")
     p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
     p.add_argument("--batch", type=int, default=8, help="global batch size (default 8)")
     p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 (default bf16)")
@@ -66,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         device_bytes = None if args.device_memory is None else parse_device_memory(args.device_memory)
         from pytest_flashckpt.simulate import simulate_step
+        from pytest_flashckpt.simulate.workload import simulation_card
 
         peak = simulate_step(
-            args.model, args.dtype, args.batch, args.seq, args.kernel, strategy, k=args.k,
+            simulation_card(args.model, args.hf_config), args.dtype, args.batch, args.seq, args.kernel, strategy, k=args.k,
             target=args.target, world_size=args.world_size, budget=args.budget, precision=args.precision,
         )
     except (ValueError, FileNotFoundError) as exc:

@@ -2,7 +2,9 @@
 
 On ``meta``, ``F.scaled_dot_product_attention`` takes its math path (it materialises the T x T scores), which
 is not what a GPU or a CPU runs; so the simulated model calls the kernel's aten op explicitly (see
-``models.attention.EXPLICIT_OPS``) and saves exactly what that kernel saves for backward. The CUDA ops are only
+``models.attention.EXPLICIT_OPS``) and saves exactly what that kernel saves for backward. A Hugging Face model calls the same ops through
+transformers' attention interface (``models.hf.attention``; its ``sdpa`` backend on meta is transformers' own SDPA
+call without the mask preparation, which reads tensor values that meta tensors lack). The CUDA ops are only
 ever run on ``meta`` here: a fake-CUDA flash-attention op aborts the process.
 
 Grouped-query attention (Llama's ``n_kv_head``): the flash ops' meta functions take k and v with fewer heads than

@@ -29,7 +29,7 @@ def run_simulated(scenario, result) -> None:
     sim = scenario.simulate
     if scenario.activation.save_ops is not None:
         raise ValueError("simulate: a custom activation.save_ops list is not supported in suites; use the Python API")
-    common = (scenario.card, scenario.dtype, scenario.batch_size, scenario.seq_len, sim.kernel)
+    common = (simulated_card(scenario), scenario.dtype, scenario.batch_size, scenario.seq_len, sim.kernel)
     tail = (sim.target, sim.world_size)
     budget = scenario.activation.budget if scenario.activation.strategy == "budget" else None
     peak = _cached(*common, scenario.activation.strategy, scenario.activation.k, *tail, budget, scenario.precision)
@@ -56,6 +56,17 @@ def run_simulated(scenario, result) -> None:
     result.notes.append(f"simulated on meta: peak at {peak.peak_op} in the {peak.peak_phase}")
 
 
+def simulated_card(scenario):
+    """The card ``scenario`` simulates: its model card's name, or its Hugging Face config's card
+    (``models.hf.card``: the same builder the measured run uses, with the suite's dropout and anatomy)."""
+    spec = scenario.model
+    if spec.hf is None:
+        return scenario.card
+    from pytest_flashckpt.models.hf.card import hf_card
+
+    return hf_card(spec.hf, spec.dropout, spec.anatomy)
+
+
 def _record_plan(plan: dict, result) -> None:
     m = result.metrics
     m["budget_bytes"] = plan["budget_bytes"]
@@ -79,6 +90,8 @@ def _formulas(scenario, peak: SimulatedPeak) -> dict[str, int]:
     from pytest_flashckpt.models.cards import load_card
     from pytest_flashckpt.simulate.formulas import korthikanti_block_bytes
 
+    if scenario.model.hf is not None:  # the analytic formulas are the project's families': none for a HF model ("—")
+        return {}
     if scenario.activation.strategy != "none" or peak.world_size != 1 or peak.precision != "pure":
         return {}  # (the analytic model and Korthikanti's formula know one dtype for states and activations)
     config = load_card(scenario.card)

@@ -117,6 +117,8 @@ def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0,
     probe.count_rng_states = count_host  # checkpointing's CPU RNG states are device memory only on a CPU
     for p in model.parameters():
         probe.add_resident(p, "parameters")
+    for b in model.buffers():  # resident as in a measured step (Trainer.state_tensors): a Hugging Face rotary table
+        probe.add_resident(b, "parameters")
     host_bytes = 0
     for state in optimizer.state.values():
         for value in state.values():

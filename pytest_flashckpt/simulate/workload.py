@@ -6,10 +6,15 @@ with the backend that reproduces a kernel, and the trainer a run on the target h
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from pytest_flashckpt.config.model_card import ModelCard as GPTConfig  # any family's card
 from pytest_flashckpt.models.cards import build_model
+from pytest_flashckpt.models.hf.build import HFConfigProblem, HFUnavailable
+from pytest_flashckpt.models.hf.card import HFCard, hf_card
 from pytest_flashckpt.simulate.kernels import simulated_backend
 from pytest_flashckpt.training import Trainer
 
@@ -54,7 +59,9 @@ def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: i
         raise ValueError(f"sequence length must be positive, got {seq_len}")
     if seq_len > card.block_size:
         raise ValueError(
-            f"sequence length {seq_len} is longer than the {card.block_size} positions of model card {card.name!r}"
+            f"sequence length {seq_len} is longer than the {card.block_size} positions of "
+            + (f"Hugging Face config {card.name!r} (its max_position_embeddings / n_positions)"
+               if isinstance(card, HFCard) else f"model card {card.name!r}")
         )
     if world_size <= 0:
         raise ValueError(f"world size must be positive, got {world_size}")
@@ -71,12 +78,44 @@ def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: i
         )
 
 
-def simulated_model(config: GPTConfig, dtype: str, kernel: str, target: str, seed: int = 0, precision: str = "pure"):
+def simulated_model(config: GPTConfig | HFCard, dtype: str, kernel: str, target: str, seed: int = 0, precision: str = "pure"):
     """The card's model on ``meta`` with the backend that reproduces ``kernel`` on ``target`` (``kernels``); its
     parameters in ``dtype``, or float32 master weights in mixed precision (the backend is chosen for ``dtype``, the
-    dtype attention computes in)."""
+    dtype attention computes in). A Hugging Face config's card (``models.hf.card``) builds its transformers model
+    with the same builder a measured run uses, its attention the same explicit kernel op."""
     backend = simulated_backend(kernel, target, dtype, config.dropout)
-    return build_model(config, backend, "meta", torch.float32 if precision == "mixed" else getattr(torch, dtype), seed=seed)
+    param_dtype = torch.float32 if precision == "mixed" else getattr(torch, dtype)
+    if isinstance(config, HFCard):
+        return config.build(backend, "meta", param_dtype, seed=seed)
+    return build_model(config, backend, "meta", param_dtype, seed=seed)
+
+
+def simulation_card(model: str, hf_config: str | None = None) -> GPTConfig | HFCard | str:
+    """What ``flashckpt simulate`` simulates: the Hugging Face config ``hf_config`` (a config.json path), or
+    ``model``, a card name or path; a ``--model`` that is a JSON file with a ``model_type`` is a Hugging Face
+    config too (a transformers config.json is not a model card, so it is not read as one). A config the builder
+    cannot take is a ValueError naming the option, the file, the key and the fix."""
+    option = "--hf-config"
+    if hf_config is None and model.endswith(".json") and Path(model).is_file():
+        try:
+            data = json.loads(Path(model).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and "model_type" in data:
+            hf_config, option = model, "--model"
+    if hf_config is None:
+        return model
+    where = f"{option} {hf_config}"
+    try:
+        return hf_card(hf_config)
+    except HFUnavailable as exc:  # the optional extra is not installed: bad input for this command, with the fix
+        raise ValueError(f"{where}: {exc}") from None
+    except HFConfigProblem as exc:
+        key = exc.key.removeprefix("model.hf").lstrip(".")
+        named = f"{key}: " if key and key != "model_type" else ""  # a model_type problem names it itself
+        raise ValueError(f"{where}: {named}{exc.problem}" + (f"; {exc.fix}" if exc.fix else "")) from None
+    except ValueError as exc:
+        raise ValueError(f"{where}: {str(exc).removeprefix('model.hf: ')}") from None
 
 
 class MetaBatchTrainer(Trainer):

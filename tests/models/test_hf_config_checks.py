@@ -98,7 +98,7 @@ def test_a_billion_layers_is_refused_by_the_host_preflight_in_well_under_a_secon
     state = 4 * 4 * parameter_count(hf_config(scenario.model.hf))  # parameters, gradients, AdamW moments in fp32
     assert need > state > 64 * 2**30
     assert "s.yaml: scenario 'a': model.hf: 'hf:gpt2' has " in message and " parameters: with their gradients" in message
-    assert "more than this machine's 64.0 GiB (use a smaller model (fewer or narrower layers))" in message
+    assert "more than this machine's 64.0 GiB (use a smaller model (fewer or narrower layers), or simulate: {enabled: true})" in message
     # control: without a shape for the Hugging Face scenario (the old preflight), nothing is refused
     check_resources(suite.scenarios, suite.origin, 64 * 2**30, None, "work", on_cpu=True)
 

@@ -99,7 +99,6 @@ def test_a_config_json_path_is_read_locally(tmp_path, monkeypatch) -> None:
     ("{name: a, model: {hf: missing.json}}", r"scenario 'a'.*model\.hf: 'missing\.json' is not a file"),
     ("{name: a, model: {card: tiny, anatomy: {blocks: h}}}", r"scenario 'a'.*model\.anatomy .*needs model\.hf"),
     ("{name: a, model: {hf: {model_type: gpt2}, anatomy: {block: h}}}", r"model\.anatomy: unknown key\(s\) block; valid: blocks"),
-    ("{name: a, model: {hf: {model_type: gpt2}}, simulate: {enabled: true}}", r"model\.hf: .*simulate builds the project's cards only"),
     ("{name: a, model: {card: small, hf: {model_type: gpt2}}}", r"model\.card 'small' and model\.hf name two models"),
 ])
 def test_bad_hf_input_is_named_before_anything_runs(tmp_path, monkeypatch, body: str, expected: str) -> None:

@@ -8,6 +8,11 @@ this package only when a transformers model is met), so every strategy that read
 Hugging Face model the user built too; ``explain_anatomy`` says what could not be decided for any other layout, and
 ``stated_anatomy`` turns a suite's ``anatomy:`` keys into one.
 
+``models.hf.card.hf_card`` turns a config into the card the simulator and FSDP ranks read (``HFCard``: layers,
+widths, positions, and ``build``, the same builder); ``models.hf.attention`` registers the explicit kernel ops with
+transformers' ``AttentionInterface``, so a model simulated on ``meta`` runs the flash / mem-efficient kernel's op
+instead of SDPA's math path.
+
 Needs the optional extra ``pytest-flashckpt[hf]`` (transformers); importing this package without it raises
 ``HFUnavailable`` (an ImportError) with the install line.
 """

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 
 from pytest_flashckpt.config.hf_spec import read_hf_config
 from pytest_flashckpt.models.hf.anatomy import discover_anatomy, explain_anatomy, stated_anatomy
+from pytest_flashckpt.models.hf.attention import ATTN_IMPLEMENTATION as EXPLICIT_KERNELS
+from pytest_flashckpt.models.hf.attention import register as register_explicit_kernels
 
 ATTN_IMPLEMENTATION = {"sdpa": "sdpa", "eager": "eager", "flash_attn": "flash_attention_2"}
 MIN_TRANSFORMERS = "4.45"
@@ -305,11 +307,17 @@ def build_hf_model(
     seq_len: int | None = None,
 ) -> nn.Module:
     """A randomly initialised transformers causal LM for ``spec`` with the attention of ``backend`` (sdpa, eager,
-    flash_attn -> flash_attention_2), on ``device`` in ``dtype``; its anatomy discovered (or ``anatomy``, a suite's
+    flash_attn -> flash_attention_2, or one of the simulator's explicit kernel ops: ``models.hf.attention``), on ``device`` in ``dtype``; its anatomy discovered (or ``anatomy``, a suite's
     stated keys) and checked, or a ValueError saying what could not be decided."""
     transformers = _transformers()
-    if backend not in ATTN_IMPLEMENTATION:
-        raise ValueError(f"attention backend {backend!r} has no transformers attn_implementation; valid: {', '.join(ATTN_IMPLEMENTATION)}")
+    if backend in EXPLICIT_KERNELS:  # the simulator's explicit kernel ops on meta (models.hf.attention)
+        register_explicit_kernels()
+        implementation = EXPLICIT_KERNELS[backend]
+    elif backend in ATTN_IMPLEMENTATION:
+        implementation = ATTN_IMPLEMENTATION[backend]
+    else:
+        raise ValueError(f"attention backend {backend!r} has no transformers attn_implementation; valid: "
+                         f"{', '.join([*ATTN_IMPLEMENTATION, *EXPLICIT_KERNELS])}")
     config = hf_config(spec, dropout)
     limit = max_positions(config)
     if seq_len is not None and limit is not None and seq_len > limit:
@@ -318,7 +326,7 @@ def build_hf_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device(device):
-            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION[backend])
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
     model = model.to(dtype=dtype)
     found = anatomy_of(model, anatomy)
     model.anatomy = types.MethodType(_Stated(found), model)  # get_anatomy asks model.anatomy() first
