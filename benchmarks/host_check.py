@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
 from pytest_flashckpt.baselines.store import Baseline
-from pytest_flashckpt.core.result import RunRecord
+from pytest_flashckpt.config.record_file import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("regressed", "improved", "~", "unstable", "unguarded", "ok")
@@ -40,7 +40,7 @@ def main() -> None:
     for baseline_path in args.baseline:
         baseline = Baseline.read(baseline_path)
         for path in args.results:
-            record = RunRecord.read_json(path)
+            record = read_record(path)
             load = path.parent / "load.txt"
             counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
             regressed = []

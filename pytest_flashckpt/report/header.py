@@ -19,7 +19,7 @@ def kernels_line(record: RunRecord) -> str:
 
 
 def rounds_line(record: RunRecord) -> str:
-    rounds = sorted({int(r.config["rounds"]) for r in record.results if isinstance(r.config.get("rounds"), int)})
+    rounds = sorted({r.config.rounds for r in record.results})
     if not rounds:
         return "unknown"
     if len(rounds) == 1:

@@ -84,7 +84,7 @@ def draw_pareto(results: list[Result], path: Path) -> None:
             y0, y1 = (claim.saving - claim.saving_tolerance) * 100, (claim.saving + claim.saving_tolerance) * 100
             ax.fill_between([x0, x1], y0, y1, alpha=0.12, color=colors.get(claim.id, "grey"), linewidth=0,
                             label=f"article: {claim.title} ({claim.describe_saving()}, {claim.overhead_text})")
-        several_seqs = len({r.config.get("seq_len") for r in chosen}) > 1
+        several_seqs = len({r.config.seq_len for r in chosen}) > 1
         kernels = sorted({r.kernel or "?" for r in chosen}, key=lambda k: (k != "eager", k))
         palette = ["tab:blue", "tab:orange", "tab:cyan", "tab:brown", "tab:pink"]
         kernel_color = {k: palette[i % len(palette)] for i, k in enumerate(kernels)}
@@ -93,7 +93,7 @@ def draw_pareto(results: list[Result], path: Path) -> None:
         strategy_marker = {s: shapes[i % len(shapes)] for i, s in enumerate(strategies)}
 
         def identity(r: Result) -> tuple[str, object, str, str]:
-            return (select.describe_activation(r), r.config.get("seq_len"), r.kernel or "?", select.save_strategy(r))
+            return (select.describe_activation(r), r.config.seq_len, r.kernel or "?", select.save_strategy(r))
 
         # A run whose (strategy, seq, kernel, save) another run already shows (the article scenarios re-run a
         # matrix configuration) is drawn hollow and not labelled again: its label would overprint the first one.
@@ -258,7 +258,7 @@ def draw_throughput(results: list[Result], path: Path) -> None:
         strategies = sorted({select.describe_activation(r) for r in chosen})
         workloads: dict[tuple, list[Result]] = {}
         for r in chosen:
-            workloads.setdefault((select.card(r), r.config.get("seq_len"), r.kernel, r.config.get("dtype")), []).append(r)
+            workloads.setdefault((select.card(r), r.config.seq_len, r.kernel, r.config.dtype), []).append(r)
         for group in workloads.values():  # one workload's strategies joined: the memory / MFU trade-off
             group = sorted(group, key=lambda r: r.number("peak_bytes") or 0.0)
             ax.plot([(r.number("peak_bytes") or 0.0) / 2**20 for r in group], [(mfu_of(r)[0] or 0.0) * 100 for r in group],
@@ -274,7 +274,7 @@ def draw_throughput(results: list[Result], path: Path) -> None:
                            label=f"{strategy}: HFU", zorder=2)
         for group in workloads.values():
             top = max(group, key=lambda r: mfu_of(r)[0] or 0.0)
-            ax.annotate(f"{select.card(top)} s{top.config.get('seq_len')}", ((top.number("peak_bytes") or 0.0) / 2**20,
+            ax.annotate(f"{select.card(top)} s{top.config.seq_len}", ((top.number("peak_bytes") or 0.0) / 2**20,
                         (mfu_of(top)[0] or 0.0) * 100), xytext=(4, 4), textcoords="offset points", fontsize=7)
         ax.set_xlabel("peak training-step memory (MiB)")
         ax.set_ylabel(f"% of the {basis}")

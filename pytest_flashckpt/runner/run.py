@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from pytest_flashckpt.config.scenario import Scenario
-from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.core.files import work_folder
 from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
@@ -41,7 +40,7 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
         kind = "distributed (world_size > 1)" if scenario.world_size > 1 else "simulated (simulate.enabled)"
         raise ValueError(f"scenario {scenario.name!r} is {kind}: run_scenario measures in this process only; "
                          "use runner.runners.measure_scenario, which picks its runner")
-    result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
+    result = Result(scenario.suite, scenario.name, "measured", scenario, device=str(ctx.device), probe=ctx.probe)
     return recorded(result, lambda: _measure(scenario, ctx, result), hint=lambda: _disk_hint(scenario, ctx))
 
 

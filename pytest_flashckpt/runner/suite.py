@@ -32,6 +32,7 @@ from pytest_flashckpt.config.suites import Suite, load_suite
 from pytest_flashckpt.core.result import Result, RunRecord
 from pytest_flashckpt.runner.context import RunContext
 from pytest_flashckpt.runner.runners import ScenarioRunner, runner_for
+from pytest_flashckpt.config.record_file import result_from_dict
 
 
 Progress = Callable[[Scenario, str], None]  # (scenario, phase: "memory pass", "timing round 3/5", "save 2/6")
@@ -222,7 +223,7 @@ class SuiteRun:
         suite's order)."""
         from pytest_flashckpt.core.comparison import RegressionVerdict, VerdictNote
 
-        self.results.extend(Result.from_dict(r) for r in handoff.get("results", []))
+        self.results.extend(result_from_dict(r) for r in handoff.get("results", []))
         order = {f"{s.suite}::{s.name}": i for i, s in enumerate(self.suite.scenarios)}
         self.results.sort(key=lambda r: order.get(r.id, len(order)))
         self.verdicts.update(handoff.get("verdict_words", {}))

@@ -8,6 +8,7 @@ import pytest
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_across_runs, run_spread
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.scenario import Scenario
 
 HOST_A = [1.10, 1.11, 1.09, 1.12, 1.10, 1.08, 1.11, 1.09, 1.10, 1.12]
 HOST_B = [v * 1.06 for v in HOST_A]  # the same code on a host where the ratio sits 6% higher
@@ -64,7 +65,7 @@ def test_compare_scenario_uses_the_runs_when_the_entry_has_two():
 
 
 def _record(tmp_path, name, overhead, peak=100, profile_id="p1"):
-    r = Result("mini", "a", "measured", {"steps": 1}, probe="cpu")
+    r = Result("mini", "a", "measured", Scenario("a", suite="mini"), probe="cpu")
     r.metrics = {"peak_bytes": peak, "overhead": overhead[0]}
     r.samples = {"overhead": overhead}
     record = RunRecord({"device_type": "cpu"}, profile_id, f"2026-01-0{len(name)}", "abc", "mini", "cpu", "cpu", [r])
@@ -125,7 +126,7 @@ def test_the_gate_message_counts_unstable_rows_and_they_do_not_fail(tmp_path):
 
     Baseline("p1", {}, {"mini::a": entry}).write(tmp_path / "p1.json")
     gate = Gate(tmp_path, "p1", Thresholds())
-    r = Result("mini", "a", "measured", {}, probe="cpu")
+    r = Result("mini", "a", "measured", Scenario("a", suite="mini"), probe="cpu")
     r.metrics, r.samples = {"overhead": 3.0}, {"overhead": [3.0] * 5}
     rows = gate.judge(r)
     assert [row.verdict for row in rows] == ["unstable"]

@@ -6,10 +6,11 @@ import pytest
 
 from pytest_flashckpt.baselines import Baseline, BaselineError, locate
 from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.config.scenario import Scenario
 
 
 def _result(name, status="measured", overhead=1.2):
-    r = Result("mini", name, status, {"steps": 1})
+    r = Result("mini", name, status, Scenario(name, suite="mini"))
     if status == "measured":
         r.metrics = {"peak_bytes": 100, "overhead": overhead, "step_time_s": 0.5, "memory_saving": 0.3, "kernel": "x"}
         r.samples = {"overhead": [overhead] * 3, "step_time_s": [0.5] * 3, "reference_step_time_s": [0.4] * 3}
