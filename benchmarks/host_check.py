@@ -54,7 +54,7 @@ def main() -> None:
                     if row.verdict in ("regressed", "missing"):
                         regressed.append(f"`{row.scenario}` {row.metric} {row.change:+.1%}" if row.change is not None else
                                          f"`{row.scenario}` {row.metric}")
-            runs = sorted({len(e.get("runs") or [None]) for e in baseline.scenarios.values()})
+            runs = sorted({len(e.runs or [None]) for e in baseline.scenarios.values()})
             lines += [
                 f"## `{shown(path)}` against `{shown(baseline_path)}` ({'/'.join(map(str, runs))} run(s) per entry)",
                 "",

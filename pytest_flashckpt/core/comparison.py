@@ -20,7 +20,7 @@ unstable, a regression flagged ``busy-machine``), the run's coverage (a subset, 
 condition of the run (``--flashckpt-save-baseline``), or a scenario whose configuration changed under its name since
 the baseline was stored (``not-comparable``: its numbers are not judged). Files written before notes were typed
 have none: their notes stayed in ``Comparison.message``."""
-VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "improved", "~", "unstable", "unguarded", "ok", "not comparable")
+VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "not comparable", "improved", "~", "unstable", "unguarded", "ok")
 
 
 @dataclass(frozen=True, eq=True)

@@ -58,7 +58,10 @@ def regression_section(comparison: Comparison | None) -> list[str]:
                   "it; ~ = beyond it but not significant (the samples overlap); **missing** = the baseline has it, this "
                   "run did not measure it; unguarded = the sample sizes cannot reach p < alpha, so it cannot fail; "
                   "unstable = the baseline's runs (hosts) spread too far apart to gate this metric (its spread is "
-                  "in the reason; compare on one machine with `flashckpt ab`) (baselines/README.md)."]
+                  "in the reason; compare on one machine with `flashckpt ab`) (baselines/README.md)."
+                  + (" **not comparable** = the scenario's configuration changed under its name since the baseline "
+                     "was stored (the changed keys are in the reason); its numbers are not judged until the baseline "
+                     "is refreshed." if any(v.verdict == "not comparable" for v in verdicts) else "")]
     return lines
 
 

@@ -216,6 +216,7 @@ class SuiteRun:
             "verdicts": [v.to_dict() for v in gate.verdicts] if gate is not None else [],
             "gate_notes": [n.to_dict() for n in gate.notes] if gate is not None else [],
             "not_in_baseline": list(gate.not_in_baseline) if gate is not None else [],
+            "without_fingerprint": list(gate.without_fingerprint) if gate is not None else [],
         }
 
     def absorb(self, handoff: dict) -> None:
@@ -227,7 +228,7 @@ class SuiteRun:
         order = {f"{s.suite}::{s.name}": i for i, s in enumerate(self.suite.scenarios)}
         self.results.sort(key=lambda r: order.get(r.id, len(order)))
         self.verdicts.update(handoff.get("verdict_words", {}))
-        if handoff.get("verdicts") or handoff.get("gate_notes") or handoff.get("not_in_baseline"):
+        if handoff.get("verdicts") or handoff.get("gate_notes") or handoff.get("not_in_baseline") or handoff.get("without_fingerprint"):
             from pytest_flashckpt.baselines import BaselineError
 
             try:
@@ -238,6 +239,7 @@ class SuiteRun:
             notes = [VerdictNote.from_dict(n) for n in handoff.get("gate_notes", [])]
             gate.notes.extend(n for n in notes if n not in gate.notes)
             gate.not_in_baseline.extend(handoff.get("not_in_baseline", []))
+            gate.without_fingerprint.extend(handoff.get("without_fingerprint", []))
 
     # -- an interrupted run -------------------------------------------------------------------------
     def interrupt(self, how: str = "Ctrl-C") -> None:

@@ -41,7 +41,7 @@ UNREADABLE = [
     (_baseline({f"mini::s{i}": GOOD for i in range(31)})[:200].encode(), "not valid JSON"),  # truncated
     (b"<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> branch\n", "not valid JSON"),  # a merge conflict
     (b"[1, 2]", "not a pytest-flashckpt baseline"),
-    (json.dumps({"schema_version": 2, "scenarios": {}}).encode(), "schema_version 2 is not supported"),
+    (json.dumps({"schema_version": 99, "scenarios": {}}).encode(), "schema_version 99 is not supported"),
     (_baseline({"mini::x": GOOD}).replace("mini::x", "caf\u00e9").encode("latin-1"), "not UTF-8 text"),
     (_baseline({"mini::x": {"metrics": {"overhead": "1.2"}}}).encode(), "scenario 'mini::x': metrics.overhead: expected a finite number, got str '1.2'"),
 ]

@@ -3,8 +3,15 @@ tolerance AND a Mann-Whitney test, absolute times only on opt-in."""
 
 import pytest
 
-from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_sampled, noisy, underpowered
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, judge_sampled, noisy, underpowered
 from pytest_flashckpt.plugin.options import OPTIONS
+from pytest_flashckpt.baselines.entry import BaselineEntry
+from pytest_flashckpt.baselines import regression_verdicts
+
+
+def compare_scenario(scenario, stored: dict, *args):
+    """The gate's comparison with a baseline entry written as a file holds it (its JSON form)."""
+    return regression_verdicts.compare_scenario(scenario, BaselineEntry.from_dict(stored), *args)
 
 BASE = [1.20, 1.21, 1.19, 1.22, 1.20, 1.18, 1.21, 1.19, 1.20, 1.22]
 
