@@ -153,15 +153,16 @@ def locate(directory: Path, profile_id: str) -> Lookup:
     return Lookup(directory, path, path.exists() or path.is_symlink(), others)
 
 
-def check_saveable(directory: Path, profile_id: str) -> None:
+def check_saveable(directory: Path, profile_id: str, read: bool = True) -> None:
     """Before a run that will save: ``directory`` can hold baselines and this profile's file, if there, reads as
     a baseline (an unreadable one is never replaced: it may hold scenarios this run does not measure, or a merge
-    conflict to resolve). BaselineError naming the file and the fix otherwise."""
+    conflict to resolve; ``read=False`` when the run's gate has read it already). BaselineError naming the file
+    and the fix otherwise."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise BaselineError(f"{directory}: the baseline folder is a file; pass --flashckpt-baseline-dir=FOLDER or move the file")
     lookup = locate(directory, profile_id)
-    if lookup.exists:
+    if read and lookup.exists:
         Baseline.read(lookup.path)
     probe = directory if directory.is_dir() else next((p for p in directory.parents if p.exists()), Path("."))
     if not os.access(probe, os.W_OK | os.X_OK):

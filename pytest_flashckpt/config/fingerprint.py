@@ -41,6 +41,16 @@ def fingerprinted(scenario: Scenario) -> dict[str, Any]:
     return {key: flat[key] for key in sorted(flat) if key not in LEFT_OUT}
 
 
+def workload_key(scenario: Scenario, with_save: bool = True) -> str:
+    """The key a run's caches share measurements under (``runner.context.RunContext.cached``): the digest of the
+    configuration without the labels, ``measure`` and ``rounds`` (scenarios that differ in them train the same
+    step), and without the save unless ``with_save`` (only the checkpoint pass depends on it). Unlike the
+    fingerprint it keeps ``save.saves``: a reference save pass of 3 saves is not one of 12."""
+    flat = _flatten(scenario.to_plain())
+    dropped = (*LABELS, "rounds", *PASSES)
+    return digest({k: v for k, v in flat.items() if k not in dropped and (with_save or not k.startswith("save."))})
+
+
 def fingerprint(scenario: Scenario) -> str:
     """``sha256:`` and the first 16 hex digits of the hash of ``fingerprinted(scenario)``."""
     return digest(fingerprinted(scenario))

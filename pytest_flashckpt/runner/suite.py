@@ -108,6 +108,7 @@ class SuiteRun:
         self.missing: list[RegressionVerdict] = []  # missing rows that fail the run (set by finish)
         self.interrupted = False  # stopped by Ctrl-C / SIGTERM (``interrupt``): finish writes a partial record
         self.stopped_by: str | None = None  # how it was stopped: "Ctrl-C" or "SIGTERM"
+        self.finished: RunRecord | None = None  # the record ``finish`` wrote (its comparison is the run's)
 
     # -- context ------------------------------------------------------------------------------------
     @property
@@ -158,7 +159,9 @@ class SuiteRun:
                 broken = str(exc)
             else:
                 rows, failure = judgement.rows, judgement.failure
-        return ScenarioOutcome(result, self.verdict(result), rows, failure, broken)
+        if result.id not in self.verdicts:  # not judged (skipped, error, unreadable baseline): its word, once
+            self.verdicts[result.id] = scenario_verdict(result, None, self._gate.status if self._gate else None)
+        return ScenarioOutcome(result, self.verdicts[result.id], rows, failure, broken)
 
     def run_all(self, on_start: Callable[[Scenario], None] | None = None,
                 on_outcome: Callable[[ScenarioOutcome], None] | None = None) -> RunOutputs:
@@ -197,7 +200,8 @@ class SuiteRun:
         return Judgement(rows, None if self.options.save_baseline else text)
 
     def verdict(self, result: Result) -> str:
-        """One word for a finished scenario (its worst verdict, or skipped / error / no baseline ...)."""
+        """One word for a finished scenario (its worst verdict, or skipped / error / no baseline ...), as ``step``
+        (or the worker that ran it) worded it."""
         return self.verdicts.get(result.id) or scenario_verdict(result, None, self._gate.status if self._gate else None)
 
     def shown(self, path: Path | str) -> str:
@@ -251,6 +255,9 @@ class SuiteRun:
 
     # -- the whole run ------------------------------------------------------------------------------
     def comparison(self) -> Comparison:
+        """The run's comparison with the baseline: the finished record's, else built from the gate now."""
+        if self.finished is not None and self.finished.comparison is not None:
+            return self.finished.comparison
         try:
             return self.gate().comparison()
         except BaselineError as exc:
@@ -279,7 +286,7 @@ class SuiteRun:
         """Save the baseline (when asked), write ``results.json``, the report, and the CI step summary."""
         if self._gate is not None and not self.options.save_baseline and not self.interrupted:
             self.missing = self._gate.finish({s.suite for s in self.suite.scenarios}, self.results, self.subset)
-        record = self.record()
+        record = self.finished = self.record()
         make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
         save = self.options.save_baseline and not self.interrupted  # a partial run never becomes the baseline
         baseline = save_run(self.baseline_dir, record) if save else None  # locked merge
