@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.core.result import Result
 
 FLASH_BACKENDS = ("sdpa", "flash_attn")
@@ -17,11 +16,6 @@ FLASH_BACKENDS = ("sdpa", "flash_attn")
 
 def activation_strategy(r: Result) -> str:
     return r.config.activation.strategy
-
-
-def save_config(r: Result) -> SaveConfig:
-    """The scenario's save config."""
-    return r.config.save
 
 
 def save_strategy(r: Result) -> str:

@@ -1,0 +1,34 @@
+"""One scenario's path computes each fact once: its reference scenario (each ``reference()`` re-validates a
+whole scenario) and the analytic estimate of its strategy."""
+
+from __future__ import annotations
+
+import torch
+
+from pytest_flashckpt.activation import analytic
+from pytest_flashckpt.config.scenario import ActivationConfig, Scenario
+from pytest_flashckpt.runner.context import RunContext
+from pytest_flashckpt.runner.run import run_scenario
+
+
+def test_the_reference_and_the_estimate_are_computed_once(monkeypatch) -> None:
+    calls = {"reference": 0, "estimate": []}
+    reference, estimate = Scenario.reference, analytic.estimate
+
+    def counted_reference(self):
+        calls["reference"] += 1
+        return reference(self)
+
+    def counted_estimate(config, work, strategy, *args, **kwargs):
+        calls["estimate"].append(strategy)
+        return estimate(config, work, strategy, *args, **kwargs)
+
+    monkeypatch.setattr(Scenario, "reference", counted_reference)
+    monkeypatch.setattr(analytic, "estimate", counted_estimate)
+    scenario = Scenario("k", model="tiny", batch_size=1, seq_len=32, rounds=1, attention="eager",
+                        activation=ActivationConfig("every_k", k=1), measure=("memory", "timing", "flops"))
+    result = run_scenario(scenario, RunContext(torch.device("cpu"), "cpu"))
+    assert result.status == "measured", result.reason
+    assert {"memory_saving", "flop_ratio", "analytic_memory_saving"} <= set(result.metrics)  # the passes that use them ran
+    assert calls["reference"] == 1
+    assert sorted(calls["estimate"]) == ["every_k", "none"]  # the strategy's once, the reference's once
