@@ -27,8 +27,9 @@ def result_from_dict(data: dict[str, Any], where: str = "results.json") -> Resul
         raise ValueError(f"{where}: result {data.get('scenario')!r}: 'config' must be the scenario's mapping")
     try:
         scenario = build(Scenario, data["config"], where, "config")
-    except ConfigError as exc:
-        raise ValueError(f"result {data.get('scenario')!r}: {exc}") from None
+    except ConfigError as exc:  # "<where>: <key>: <problem>": the result named after the file
+        text = str(exc).removeprefix(f"{where}: ")
+        raise ValueError(f"{where}: result {data.get('scenario')!r}: {text}") from None
     return Result(**{**data, "config": scenario})
 
 

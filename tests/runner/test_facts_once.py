@@ -11,7 +11,10 @@ from pytest_flashckpt.runner.context import RunContext
 from pytest_flashckpt.runner.run import run_scenario
 
 
-def test_the_reference_and_the_estimate_are_computed_once(monkeypatch) -> None:
+MICRO_CARD = "name: micro\nvocab_size: 64\nblock_size: 64\nn_layer: 2\nn_head: 2\nn_embd: 32\ndropout: 0.0\nbias: true\n"
+
+
+def test_the_reference_and_the_estimate_are_computed_once(monkeypatch, tmp_path) -> None:
     calls = {"reference": 0, "estimate": []}
     reference, estimate = Scenario.reference, analytic.estimate
 
@@ -25,8 +28,9 @@ def test_the_reference_and_the_estimate_are_computed_once(monkeypatch) -> None:
 
     monkeypatch.setattr(Scenario, "reference", counted_reference)
     monkeypatch.setattr(analytic, "estimate", counted_estimate)
-    scenario = Scenario("k", model="tiny", batch_size=1, seq_len=32, rounds=1, attention="eager",
-                        activation=ActivationConfig("every_k", k=1), measure=("memory", "timing", "flops"))
+    (tmp_path / "micro.yaml").write_text(MICRO_CARD, encoding="utf-8")
+    scenario = Scenario("k", model=str(tmp_path / "micro.yaml"), batch_size=1, seq_len=32, rounds=1, attention="eager",
+                        activation=ActivationConfig("every_k", k=1), measure=("memory", "flops"))
     result = run_scenario(scenario, RunContext(torch.device("cpu"), "cpu"))
     assert result.status == "measured", result.reason
     assert {"memory_saving", "flop_ratio", "analytic_memory_saving"} <= set(result.metrics)  # the passes that use them ran
