@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from pytest_flashckpt.baselines.entry import BaselineEntry
 from pytest_flashckpt.baselines.stats import smallest_p
 from pytest_flashckpt.baselines.store import Baseline, entry
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
@@ -120,16 +121,16 @@ def baseline_run(args) -> None:
     out = {}
     for scenario_id, metric in ((args.timing_scenario, "overhead"), (args.stall_scenario, STALL)):
         result = measure(for_baseline(shipped(find(scenario_id, args.suite), metric)), None, args.workdir)
-        out[scenario_id] = entry(result, None, "gate-power")
+        out[scenario_id] = entry(result, None, "gate-power").to_dict()
     print(json.dumps(out))
 
 
-def judge(result, stored: dict, metric: str, thresholds: Thresholds) -> dict:
+def judge(result, stored: BaselineEntry, metric: str, thresholds: Thresholds) -> dict:
     rows, _ = compare_scenario(result.id, stored, result.metrics, result.samples, result.probe, thresholds)
-    row = next((r for r in rows if r["metric"] == metric), None)
+    row = next((r for r in rows if r.metric == metric), None)
     if row is None:
         raise SystemExit(f"{result.id}: the gate produced no {metric} verdict; metrics: {sorted(result.metrics)}")
-    return dict(row)
+    return row.to_dict()
 
 
 def main() -> None:
@@ -165,7 +166,7 @@ def main() -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"baseline run failed:\n{proc.stderr[-4000:]}")
-        baseline = json.loads(proc.stdout.strip().splitlines()[-1])
+        baseline = {k: BaselineEntry.from_dict(e) for k, e in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
 
     timing = shipped(find(args.timing_scenario, args.suite), "overhead")
     stall = shipped(find(args.stall_scenario, args.suite), STALL)
@@ -220,8 +221,8 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def describe_runs(stored: dict, metric: str) -> str:
-    runs = [r["samples"].get(metric) for r in stored.get("runs") or () if r.get("samples", {}).get(metric)]
+def describe_runs(stored: BaselineEntry, metric: str) -> str:
+    runs = [r.samples[metric] for r in stored.runs if r.samples.get(metric)]
     if len(runs) < 2:
         return f"{metric}: one run"
     medians = [statistics.median(r) for r in runs]
@@ -231,7 +232,7 @@ def describe_runs(stored: dict, metric: str) -> str:
 
 def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds, elapsed, load_before, load_after, done: int) -> None:
     t_id, s_id = f"{timing.suite}::{timing.name}", f"{stall.suite}::{stall.name}"
-    t_base, s_base = baseline[t_id]["samples"]["overhead"], baseline[s_id]["samples"][STALL]
+    t_base, s_base = baseline[t_id].samples["overhead"], baseline[s_id].samples[STALL]
     rounds, saves = timing.rounds, stall.save.saves
     load_line = (
         f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
 from pytest_flashckpt.baselines.store import Baseline
-from pytest_flashckpt.core.result import RunRecord
+from pytest_flashckpt.config.record_file import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("regressed", "improved", "~", "unstable", "unguarded", "ok")
@@ -40,7 +40,7 @@ def main() -> None:
     for baseline_path in args.baseline:
         baseline = Baseline.read(baseline_path)
         for path in args.results:
-            record = RunRecord.read_json(path)
+            record = read_record(path)
             load = path.parent / "load.txt"
             counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
             regressed = []
@@ -54,7 +54,7 @@ def main() -> None:
                     if row.verdict in ("regressed", "missing"):
                         regressed.append(f"`{row.scenario}` {row.metric} {row.change:+.1%}" if row.change is not None else
                                          f"`{row.scenario}` {row.metric}")
-            runs = sorted({len(e.get("runs") or [None]) for e in baseline.scenarios.values()})
+            runs = sorted({len(e.runs or [None]) for e in baseline.scenarios.values()})
             lines += [
                 f"## `{shown(path)}` against `{shown(baseline_path)}` ({'/'.join(map(str, runs))} run(s) per entry)",
                 "",

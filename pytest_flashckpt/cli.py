@@ -34,6 +34,7 @@ from typing import Sequence
 from pytest_flashckpt.config.errors import InputError  # shared with the simulate command
 from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
 from pytest_flashckpt.core.result import SCHEMA_VERSION, RunRecord
+from pytest_flashckpt.config.record_file import read_record
 
 USAGE_ERROR = 2
 
@@ -50,7 +51,7 @@ INTERRUPTED = 2  # as pytest's ExitCode.INTERRUPTED: a run stopped by Ctrl-C / S
 
 def _read(path: str) -> RunRecord:
     try:
-        return RunRecord.read_json(Path(path))
+        return read_record(Path(path))
     except ValueError as exc:  # read_json's messages already name the file
         raise InputError(str(exc)) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:

@@ -19,12 +19,11 @@ class FakeRunner:
         self.extra_peak: dict[str, int] = {}
 
     def __call__(self, scenario, ctx):
-        from pytest_flashckpt.config.typed import to_plain
         from pytest_flashckpt.core.result import Result
 
         self.calls.append(scenario.name)
         attention = "sdpa" if scenario.attention == "auto" else scenario.attention
-        result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device),
+        result = Result(scenario.suite, scenario.name, "measured", scenario, device=str(ctx.device),
                         backend=attention, kernel=attention, probe=ctx.probe)
         if attention == "flash_attn":
             result.status, result.reason = "skipped", "flash-attn is not installed (fake runner)"

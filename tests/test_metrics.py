@@ -18,6 +18,8 @@ from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.plugin.fixture import Measurement
 from pytest_flashckpt.plugin.marker_budgets import SPECS, violations
 from pytest_flashckpt.runner.passes import SavePass, TimingPass
+from pytest_flashckpt.config.record_file import record_from_dict
+from pytest_flashckpt.config.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_name_outside_the_vocabulary_is_refused_where_it_is_written():
     """Every write (``record``, ``absorb``, ``metrics[...] =``, ``update``, samples) names the key, the closest rows
     and where to add one; nothing reaches results.json under an unknown name."""
-    result = Result("s", "a", "measured", {})
+    result = Result("s", "a", "measured", Scenario("a"))
     with pytest.raises(UnknownMetric, match=r"'peak_byte' is not a metric of the vocabulary \(did you mean peak_bytes") as info:
         result.record("peak_byte", 1)
     assert "pytest_flashckpt/core/metrics.py" in str(info.value) and "step_flops" in str(info.value)  # the valid ones
@@ -47,24 +49,27 @@ def test_the_runners_passes_write_vocabulary_names_with_samples_under_the_metric
     assert timing.samples["overhead"] == pytest.approx([2.0, 3.0, 2.5]) and timing["overhead"] == pytest.approx(2.5)
     saves = SavePass([0.1, 0.3], [0.2, 0.4]).measurements()
     assert dict(saves.samples) == {"save_stall_s": [0.1, 0.3], "save_total_s": [0.2, 0.4]}
-    result = Result("s", "a", "measured", {})
+    result = Result("s", "a", "measured", Scenario("a"))
     result.absorb(timing)
     result.absorb(saves)
     assert set(result.samples) <= set(result.metrics) <= set(metrics.METRICS)
 
 
 def test_a_file_written_before_one_sample_convention_loads_into_it():
-    """A results.json written before (tests/data/results-old-shape.json) keeps per-save samples as
-    ``<metric>_samples``: read under the metric's name."""
+    """A results.json written before (tests/data/results-old-shape.json, schema 1) keeps per-save samples as
+    ``<metric>_samples``: read under the metric's name (by the one upgrade function, config.upgrade)."""
     record = json.loads((ROOT / "tests" / "data" / "results-old-shape.json").read_text(encoding="utf-8"))
     stored = next(r for r in record["results"] if r["scenario"] == "save-async")
     assert "save_stall_s_samples" in stored["samples"]  # the old convention, as committed
-    loaded = Result.from_dict(stored)
+    def read(result: dict) -> Result:  # one result of the schema-1 file, through the upgrade (config.upgrade)
+        return record_from_dict({**record, "results": [result]}).results[0]
+
+    loaded = read(stored)
     assert loaded.samples["save_stall_s"] == stored["samples"]["save_stall_s_samples"]
     assert not any(name.endswith("_samples") for name in loaded.samples) and loaded.per_rank == {}
-    old = Result.from_dict({**stored, "samples": {"peak_bytes_per_rank": [1, 2], "overhead": [1.0]}})
+    old = read({**stored, "samples": {"peak_bytes_per_rank": [1, 2], "overhead": [1.0]}})
     assert old.per_rank == {"peak_bytes": [1, 2]} and old.samples == {"overhead": [1.0]}
-    removed = Result.from_dict({**stored, "metrics": {"a_metric_removed_since": 1}})  # read as it was written
+    removed = read({**stored, "metrics": {"a_metric_removed_since": 1}})  # read as it was written
     assert copy.deepcopy(removed).metrics == {"a_metric_removed_since": 1}
     assert pickle.loads(pickle.dumps(removed)).metrics == {"a_metric_removed_since": 1}
 

@@ -104,7 +104,7 @@ def setting_differences(rounds: Rounds, limit: int = 4) -> list[str]:
     two sides read one suite file with their own code, so a change there (a default, a parser) changes what B
     measured; the reader has to know before trusting the verdict."""
     def configs(side: str) -> dict[str, dict]:
-        return {r.id: _flat(r.config) for record in rounds.records[side] for r in record.results}
+        return {r.id: _flat(r.config.to_plain()) for record in rounds.records[side] for r in record.results}
 
     a, b = configs("a"), configs("b")
     out = []

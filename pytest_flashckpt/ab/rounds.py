@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from pytest_flashckpt.ab.trees import Tree
 from pytest_flashckpt.core.result import RunRecord
+from pytest_flashckpt.config.record_file import read_record
 
 
 class RoundError(RuntimeError):
@@ -40,7 +41,7 @@ def run_once(tree: Tree, suite: str, report: Path, extra: Sequence[str], what: s
     if not results.is_file():
         tail = (proc.stdout + proc.stderr)[-3000:]
         raise RoundError(f"{what} ({tree.label}): exit {proc.returncode}, no {results}:\n{tail}")
-    return RunRecord.read_json(results)
+    return read_record(results)
 
 
 def run_rounds(trees: dict[str, Tree], suite: str, rounds: int, out: Path, extra: dict[str, Sequence[str]],

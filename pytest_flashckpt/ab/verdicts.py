@@ -52,7 +52,7 @@ def gate(rounds: Rounds, thresholds: Thresholds) -> Outcome:
     scenarios = sorted({r.id: r for record in a for r in record.results if r.status == "measured"}.items())
     for scenario_id, sample in scenarios:
         if not any(r.id == scenario_id and r.status == "measured" for record in b for r in record.results):
-            rows.append(missing_scenario(scenario_id, {}, "A measured it, B did not (skipped or broke in every round)"))
+            rows.append(missing_scenario(scenario_id, "A measured it, B did not (skipped or broke in every round)"))
             continue
         for name in vocabulary.GATED:
             base, cur = _values(a, scenario_id, name), _values(b, scenario_id, name)

@@ -9,15 +9,22 @@ Coverage: a scenario the baseline holds, of a suite this run ran, that this run 
 suite file, skipped now, broken) is a ``missing`` verdict (``finish``), and so is a guarded metric the baseline has
 and a measured scenario lacks. Missing fails the run unless the subset is intended (``--flashckpt-subset``, or
 scenarios deselected with ``-k``/``-m``): then the rows stay, with that reason, and nothing fails.
+
+Configuration: a baseline entry stores its scenario's fingerprint (``config.fingerprint``). A scenario changed under
+the same name since (a setting, a default, an axis) is one ``not comparable`` row naming the changed keys, never
+regressed or improved, and does not fail the run; refreshing the baseline stores the new configuration. Entries
+stored before fingerprints are compared as before, and a note says how many.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_flashckpt.baselines.entry import BaselineEntry
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
-from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario
-from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict, VerdictNote
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario, not_comparable
+from pytest_flashckpt.config.fingerprint import changed_keys, fingerprint, fingerprinted
+from pytest_flashckpt.core.comparison import VERDICT_ORDER, Comparison, RegressionVerdict, VerdictNote
 from pytest_flashckpt.core.files import shown_path
 from pytest_flashckpt.core.numbers import raw as fmt, relative_change as fmt_change
 from pytest_flashckpt.core.result import Result
@@ -36,6 +43,7 @@ class Gate:
         self.verdicts: list[RegressionVerdict] = []
         self.notes: list[VerdictNote] = []
         self.not_in_baseline: list[str] = []
+        self.without_fingerprint: list[str] = []  # compared scenarios whose entry predates fingerprints
         self.subset: str | None = None
         if not enabled:
             self.status = "disabled"
@@ -58,10 +66,27 @@ class Gate:
         if stored is None:
             self.not_in_baseline.append(result.id)
             return []
+        changed = self._changed_configuration(result, stored)
+        if changed is not None:
+            self.verdicts.append(changed)
+            self.notes.append(VerdictNote("not-comparable", f"{result.id}: not comparable: {changed.reason}"))
+            return [changed]
         rows, notes = compare_scenario(result.id, stored, result.metrics, result.samples, result.probe, self.thresholds)
         self.verdicts.extend(rows)
         self.notes.extend(notes)
         return rows
+
+    def _changed_configuration(self, result: Result, stored: BaselineEntry) -> RegressionVerdict | None:
+        """The ``not comparable`` row when ``result``'s configuration is not the one ``stored`` was measured with."""
+        if stored.fingerprint is None:
+            self.without_fingerprint.append(result.id)
+            return None
+        if stored.fingerprint == fingerprint(result.config):  # type: ignore[arg-type]
+            return None
+        keys = changed_keys(stored.config or {}, fingerprinted(result.config))  # type: ignore[arg-type]
+        shown = "; ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+        return not_comparable(result.id, f"the scenario's configuration changed since the baseline was stored "
+                              f"({shown or 'the fingerprint differs'}); refresh the baseline (--flashckpt-save-baseline)")
 
     def finish(self, suites: set[str], results: list[Result], subset: str | None = None) -> list[RegressionVerdict]:
         """``missing`` rows for baseline scenarios of ``suites`` this run did not measure; ``subset`` (why the run
@@ -78,7 +103,7 @@ class Gate:
                 continue
             why = "not measured in this run (removed from the suite, or deselected)" if result is None else f"{result.status} in this run: {result.reason}"
             why += f"; the subset is intended ({subset})" if subset else "; pass --flashckpt-subset if the subset is intended, or refresh the baseline"
-            row = missing_scenario(scenario_id, stored, why)
+            row = missing_scenario(scenario_id, why)
             self.verdicts.append(row)
             if not subset:
                 failing.append(row)
@@ -103,10 +128,11 @@ class Gate:
                 f"baselines in {self.shown_dir} are for other profiles ({names}), not this one ({self.profile_id}); "
                 "comparison skipped; create this profile's with --flashckpt-save-baseline"
             )
-        counts = {v: sum(r.verdict == v for r in self.verdicts) for v in ("regressed", "missing", "improved", "~", "unstable", "unguarded", "ok")}
+        counts = {v: sum(r.verdict == v for r in self.verdicts) for v in VERDICT_ORDER}
         text = (
             f"compared with {self.shown_path}: {counts['regressed']} regressed, {counts['missing']} missing, "
-            f"{counts['improved']} improved, {counts['~']} within noise (~), "
+            + (f"{counts['not comparable']} not comparable (configuration changed), " if counts["not comparable"] else "")
+            + f"{counts['improved']} improved, {counts['~']} within noise (~), "
             + (f"{counts['unstable']} unstable (the baseline's runs spread too far to gate), " if counts["unstable"] else "")
             + f"{counts['unguarded']} unguarded "
             f"(cannot fail at these sample sizes), {counts['ok']} ok"
@@ -120,6 +146,10 @@ class Gate:
             notes.append(VerdictNote("coverage", f"a subset on purpose ({self.subset}): missing scenarios do not fail the run"))
         if self.status == "compared" and self.not_in_baseline:
             notes.append(VerdictNote("coverage", f"not in the baseline: {', '.join(self.not_in_baseline)}"))
+        if self.status == "compared" and self.without_fingerprint:
+            n = len(self.without_fingerprint)
+            notes.append(VerdictNote("coverage", f"{n} scenario(s) compared without a configuration check: their baseline "
+                                     "entries were stored before fingerprints; the next --flashckpt-save-baseline stores them"))
         return notes
 
     def _baseline_profile_id(self) -> str | None:

@@ -28,6 +28,7 @@ from pytest_flashckpt.baselines.store import Baseline, BaselineError, entry_prob
 from pytest_flashckpt.core.files import UnsafeName, read_regular_bytes, safe_name
 from pytest_flashckpt.core.numbers import finite
 from pytest_flashckpt.core.result import RunRecord
+from pytest_flashckpt.config.record_file import read_record
 
 INJECTED_NOTE = "injected regression"  # how config.injection.Injection.describe starts a result's note
 
@@ -119,7 +120,7 @@ def read_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
             runs += found
             continue
         try:
-            record = RunRecord.read_json(path)
+            record = read_record(path)
         except ValueError as exc:
             raise BaselineError(str(exc)) from None
         refusal = _refusal(record)

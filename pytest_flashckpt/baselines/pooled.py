@@ -20,6 +20,7 @@ disagreement is an error naming both files, since pooling would hide a real diff
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pytest_flashckpt.core import metrics as vocabulary
+from pytest_flashckpt.baselines.entry import BaselineEntry, BaselineRun
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, entry, locate, replace_keeping_previous
 from pytest_flashckpt.core.files import locked, remove_stale_temp
 from pytest_flashckpt.core.registry import is_exact_probe
@@ -41,15 +43,15 @@ class LabelledRun:
     label: str
     profile_id: str
     profile: dict[str, Any]
-    entries: dict[str, dict[str, Any]]
+    entries: dict[str, BaselineEntry]
     source: str  # the file, for error messages
 
     def fingerprints(self) -> set[tuple[str, str, str]]:
         """What identifies this run's measurements whatever file they come in: (scenario, time, samples) of every
         entry with samples. Per-round timings never repeat to the last digit between two runs, so two runs sharing
         one are one run read twice (a results file and the baseline it was pooled into, or a copy of a file)."""
-        return {(scenario_id, str(e.get("updated")), json.dumps(e["samples"], sort_keys=True))
-                for scenario_id, e in self.entries.items() if e.get("samples")}
+        return {(scenario_id, str(e.updated), json.dumps(e.samples, sort_keys=True))
+                for scenario_id, e in self.entries.items() if e.samples}
 
 
 def from_record(label: str, record: RunRecord, source: str) -> LabelledRun:
@@ -60,14 +62,13 @@ def from_record(label: str, record: RunRecord, source: str) -> LabelledRun:
 def from_baseline(label: str, baseline: Baseline, source: str) -> list[LabelledRun]:
     """A baseline file as runs: a one-run file is one run; a pooled file gives back each run it holds (told apart
     by label, time and commit, so two runs that share a label stay two runs)."""
-    plain = {k: e for k, e in baseline.scenarios.items() if not e.get("runs")}
+    plain = {k: e for k, e in baseline.scenarios.items() if not e.runs}
     runs = [LabelledRun(label, baseline.profile_id, baseline.profile, plain, source)] if plain else []
-    by_run: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    by_run: dict[tuple[str, str, str], dict[str, BaselineEntry]] = {}
     for scenario_id, e in baseline.scenarios.items():
-        for run in e.get("runs") or ():
-            one = {k: v for k, v in e.items() if k != "runs"}
-            one.update(commit=run.get("commit"), updated=run.get("created"), samples=run.get("samples") or {})
-            key = (str(run.get("label")), str(run.get("created")), str(run.get("commit")))
+        for run in e.runs:
+            one = dataclasses.replace(e, runs=[], commit=run.commit, updated=run.created, samples=run.samples)
+            key = (run.label, str(run.created), str(run.commit))
             by_run.setdefault(key, {})[scenario_id] = one
     runs += [LabelledRun(name, baseline.profile_id, baseline.profile, entries, source)
              for (name, _, _), entries in by_run.items()]
@@ -126,7 +127,7 @@ def add_runs(base: Baseline, runs: Sequence[LabelledRun], base_source: str) -> t
                 raise BaselineError(f"{run.source}: its label {run.label!r} is already that of {before}; name each "
                                     "file's run apart with --label NAME (one per file, in order)")
         seen.append(run)
-    touched: dict[str, list[tuple[LabelledRun, dict[str, Any]]]] = {}
+    touched: dict[str, list[tuple[LabelledRun, BaselineEntry]]] = {}
     for run in runs:
         for scenario_id in run.entries:
             touched.setdefault(scenario_id, [])
@@ -143,13 +144,15 @@ def add_runs(base: Baseline, runs: Sequence[LabelledRun], base_source: str) -> t
     return merged, Changes(tuple(r.label for r in runs), added, grown, len(base.scenarios) - len(grown))
 
 
-def pooled_entry(scenario_id: str, entries: list[tuple[LabelledRun, dict[str, Any]]]) -> dict[str, Any]:
-    """The pooled entry of one scenario from its one-run entries (see the module docstring)."""
+def pooled_entry(scenario_id: str, entries: list[tuple[LabelledRun, BaselineEntry]]) -> BaselineEntry:
+    """The pooled entry of one scenario from its one-run entries (see the module docstring). Runs of two
+    configurations (fingerprints that differ, where both are known) are never pooled."""
     first_run, first = entries[0]
+    _same_configuration(scenario_id, entries)
     metrics: dict[str, Any] = {}
-    for name in sorted({k for _, e in entries for k in e["metrics"]}):
-        values = [(run, e["metrics"][name]) for run, e in entries if name in e["metrics"]]
-        if vocabulary.judged_as(name, is_exact_probe(first["probe"])) == "exact":
+    for name in sorted({k for _, e in entries for k in e.metrics}):
+        values = [(run, e.metrics[name]) for run, e in entries if name in e.metrics]
+        if vocabulary.judged_as(name, is_exact_probe(first.probe)) == "exact":
             differ = [(run, v) for run, v in values if v != values[0][1]]
             slack = vocabulary.METRICS[name].slack
             if differ and not all(values[0][1] and abs(v / values[0][1] - 1) <= slack for _, v in differ):
@@ -159,23 +162,33 @@ def pooled_entry(scenario_id: str, entries: list[tuple[LabelledRun, dict[str, An
                     "differs between the runs (different code or settings?); pool runs of the same commit and suite")
             metrics[name] = values[0][1]
     samples: dict[str, list[float]] = {}
-    for name in sorted({k for _, e in entries for k in e["samples"]}):
-        samples[name] = [v for _, e in entries for v in e["samples"].get(name, [])]
-    for name in metrics.keys() | {k for _, e in entries for k in e["metrics"]}:
+    for name in sorted({k for _, e in entries for k in e.samples}):
+        samples[name] = [v for _, e in entries for v in e.samples.get(name, [])]
+    for name in metrics.keys() | {k for _, e in entries for k in e.metrics}:
         if name in metrics:
             continue
         if name in samples:
             metrics[name] = statistics.median(samples[name])
         else:  # a one-reading metric (sampled memory): the median of the runs' readings
-            metrics[name] = statistics.median(e["metrics"][name] for _, e in entries if name in e["metrics"])
+            metrics[name] = statistics.median(e.metrics[name] for _, e in entries if name in e.metrics)
     if len(entries) == 1:  # one run: the entry as it was (a pooled file stays a small diff where nothing pooled)
         return first
-    return {
-        "commit": first["commit"], "updated": max(str(e["updated"]) for _, e in entries), "probe": first["probe"],
-        "kernel": first["kernel"], "rounds": first["rounds"], "metrics": dict(sorted(metrics.items())), "samples": samples,
-        "runs": [{"label": run.label, "created": e["updated"], "commit": e["commit"], "samples": e["samples"]}
-                 for run, e in entries],
-    }
+    known = next((e for _, e in entries if e.fingerprint is not None), first)
+    return BaselineEntry(
+        first.commit, max(str(e.updated) for _, e in entries), first.probe, first.kernel, first.rounds,
+        dict(sorted(metrics.items())), samples, [BaselineRun(run.label, e.updated, e.commit, e.samples) for run, e in entries],
+        known.fingerprint, known.config,
+    )
+
+
+def _same_configuration(scenario_id: str, entries: list[tuple[LabelledRun, BaselineEntry]]) -> None:
+    """BaselineError naming both files when two runs measured ``scenario_id`` in two configurations."""
+    known = [(run, e) for run, e in entries if e.fingerprint is not None]
+    for run, e in known[1:]:
+        if e.fingerprint != known[0][1].fingerprint:
+            raise BaselineError(
+                f"{run.source}: {scenario_id} was measured in another configuration than in {known[0][0].source} "
+                f"(fingerprint {e.fingerprint} vs {known[0][1].fingerprint}): pool runs of the same suite settings")
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from pytest_flashckpt.core import metrics as vocabulary
+from pytest_flashckpt.baselines.entry import BaselineEntry
 from pytest_flashckpt.baselines.stats import mann_whitney_greater, smallest_p
 from pytest_flashckpt.core.comparison import RegressionVerdict, VerdictNote, VerdictWord
 from pytest_flashckpt.core.registry import is_exact_probe
@@ -216,11 +217,6 @@ def judge_across_runs(
     return _row(scenario, metric, base_median, cur_median, change, p, "~", floor, why)
 
 
-def _hosts(baseline: dict[str, Any]) -> set[str]:
-    """The hosts (run labels) a baseline entry pools; a one-run entry is one host."""
-    return {str(run.get("label")) for run in baseline.get("runs") or ()} or {"the baseline's host"}
-
-
 def _one_host(row: RegressionVerdict, host_tolerance: float) -> RegressionVerdict:
     """A host-sensitive ratio against one host's baseline: only a change beyond ``host_tolerance`` can regress."""
     if row.verdict not in ("regressed", "improved", "~") or row.change is None or abs(row.change) > host_tolerance:
@@ -231,11 +227,11 @@ def _one_host(row: RegressionVerdict, host_tolerance: float) -> RegressionVerdic
     return dataclasses.replace(row, verdict="unstable", reason=why)
 
 
-def baseline_runs(name: str, baseline: dict[str, Any]) -> list[list[float]]:
+def baseline_runs(name: str, baseline: BaselineEntry) -> list[list[float]]:
     """The per-run samples of ``name`` in a multi-run baseline entry (``runs``), or [] for a one-run entry."""
     found = []
-    for run in baseline.get("runs") or ():
-        values = samples_of(name, run.get("samples") or {}) if isinstance(run, dict) else None
+    for run in baseline.runs:
+        values = samples_of(name, run.samples)
         if values:
             found.append(values)
     return found
@@ -246,14 +242,20 @@ def underpowered(n_baseline: int, n_current: int, alpha: float) -> bool:
     return smallest_p(n_current, n_baseline) >= alpha
 
 
-def missing_scenario(scenario: str, baseline: dict[str, Any], why: str) -> RegressionVerdict:
+def missing_scenario(scenario: str, why: str) -> RegressionVerdict:
     """A scenario the baseline has that this run did not measure: one row, metric ``*``, no values."""
     return _row(scenario, "*", None, None, None, None, "missing", None, why)  # type: ignore[arg-type]
 
 
+def not_comparable(scenario: str, why: str) -> RegressionVerdict:
+    """A scenario whose configuration changed under its name since the baseline was stored: one row, metric ``*``,
+    never regressed or improved (its numbers measure something else)."""
+    return _row(scenario, "*", None, None, None, None, "not comparable", None, why)  # type: ignore[arg-type]
+
+
 def compare_scenario(
     scenario: str,
-    baseline: dict[str, Any],
+    baseline: BaselineEntry,
     metrics: dict[str, Any],
     samples: dict[str, list[float]],
     probe: str | None,
@@ -262,9 +264,7 @@ def compare_scenario(
     """Verdict rows for every guarded metric both sides have, and notes (probe changed, too few rounds...)."""
     rows: list[RegressionVerdict] = []
     notes: list[VerdictNote] = []
-    base_metrics: dict[str, Any] = baseline.get("metrics", {})
-    base_samples: dict[str, list[float]] = baseline.get("samples", {})
-    base_probe = baseline.get("probe")
+    base_metrics, base_samples, base_probe = baseline.metrics, baseline.samples, baseline.probe
     for name in GUARDED:
         if not isinstance(base_metrics.get(name), (int, float)):
             continue
@@ -298,7 +298,7 @@ def compare_scenario(
                                         thresholds.max_spread)
             else:
                 row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
-                if vocabulary.METRICS[name].host_sensitive and len(_hosts(baseline)) < 2:
+                if vocabulary.METRICS[name].host_sensitive and len(baseline.hosts) < 2:
                     row = _one_host(row, thresholds.host_tolerance)
             if row.verdict in ("unguarded", "~", "unstable"):
                 notes.append(VerdictNote(row.verdict, f"{scenario}: {name} {row.verdict}: {row.reason}"))  # type: ignore[arg-type]

@@ -1,18 +1,22 @@
 """Baseline files: ``baselines/<profile_id>.json``, one per hardware profile, made to be read in a diff.
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "profile_id": "cpu-2t-torch2.13.0-078d4d86",
       "profile": {...},                       # what the id hashes: device, threads, versions, kernel
       "scenarios": {
         "attention::eager-s512": {
           "commit": "...", "updated": "...", "probe": "cpu", "kernel": "eager", "rounds": 5,
           "metrics": {"overhead": 1.41, "peak_bytes": 307548160, "step_time_s": 0.61},
-          "samples": {"overhead": [...], "step_time_s": [...]}
+          "samples": {"overhead": [...], "step_time_s": [...]},
+          "fingerprint": "sha256:...", "config": {"activation.strategy": "none", ...}
         }
       }
     }
 
+Each entry is a ``baselines.entry.BaselineEntry``; its ``fingerprint`` (``config.fingerprint``) says which
+configuration the numbers belong to, so the gate calls a scenario changed under its name "not comparable". A file
+of an older schema is read through ``config.upgrade`` (entries of schema 1 have no fingerprint).
 Keys are sorted and indented so a refreshed baseline shows as a small diff. Saving merges: only the scenarios
 that ran are replaced, the others are kept as they were; the file is replaced atomically (temp + rename), and the
 read-merge-write holds a lock on the folder (``files.locked``), so two runs saving at once keep both's scenarios.
@@ -24,18 +28,18 @@ conflict the user should resolve, so the message names the file and the ``mv`` t
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_flashckpt.baselines.entry import BaselineEntry, EntryProblem
 from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, samples_of
+from pytest_flashckpt.config.fingerprint import fingerprint, fingerprinted
+from pytest_flashckpt.config.upgrade import BASELINE_SCHEMA, UnsupportedSchema, upgrade
 from pytest_flashckpt.core.files import UnsafeName, atomic_write, atomic_write_text, locked, remove_stale_temp, safe_name
 from pytest_flashckpt.core.numbers import num
 from pytest_flashckpt.core.result import Result, RunRecord
-
-BASELINE_SCHEMA = 1
 
 
 class BaselineError(ValueError):
@@ -46,10 +50,11 @@ class BaselineError(ValueError):
 class Baseline:
     profile_id: str
     profile: dict[str, Any]
-    scenarios: dict[str, dict[str, Any]] = field(default_factory=dict)
+    scenarios: dict[str, BaselineEntry] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": BASELINE_SCHEMA, "profile_id": self.profile_id, "profile": self.profile, "scenarios": self.scenarios}
+        return {"schema_version": BASELINE_SCHEMA, "profile_id": self.profile_id, "profile": self.profile,
+                "scenarios": {k: e.to_dict() for k, e in self.scenarios.items()}}
 
     @classmethod
     def read(cls, path: Path) -> "Baseline":
@@ -72,18 +77,21 @@ class Baseline:
             raise BaselineError(f"{path}: not valid JSON ({exc}); {fix}") from None
         if not isinstance(data, dict) or not isinstance(data.get("scenarios"), dict):
             raise BaselineError(f"{path}: not a pytest-flashckpt baseline (no 'scenarios' mapping); {fix}")
-        if data.get("schema_version") != BASELINE_SCHEMA:
+        try:
+            data = upgrade(data)
+        except UnsupportedSchema as exc:
             raise BaselineError(
-                f"{path}: baseline schema_version {data.get('schema_version')!r} is not supported (this version reads "
-                f"{BASELINE_SCHEMA}); use the pytest-flashckpt version that wrote it, or move it aside "
+                f"{path}: {exc}; use the pytest-flashckpt version that wrote it, or move it aside "
                 f"(mv {path} {path}.v{data.get('schema_version')}) and rerun with --flashckpt-save-baseline"
-            )
+            ) from None
+        entries = {}
         for scenario_id, stored in data["scenarios"].items():
-            problem = entry_problem(stored)
-            if problem is not None:
-                raise BaselineError(f"{path}: scenario {scenario_id!r}: {problem}; {fix}")
+            try:
+                entries[scenario_id] = BaselineEntry.from_dict(stored)
+            except EntryProblem as problem:
+                raise BaselineError(f"{path}: scenario {scenario_id!r}: {problem}; {fix}") from None
         profile = data.get("profile")
-        return cls(str(data.get("profile_id", "")), dict(profile) if isinstance(profile, dict) else {}, dict(data["scenarios"]))
+        return cls(str(data.get("profile_id", "")), dict(profile) if isinstance(profile, dict) else {}, entries)
 
     def write(self, path: Path) -> None:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -99,8 +107,9 @@ class Baseline:
         return stored
 
 
-def entry(result: Result, commit: str | None, updated: str) -> dict[str, Any]:
-    """What a baseline keeps of one result: the guarded metrics and the per-round samples behind the timings."""
+def entry(result: Result, commit: str | None, updated: str) -> BaselineEntry:
+    """What a baseline keeps of one result: the guarded metrics, the per-round samples behind the timings, and the
+    fingerprint of the scenario's configuration."""
     metrics = {k: v for k, v in result.metrics.items() if k in GUARDED and num(v) is not None}
     samples = {}
     for name in SAMPLED:
@@ -108,33 +117,16 @@ def entry(result: Result, commit: str | None, updated: str) -> dict[str, Any]:
         if values:
             samples[name] = [float(v) for v in values]
     rounds = max((len(v) for v in samples.values()), default=0)
-    return {
-        "commit": commit, "updated": updated, "probe": result.probe, "kernel": result.kernel, "rounds": rounds,
-        "metrics": metrics, "samples": samples,
-    }
+    return BaselineEntry(commit, updated, result.probe, result.kernel, rounds, metrics, samples,
+                         fingerprint=fingerprint(result.config), config=fingerprinted(result.config))
 
 
-def _number(value: Any) -> bool:
-    return num(value) is not None and math.isfinite(value)  # type: ignore[arg-type]
-
-
-def entry_problem(stored: Any) -> str | None:
-    """What is wrong with one stored scenario entry, or None: the gate reads ``metrics`` (name -> number) and
-    ``samples`` (name -> list of numbers); a value of another type would silently go ungated, so it is an error."""
-    if not isinstance(stored, dict):
-        return f"the entry must be a mapping, got {type(stored).__name__}"
-    metrics = stored.get("metrics", {})
-    if not isinstance(metrics, dict):
-        return f"metrics must be a mapping of metric names to numbers, got {type(metrics).__name__}"
-    for name, value in metrics.items():
-        if not _number(value):
-            return f"metrics.{name}: expected a finite number, got {type(value).__name__} {value!r:.60}"
-    samples = stored.get("samples", {})
-    if not isinstance(samples, dict):
-        return f"samples must be a mapping of metric names to lists of numbers, got {type(samples).__name__}"
-    for name, values in samples.items():
-        if not isinstance(values, list) or not all(_number(v) for v in values):
-            return f"samples.{name}: expected a list of finite numbers, got {values!r:.60}"
+def entry_problem(stored: BaselineEntry) -> str | None:
+    """What is wrong with one entry (a value the gate reads that is not a finite number), or None."""
+    try:
+        BaselineEntry.from_dict(stored.to_dict())
+    except EntryProblem as problem:
+        return str(problem)
     return None
 
 
@@ -161,15 +153,16 @@ def locate(directory: Path, profile_id: str) -> Lookup:
     return Lookup(directory, path, path.exists() or path.is_symlink(), others)
 
 
-def check_saveable(directory: Path, profile_id: str) -> None:
+def check_saveable(directory: Path, profile_id: str, read: bool = True) -> None:
     """Before a run that will save: ``directory`` can hold baselines and this profile's file, if there, reads as
     a baseline (an unreadable one is never replaced: it may hold scenarios this run does not measure, or a merge
-    conflict to resolve). BaselineError naming the file and the fix otherwise."""
+    conflict to resolve; ``read=False`` when the run's gate has read it already). BaselineError naming the file
+    and the fix otherwise."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise BaselineError(f"{directory}: the baseline folder is a file; pass --flashckpt-baseline-dir=FOLDER or move the file")
     lookup = locate(directory, profile_id)
-    if lookup.exists:
+    if read and lookup.exists:
         Baseline.read(lookup.path)
     probe = directory if directory.is_dir() else next((p for p in directory.parents if p.exists()), Path("."))
     if not os.access(probe, os.W_OK | os.X_OK):

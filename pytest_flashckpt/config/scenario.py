@@ -15,7 +15,9 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from pytest_flashckpt.config import save_axes
+from pytest_flashckpt.config.axes import CompileConfig, ImplementationConfig, LayoutMesh, RoutingConfig
 from pytest_flashckpt.config.save_axes import SaveAxes
+from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES, NO_SAVE, SAVE_LAYOUTS, SAVE_PRESETS, SAVE_SCHEDULES, SAVE_STAGINGS
 
 # the names live in pytest_flashckpt.core.registry (with their descriptions); Literal[tuple] is Literal[*names]
@@ -221,6 +223,11 @@ class Scenario:
     world_size: int = 1  # ranks (per node) under torchrun with FSDP2 + DCP; >1 runs in pytest_flashckpt.distributed
     article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.core.claims)
     description: str = ""
+    # reserved for the next issues (config.axes): today's values only, anything else is refused naming the issue
+    layout: LayoutMesh = field(default_factory=LayoutMesh)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    implementation: ImplementationConfig = field(default_factory=ImplementationConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
 
     # a suite file names the save config ``checkpoint:`` (the article's key); in code it is ``save``, because
     # "checkpoint" also means activation checkpointing (``activation``)
@@ -228,59 +235,61 @@ class Scenario:
 
     def __post_init__(self) -> None:
         model = ModelSpec(card=self.model) if isinstance(self.model, str) else self.model
-        activation, checkpoint = self.activation, self.save
-        if model.gradient_checkpointing is not None:
-            wanted = "full" if model.gradient_checkpointing else "none"
-            if activation.strategy not in ("none", wanted):
-                raise ValueError(
-                    f"model.gradient_checkpointing: {model.gradient_checkpointing} contradicts activation.strategy "
-                    f"{activation.strategy!r}; keep one of them"
-                )
-            activation = dataclasses.replace(activation, strategy=wanted)
-        if model.checkpoint_level == "layer" or model.layer_checkpoint_dir is not None:
-            if checkpoint.strategy not in ("none", "sync", "layerwise"):
-                raise ValueError(
-                    f"model.checkpoint_level: layer asks for layer-wise save files, but checkpoint.strategy is "
-                    f"{checkpoint.strategy!r}; keep one of them"
-                )
-            checkpoint = dataclasses.replace(
-                checkpoint, strategy="layerwise", layer_checkpoint_dir=model.layer_checkpoint_dir or checkpoint.layer_checkpoint_dir
-            )
-        _set(self, model=model, activation=activation, save=checkpoint)
+        activation, save = _fold_article_keys(model, self.activation, self.save)
+        _set(self, model=model, activation=activation, save=save)
+        self._check_sizes()
+        self._check_precision()
+        if self.world_size > 1:
+            self._check_ranks()
+        self._check_measure()
+
+    def _check_sizes(self) -> None:
         for key in ("batch_size", "seq_len", "rounds", "steps"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be a positive number of ranks, got {self.world_size}")
+
+    def _check_precision(self) -> None:
         if self.precision == "mixed" and self.dtype != "bfloat16":
             raise ValueError(
                 f"precision: mixed computes in bfloat16 over float32 master weights; dtype {self.dtype} has no mixed "
                 "form here: set dtype: bfloat16 (or precision: pure)"
             )
-        if self.precision == "mixed" and activation.strategy == "budget":
+        if self.precision == "mixed" and self.activation.strategy == "budget":
             raise ValueError("precision: mixed with activation.strategy budget is not supported: the planner's costs "
                              "are measured without autocast; use a fixed strategy (full, every_k, selective_op) or precision: pure")
-        if checkpoint.mem_basis == "peak" and "memory" not in self.measure:
+
+    def _check_ranks(self) -> None:
+        """What a sharded (torchrun) scenario can be: DCP saves every save_interval, an even batch, no FLOP pass."""
+        save = self.save
+        if save.strategy not in ("none", "dcp") or save.axis_settings or save.axes.schedule != "every":
+            extra = [*save.axis_settings, *(["mem_threshold"] if save.mem_threshold is not None else [])]
+            written = f"{save.strategy!r}" + (f" with {', '.join(extra)}" if extra else "")
+            raise ValueError(
+                f"world_size {self.world_size}: sharded saves use checkpoint.strategy dcp (async_save: true for "
+                f"dcp.async_save) every save_interval steps, not {written}; the layout, staging and schedule "
+                "settings are for saves in one process"
+            )
+        if self.batch_size % self.world_size:
+            raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
+        if "flops" in self.measure:
+            raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
+
+    def _check_measure(self) -> None:
+        """The passes agree with the save: a save strategy adds the checkpoint pass, a checkpoint pass needs one."""
+        if self.save.mem_basis == "peak" and "memory" not in self.measure:
             raise ValueError("checkpoint.mem_basis: peak compares memory with the measured peak; add 'memory' to measure")
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be a positive number of ranks, got {self.world_size}")
-        if self.world_size > 1:
-            if checkpoint.strategy not in ("none", "dcp") or checkpoint.axis_settings or checkpoint.axes.schedule != "every":
-                extra = [*checkpoint.axis_settings, *(["mem_threshold"] if checkpoint.mem_threshold is not None else [])]
-                written = f"{checkpoint.strategy!r}" + (f" with {', '.join(extra)}" if extra else "")
-                raise ValueError(
-                    f"world_size {self.world_size}: sharded saves use checkpoint.strategy dcp (async_save: true for "
-                    f"dcp.async_save) every save_interval steps, not {written}; the layout, staging and schedule "
-                    "settings are for saves in one process"
-                )
-            if self.batch_size % self.world_size:
-                raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
-            if "flops" in self.measure:
-                raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
-        if "checkpoint" in self.measure and checkpoint.strategy == "none":
+        if "checkpoint" in self.measure and self.save.strategy == "none":
             raise ValueError("measure includes 'checkpoint' but checkpoint.strategy is 'none'; name a save strategy")
-        if checkpoint.strategy != "none" and "checkpoint" not in self.measure:
+        if self.save.strategy != "none" and "checkpoint" not in self.measure:
             _set(self, measure=(*self.measure, "checkpoint"))
+
+    def to_plain(self) -> dict:
+        """The scenario as plain JSON-able data (``results.json``'s ``config``), what ``typed.build`` takes back."""
+        return to_plain(self)
 
     @property
     def card(self) -> str:
@@ -324,6 +333,28 @@ def precision_label(dtype: str, precision: str = "pure") -> str:
     """``fp32`` / ``bf16`` / ``fp16`` in pure precision; ``mixed bf16/fp32`` (compute / master state) in mixed."""
     short = SHORT_DTYPES.get(dtype, dtype)
     return f"mixed {short}/fp32" if precision == "mixed" else short
+
+
+def _fold_article_keys(model: ModelSpec, activation: ActivationConfig, save: SaveConfig) -> tuple[ActivationConfig, SaveConfig]:
+    """The article's model-level keys folded into the typed strategies: ``gradient_checkpointing`` -> activation
+    ``full`` / ``none``; ``checkpoint_level: layer`` (or ``layer_checkpoint_dir``) -> the ``layerwise`` save.
+    ValueError when a key contradicts the strategy the scenario names."""
+    if model.gradient_checkpointing is not None:
+        wanted = "full" if model.gradient_checkpointing else "none"
+        if activation.strategy not in ("none", wanted):
+            raise ValueError(
+                f"model.gradient_checkpointing: {model.gradient_checkpointing} contradicts activation.strategy "
+                f"{activation.strategy!r}; keep one of them"
+            )
+        activation = dataclasses.replace(activation, strategy=wanted)
+    if model.checkpoint_level == "layer" or model.layer_checkpoint_dir is not None:
+        if save.strategy not in ("none", "sync", "layerwise"):
+            raise ValueError(
+                f"model.checkpoint_level: layer asks for layer-wise save files, but checkpoint.strategy is "
+                f"{save.strategy!r}; keep one of them"
+            )
+        save = dataclasses.replace(save, strategy="layerwise", layer_checkpoint_dir=model.layer_checkpoint_dir or save.layer_checkpoint_dir)
+    return activation, save
 
 
 def _flag(value) -> bool:

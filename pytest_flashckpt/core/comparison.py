@@ -4,45 +4,27 @@ the stored baseline (stored in ``results.json`` as ``comparison``). Built by ``b
 
 The gate's notes (a metric not compared, unguarded, within noise, unstable, a regression on a busy machine) are
 ``VerdictNote`` rows with a ``kind``; ``Comparison.text`` is the summary and the notes as one line for the report.
-
-Both also read like the mappings they replaced (``row["verdict"]``, ``set(comparison)``), so callers written
-against the dict form keep working; new code uses the attributes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
-VerdictWord = Literal["ok", "improved", "regressed", "~", "unstable", "unguarded", "missing"]
+VerdictWord = Literal["ok", "improved", "regressed", "~", "unstable", "unguarded", "missing", "not comparable"]
 ComparisonStatus = Literal["compared", "no-baseline", "other-profile", "disabled"]
-NoteKind = Literal["probe", "unguarded", "~", "unstable", "busy-machine", "coverage", "run"]
+NoteKind = Literal["probe", "unguarded", "~", "unstable", "busy-machine", "coverage", "run", "not-comparable"]
 """What a gate note is about: a metric not compared (probe changed), a verdict that needs a reason (unguarded, ~,
 unstable, a regression flagged ``busy-machine``), the run's coverage (a subset, scenarios not in the baseline), or a
-condition of the run (``--flashckpt-save-baseline``). Files written before notes were typed have none: their
-notes stayed in ``Comparison.message``."""
-VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "improved", "~", "unstable", "unguarded", "ok")
-
-
-class _ReadsLikeAMapping(Mapping):
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._names():
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def _names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(self))  # type: ignore[arg-type]
+condition of the run (``--flashckpt-save-baseline``), or a scenario whose configuration changed under its name since
+the baseline was stored (``not-comparable``: its numbers are not judged). Files written before notes were typed
+have none: their notes stayed in ``Comparison.message``."""
+VERDICT_ORDER: tuple[str, ...] = ("regressed", "missing", "not comparable", "improved", "~", "unstable", "unguarded", "ok")
 
 
 @dataclass(frozen=True, eq=True)
-class RegressionVerdict(_ReadsLikeAMapping):
+class RegressionVerdict:
     """One metric of one scenario, baseline vs current (medians for sampled metrics)."""
 
     scenario: str
@@ -82,7 +64,7 @@ class VerdictNote:
 
 
 @dataclass(eq=True)
-class Comparison(_ReadsLikeAMapping):
+class Comparison:
     """A run against this profile's stored baseline: ``message`` says what was compared (the counts, or why
     nothing was), ``notes`` what a reader must know beside it."""
 
@@ -96,16 +78,14 @@ class Comparison(_ReadsLikeAMapping):
     __hash__ = None  # type: ignore[assignment]
 
     @classmethod
-    def coerce(cls, data: "Comparison | Mapping[str, Any] | None") -> "Comparison | None":
-        """A Comparison from itself, from its JSON form, or None."""
-        if data is None or isinstance(data, Comparison):
-            return data
+    def from_dict(cls, data: Mapping[str, Any]) -> "Comparison":
+        """A Comparison from its JSON form (``to_dict``)."""
         return cls(
             status=data.get("status", "compared"), baseline_path=data.get("baseline_path"),
             baseline_profile_id=data.get("baseline_profile_id"), message=data.get("message"),
-            verdicts=[v if isinstance(v, RegressionVerdict) else RegressionVerdict.from_dict(v) for v in data.get("verdicts") or []],
+            verdicts=[RegressionVerdict.from_dict(v) for v in data.get("verdicts") or []],
             # a file written before notes were typed has them inside ``message``: it stays there, shown as it was
-            notes=[n if isinstance(n, VerdictNote) else VerdictNote.from_dict(n) for n in data.get("notes") or []],
+            notes=[VerdictNote.from_dict(n) for n in data.get("notes") or []],
         )
 
     def to_dict(self) -> dict[str, Any]:

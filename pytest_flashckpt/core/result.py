@@ -1,43 +1,40 @@
 """``Result`` (one scenario, plain data) and ``RunRecord`` (one suite run): what the runner returns, what
 ``results.json`` holds, what baselines and reports read. JSON-serialisable and schema-versioned.
 
+A result keeps its scenario typed (``Result.config``, a ``config.scenario.Scenario``): written once as plain data
+(``to_dict``), parsed once when a file is read (``config.record_file.read_record``, after ``config.upgrade``
+brought an older schema to this one). The core sits below ``config``, so it knows the scenario only by the
+``RecordedScenario`` protocol: what it reads of it itself.
+
 A result's metrics are written through ``Result.record`` (or ``absorb`` of a ``Measurements``): a name outside
 the vocabulary (``pytest_flashckpt.core.metrics``) is refused where it is written. Samples and per-rank values are
-kept under the metric's own name (``samples["save_stall_s"]``, ``per_rank["peak_bytes"]``); files written before
-that (``<metric>_samples``, ``<metric>_per_rank`` keys in ``samples``) are read into the same shape."""
+kept under the metric's own name (``samples["save_stall_s"]``, ``per_rank["peak_bytes"]``)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Protocol
 
 from pytest_flashckpt.core.comparison import Comparison
-from pytest_flashckpt.core.files import atomic_write_text, read_regular_bytes
-from pytest_flashckpt.core.metrics import METRICS, CheckedValues, Measurements, MetricValue, record_into
+from pytest_flashckpt.core.files import atomic_write_text
+from pytest_flashckpt.core.metrics import CheckedValues, Measurements, MetricValue, record_into
 from pytest_flashckpt.core.numbers import num
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the run's wall time (``RunRecord.wall_time_s``); older files are read through ``config.upgrade``."""
 
 Status = Literal["measured", "skipped", "error"]
 
-# how files written before one sample convention named samples and per-rank values (read, never written)
-_LEGACY_SUFFIXES = {"_samples": "samples", "_per_rank": "per_rank"}
+class RecordedScenario(Protocol):
+    """What the core reads of a result's scenario (a ``config.scenario.Scenario``; the core cannot import it)."""
 
+    name: str
+    suite: str
 
-def _legacy_lists(samples: Mapping[str, list], per_rank: Mapping[str, list]) -> tuple[dict[str, list], dict[str, list]]:
-    """``samples`` and ``per_rank`` of a stored result with the old ``<metric>_samples`` / ``<metric>_per_rank``
-    sample keys moved under the metric's own name; every other key stays where it was."""
-    out = {"samples": {}, "per_rank": dict(per_rank)}
-    for key, values in samples.items():
-        for suffix, where in _LEGACY_SUFFIXES.items():
-            if key.endswith(suffix) and key[: -len(suffix)] in METRICS:
-                out[where][key[: -len(suffix)]] = values
-                break
-        else:
-            out["samples"][key] = values
-    return out["samples"], out["per_rank"]
+    def to_plain(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -50,7 +47,7 @@ class Result:
     suite: str
     scenario: str
     status: Status
-    config: dict[str, Any]
+    config: RecordedScenario  # the typed scenario (config.scenario.Scenario), written as plain data in to_dict
     reason: str | None = None  # why it was skipped, or the error
     device: str = "cpu"
     backend: str | None = None  # the concrete backend asked for (after resolving ``auto``)
@@ -62,9 +59,11 @@ class Result:
     per_rank: dict[str, list[float]] = field(default_factory=CheckedValues)
 
     def __post_init__(self) -> None:
+        if isinstance(self.config, Mapping):
+            raise TypeError(f"Result {self.suite}::{self.scenario}: config is the typed Scenario, not a mapping; pass the "
+                            "Scenario itself (a stored one is parsed by config.record_file.read_record)")
         # stored data is taken as it is (a file may hold a metric removed since); later writes are checked
-        samples, per_rank = _legacy_lists(self.samples, self.per_rank)
-        self.metrics, self.samples, self.per_rank = CheckedValues(self.metrics), CheckedValues(samples), CheckedValues(per_rank)
+        self.metrics, self.samples, self.per_rank = CheckedValues(self.metrics), CheckedValues(self.samples), CheckedValues(self.per_rank)
 
     def record(self, metric: str, value: MetricValue, samples: Iterable[float] = (), per_rank: Iterable[float] = ()) -> None:
         """Write ``metric`` (a vocabulary name, ``UnknownMetric`` otherwise) with its value, and the per-round
@@ -86,11 +85,11 @@ class Result:
         return f"{self.suite}::{self.scenario}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Result":
-        return cls(**data)
+        """Plain JSON-able data: the scenario as its ``to_plain`` form, the value maps as plain dicts."""
+        plain = {f.name: getattr(self, f.name) for f in fields(self)}
+        plain.update(config=self.config.to_plain(), metrics=dict(self.metrics), samples={k: list(v) for k, v in self.samples.items()},
+                     per_rank={k: list(v) for k, v in self.per_rank.items()}, notes=list(self.notes))
+        return plain
 
 
 @dataclass
@@ -110,41 +109,14 @@ class RunRecord:
     comparison: Comparison | None = None  # regression verdicts, when a baseline was compared
     notes: list[str] = field(default_factory=list)  # conditions of the run a reader must know (parallel xdist workers)
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: a partial run (its finished scenarios), never a baseline
-
-    def __post_init__(self) -> None:
-        self.comparison = Comparison.coerce(self.comparison)  # its JSON form (a mapping) is accepted too
+    wall_time_s: float | None = None  # the suite run's wall time, start to finish (None in files of schema 1)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["results"] = [r.to_dict() for r in self.results]
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(results=[r.to_dict() for r in self.results], notes=list(self.notes),
+                    comparison=None if self.comparison is None else self.comparison.to_dict())
         return data
 
     def write_json(self, path: Path) -> None:
         """Write atomically (temp file + rename): a reader never sees half a results file."""
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunRecord":
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"results schema_version {version!r} is not supported (this version reads {SCHEMA_VERSION})")
-        data = dict(data)
-        data["results"] = [Result.from_dict(r) for r in data["results"]]
-        return cls(**data)
-
-    @classmethod
-    def read_json(cls, path: Path) -> "RunRecord":
-        """Load a results file; missing files, bad JSON and other schemas are ValueErrors naming the file. Only a
-        regular file is opened: a FIFO named results.json would block the reader forever, a folder would raise."""
-        try:
-            data = json.loads(read_regular_bytes(path).decode("utf-8"))
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such results file (a suite run writes flashckpt-report/results.json)") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON results file ({exc})") from None
-        if not isinstance(data, dict) or "results" not in data:
-            raise ValueError(f"{path}: not a pytest-flashckpt results file (no 'results' key)")
-        try:
-            return cls.from_dict(data)
-        except (TypeError, ValueError, AttributeError) as exc:  # AttributeError: a text where a mapping belongs
-            raise ValueError(f"{path}: {exc}") from None

@@ -41,7 +41,7 @@ def run_distributed(scenario: Scenario, device: str, probe: str, workdir: Path |
     hung launch is an ``error`` result with torchrun's output tail in ``notes``; no rank is left running."""
     launch = launch_from_env(scenario.world_size)
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=f"{device} x{scenario.world_size} ({backend})", probe=probe)
+    result = Result(scenario.suite, scenario.name, "measured", scenario, device=f"{device} x{scenario.world_size} ({backend})", probe=probe)
     with work_folder(workdir, "dist") as work:  # locked while it lives: a killed run's is removed by the next run
         spec = work / "scenario.json"
         spec.write_text(json.dumps(to_plain(scenario)), encoding="utf-8")

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from pytest_flashckpt.core.numbers import finite
 from pytest_flashckpt.core.result import RunRecord
+from pytest_flashckpt.config.record_file import record_from_dict
 
 DEFAULT_METRICS = ("overhead", "stall_vs_copy", "peak_bytes", "step_time_s", "save_stall_s")
 RESULTS_NAME = "results.json"
@@ -103,7 +104,7 @@ def _record(path: Path) -> RunRecord:
         raise ValueError("JSON nested too deep to be a results file") from None
     if not isinstance(data, dict) or "results" not in data:
         raise ValueError("not a pytest-flashckpt results file (no 'results' key)")
-    record = RunRecord.from_dict(data)
+    record = record_from_dict(data)
     if not isinstance(record.created, str) or not record.created:
         raise ValueError(f"'created' is {record.created!r}, not a timestamp text, so the run cannot be ordered")
     try:

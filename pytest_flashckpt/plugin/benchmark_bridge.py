@@ -43,7 +43,7 @@ class BenchmarkBridge:
             )
             fixture.group = f"flashckpt:{result.suite}"
             fixture.extra_info.update(_extra_info(result))
-            steps = int(result.config.get("steps", 1) or 1)
+            steps = result.config.steps
             stats = fixture._make_stats(steps)
             for seconds in times:
                 stats.update(float(seconds) * steps)  # update() divides by iterations: per-step time is kept

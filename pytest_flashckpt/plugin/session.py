@@ -226,7 +226,7 @@ class SuiteSession:
         if outcome.baseline_error is not None:
             raise RegressionFailure(outcome.baseline_error)
         for row in outcome.rows:
-            item.user_properties.append((f"verdict:{row['metric']}", row["verdict"]))
+            item.user_properties.append((f"verdict:{row.metric}", row.verdict))
         if outcome.failure is not None:
             raise RegressionFailure(outcome.failure)
 

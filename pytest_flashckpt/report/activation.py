@@ -29,11 +29,11 @@ def analytic(r: Result) -> str:
 def _row(r: Result, notes: Footnotes) -> list[str]:
     head = [f"`{r.id}`", select.card(r), select.describe_activation(r), select.precision(r)]
     if r.status != "measured":
-        return [*head, notes.skipped(r.status, r.reason), str(r.config.get("seq_len", MISSING)), *[MISSING] * 6]
+        return [*head, notes.skipped(r.status, r.reason), str(r.config.seq_len), *[MISSING] * 6]
     m = r.metrics
     num = lambda k: m.get(k) if isinstance(m.get(k), (int, float)) else None  # noqa: E731
     return [
-        *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.get("seq_len", MISSING)),
+        *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.seq_len),
         mib(num("peak_bytes")), mib(num("reference_peak_bytes")), pct(num("memory_saving")),
         spread(num("overhead"), num("overhead_min"), num("overhead_max")), ratio(num("flop_ratio")), analytic(r),
     ]

@@ -52,7 +52,7 @@ def _range(results: list[Result], key: str, fmt) -> str:
 
 
 def _workloads(results: list[Result]) -> str:
-    points = [f"{select.card(r)} {r.config.get('batch_size', '?')}x{r.config.get('seq_len', '?')}" for r in results]
+    points = [f"{select.card(r)} {r.config.batch_size}x{r.config.seq_len}" for r in results]
     return f"{len(points)}: " + ", ".join(points)
 
 
@@ -125,7 +125,7 @@ def _detail(claim: Claim, r: Result) -> list[str]:
         return [claim.title, f"`{r.id}`", "not measured", "not measured", "not measured", escape(verdict.cell())]
     saving = r.number("memory_saving")
     return [
-        claim.title, f"`{r.id}` ({select.card(r)} {r.config.get('batch_size', '?')}x{r.config.get('seq_len', '?')})",
+        claim.title, f"`{r.id}` ({select.card(r)} {r.config.batch_size}x{r.config.seq_len})",
         pct(saving) if saving is not None else MISSING, _overhead(r), _save_measure(claim, r), escape(verdict.cell()),
     ]
 
@@ -210,7 +210,7 @@ def single_claim(record: RunRecord) -> list[str]:
             continue
         flops, saving = r.number("flop_ratio"), r.number("memory_saving")
         rows.append([
-            f"`{r.id}` ({select.describe_activation(r)}, seq {r.config.get('seq_len', '?')})",
+            f"`{r.id}` ({select.describe_activation(r)}, seq {r.config.seq_len})",
             pct(saving) if saving is not None else MISSING,
             _overhead(r),
             ratio(flops) if flops is not None else MISSING,

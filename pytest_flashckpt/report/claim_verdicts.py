@@ -48,7 +48,7 @@ class PartVerdict:
 def judge_saving(claim: Claim, result: Result) -> PartVerdict:
     value = result.number("memory_saving")
     if value is None:
-        why = "the scenario did not measure memory" if "memory" not in result.config.get("measure", ["memory"]) else (
+        why = "the scenario did not measure memory" if "memory" not in result.config.measure else (
             "no memory saving recorded (a reference scenario, or no reference peak)"
         )
         return PartVerdict(None, f"saving not measurable: {why}")
@@ -64,7 +64,7 @@ def judge_saving(claim: Claim, result: Result) -> PartVerdict:
 def judge_overhead(claim: Claim, result: Result) -> PartVerdict:
     value = result.number("overhead")
     if value is None:
-        why = "the scenario did not measure timing" if "timing" not in result.config.get("measure", ["timing"]) else (
+        why = "the scenario did not measure timing" if "timing" not in result.config.measure else (
             "no overhead recorded (no reference timing)"
         )
         return PartVerdict(None, f"overhead not measurable: {why}")
@@ -94,7 +94,7 @@ def judge_save(claim: Claim, result: Result) -> PartVerdict | None:
     if criterion is None:
         return None
     number = result.number
-    if "checkpoint" not in result.config.get("measure", []):
+    if "checkpoint" not in result.config.measure:
         return PartVerdict(None, "save not measurable: the scenario did not measure a save")
     if criterion.kind == "stall":
         share = number("stall_vs_sync")

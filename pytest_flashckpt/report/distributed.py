@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 
-from pytest_flashckpt.report.select import save_config
 from pytest_flashckpt.report.format import MISSING, count, mib, ms
 from pytest_flashckpt.report.tables import Footnotes, table
 from pytest_flashckpt.core.result import Result
@@ -33,10 +32,10 @@ def _per_rank(r: Result, metric: str, fmt) -> str:
 
 
 def _save(r: Result) -> str:
-    ckpt = save_config(r)
-    if ckpt.get("strategy") != "dcp":
+    save = r.config.save
+    if save.strategy != "dcp":
         return MISSING
-    return "dcp.async_save" if ckpt.get("async_save") else "dcp.save"
+    return "dcp.async_save" if save.async_save else "dcp.save"
 
 
 def _roundtrip(r: Result) -> str:
@@ -57,19 +56,15 @@ def _simulate(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy
 def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     """The simulator's per-rank peak for a measured distributed result, or None and why not."""
     c = r.config
-    activation = c.get("activation") or {}
-    strategy = activation.get("strategy", "none")
+    strategy = c.activation.strategy
     if strategy not in SIMULATED:
         return None, f"the {strategy} strategy is not simulated here"
     target = "cuda" if str(r.device or "").startswith("cuda") else "cpu"
     kernel = "eager" if r.backend == "eager" else ("sdpa" if target == "cpu" else "flash")
-    model = c.get("model") or {}
-    card = c.get("card") or model.get("card") or "tiny"
-    if model.get("dropout"):
+    if c.model.dropout:
         return None, "dropout overrides are not simulated here"
     try:
-        peak = _simulate(str(card), str(c.get("dtype", "float32")), int(c["batch_size"]), int(c["seq_len"]), kernel,
-                         strategy, int(activation.get("k") or 2), target, int(c.get("world_size", 1)))
+        peak = _simulate(c.card, c.dtype, c.batch_size, c.seq_len, kernel, strategy, c.activation.k, target, c.world_size)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"
     return peak, ""
@@ -104,7 +99,7 @@ def comparison_section(chosen: list[Result]) -> list[str]:
 
 
 def distributed_results(results: list[Result]) -> list[Result]:
-    return [r for r in results if int(r.config.get("world_size", 1) or 1) > 1]
+    return [r for r in results if r.config.world_size > 1]
 
 
 def distributed_section(results: list[Result]) -> list[str]:
@@ -116,7 +111,7 @@ def distributed_section(results: list[Result]) -> list[str]:
     rows = []
     for r in chosen:
         name = f"`{r.id}`"
-        ranks = str(r.config.get("world_size"))
+        ranks = str(r.config.world_size)
         if r.status != "measured":
             rows.append([name, ranks, _save(r), notes.skipped(r.status, r.reason), *[MISSING] * 9])
             continue

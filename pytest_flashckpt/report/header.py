@@ -19,12 +19,20 @@ def kernels_line(record: RunRecord) -> str:
 
 
 def rounds_line(record: RunRecord) -> str:
-    rounds = sorted({int(r.config["rounds"]) for r in record.results if isinstance(r.config.get("rounds"), int)})
+    rounds = sorted({r.config.rounds for r in record.results})
     if not rounds:
         return "unknown"
     if len(rounds) == 1:
         return f"{rounds[0]} interleaved timing round{'s' if rounds[0] != 1 else ''} per scenario"
     return f"{rounds[0]}-{rounds[-1]} interleaved timing rounds per scenario"
+
+
+def wall_time_text(seconds: float | None) -> str:
+    """``, wall time 4 min 21 s`` (the suite run start to finish), or nothing for a file that did not record it."""
+    if seconds is None:
+        return ""
+    minutes, rest = divmod(round(seconds), 60)
+    return f", wall time {minutes} min {rest} s" if minutes else f", wall time {seconds:.1f} s"
 
 
 def status_line(record: RunRecord) -> str:
@@ -50,6 +58,6 @@ def header(record: RunRecord) -> list[str]:
         f"- **memory probe** {probe}",
         f"- **timing**: {rounds_line(record)}; ratios are medians of per-round strategy / reference step times",
         *throughput_header(record),
-        f"- **run** {record.created}, commit `{record.commit or 'unknown'}`",
+        f"- **run** {record.created}, commit `{record.commit or 'unknown'}`{wall_time_text(record.wall_time_s)}",
         *(f"- **note**: {note}" for note in record.notes),
     ]

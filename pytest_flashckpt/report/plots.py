@@ -70,66 +70,23 @@ def _frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return best
 
 
+CLAIM_COLORS = {"prototype": "tab:green", "medium": "tab:orange", "large": "tab:red", "gradient_checkpointing": "tab:purple"}
+KERNEL_PALETTE = ["tab:blue", "tab:orange", "tab:cyan", "tab:brown", "tab:pink"]
+STRATEGY_MARKERS = ["o", "^", "D", "v", "P", "X", "*"]
+
+
 def draw_pareto(results: list[Result], path: Path) -> None:
+    """Memory saved against time paid per activation strategy, over the article's claim bands, with the measured
+    Pareto front (``activation`` section's plot)."""
     chosen = pareto_points(results)
 
     def draw(ax: "Axes") -> None:
-        xs = [r.number("overhead") or 1.0 for r in chosen]
-        right = max([*xs, *(r.number("overhead_max") or 1.0 for r in chosen), 1.5]) + 0.1
-        left = min([*xs, *(r.number("overhead_min") or 1.0 for r in chosen), 0.95]) - 0.05  # noise can dip below 1
-        colors = {"prototype": "tab:green", "medium": "tab:orange", "large": "tab:red", "gradient_checkpointing": "tab:purple"}
-        for claim in CLAIMS.values():
-            band = claim.overhead
-            x0, x1 = max(band.low, left), band.high if band.high is not None else right
-            y0, y1 = (claim.saving - claim.saving_tolerance) * 100, (claim.saving + claim.saving_tolerance) * 100
-            ax.fill_between([x0, x1], y0, y1, alpha=0.12, color=colors.get(claim.id, "grey"), linewidth=0,
-                            label=f"article: {claim.title} ({claim.describe_saving()}, {claim.overhead_text})")
-        several_seqs = len({r.config.get("seq_len") for r in chosen}) > 1
-        kernels = sorted({r.kernel or "?" for r in chosen}, key=lambda k: (k != "eager", k))
-        palette = ["tab:blue", "tab:orange", "tab:cyan", "tab:brown", "tab:pink"]
-        kernel_color = {k: palette[i % len(palette)] for i, k in enumerate(kernels)}
-        strategies = list(dict.fromkeys(select.describe_activation(r) for r in chosen))
-        shapes = ["o", "^", "D", "v", "P", "X", "*"]
-        strategy_marker = {s: shapes[i % len(shapes)] for i, s in enumerate(strategies)}
-
-        def identity(r: Result) -> tuple[str, object, str, str]:
-            return (select.describe_activation(r), r.config.get("seq_len"), r.kernel or "?", select.save_strategy(r))
-
-        # A run whose (strategy, seq, kernel, save) another run already shows (the article scenarios re-run a
-        # matrix configuration) is drawn hollow and not labelled again: its label would overprint the first one.
-        seen: set[tuple[str, object, str, str]] = set()
-        to_label: list[tuple[float, float, str]] = []
-        repeats: list[str] = []
-        for r in chosen:
-            x, y = r.number("overhead") or 1.0, (r.number("memory_saving") or 0.0) * 100
-            lo, hi = r.number("overhead_min") or x, r.number("overhead_max") or x
-            strategy, seq, kernel, save = identity(r)
-            color = kernel_color[kernel]
-            repeat = identity(r) in seen
-            seen.add(identity(r))
-            ax.errorbar([x], [y], xerr=[[x - lo], [hi - x]], fmt=strategy_marker[strategy], color=color, capsize=3,
-                        markersize=7, alpha=0.45 if repeat else 1.0, markerfacecolor="white" if repeat else color,
-                        elinewidth=1)
-            if repeat:
-                repeats.append(r.scenario)
-                continue
-            label = strategy.replace(" (k=", " k=").replace(")", "")
-            if save != "none":
-                label += f"+{save}"
-            if several_seqs:
-                label += f" {seq}"
-            to_label.append((x, y, label))
-        for k in kernels:  # legend entries: kernel = colour, strategy = marker shape
-            ax.plot([], [], "s", color=kernel_color[k], label=f"kernel: {k}")
-        for s_name in strategies:
-            ax.plot([], [], strategy_marker[s_name], color="dimgray", label=f"strategy: {s_name}")
-        if repeats:
-            ax.plot([], [], "o", color="dimgray", markerfacecolor="white", alpha=0.6,
-                    label="same config re-run: " + ", ".join(repeats))
-        front = _frontier([(r.number("overhead") or 1.0, (r.number("memory_saving") or 0.0) * 100) for r in chosen])
-        ax.plot([1.0, *(p[0] for p in front)], [0.0, *(p[1] for p in front)], "--", color="tab:blue", alpha=0.5,
-                label="measured Pareto front (from the reference)")
-        ax.plot([1.0], [0.0], "s", color="black", label="reference (no checkpointing)")
+        left, right = _overhead_limits(chosen)
+        _draw_claim_bands(ax, left, right)
+        kernel_color, strategy_marker = _pareto_styles(chosen)
+        to_label, repeats = _draw_pareto_points(ax, chosen, kernel_color, strategy_marker)
+        _draw_pareto_legend(ax, kernel_color, strategy_marker, repeats)
+        _draw_front(ax, chosen)
         ax.set_xlim(left, right)
         ax.set_ylim(-5, 90)
         ax.set_xlabel("overhead: step time / reference step time (median, min-max bars)")
@@ -140,6 +97,87 @@ def draw_pareto(results: list[Result], path: Path) -> None:
         _place_labels(ax, to_label)  # last: it measures text against the final limits and layout
 
     _save(draw, path, (11.5, 6.0))
+
+
+def _overhead_limits(chosen: list[Result]) -> tuple[float, float]:
+    """The x range: every point and its min-max bar, at least 0.95-1.5 (noise can dip below 1)."""
+    xs = [r.number("overhead") or 1.0 for r in chosen]
+    right = max([*xs, *(r.number("overhead_max") or 1.0 for r in chosen), 1.5]) + 0.1
+    left = min([*xs, *(r.number("overhead_min") or 1.0 for r in chosen), 0.95]) - 0.05
+    return left, right
+
+
+def _draw_claim_bands(ax: "Axes", left: float, right: float) -> None:
+    """Each article claim as a shaded box: its saving +- tolerance over its overhead band."""
+    for claim in CLAIMS.values():
+        band = claim.overhead
+        x0, x1 = max(band.low, left), band.high if band.high is not None else right
+        y0, y1 = (claim.saving - claim.saving_tolerance) * 100, (claim.saving + claim.saving_tolerance) * 100
+        ax.fill_between([x0, x1], y0, y1, alpha=0.12, color=CLAIM_COLORS.get(claim.id, "grey"), linewidth=0,
+                        label=f"article: {claim.title} ({claim.describe_saving()}, {claim.overhead_text})")
+
+
+def _pareto_styles(chosen: list[Result]) -> tuple[dict[str, str], dict[str, str]]:
+    """Colour per kernel (eager first), marker shape per activation strategy."""
+    kernels = sorted({r.kernel or "?" for r in chosen}, key=lambda k: (k != "eager", k))
+    strategies = list(dict.fromkeys(select.describe_activation(r) for r in chosen))
+    return ({k: KERNEL_PALETTE[i % len(KERNEL_PALETTE)] for i, k in enumerate(kernels)},
+            {s: STRATEGY_MARKERS[i % len(STRATEGY_MARKERS)] for i, s in enumerate(strategies)})
+
+
+def _pareto_identity(r: Result) -> tuple[str, object, str, str]:
+    return (select.describe_activation(r), r.config.seq_len, r.kernel or "?", select.save_strategy(r))
+
+
+def _draw_pareto_points(ax: "Axes", chosen: list[Result], kernel_color: dict[str, str],
+                        strategy_marker: dict[str, str]) -> tuple[list[tuple[float, float, str]], list[str]]:
+    """Each result with its min-max bar; returns the labels to place and the scenarios drawn as repeats.
+
+    A run whose (strategy, seq, kernel, save) another run already shows (the article scenarios re-run a matrix
+    configuration) is drawn hollow and not labelled again: its label would overprint the first one."""
+    several_seqs = len({r.config.seq_len for r in chosen}) > 1
+    seen: set[tuple[str, object, str, str]] = set()
+    to_label: list[tuple[float, float, str]] = []
+    repeats: list[str] = []
+    for r in chosen:
+        x, y = r.number("overhead") or 1.0, (r.number("memory_saving") or 0.0) * 100
+        lo, hi = r.number("overhead_min") or x, r.number("overhead_max") or x
+        strategy, seq, kernel, save = identity = _pareto_identity(r)
+        color = kernel_color[kernel]
+        repeat = identity in seen
+        seen.add(identity)
+        ax.errorbar([x], [y], xerr=[[x - lo], [hi - x]], fmt=strategy_marker[strategy], color=color, capsize=3,
+                    markersize=7, alpha=0.45 if repeat else 1.0, markerfacecolor="white" if repeat else color,
+                    elinewidth=1)
+        if repeat:
+            repeats.append(r.scenario)
+            continue
+        label = strategy.replace(" (k=", " k=").replace(")", "")
+        if save != "none":
+            label += f"+{save}"
+        if several_seqs:
+            label += f" {seq}"
+        to_label.append((x, y, label))
+    return to_label, repeats
+
+
+def _draw_pareto_legend(ax: "Axes", kernel_color: dict[str, str], strategy_marker: dict[str, str], repeats: list[str]) -> None:
+    """Legend entries: kernel = colour, strategy = marker shape, and the repeats named."""
+    for k, color in kernel_color.items():
+        ax.plot([], [], "s", color=color, label=f"kernel: {k}")
+    for s_name, marker in strategy_marker.items():
+        ax.plot([], [], marker, color="dimgray", label=f"strategy: {s_name}")
+    if repeats:
+        ax.plot([], [], "o", color="dimgray", markerfacecolor="white", alpha=0.6,
+                label="same config re-run: " + ", ".join(repeats))
+
+
+def _draw_front(ax: "Axes", chosen: list[Result]) -> None:
+    """The measured Pareto front from the reference point (1, 0), and the reference itself."""
+    front = _frontier([(r.number("overhead") or 1.0, (r.number("memory_saving") or 0.0) * 100) for r in chosen])
+    ax.plot([1.0, *(p[0] for p in front)], [0.0, *(p[1] for p in front)], "--", color="tab:blue", alpha=0.5,
+            label="measured Pareto front (from the reference)")
+    ax.plot([1.0], [0.0], "s", color="black", label="reference (no checkpointing)")
 
 
 def _place_labels(ax: "Axes", points: list[tuple[float, float, str]]) -> None:
@@ -258,7 +296,7 @@ def draw_throughput(results: list[Result], path: Path) -> None:
         strategies = sorted({select.describe_activation(r) for r in chosen})
         workloads: dict[tuple, list[Result]] = {}
         for r in chosen:
-            workloads.setdefault((select.card(r), r.config.get("seq_len"), r.kernel, r.config.get("dtype")), []).append(r)
+            workloads.setdefault((select.card(r), r.config.seq_len, r.kernel, r.config.dtype), []).append(r)
         for group in workloads.values():  # one workload's strategies joined: the memory / MFU trade-off
             group = sorted(group, key=lambda r: r.number("peak_bytes") or 0.0)
             ax.plot([(r.number("peak_bytes") or 0.0) / 2**20 for r in group], [(mfu_of(r)[0] or 0.0) * 100 for r in group],
@@ -274,7 +312,7 @@ def draw_throughput(results: list[Result], path: Path) -> None:
                            label=f"{strategy}: HFU", zorder=2)
         for group in workloads.values():
             top = max(group, key=lambda r: mfu_of(r)[0] or 0.0)
-            ax.annotate(f"{select.card(top)} s{top.config.get('seq_len')}", ((top.number("peak_bytes") or 0.0) / 2**20,
+            ax.annotate(f"{select.card(top)} s{top.config.seq_len}", ((top.number("peak_bytes") or 0.0) / 2**20,
                         (mfu_of(top)[0] or 0.0) * 100), xytext=(4, 4), textcoords="offset points", fontsize=7)
         ax.set_xlabel("peak training-step memory (MiB)")
         ax.set_ylabel(f"% of the {basis}")

@@ -37,9 +37,8 @@ def _change(name: str, v: RegressionVerdict) -> str:
     return recomputed
 
 
-def regression_section(comparison: Comparison | Mapping[str, Any] | None) -> list[str]:
+def regression_section(comparison: Comparison | None) -> list[str]:
     lines = ["## Regressions against the baseline", ""]
-    comparison = Comparison.coerce(comparison)
     if comparison is None:
         lines.append("_No baseline comparison was recorded for this run._")
         return lines
@@ -59,7 +58,10 @@ def regression_section(comparison: Comparison | Mapping[str, Any] | None) -> lis
                   "it; ~ = beyond it but not significant (the samples overlap); **missing** = the baseline has it, this "
                   "run did not measure it; unguarded = the sample sizes cannot reach p < alpha, so it cannot fail; "
                   "unstable = the baseline's runs (hosts) spread too far apart to gate this metric (its spread is "
-                  "in the reason; compare on one machine with `flashckpt ab`) (baselines/README.md)."]
+                  "in the reason; compare on one machine with `flashckpt ab`) (baselines/README.md)."
+                  + (" **not comparable** = the scenario's configuration changed under its name since the baseline "
+                     "was stored (the changed keys are in the reason); its numbers are not judged until the baseline "
+                     "is refreshed." if any(v.verdict == "not comparable" for v in verdicts) else "")]
     return lines
 
 
@@ -80,17 +82,15 @@ def verdict_table(verdicts: list[RegressionVerdict]) -> str:
     return "\n".join(parts)
 
 
-def markdown_table(comparison: Comparison | Mapping[str, Any]) -> str:
+def markdown_table(comparison: Comparison) -> str:
     """The comparison as the markdown block appended to ``$GITHUB_STEP_SUMMARY``: status line, then every verdict."""
-    comparison = Comparison.coerce(comparison)
-    assert comparison is not None
     lines = ["### pytest-flashckpt baseline comparison", "", comparison.text, ""]
     if comparison.verdicts:
         lines += [verdict_table(comparison.verdicts), ""]
     return "\n".join(lines) + "\n"
 
 
-def append_step_summary(comparison: Comparison | Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Path | None:
+def append_step_summary(comparison: Comparison, environ: Mapping[str, str] | None = None) -> Path | None:
     """Append the comparison to the file named by ``GITHUB_STEP_SUMMARY`` (GitHub Actions); None when unset."""
     target = (environ if environ is not None else os.environ).get("GITHUB_STEP_SUMMARY")
     if not target:

@@ -13,9 +13,9 @@ HEADERS = ["scenario", "strategies", "precision", "kernel", "seq", "peak memory"
 def _row(r: Result) -> list[str]:
     head = [f"`{r.id}`", select.describe_strategies(r), select.precision(r)]
     if r.status != "measured":
-        return [*head, MISSING, str(r.config.get("seq_len", MISSING)), *[MISSING] * 5, escape(f"{r.status}: {r.reason or 'no reason given'}")]
+        return [*head, MISSING, str(r.config.seq_len), *[MISSING] * 5, escape(f"{r.status}: {r.reason or 'no reason given'}")]
     return [
-        *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.get("seq_len", MISSING)),
+        *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.seq_len),
         mib(r.number("peak_bytes")), pct(r.number("memory_saving")), ms(r.number("step_time_s")),
         spread(r.number("overhead"), r.number("overhead_min"), r.number("overhead_max")), ms(r.number("save_stall_s")),
         "simulated (see Will it fit?)" if select.simulated(r) else "measured",

@@ -1,14 +1,13 @@
 """Which results feed which part of the report. Sections and plots read the same selections, so a table and
 its plot always show the same scenarios.
 
-Everything here reads ``Result.config`` as plain data (what ``results.json`` holds), never the typed config: a
-report renders from a results file alone, on a machine without the suite files.
+Everything here reads ``Result.config``, the typed scenario (parsed once from ``results.json``,
+``config.record_file``): a report renders from a results file alone, on a machine without the suite files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from pytest_flashckpt.core.result import Result
 
@@ -16,39 +15,27 @@ FLASH_BACKENDS = ("sdpa", "flash_attn")
 
 
 def activation_strategy(r: Result) -> str:
-    return str(_get(r.config, "activation", "strategy", default="none"))
-
-
-def _save_key(r: Result) -> str:
-    """The save config's key in ``Result.config``: ``save`` (``checkpoint`` in results files of version 0.1.0)."""
-    return "save" if "save" in r.config else "checkpoint"
-
-
-def save_config(r: Result) -> dict:
-    """The scenario's save config as recorded in ``Result.config`` (either key)."""
-    return r.config.get(_save_key(r)) or {}
+    return r.config.activation.strategy
 
 
 def save_strategy(r: Result) -> str:
-    return str(_get(r.config, _save_key(r), "strategy", default="none"))
+    return str(r.config.save.strategy)
 
 
 def card(r: Result) -> str:
-    return str(_get(r.config, "model", "card", default=r.config.get("model", "?")))
+    return r.config.card
 
 
 def precision(r: Result) -> str:
     """``fp32``, ``bf16`` (pure) or ``mixed bf16/fp32`` (compute / master state), from the row's config."""
-    from pytest_flashckpt.config.scenario import precision_label
-
-    return precision_label(str(r.config.get("dtype", "?")), str(r.config.get("precision", "pure")))
+    return r.config.precision_label
 
 
 def describe_activation(r: Result) -> str:
     """``every_k (k=2)``, ``full``, ``selective_op``... as a reader wants to see it."""
     strategy = activation_strategy(r)
     if strategy == "every_k":
-        return f"every_k (k={_get(r.config, 'activation', 'k', default='?')})"
+        return f"every_k (k={r.config.activation.k})"
     return strategy
 
 
@@ -56,7 +43,7 @@ def describe_save(r: Result) -> str:
     strategy = save_strategy(r)
     if strategy == "none":
         return "none"
-    fmt = r.metrics.get("format") or _get(r.config, _save_key(r), "format", default=None)
+    fmt = r.metrics.get("format") or r.config.save.format
     return f"{strategy} ({fmt})" if fmt else strategy
 
 
@@ -73,14 +60,14 @@ def measured(r: Result) -> bool:
 def simulated(r: Result) -> bool:
     """A scenario predicted on the meta device (``simulate: {enabled: true}``), not measured: its metrics are
     ``simulated_*`` and only the simulation section shows them."""
-    return bool((r.config.get("simulate") or {}).get("enabled"))
+    return r.config.simulate.enabled
 
 
 def by_article(results: list[Result]) -> dict[str, list[Result]]:
     """Results grouped by the article claim their scenario tests (config ``article``)."""
     out: dict[str, list[Result]] = {}
     for r in results:
-        tag = r.config.get("article")
+        tag = r.config.article
         if tag:
             out.setdefault(str(tag), []).append(r)
     return out
@@ -132,11 +119,11 @@ def attention_points(results: list[Result]) -> list[AttentionPoint]:
             continue
         if measured(r) and "peak_bytes" not in r.metrics:
             continue
-        backend = r.backend or str(r.config.get("attention", "?"))
-        key = (card(r), int(r.config.get("batch_size", 0)), str(r.config.get("dtype", "?")), int(r.config.get("seq_len", 0)))
+        backend = r.backend or r.config.attention
+        key = (card(r), r.config.batch_size, r.config.dtype, r.config.seq_len)
         point = points.setdefault(key, AttentionPoint(*key))
         current = point.by_backend.get(backend)
-        if current is None or (r.config.get("attention") == backend and current.config.get("attention") != backend):
+        if current is None or (r.config.attention == backend and current.config.attention != backend):
             point.by_backend[backend] = r
     return [points[k] for k in sorted(points)]
 
@@ -146,13 +133,3 @@ def attention_backends(points: list[AttentionPoint]) -> list[str]:
     seen = {b for p in points for b in p.by_backend}
     order = ["eager", *FLASH_BACKENDS]
     return [b for b in order if b in seen] + sorted(seen - set(order))
-
-
-def _get(data: dict[str, Any], *keys: str, default: Any = None) -> Any:
-    """Nested lookup in plain config data; a scenario config from an older results file may lack a key."""
-    value: Any = data
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return default
-        value = value[key]
-    return value

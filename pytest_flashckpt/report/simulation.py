@@ -27,20 +27,16 @@ def _fit(peak: int, size: int) -> str:
     return f"yes ({gib(headroom)} free)" if headroom >= 0 else f"no (-{gib(-headroom)})"
 
 
-def _sim(r: Result) -> dict:
-    return r.config.get("simulate") or {}
-
-
 def _row(r: Result) -> list[str]:
     head = [f"`{r.id}`", select.card(r), select.activation_strategy(r), select.precision(r),
-            f"{r.config.get('batch_size')} x {r.config.get('seq_len')}", str(_sim(r).get("world_size", 1))]
+            f"{r.config.batch_size} x {r.config.seq_len}", str(r.config.simulate.world_size)]
     peak = _int(r, "simulated_peak_bytes")
     if r.status != "measured" or peak is None:
         return [*head, escape(f"{r.status}: {r.reason or 'no result'}"), *[MISSING] * (len(HEADERS) - len(head) - 1)]
     states = sum(_int(r, f"simulated_{c}_bytes") or 0 for c in ("parameters", "gradients", "optimizer_state"))
     split = f"{gib(states)} / {gib(_int(r, 'simulated_activations_bytes') or 0)} / {gib(_int(r, 'simulated_temporaries_bytes') or 0)}"
     saving = r.metrics.get("simulated_memory_saving")
-    return [*head, f"{gib(peak)} ({r.kernel}, {_sim(r).get('target', 'cuda')})", split,
+    return [*head, f"{gib(peak)} ({r.kernel}, {r.config.simulate.target})", split,
             pct(saving) if isinstance(saving, float) else MISSING, *(_fit(peak, size) for _, size in REPORT_DEVICES)]
 
 
@@ -48,11 +44,11 @@ def _article_rows(results: list[Result], article_card: str) -> list[str]:
     """The article's three rows all use full activation checkpointing (suites/checkpoint.yaml); their memory half
     is judged on the 2.7B single-GPU simulation, the scale the article speaks of."""
     full = [r for r in results if select.card(r) == article_card and select.activation_strategy(r) == "full"
-            and _sim(r).get("world_size", 1) == 1 and isinstance(r.metrics.get("simulated_memory_saving"), float)
-            and r.config.get("precision", "pure") == "pure"]  # the article's numbers are for one dtype throughout
+            and r.config.simulate.world_size == 1 and isinstance(r.metrics.get("simulated_memory_saving"), float)
+            and r.config.precision == "pure"]  # the article's numbers are for one dtype throughout
     if not full:
         return [f"_No simulated full-checkpointing step of {article_card} on one device in this run: the article's rows are not judged at scale._"]
-    r = max(full, key=lambda x: (x.config.get("seq_len", 0), x.config.get("batch_size", 0)))
+    r = max(full, key=lambda x: (x.config.seq_len, x.config.batch_size))
     saving = float(r.metrics["simulated_memory_saving"])
     rows = []
     for claim in (PROTOTYPE, MEDIUM, LARGE):

@@ -107,7 +107,6 @@ def _paragraph(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
 
 def regression_lines(comparison: Comparison | None) -> list[str]:
     """The baseline verdicts, short: counts, then each verdict that is not ``ok``, then the notes, wrapped."""
-    comparison = Comparison.coerce(comparison)
     if comparison is None:
         return []
     notes = [line for note in comparison.notes for line in _paragraph(note.text)]

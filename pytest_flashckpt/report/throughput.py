@@ -21,7 +21,7 @@ HEADERS = [
 
 def throughput_results(results: list[Result]) -> list[Result]:
     """Scenarios that time a step (``timing`` in ``measure``), measured or not; simulated ones are predictions."""
-    return [r for r in results if "timing" in (r.config.get("measure") or ()) and not select.simulated(r)]
+    return [r for r in results if "timing" in r.config.measure and not select.simulated(r)]
 
 
 def plotted(results: list[Result]) -> list[Result]:
@@ -45,7 +45,7 @@ def header_lines(record: RunRecord) -> list[str]:
     for r in record.results:
         if not select.measured(r) or r.number("model_flops_per_s") is None:
             continue
-        dtype = str(r.config.get("dtype", "?"))
+        dtype = r.config.dtype
         datasheet.setdefault(dtype, str(r.metrics.get("peak_source") or f"none: {r.metrics.get('mfu_absent') or 'not recorded'}"))
         roof = r.number("roofline_flops_per_s")
         if roof is not None:
@@ -74,7 +74,7 @@ def _row(r: Result, notes: Footnotes) -> list[str]:
     datasheet = ([pct(mfu), pct(hfu), pct(r.number("reference_mfu"))] if mfu is not None
                  else [f"{MISSING} {notes.mark(str(absent))}" if absent else MISSING] * 3)
     return [
-        *head, f"`{r.kernel}`" if r.kernel else MISSING, str(r.config.get("dtype", MISSING)),
+        *head, f"`{r.kernel}`" if r.kernel else MISSING, r.config.dtype,
         metric("tokens_per_s", r.number("tokens_per_s")), metric("model_flops_per_s", r.number("model_flops_per_s")),
         metric("hardware_flops_per_s", r.number("hardware_flops_per_s")),
         ratio(r.number("hardware_step_flops") / r.number("model_step_flops")) if r.number("model_step_flops") else MISSING,

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from pytest_flashckpt.config.scenario import Scenario
-from pytest_flashckpt.config.typed import to_plain
+from pytest_flashckpt.config.fingerprint import workload_key
 from pytest_flashckpt.core.registry import default_probe_name
 from pytest_flashckpt.config.injection import Injection
 
@@ -38,13 +38,6 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 def resolve_probe(name: str, device: torch.device) -> str:
     return default_probe_name(device.type) if name == "auto" else name
-
-
-def scenario_key(scenario: Scenario, with_save: bool = True) -> str:
-    plain = to_plain(scenario)
-    for field in ("name", "suite", "description", "article", "measure", "rounds", *(() if with_save else ("save",))):
-        plain.pop(field, None)
-    return repr(sorted(plain.items()))
 
 
 @dataclasses.dataclass
@@ -77,7 +70,7 @@ class RunContext:
     def cached(self, kind: str, scenario: Scenario, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per kind and scenario; only the checkpoint kind depends on the save settings, so the
         other kinds (memory, flops, trainer) share one entry across scenarios that differ in their save alone."""
-        key = f"{kind}:{scenario_key(scenario, with_save=kind == 'checkpoint')}"
+        key = f"{kind}:{workload_key(scenario, with_save=kind == 'checkpoint')}"
         if key not in self.cache:
             self.cache[key] = compute()
         return self.cache[key]

@@ -48,7 +48,7 @@ def host_memory_bytes() -> int | None:
 
 def check_run(run, flag: Flag = pytest_flag) -> None:
     """Check a ``runner.suite.SuiteRun`` before it measures anything; ConfigError (one line) on the first problem."""
-    from pytest_flashckpt.baselines.store import Baseline, BaselineError, check_saveable, locate
+    from pytest_flashckpt.baselines.store import BaselineError, check_saveable
 
     o = run.options
     check_output_folder(flag("flashckpt-report"), run.report_dir, run.shown)
@@ -62,12 +62,9 @@ def check_run(run, flag: Flag = pytest_flag) -> None:
                               f"pass {flag('flashckpt-baseline-dir')}=FOLDER, or move the file")
         _, profile_id = ctx.profile()
         try:
+            gate = run.gate()  # reads this profile's baseline once, for the whole run (the gate keeps it)
             if o.save_baseline:
-                check_saveable(directory, profile_id)
-            else:
-                lookup = locate(directory, profile_id)
-                if lookup.exists:
-                    Baseline.read(lookup.path)
+                check_saveable(directory, profile_id, read=gate.baseline is None)
         except BaselineError as exc:
             raise ConfigError("", str(exc).replace(str(directory), run.shown(directory))) from None
     _tidy(run, work)

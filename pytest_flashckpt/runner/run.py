@@ -12,13 +12,13 @@ from __future__ import annotations
 import shutil
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pytest_flashckpt.config.scenario import Scenario
-from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.core.files import work_folder
 from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
@@ -41,7 +41,7 @@ def run_scenario(scenario: Scenario, ctx: RunContext) -> Result:
         kind = "distributed (world_size > 1)" if scenario.world_size > 1 else "simulated (simulate.enabled)"
         raise ValueError(f"scenario {scenario.name!r} is {kind}: run_scenario measures in this process only; "
                          "use runner.runners.measure_scenario, which picks its runner")
-    result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
+    result = Result(scenario.suite, scenario.name, "measured", scenario, device=str(ctx.device), probe=ctx.probe)
     return recorded(result, lambda: _measure(scenario, ctx, result), hint=lambda: _disk_hint(scenario, ctx))
 
 
@@ -111,10 +111,10 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
     result.notes.append(f"activation: {applied.describe()}")
 
 
-def _reference_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer:
-    """The reference's trainer, built and warmed once per run and shared by every scenario with that reference
-    (its weights move on as it is timed; a step's time and memory do not depend on the weights' values)."""
-    reference = scenario.reference()
+def _reference_trainer(reference: Scenario, ctx: RunContext, backend: str) -> Trainer:
+    """The trainer of ``reference`` (a scenario's ``reference()``), built and warmed once per run and shared by
+    every scenario with that reference (its weights move on as it is timed; a step's time and memory do not depend
+    on the weights' values)."""
 
     def build() -> Trainer:
         trainer = _build_trainer(reference, ctx, backend)
@@ -160,71 +160,102 @@ def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> Mea
         return out
     if scenario.precision == "mixed":  # the analytic model knows one dtype for states and activations
         return out
-    out.record("analytic_peak_bytes", analytic.estimate(config, work, strategy, k).peak_bytes)
-    if strategy != "none":
-        out.record("analytic_memory_saving", analytic.saving(config, work, strategy, k))
+    own = analytic.estimate(config, work, strategy, k)  # once: analytic.saving would estimate it again
+    out.record("analytic_peak_bytes", own.peak_bytes)
+    if strategy != "none":  # analytic.saving's ratio, on the estimate above
+        out.record("analytic_memory_saving", 1 - own.peak_bytes / analytic.estimate(config, work, "none").peak_bytes)
     return out
 
 
+@dataclass(frozen=True)
+class _Reference:
+    """A scenario's reference (``Scenario.reference()``, computed once per scenario) and its shared trainer."""
+
+    scenario: Scenario
+    trainer: Trainer
+
+
 def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
-    dtype = DTYPES[scenario.dtype]
-    backend = resolve_backend(scenario.attention, ctx.device, dtype)
-    result.backend = backend
+    """The passes the scenario's ``measure`` names, in order, each against the one reference."""
+    result.backend = resolve_backend(scenario.attention, ctx.device, DTYPES[scenario.dtype])
+    trainer = _prepared_trainer(scenario, ctx, result)
+    reference = None if scenario.is_reference else _reference_of(scenario, ctx, result.backend)
+    shared = _shared_in_run(scenario, ctx, result)
+    if "memory" in scenario.measure:
+        _memory_pass(scenario, ctx, result, trainer, reference, shared)
+    if "timing" in scenario.measure:
+        timing = shared(f"timing pass ({scenario.rounds} rounds)", lambda: timing_pass(
+            trainer.train_step, None if reference is None else reference.trainer.train_step, scenario.rounds,
+            scenario.steps, ctx.device, on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}")))
+        result.absorb(timing.measurements())
+    if "flops" in scenario.measure or "timing" in scenario.measure:  # timed steps get their throughput too
+        _flops_and_throughput(scenario, ctx, result, trainer, reference)
+    if "checkpoint" in scenario.measure:
+        _checkpoint_pass(scenario, ctx, trainer, result, reference)
+
+
+def _prepared_trainer(scenario: Scenario, ctx: RunContext, result: Result) -> Trainer:
+    """The scenario's trainer built, its activation strategy applied, warmed up (and slowed on purpose when the
+    run injects a regression); the kernel that ran is recorded."""
     ctx.phase("build and warm-up")
-    trainer = _build_trainer(scenario, ctx, backend)
+    trainer = _build_trainer(scenario, ctx, result.backend or "sdpa")
     _apply_activation(trainer, scenario, result)
     op_names = _warmup(trainer, max(scenario.warmup, 1))
     if ctx.inject is not None:
         trainer.train_step = ctx.inject.slow_step(trainer.train_step)  # type: ignore[method-assign]
         result.notes.append(ctx.inject.describe())
-    result.kernel = detect_kernel(op_names, backend)
-    reference = None if scenario.is_reference else _reference_trainer(scenario, ctx, backend)
-    metrics = result.metrics  # read here; written through result.record (vocabulary names only)
+    result.kernel = detect_kernel(op_names, result.backend or "sdpa")
+    return trainer
 
-    # Scenarios that differ only in their save (the article's medium and large rows) train the same step: its
-    # memory and timing are measured once per run and shared, with a note naming where they were measured.
+
+def _reference_of(scenario: Scenario, ctx: RunContext, backend: str) -> _Reference:
+    reference = scenario.reference()
+    return _Reference(reference, _reference_trainer(reference, ctx, backend))
+
+
+def _shared_in_run(scenario: Scenario, ctx: RunContext, result: Result):
+    """``shared(kind, compute)``: the measurement computed once per run for every scenario that trains the same
+    step (the article's medium and large rows differ only in their save), with a note naming where it was."""
     def shared(kind: str, compute):
         first = ctx.cached(kind, scenario, lambda: (result.id, compute()))
         if first[0] != result.id:
             result.notes.append(f"{kind}: measured once in this run for {first[0]} (same model, activation and workload)")
         return first[1]
 
-    if "memory" in scenario.measure:
-        ctx.phase("memory pass")
-        result.absorb(shared("memory pass", lambda: _peak(trainer, ctx.probe, ctx.device)))
-        if reference is not None:
-            ref = ctx.cached("memory", scenario.reference(), lambda: _peak(reference, ctx.probe, ctx.device))
-            result.record("reference_peak_bytes", ref["peak_bytes"])
-            result.record("memory_saving", 1.0 - metrics["peak_bytes"] / ref["peak_bytes"])  # type: ignore[operator]
+    return shared
 
-    if "memory" in scenario.measure:
-        result.absorb(_analytic(scenario, trainer, ctx.device))
 
+def _memory_pass(scenario: Scenario, ctx: RunContext, result: Result, trainer: Trainer, reference: _Reference | None,
+                 shared) -> None:
+    """Peak and state bytes, the saving against the reference's peak, and the analytic model's numbers."""
+    ctx.phase("memory pass")
+    result.absorb(shared("memory pass", lambda: _peak(trainer, ctx.probe, ctx.device)))
+    if reference is not None:
+        ref = ctx.cached("memory", reference.scenario, lambda: _peak(reference.trainer, ctx.probe, ctx.device))
+        result.record("reference_peak_bytes", ref["peak_bytes"])
+        result.record("memory_saving", 1.0 - result.metrics["peak_bytes"] / ref["peak_bytes"])  # type: ignore[operator]
+    result.absorb(_analytic(scenario, trainer, ctx.device))
+
+
+def _flops_and_throughput(scenario: Scenario, ctx: RunContext, result: Result, trainer: Trainer,
+                          reference: _Reference | None) -> None:
+    """The step's matmul FLOPs (and the reference's, once per run), and for a timed step its throughput."""
+    from pytest_flashckpt.activation.flops import count_step
+
+    ctx.phase("FLOP count")
+    own = count_step(trainer)
+    ref = None if reference is None else ctx.cached("flop count", reference.scenario, lambda: count_step(reference.trainer))
+    if "flops" in scenario.measure:
+        result.record("step_flops", own.matmul_flops)
+        if ref is not None:
+            result.record("reference_step_flops", ref.matmul_flops)
+            result.record("flop_ratio", own.matmul_flops / ref.matmul_flops)
     if "timing" in scenario.measure:
-        timing = shared(f"timing pass ({scenario.rounds} rounds)", lambda: timing_pass(
-            trainer.train_step, None if reference is None else reference.train_step, scenario.rounds, scenario.steps,
-            ctx.device, on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}")))
-        result.absorb(timing.measurements())
-
-    if "flops" in scenario.measure or "timing" in scenario.measure:  # timed steps get their throughput too
-        from pytest_flashckpt.activation.flops import count_step
-
-        ctx.phase("FLOP count")
-        own = count_step(trainer)
-        ref = None if reference is None else ctx.cached("flop count", scenario.reference(), lambda: count_step(reference))
-        if "flops" in scenario.measure:
-            result.record("step_flops", own.matmul_flops)
-            if ref is not None:
-                result.record("reference_step_flops", ref.matmul_flops)
-                result.record("flop_ratio", own.matmul_flops / ref.matmul_flops)
-        if "timing" in scenario.measure:
-            ctx.phase("matmul roofline")
-            throughput = _throughput(scenario, ctx, metrics["step_time_s"], metrics.get("reference_step_time_s"), own, ref)  # type: ignore[arg-type]
-            for name, value in throughput.items():
-                result.record(name, value)
-
-    if "checkpoint" in scenario.measure:
-        _checkpoint_pass(scenario, ctx, trainer, result)
+        ctx.phase("matmul roofline")
+        metrics = result.metrics
+        throughput = _throughput(scenario, ctx, metrics["step_time_s"], metrics.get("reference_step_time_s"), own, ref)  # type: ignore[arg-type]
+        for name, value in throughput.items():
+            result.record(name, value)
 
 
 def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, reference_step_time_s: float | None, own, ref) -> dict[str, Any]:
@@ -244,7 +275,7 @@ def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, referen
                               peak, measured, reference_step_time_s)
 
 
-def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result) -> None:
+def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result, reference: _Reference | None) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
 
     with work_folder(ctx.workdir, "ckpt") as root:  # locked while it lives: a killed run's is removed by the next run
@@ -258,10 +289,10 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
         for name, value in against_limits(measured).items():  # the staging copy against the measured memory copy
             result.record(name, value)
         if scenario.save.strategy != "sync":
-            ref_scenario = scenario.reference()
+            ref_scenario = reference.scenario if reference is not None else scenario.reference()
 
             def reference_save() -> Measurements:
-                ref_trainer = _reference_trainer(scenario, ctx, result.backend or "sdpa")
+                ref_trainer = reference.trainer if reference is not None else _reference_trainer(ref_scenario, ctx, result.backend or "sdpa")
                 ctx.phase("reference save (sync)")
                 return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe,
                                            on_phase=lambda text: ctx.phase(f"reference {text}"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Protocol
 
 from pytest_flashckpt.config.scenario import Scenario
-from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.runner.context import RunContext
 from pytest_flashckpt.runner.outcome import recorded
@@ -52,7 +51,7 @@ class SimulatedRunner:
     def __call__(self, scenario: Scenario, ctx: RunContext) -> Result:
         from pytest_flashckpt.simulate.scenario import run_simulated
 
-        result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
+        result = Result(scenario.suite, scenario.name, "measured", scenario, device=str(ctx.device), probe=ctx.probe)
         return recorded(result, lambda: run_simulated(scenario, result))
 
 

@@ -17,21 +17,31 @@ import contextlib
 import dataclasses
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
 from pytest_flashckpt import __version__
-from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict
+from pytest_flashckpt.baselines import BaselineError, Gate, Thresholds, failure_text, save_run
+from pytest_flashckpt.baselines.gate import unreadable_baseline
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.preflight import preflight
-from pytest_flashckpt.config.run_options import Options
+from pytest_flashckpt.config.record_file import result_from_dict
+from pytest_flashckpt.config.run_options import DEFAULT_REPORT_DIR, Options
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.suites import Suite, load_suite
+from pytest_flashckpt.core.comparison import Comparison, RegressionVerdict, VerdictNote
+from pytest_flashckpt.core.files import shown_path
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.report.folder import make_report_folder, write_run_folder
+from pytest_flashckpt.report.regression import append_step_summary
+from pytest_flashckpt.report.terminal import scenario_verdict
 from pytest_flashckpt.runner.context import RunContext
+from pytest_flashckpt.runner.profile import git_commit
 from pytest_flashckpt.runner.runners import ScenarioRunner, runner_for
+from pytest_flashckpt.config.record_file import result_from_dict
 
 
 Progress = Callable[[Scenario, str], None]  # (scenario, phase: "memory pass", "timing round 3/5", "save 2/6")
@@ -90,13 +100,15 @@ class SuiteRun:
         self.verdicts: dict[str, str] = {}  # scenario id -> one word (report.terminal.scenario_verdict)
         self.notes: list[str] = []  # conditions of the run the report's header states (e.g. parallel xdist workers)
         self.started = datetime.now(timezone.utc)
+        self._started_clock = time.monotonic()  # the run's wall time (RunRecord.wall_time_s) is measured from here
         self._runner = runner
         self._ctx: RunContext | None = None
-        self._gate = None  # baselines.Gate, made at the first judgement (needs the profile, hence torch)
+        self._gate: Gate | None = None  # made at the first judgement (needs the profile, hence torch)
         self.subset: str | None = "--flashckpt-subset" if options.subset else None  # why a subset is intended
         self.missing: list[RegressionVerdict] = []  # missing rows that fail the run (set by finish)
         self.interrupted = False  # stopped by Ctrl-C / SIGTERM (``interrupt``): finish writes a partial record
         self.stopped_by: str | None = None  # how it was stopped: "Ctrl-C" or "SIGTERM"
+        self.finished: RunRecord | None = None  # the record ``finish`` wrote (its comparison is the run's)
 
     # -- context ------------------------------------------------------------------------------------
     @property
@@ -137,8 +149,6 @@ class SuiteRun:
     def step(self, scenario: Scenario) -> ScenarioOutcome:
         """Run one scenario (``run``) and judge it when it was measured (``judge``); an unreadable baseline file is
         the outcome's ``baseline_error``, not an exception."""
-        from pytest_flashckpt.baselines import BaselineError
-
         result = self.run(scenario)
         rows: list[RegressionVerdict] = []
         failure = broken = None
@@ -149,7 +159,9 @@ class SuiteRun:
                 broken = str(exc)
             else:
                 rows, failure = judgement.rows, judgement.failure
-        return ScenarioOutcome(result, self.verdict(result), rows, failure, broken)
+        if result.id not in self.verdicts:  # not judged (skipped, error, unreadable baseline): its word, once
+            self.verdicts[result.id] = scenario_verdict(result, None, self._gate.status if self._gate else None)
+        return ScenarioOutcome(result, self.verdicts[result.id], rows, failure, broken)
 
     def run_all(self, on_start: Callable[[Scenario], None] | None = None,
                 on_outcome: Callable[[ScenarioOutcome], None] | None = None) -> RunOutputs:
@@ -168,11 +180,9 @@ class SuiteRun:
                 self.interrupt(stopped.how)
         return self.finish()
 
-    def gate(self):
+    def gate(self) -> Gate:
         """The baseline gate of this run (BaselineError when this profile's baseline file is unreadable)."""
         if self._gate is None:
-            from pytest_flashckpt.baselines import Gate, Thresholds
-
             o = self.options
             thresholds = Thresholds(o.timing_tolerance, o.memory_tolerance, o.alpha, o.gate_times)
             self._gate = Gate(self.baseline_dir, self.context.profile()[1], thresholds, enabled=not o.no_compare,
@@ -183,10 +193,6 @@ class SuiteRun:
 
     def judge(self, result: Result) -> Judgement:
         """Regression verdicts of one result against the stored baseline (raises BaselineError for a bad file)."""
-        from pytest_flashckpt.baselines import failure_text
-
-        from pytest_flashckpt.report.terminal import scenario_verdict
-
         gate = self.gate()
         rows = gate.judge(result)
         self.verdicts[result.id] = scenario_verdict(result, rows, gate.status)
@@ -194,15 +200,12 @@ class SuiteRun:
         return Judgement(rows, None if self.options.save_baseline else text)
 
     def verdict(self, result: Result) -> str:
-        """One word for a finished scenario (its worst verdict, or skipped / error / no baseline ...)."""
-        from pytest_flashckpt.report.terminal import scenario_verdict
-
+        """One word for a finished scenario (its worst verdict, or skipped / error / no baseline ...), as ``step``
+        (or the worker that ran it) worded it."""
         return self.verdicts.get(result.id) or scenario_verdict(result, None, self._gate.status if self._gate else None)
 
     def shown(self, path: Path | str) -> str:
         """``path`` relative to the run's root (the invocation folder) when below it."""
-        from pytest_flashckpt.core.files import shown_path
-
         return shown_path(path, self.root)
 
     # -- a run measured in other processes (pytest-xdist workers) -------------------------------------------
@@ -215,20 +218,17 @@ class SuiteRun:
             "verdicts": [v.to_dict() for v in gate.verdicts] if gate is not None else [],
             "gate_notes": [n.to_dict() for n in gate.notes] if gate is not None else [],
             "not_in_baseline": list(gate.not_in_baseline) if gate is not None else [],
+            "without_fingerprint": list(gate.without_fingerprint) if gate is not None else [],
         }
 
     def absorb(self, handoff: dict) -> None:
         """Take another process's ``handoff`` as if this run had measured and judged it (results kept in the
         suite's order)."""
-        from pytest_flashckpt.core.comparison import RegressionVerdict, VerdictNote
-
-        self.results.extend(Result.from_dict(r) for r in handoff.get("results", []))
+        self.results.extend(result_from_dict(r) for r in handoff.get("results", []))
         order = {f"{s.suite}::{s.name}": i for i, s in enumerate(self.suite.scenarios)}
         self.results.sort(key=lambda r: order.get(r.id, len(order)))
         self.verdicts.update(handoff.get("verdict_words", {}))
-        if handoff.get("verdicts") or handoff.get("gate_notes") or handoff.get("not_in_baseline"):
-            from pytest_flashckpt.baselines import BaselineError
-
+        if handoff.get("verdicts") or handoff.get("gate_notes") or handoff.get("not_in_baseline") or handoff.get("without_fingerprint"):
             try:
                 gate = self.gate()
             except BaselineError:  # an unreadable baseline file: comparison() reports it
@@ -237,6 +237,7 @@ class SuiteRun:
             notes = [VerdictNote.from_dict(n) for n in handoff.get("gate_notes", [])]
             gate.notes.extend(n for n in notes if n not in gate.notes)
             gate.not_in_baseline.extend(handoff.get("not_in_baseline", []))
+            gate.without_fingerprint.extend(handoff.get("without_fingerprint", []))
 
     # -- an interrupted run -------------------------------------------------------------------------
     def interrupt(self, how: str = "Ctrl-C") -> None:
@@ -254,17 +255,15 @@ class SuiteRun:
 
     # -- the whole run ------------------------------------------------------------------------------
     def comparison(self) -> Comparison:
-        from pytest_flashckpt.baselines import BaselineError
-        from pytest_flashckpt.baselines.gate import unreadable_baseline
-
+        """The run's comparison with the baseline: the finished record's, else built from the gate now."""
+        if self.finished is not None and self.finished.comparison is not None:
+            return self.finished.comparison
         try:
             return self.gate().comparison()
         except BaselineError as exc:
             return unreadable_baseline(str(exc))
 
     def record(self) -> RunRecord:
-        from pytest_flashckpt.runner.profile import git_commit
-
         ctx = self.context
         profile, pid = ctx.profile()
         return RunRecord(
@@ -280,18 +279,14 @@ class SuiteRun:
             comparison=self.comparison(),
             notes=list(self.notes),
             interrupted=self.interrupted,
+            wall_time_s=time.monotonic() - self._started_clock,
         )
 
     def finish(self) -> RunOutputs:
         """Save the baseline (when asked), write ``results.json``, the report, and the CI step summary."""
-        from pytest_flashckpt.baselines import save_run
-        from pytest_flashckpt.config.run_options import DEFAULT_REPORT_DIR
-        from pytest_flashckpt.report.folder import make_report_folder, write_run_folder
-        from pytest_flashckpt.report.regression import append_step_summary
-
         if self._gate is not None and not self.options.save_baseline and not self.interrupted:
             self.missing = self._gate.finish({s.suite for s in self.suite.scenarios}, self.results, self.subset)
-        record = self.record()
+        record = self.finished = self.record()
         make_report_folder(self.report_dir, self_ignoring=self.options.report == DEFAULT_REPORT_DIR)
         save = self.options.save_baseline and not self.interrupted  # a partial run never becomes the baseline
         baseline = save_run(self.baseline_dir, record) if save else None  # locked merge

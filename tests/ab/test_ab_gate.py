@@ -14,12 +14,13 @@ from pytest_flashckpt.ab.verdicts import Job, gate, markdown
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _record(overhead, peak=100, stall=None):
-    r = Result("ab", "x", "measured", {}, probe="cpu")
+    r = Result("ab", "x", "measured", Scenario("x", suite="ab"), probe="cpu")
     r.metrics = {"overhead": overhead, "peak_bytes": peak}
     if stall is not None:
         r.metrics["stall_vs_copy"] = stall

@@ -17,6 +17,7 @@ from pytest_flashckpt.ab.rounds import run_once
 from pytest_flashckpt.ab.trees import Side, Tree, resolve_ref
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", "-c", "advice.detachedHead=false"]
@@ -38,7 +39,7 @@ with open(os.environ["AB_TEST_LOG"], "a") as log:
 
 
 def _record_json(overhead=1.10, profile=PROFILE, profile_id="cpu-2t-torch2.13.0-fake0001", config=None) -> str:
-    result = Result("ab", "selective_op-sdpa-s512", "measured", config or {"seq_len": 512, "model": {"card": "tiny"}},
+    result = Result("ab", "selective_op-sdpa-s512", "measured", config or Scenario("selective_op-sdpa-s512", suite="ab", seq_len=512),
                     probe="cpu")
     result.metrics = {"overhead": overhead}
     return json.dumps(RunRecord(dict(profile), profile_id, "t", "c0ffee", "ab", "cpu", "cpu", [result],
@@ -266,7 +267,7 @@ def test_a_scenario_b_ran_with_other_settings_is_named(repo, tmp_path):
     """B's code reads A's suite file its own way (a changed default): ab.md names the settings that differ; the
     control is every other test's ab.md (same settings, no note)."""
     git(repo, "switch", "-qc", "shorter")
-    (repo / "pytest_flashckpt" / "record.json").write_text(_record_json(config={"seq_len": 256, "model": {"card": "tiny"}}))
+    (repo / "pytest_flashckpt" / "record.json").write_text(_record_json(config=Scenario("selective_op-sdpa-s512", suite="ab", seq_len=256)))
     commit_all(repo, "B runs shorter sequences")
     assert ab(tmp_path, "--a", "main", "--b", "main") == 0
     assert "> **Note:**" not in (tmp_path / "out" / "ab.md").read_text()

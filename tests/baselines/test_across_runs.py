@@ -5,9 +5,17 @@ import json
 
 import pytest
 
-from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_across_runs, run_spread
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, judge_across_runs, run_spread
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.baselines.entry import BaselineEntry
+from pytest_flashckpt.baselines import regression_verdicts
+
+
+def compare_scenario(scenario, stored: dict, *args):
+    """The gate's comparison with a baseline entry written as a file holds it (its JSON form)."""
+    return regression_verdicts.compare_scenario(scenario, BaselineEntry.from_dict(stored), *args)
 
 HOST_A = [1.10, 1.11, 1.09, 1.12, 1.10, 1.08, 1.11, 1.09, 1.10, 1.12]
 HOST_B = [v * 1.06 for v in HOST_A]  # the same code on a host where the ratio sits 6% higher
@@ -64,7 +72,7 @@ def test_compare_scenario_uses_the_runs_when_the_entry_has_two():
 
 
 def _record(tmp_path, name, overhead, peak=100, profile_id="p1"):
-    r = Result("mini", "a", "measured", {"steps": 1}, probe="cpu")
+    r = Result("mini", "a", "measured", Scenario("a", suite="mini"), probe="cpu")
     r.metrics = {"peak_bytes": peak, "overhead": overhead[0]}
     r.samples = {"overhead": overhead}
     record = RunRecord({"device_type": "cpu"}, profile_id, f"2026-01-0{len(name)}", "abc", "mini", "cpu", "cpu", [r])
@@ -102,9 +110,9 @@ def test_pool_baseline_refuses_exact_counts_that_differ_and_other_profiles(tmp_p
 def test_a_baseline_file_pools_as_a_run_and_a_pooled_file_gives_back_its_runs(tmp_path):
     from pytest_flashckpt.baselines import Baseline
 
-    one = Baseline("p1", {"device_type": "cpu"}, {"mini::a": {
+    one = Baseline("p1", {"device_type": "cpu"}, {"mini::a": BaselineEntry.from_dict({
         "commit": "old", "updated": "t0", "probe": "cpu", "kernel": None, "rounds": 10,
-        "metrics": {"overhead": 1.1, "peak_bytes": 100}, "samples": {"overhead": HOST_A}}})
+        "metrics": {"overhead": 1.1, "peak_bytes": 100}, "samples": {"overhead": HOST_A}})})
     one.write(tmp_path / "old.json")
     b = _record(tmp_path, "host-b", HOST_B)
     assert main(["pool-baseline", str(tmp_path / "old.json"), b, "--out", str(tmp_path / "one")]) == 0
@@ -123,9 +131,9 @@ def test_the_gate_message_counts_unstable_rows_and_they_do_not_fail(tmp_path):
              "runs": [{"label": "a", "samples": {"overhead": HOST_A}}, {"label": "b", "samples": {"overhead": [v * 1.5 for v in HOST_A]}}]}
     from pytest_flashckpt.baselines.store import Baseline
 
-    Baseline("p1", {}, {"mini::a": entry}).write(tmp_path / "p1.json")
+    Baseline("p1", {}, {"mini::a": BaselineEntry.from_dict(entry)}).write(tmp_path / "p1.json")
     gate = Gate(tmp_path, "p1", Thresholds())
-    r = Result("mini", "a", "measured", {}, probe="cpu")
+    r = Result("mini", "a", "measured", Scenario("a", suite="mini"), probe="cpu")
     r.metrics, r.samples = {"overhead": 3.0}, {"overhead": [3.0] * 5}
     rows = gate.judge(r)
     assert [row.verdict for row in rows] == ["unstable"]

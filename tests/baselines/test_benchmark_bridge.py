@@ -5,10 +5,11 @@ from types import SimpleNamespace
 
 from pytest_flashckpt.plugin.benchmark_bridge import BenchmarkBridge
 from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.config.scenario import Scenario
 
 
 def _result():
-    r = Result("mini", "a", "measured", {"steps": 1})
+    r = Result("mini", "a", "measured", Scenario("a", suite="mini"))
     r.samples = {"step_time_s": [0.1, 0.2]}
     r.metrics = {"peak_bytes": 10}
     return r

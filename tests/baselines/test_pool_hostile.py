@@ -19,6 +19,8 @@ from pytest_flashckpt.cli import main
 from pytest_flashckpt.config.injection import Injection
 from pytest_flashckpt.core.files import MAX_NAME_BYTES, UnsafeName, safe_name
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.record_file import read_record
+from pytest_flashckpt.config.scenario import Scenario
 
 PROFILE = "cpu-2t-torch2.13.0-d8d0c030"
 
@@ -28,7 +30,7 @@ def _run(folder: Path, scenarios: int = 3, seed: int = 0, profile_id: str = PROF
     rng = random.Random(seed)
     results = []
     for i in range(scenarios):
-        r = Result("mini", f"s{i}", status, {}, probe="cpu", reason="boom" if status == "error" else None)
+        r = Result("mini", f"s{i}", status, Scenario(f"s{i}", suite="mini"), probe="cpu", reason="boom" if status == "error" else None)
         if status == "measured":
             samples = [rng.gauss(1.2, 0.01) for _ in range(5)]
             r.metrics, r.samples = {"peak_bytes": 100 + i, "overhead": samples[0]}, {"overhead": samples}
@@ -88,7 +90,7 @@ def test_runs_whose_scenarios_all_errored_are_refused_and_the_baseline_kept(tmp_
     before = baseline.read_bytes()
     broken = [_run(tmp_path / f"e{i}", 34, seed=10 + i, status="error") for i in range(2)]
     # control: pooled on their own (the old command), these runs make an empty baseline
-    assert pool([from_record(f"e{i}", RunRecord.read_json(p), str(p)) for i, p in enumerate(broken)]).scenarios == {}
+    assert pool([from_record(f"e{i}", read_record(p), str(p)) for i, p in enumerate(broken)]).scenarios == {}
     assert _pool(*broken, "--out", baseline.parent) == 2
     err = _one_error_line(capsys)
     assert "e0/results.json: not pooled: 34 scenario(s) errored (mini::s0, mini::s1" in err
@@ -98,7 +100,7 @@ def test_runs_whose_scenarios_all_errored_are_refused_and_the_baseline_kept(tmp_
 def test_a_partial_run_adds_its_scenarios_and_keeps_the_others(tmp_path, capsys, baseline):
     before = baseline.read_bytes()
     two = _run(tmp_path / "host-c", 2, seed=3)
-    assert len(pool([from_record("c", RunRecord.read_json(two), str(two))]).scenarios) == 2  # control: the old command
+    assert len(pool([from_record("c", read_record(two), str(two))]).scenarios) == 2  # control: the old command
     assert _pool(two, "--out", baseline.parent) == 0
     out = capsys.readouterr().out
     assert "1 run(s) added (host-c); 0 scenario(s) added; 2 scenario(s) gained runs (mini::s0, mini::s1); 32 unchanged" in out
@@ -135,7 +137,7 @@ def test_an_interrupted_run_is_refused(tmp_path, capsys):
 
 def test_a_run_with_an_injected_regression_is_refused(tmp_path, capsys):
     path = _run(tmp_path / "inj", seed=7)
-    record = RunRecord.read_json(path)
+    record = read_record(path)
     assert _pool(path, "--out", tmp_path / "control") == 0  # control: without the note it pools
     record.results[1].notes.append(Injection.parse("step=0.10").describe())  # as runner.run records it
     record.write_json(path)

@@ -6,10 +6,11 @@ import pytest
 
 from pytest_flashckpt.baselines import Baseline, BaselineError, locate
 from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.config.scenario import Scenario
 
 
 def _result(name, status="measured", overhead=1.2):
-    r = Result("mini", name, status, {"steps": 1})
+    r = Result("mini", name, status, Scenario(name, suite="mini"))
     if status == "measured":
         r.metrics = {"peak_bytes": 100, "overhead": overhead, "step_time_s": 0.5, "memory_saving": 0.3, "kernel": "x"}
         r.samples = {"overhead": [overhead] * 3, "step_time_s": [0.5] * 3, "reference_step_time_s": [0.4] * 3}
@@ -25,12 +26,13 @@ def test_saved_file_is_sorted_indented_and_reads_back(tmp_path):
     text = path.read_text()
     data = json.loads(text)
     assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
-    assert data["schema_version"] == 1 and list(data["scenarios"]) == ["mini::a"]
+    assert data["schema_version"] == 2 and list(data["scenarios"]) == ["mini::a"]
     entry = data["scenarios"]["mini::a"]
     assert entry["metrics"] == {"overhead": 1.2, "peak_bytes": 100, "step_time_s": 0.5}  # guarded metrics only
     assert entry["samples"] == {"overhead": [1.2] * 3, "step_time_s": [0.5] * 3}
     assert entry["rounds"] == 3 and entry["commit"] == "abc" and entry["probe"] == "cpu"
-    assert Baseline.read(path).scenarios == data["scenarios"]
+    assert {k: e.to_dict() for k, e in Baseline.read(path).scenarios.items()} == data["scenarios"]
+    assert entry["fingerprint"].startswith("sha256:") and entry["config"]["seq_len"] == 512  # the configuration measured
     assert not list(tmp_path.glob(".*.tmp"))
 
 
@@ -38,8 +40,8 @@ def test_update_replaces_only_the_scenarios_that_ran(tmp_path):
     baseline = Baseline("p", {})
     baseline.update([_result("a", overhead=1.1), _result("b", overhead=1.5)], None, "t1")
     baseline.update([_result("a", overhead=1.3), _result("b", status="skipped")], None, "t2")
-    assert baseline.scenarios["mini::a"]["metrics"]["overhead"] == 1.3
-    assert baseline.scenarios["mini::b"]["metrics"]["overhead"] == 1.5 and baseline.scenarios["mini::b"]["updated"] == "t1"
+    assert baseline.scenarios["mini::a"].metrics["overhead"] == 1.3
+    assert baseline.scenarios["mini::b"].metrics["overhead"] == 1.5 and baseline.scenarios["mini::b"].updated == "t1"
 
 
 @pytest.mark.parametrize(

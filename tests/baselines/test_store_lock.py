@@ -11,6 +11,7 @@ import time
 
 from pytest_flashckpt.baselines import store
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.scenario import Scenario
 
 PROFILE = "cpu-test"
 
@@ -18,7 +19,7 @@ PROFILE = "cpu-test"
 def _record(names: list[str]) -> RunRecord:
     results = []
     for name in names:
-        r = Result("mini", name, "measured", {"steps": 1}, probe="cpu")
+        r = Result("mini", name, "measured", Scenario(name, suite="mini"), probe="cpu")
         r.metrics = {"peak_bytes": 100, "overhead": 1.2, "step_time_s": 0.5}
         r.samples = {"overhead": [1.2] * 3, "step_time_s": [0.5] * 3}
         results.append(r)

@@ -20,13 +20,14 @@ from pytest_flashckpt.baselines.regression_verdicts import Thresholds
 from pytest_flashckpt.baselines.store import check_saveable
 from pytest_flashckpt.core.files import TEMP_FOLDER, atomic_write_text, remove_stale_temp
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.scenario import Scenario
 
 PROFILE = "p"
 GOOD = {"commit": None, "metrics": {"overhead": 1.2, "peak_bytes": 100}, "samples": {"overhead": [1.2, 1.2]}}
 
 
 def _record() -> RunRecord:
-    r = Result("mini", "a", "measured", {}, probe="cpu")
+    r = Result("mini", "a", "measured", Scenario("a", suite="mini"), probe="cpu")
     r.metrics = {"peak_bytes": 100, "overhead": 1.2}
     r.samples = {"overhead": [1.2] * 3}
     return RunRecord({"device_type": "cpu"}, PROFILE, "2026-01-01T00:00:00", None, "mini", "cpu", "cpu", [r])
@@ -40,7 +41,7 @@ UNREADABLE = [
     (_baseline({f"mini::s{i}": GOOD for i in range(31)})[:200].encode(), "not valid JSON"),  # truncated
     (b"<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> branch\n", "not valid JSON"),  # a merge conflict
     (b"[1, 2]", "not a pytest-flashckpt baseline"),
-    (json.dumps({"schema_version": 2, "scenarios": {}}).encode(), "schema_version 2 is not supported"),
+    (json.dumps({"schema_version": 99, "scenarios": {}}).encode(), "schema_version 99 is not supported"),
     (_baseline({"mini::x": GOOD}).replace("mini::x", "caf\u00e9").encode("latin-1"), "not UTF-8 text"),
     (_baseline({"mini::x": {"metrics": {"overhead": "1.2"}}}).encode(), "scenario 'mini::x': metrics.overhead: expected a finite number, got str '1.2'"),
 ]

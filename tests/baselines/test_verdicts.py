@@ -3,38 +3,45 @@ tolerance AND a Mann-Whitney test, absolute times only on opt-in."""
 
 import pytest
 
-from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_sampled, noisy, underpowered
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, judge_sampled, noisy, underpowered
 from pytest_flashckpt.plugin.options import OPTIONS
+from pytest_flashckpt.baselines.entry import BaselineEntry
+from pytest_flashckpt.baselines import regression_verdicts
+
+
+def compare_scenario(scenario, stored: dict, *args):
+    """The gate's comparison with a baseline entry written as a file holds it (its JSON form)."""
+    return regression_verdicts.compare_scenario(scenario, BaselineEntry.from_dict(stored), *args)
 
 BASE = [1.20, 1.21, 1.19, 1.22, 1.20, 1.18, 1.21, 1.19, 1.20, 1.22]
 
 
 def test_identical_samples_are_ok():
     row = judge_sampled("s::a", "overhead", BASE, BASE[:5], 0.05, 0.01)
-    assert row["verdict"] == "ok" and row["change"] == pytest.approx(0.0)
+    assert row.verdict == "ok" and row.change == pytest.approx(0.0)
 
 
 def test_clear_shift_is_regressed_with_a_small_p():
     row = judge_sampled("s::a", "overhead", BASE, [1.40, 1.41, 1.39, 1.42, 1.38], 0.05, 0.01)
-    assert row["verdict"] == "regressed"
-    assert row["p_value"] == pytest.approx(1 / 3003)
-    assert row["change"] == pytest.approx(1.40 / 1.20 - 1)
+    assert row.verdict == "regressed"
+    assert row.p_value == pytest.approx(1 / 3003)
+    assert row.change == pytest.approx(1.40 / 1.20 - 1)
 
 
 def test_clear_drop_is_improved():
     row = judge_sampled("s::a", "overhead", BASE, [1.00, 1.01, 0.99, 1.02, 1.00], 0.05, 0.01)
-    assert row["verdict"] == "improved" and row["p_value"] < 0.01
+    assert row.verdict == "improved" and row.p_value < 0.01
 
 
 def test_shift_within_tolerance_is_ok_even_when_significant():
     row = judge_sampled("s::a", "overhead", BASE, [1.24, 1.24, 1.25, 1.24, 1.25], 0.05, 0.01)
-    assert row["p_value"] < 0.01 and row["verdict"] == "ok"
+    assert row.p_value < 0.01 and row.verdict == "ok"
 
 
 def test_breach_that_noise_explains_is_within_noise():
     noisy = [1.0, 1.6, 1.1, 1.5, 1.3]  # median +8%, but it overlaps the baseline
     row = judge_sampled("s::a", "overhead", BASE, noisy, 0.05, 0.01)
-    assert row["verdict"] == "~" and row["p_value"] > 0.01
+    assert row.verdict == "~" and row.p_value > 0.01
 
 
 def test_two_rounds_cannot_be_significant_and_say_so():
@@ -43,7 +50,7 @@ def test_two_rounds_cannot_be_significant_and_say_so():
         "s::a", {"metrics": {"overhead": 1.0}, "samples": {"overhead": [1.0, 1.0]}, "probe": "cpu"},
         {"overhead": 2.0}, {"overhead": [2.0, 2.0]}, "cpu", Thresholds(),
     )
-    assert rows[0]["verdict"] == "unguarded" and rows[0]["smallest_p"] == pytest.approx(1 / 6)
+    assert rows[0].verdict == "unguarded" and rows[0].smallest_p == pytest.approx(1 / 6)
     assert notes[0].kind == "unguarded"
     assert "cannot fail" in notes[0].text and "smallest p the test can reach is 0.167" in notes[0].text
 
@@ -52,19 +59,19 @@ def test_a_metric_that_cannot_fail_is_never_called_ok():
     """3 saves vs a 3-save baseline (what the checkpoint suite used to ship): unguarded whatever the change."""
     for current in ([0.1, 0.1, 0.1], [0.5, 0.5, 0.5]):
         row = judge_sampled("s::a", "stall_vs_copy", [0.1, 0.1, 0.1], current, 0.05, 0.01)
-        assert row["verdict"] == "unguarded" and row["smallest_p"] == pytest.approx(0.05)
+        assert row.verdict == "unguarded" and row.smallest_p == pytest.approx(0.05)
     row = judge_sampled("s::a", "stall_vs_copy", [0.1] * 12, [0.5] * 6, 0.05, 0.01)
-    assert row["verdict"] == "regressed" and row["smallest_p"] == pytest.approx(1 / 18564)
+    assert row.verdict == "regressed" and row.smallest_p == pytest.approx(1 / 18564)
 
 
 def test_every_sampled_row_says_the_smallest_p_it_could_reach():
     row = judge_sampled("s::a", "overhead", BASE, BASE[:5], 0.05, 0.01)
-    assert row["smallest_p"] == pytest.approx(1 / 3003) and row["reason"] is None
+    assert row.smallest_p == pytest.approx(1 / 3003) and row.reason is None
 
 
 def test_a_breach_the_samples_cannot_show_says_why():
     row = judge_sampled("s::a", "overhead", BASE, [1.0, 1.6, 1.1, 1.5, 1.3], 0.05, 0.01)
-    assert row["verdict"] == "~" and "p = " in row["reason"] and "overlap the baseline" in row["reason"]
+    assert row.verdict == "~" and "p = " in row.reason and "overlap the baseline" in row.reason
 
 
 def _base(**metrics):
@@ -73,18 +80,18 @@ def _base(**metrics):
 
 def test_exact_probe_bytes_are_compared_to_the_byte():
     rows, _ = compare_scenario("s::a", _base(peak_bytes=1000, step_flops=10), {"peak_bytes": 1001, "step_flops": 10}, {}, "cpu", Thresholds())
-    verdicts = {r["metric"]: r["verdict"] for r in rows}
+    verdicts = {r.metric: r.verdict for r in rows}
     assert verdicts == {"peak_bytes": "regressed", "step_flops": "ok"}
     rows, _ = compare_scenario("s::a", _base(peak_bytes=1000), {"peak_bytes": 999}, {}, "cpu", Thresholds())
-    assert rows[0]["verdict"] == "improved"
+    assert rows[0].verdict == "improved"
 
 
 def test_sampled_probe_memory_uses_the_memory_tolerance():
     base = {**_base(peak_bytes=1000), "probe": "rss"}
     rows, _ = compare_scenario("s::a", base, {"peak_bytes": 1015}, {}, "rss", Thresholds(memory_tolerance=0.02))
-    assert rows[0]["verdict"] == "ok"
+    assert rows[0].verdict == "ok"
     rows, _ = compare_scenario("s::a", base, {"peak_bytes": 1030}, {}, "rss", Thresholds(memory_tolerance=0.02))
-    assert rows[0]["verdict"] == "regressed" and rows[0]["p_value"] is None
+    assert rows[0].verdict == "regressed" and rows[0].p_value is None
 
 
 def test_memory_from_another_probe_is_not_compared():
@@ -97,7 +104,7 @@ def test_absolute_times_are_gated_only_on_opt_in():
     rows, _ = compare_scenario("s::a", _base(step_time_s=0.5), *current, "cpu", Thresholds())
     assert rows == []
     rows, _ = compare_scenario("s::a", _base(step_time_s=0.5), *current, "cpu", Thresholds(gate_times=True))
-    assert rows[0]["metric"] == "step_time_s" and rows[0]["verdict"] == "regressed"
+    assert rows[0].metric == "step_time_s" and rows[0].verdict == "regressed"
 
 
 def test_stall_vs_sync_is_not_gated_the_stall_is_judged_on_stall_vs_copy():
@@ -106,7 +113,7 @@ def test_stall_vs_sync_is_not_gated_the_stall_is_judged_on_stall_vs_copy():
     base = {"metrics": {"stall_vs_sync": 0.1, "stall_vs_copy": 1.1}, "samples": {"stall_vs_copy": [1.1] * 12}, "probe": "cpu"}
     metrics = {"stall_vs_sync": 0.5, "stall_vs_copy": 3.0}
     rows, _ = compare_scenario("s::a", base, metrics, {"stall_vs_copy": [3.0] * 6}, "cpu", Thresholds())
-    assert [(r["metric"], r["verdict"]) for r in rows] == [("stall_vs_copy", "regressed")]
+    assert [(r.metric, r.verdict) for r in rows] == [("stall_vs_copy", "regressed")]
 
 
 def test_threshold_defaults_match_the_option_defaults():
@@ -119,18 +126,18 @@ def test_threshold_defaults_match_the_option_defaults():
 def test_bytes_written_has_a_tiny_slack_and_save_extra_memory_the_memory_tolerance():
     base = _base(bytes_written=150_000_000, save_extra_peak_bytes=1000)
     rows, _ = compare_scenario("s::a", base, {"bytes_written": 150_000_900, "save_extra_peak_bytes": 1010}, {}, "cpu", Thresholds())
-    assert {r["metric"]: r["verdict"] for r in rows} == {"bytes_written": "ok", "save_extra_peak_bytes": "ok"}
+    assert {r.metric: r.verdict for r in rows} == {"bytes_written": "ok", "save_extra_peak_bytes": "ok"}
     rows, _ = compare_scenario("s::a", base, {"bytes_written": 151_000_000}, {}, "cpu", Thresholds())
-    verdicts = {r["metric"]: r["verdict"] for r in rows}
+    verdicts = {r.metric: r.verdict for r in rows}
     assert verdicts == {"bytes_written": "regressed", "save_extra_peak_bytes": "missing"}  # the run lacks the second
 
 
 def test_per_save_samples_are_found_under_the_metrics_name():
     base = {"metrics": {"stall_vs_copy": 1.1}, "samples": {"stall_vs_copy": [1.1] * 10}, "probe": "cpu"}
     rows, _ = compare_scenario("s::a", base, {"stall_vs_copy": 3.0}, {"stall_vs_copy": [3.0, 3.1, 2.9]}, "cpu", Thresholds())
-    assert rows[0]["verdict"] == "regressed"
+    assert rows[0].verdict == "regressed"
     rows, _ = compare_scenario("s::a", base, {"stall_vs_copy": 2.0}, {}, "cpu", Thresholds())
-    assert rows[0]["verdict"] == "unguarded" and "no per-save samples" in rows[0]["reason"]
+    assert rows[0].verdict == "unguarded" and "no per-save samples" in rows[0].reason
 
 
 def test_a_slowdown_that_also_widens_the_scatter_still_fails():
@@ -140,10 +147,10 @@ def test_a_slowdown_that_also_widens_the_scatter_still_fails():
     slower_and_jittery = [1.12, 1.38, 1.19, 1.31, 1.15]  # +10% plus up to +30% jitter per round
     row = judge_sampled("s::a", "overhead", quiet, slower_and_jittery, 0.05, 0.01)
     assert noisy(quiet, slower_and_jittery)  # the case the old too_noisy guard hid
-    assert row["verdict"] == "regressed" and row.busy_machine and "rerun on a quiet one" in row["reason"]
+    assert row.verdict == "regressed" and row.busy_machine and "rerun on a quiet one" in row.reason
     slower = [1.131, 1.117, 1.107]  # a real 10% slowdown in a quiet run
     quiet_row = judge_sampled("s::a", "overhead", quiet, slower, 0.05, 0.01)
-    assert quiet_row["verdict"] == "regressed" and not quiet_row.busy_machine
+    assert quiet_row.verdict == "regressed" and not quiet_row.busy_machine
 
 
 def test_a_busy_machine_regression_is_a_typed_note_and_its_reason_joins_the_failure_text():
@@ -201,10 +208,10 @@ def test_injected_slowdown_with_injected_jitter_fails_the_gate(monkeypatch):
     baseline = overhead(step, 20)
     unchanged = overhead(step, 5)
     regressed = overhead(Injection(step=0.10, jitter=0.3, seed=1).slow_step(step), 5)
-    assert judge_sampled("s::a", "overhead", baseline, unchanged, 0.05, 0.01)["verdict"] == "ok"
+    assert judge_sampled("s::a", "overhead", baseline, unchanged, 0.05, 0.01).verdict == "ok"
     assert noisy(baseline, regressed)
     row = judge_sampled("s::a", "overhead", baseline, regressed, 0.05, 0.01)
-    assert row["verdict"] == "regressed" and row["change"] > 0.10
+    assert row.verdict == "regressed" and row.change > 0.10
 
 
 def test_a_host_sensitive_ratio_against_one_hosts_baseline_regresses_only_beyond_the_host_tolerance():

@@ -17,6 +17,6 @@ _SPEC.loader.exec_module(synthetic)
 def results_file(tmp_path: Path) -> Path:
     path = tmp_path / "run" / "results.json"
     # the attention scenarios only: one plot to draw keeps the CLI tests fast (plots are tested in tests/report)
-    results = [r for r in synthetic.results() if r.config["activation"]["strategy"] == "none" and r.config["save"]["strategy"] == "none"]
+    results = [r for r in synthetic.results() if r.config.activation.strategy == "none" and r.config.save.strategy == "none"]
     synthetic.record(results).write_json(path)
     return path

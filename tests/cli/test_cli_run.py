@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.core.result import SCHEMA_VERSION, RunRecord
+from pytest_flashckpt.config.record_file import read_record
 
 SUITE = """\
 name: clirun
@@ -23,7 +24,7 @@ def test_run_writes_results_and_report(tmp_path: Path, monkeypatch, capsys) -> N
     assert main(["run", "--suite", "s.yaml", "--report", "out", "--device", "cpu"]) == 0
     data = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
     assert set(data) == {f.name for f in dataclasses.fields(RunRecord)} and data["schema_version"] == SCHEMA_VERSION
-    record = RunRecord.read_json(tmp_path / "out" / "results.json")
+    record = read_record(tmp_path / "out" / "results.json")
     assert [(r.id, r.status) for r in record.results] == [("clirun::ref", "measured")]
     assert record.results[0].metrics["peak_bytes"] > 0 and record.comparison.status == "no-baseline"
     assert (tmp_path / "out" / "flashckpt-report.md").is_file()

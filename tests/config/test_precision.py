@@ -43,7 +43,7 @@ def test_a_mixed_scenario_is_measured_in_mixed_precision_and_equals_its_simulati
     simulated = measure_scenario(Scenario(name="s", simulate=SimulateConfig(enabled=True, kernel="sdpa", target="cpu"), **common),
                              RunContext(torch.device("cpu"), "cpu"))
     assert measured.status == simulated.status == "measured", (measured.reason, simulated.reason)
-    assert measured.config["precision"] == simulated.config["precision"] == "mixed"
+    assert measured.config.precision == simulated.config.precision == "mixed"
     assert measured.metrics["peak_bytes"] == simulated.metrics["simulated_peak_bytes"]
     assert measured.metrics["state_bytes"] == simulated.metrics["simulated_start_bytes"]
     assert "analytic_peak_bytes" not in measured.metrics  # the analytic model has no mixed precision

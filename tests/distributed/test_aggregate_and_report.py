@@ -27,9 +27,8 @@ def _rank(rank: int, peak: int, times: list[float], stalls: list[float], nbytes:
 
 def _result(world_size: int = 2) -> Result:
     scenario = Scenario("s", world_size=world_size, batch_size=4, save=SaveConfig(strategy="dcp", async_save=True))
-    from pytest_flashckpt.config.typed import to_plain
 
-    return Result("distributed", "s", "measured", to_plain(scenario))
+    return Result("distributed", "s", "measured", scenario)
 
 
 def test_the_slowest_rank_sets_step_and_save_times_and_the_largest_rank_the_peak() -> None:
@@ -56,7 +55,7 @@ def test_a_rank_record_under_a_name_outside_the_vocabulary_is_refused_where_it_i
     assert set(_save_record(Save())) == {"save_stall_s", "save_total_s", "bytes_written", "async_staged_bytes",
                                          "async_rss_added_bytes"}
     with pytest.raises(UnknownMetric, match="'stall_s' is not a metric of the vocabulary"):
-        Result("d", "s", "measured", {}).record("stall_s", 0.1)
+        Result("d", "s", "measured", Scenario("s", suite="d")).record("stall_s", 0.1)
 
 
 def test_a_round_trip_that_differs_or_a_failed_rank_is_an_error() -> None:

@@ -73,6 +73,6 @@ def test_a_mixed_scenario_runs_under_torchrun_and_round_trips_its_fp32_state(tmp
     )  # fmt: skip
     result = measure_scenario(scenario, RunContext(torch.device("cpu"), "cpu", workdir=tmp_path))
     assert result.status == "measured", (result.reason, result.notes)
-    assert result.config["precision"] == "mixed" and result.metrics["roundtrip_differences"] == 0
+    assert result.config.precision == "mixed" and result.metrics["roundtrip_differences"] == 0
     n = GPTConfig(name="micro", vocab_size=131, block_size=64, n_layer=2, n_head=3, n_embd=48).num_params()
     assert result.metrics["state_bytes"] >= 12 * n // 2  # a rank's half of fp32 weights + AdamW (pure bf16: 6N / 2)

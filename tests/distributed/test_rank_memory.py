@@ -8,6 +8,7 @@ copies of two all-gathers' outputs, by thread timing) and a few 0-dim scalars; n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario, SaveConfig
-from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.distributed import launcher
 from pytest_flashckpt.distributed.aggregate import aggregate
 from pytest_flashckpt.distributed.memory import GLOO_STAGING_FACTOR
@@ -72,7 +72,7 @@ def _rank(rank: int, peak: int) -> dict:
 
 def test_the_report_puts_the_simulated_rank_peak_beside_the_measured_one() -> None:
     scenario = Scenario("s", world_size=2, batch_size=2, seq_len=64, activation=ActivationConfig(strategy="full"), save=SaveConfig(strategy="dcp"))
-    result = Result("distributed", "s", "measured", to_plain(scenario), device="cpu x2 (gloo)")
+    result = Result("distributed", "s", "measured", scenario, device="cpu x2 (gloo)")
     simulated, why = simulated_rank_peak(result)
     assert why == "" and simulated == simulate_step("tiny", "float32", 2, 64, "sdpa", "full", target="cpu", world_size=2).peak_bytes
     aggregate(result, [_rank(0, simulated), _rank(1, simulated // 2)])
@@ -80,5 +80,5 @@ def test_the_report_puts_the_simulated_rank_peak_beside_the_measured_one() -> No
     assert result.metrics["largest_allgather_bytes"] == 2**20
     text = "\n".join(distributed_section([result]))
     assert "simulated - measured" in text and "+0.0%" in text and "≤ 4.0 MiB" in text
-    budget = Result("distributed", "b", "measured", {**to_plain(scenario), "activation": {"strategy": "budget"}})
+    budget = Result("distributed", "b", "measured", dataclasses.replace(scenario, activation=ActivationConfig("budget", budget=0.6)))
     assert simulated_rank_peak(budget) == (None, "the budget strategy is not simulated here")

@@ -8,12 +8,13 @@ import pytest
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.history.series import build_series, read_runs
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.scenario import Scenario
 
 otava = pytest.importorskip("otava.analysis", reason="Apache Otava is optional: pip install --no-deps apache-otava==0.8.0 scipy")
 
 
 def _write(folder, i, overhead, created=None):
-    r = Result("s", "a", "measured", {}, probe="cpu")
+    r = Result("s", "a", "measured", Scenario("a", suite="s"), probe="cpu")
     r.metrics = {"overhead": overhead, "peak_bytes": 100}
     record = RunRecord({}, "p", created or f"2026-01-01T00:{i:02d}:00", f"c{i:03d}", "s", "cpu", "cpu", [r])
     path = folder / f"artifact-{(97 * i) % 101:03d}" / "results.json"  # names in no particular order

@@ -20,13 +20,15 @@ from pytest_flashckpt.cli import main
 from pytest_flashckpt.core.result import Result, RunRecord
 from pytest_flashckpt.history.changes import change_points
 from pytest_flashckpt.history.series import build_series, read_runs
+from pytest_flashckpt.config.record_file import read_record, result_from_dict
+from pytest_flashckpt.config.scenario import Scenario
 
 pytest.importorskip("otava.analysis", reason="Apache Otava is optional: pip install --no-deps apache-otava==0.8.0 scipy")
 
 
 def _write(folder: Path, i: int, overhead, profile_id: str = "p", scenario: str = "a", commit: str | None = None,
            profile: dict | None = None) -> Path:
-    r = Result("s", scenario, "measured", {}, probe="cpu")
+    r = Result("s", scenario, "measured", Scenario(scenario, suite="s"), probe="cpu")
     r.metrics = {"overhead": overhead, "peak_bytes": 100}
     record = RunRecord(profile or {"device_name": profile_id}, profile_id, f"2026-01-01T{i // 60:02d}:{i % 60:02d}:00",
                        commit or f"c{i:03d}", "s", "cpu", "cpu", [r])
@@ -100,7 +102,7 @@ def test_a_numeric_created_skips_that_file(tmp_path, capsys):
     data["created"] = 1767225600
     bad.write_text(json.dumps(data))
     with pytest.raises(TypeError):  # control: the old reader took it, then ordering the runs crashed
-        sorted(["2026-01-01T00:00:00", RunRecord.read_json(bad).created])
+        sorted(["2026-01-01T00:00:00", read_record(bad).created])
     md, err = _history(runs, tmp_path / "out", capsys)
     assert "run-002/results.json: 'created' is 1767225600, not a timestamp text, so the run cannot be ordered; file skipped" in err
     assert "2 runs from" in md
@@ -112,8 +114,8 @@ def test_text_samples_skip_that_file(tmp_path, capsys):
     data = json.loads(bad.read_text())
     data["results"][0]["samples"] = "1.1, 1.2"
     bad.write_text(json.dumps(data))
-    with pytest.raises(AttributeError):  # control: what the old reader raised, uncaught
-        Result.from_dict(data["results"][0])
+    with pytest.raises(ValueError):  # control: what the reader raises (the history command catches it)
+        result_from_dict(data["results"][0])
     _, err = _history(runs, tmp_path / "out", capsys)
     assert "run-002/results.json:" in err and "file skipped" in err and "Traceback" not in err
 
@@ -123,7 +125,7 @@ def test_a_value_that_is_not_a_finite_number_is_dropped_and_said(tmp_path, capsy
     runs = _two_runs(tmp_path / "runs")
     bad = _write(runs, 2, 1.1)
     bad.write_text(bad.read_text().replace('"overhead": 1.1', f'"overhead": {value}'))
-    taken = RunRecord.read_json(bad).results[0].metrics["overhead"]
+    taken = read_record(bad).results[0].metrics["overhead"]
     assert isinstance(taken, str) or not math.isfinite(taken)  # control: the file reads, the value with it
     md, err = _history(runs, tmp_path / "out", capsys)
     assert "run-002/results.json: s::a overhead = " in err and "not a finite number; value dropped" in err

@@ -14,6 +14,7 @@ import pytest
 from fake_runner import conftest_text
 
 from pytest_flashckpt.core.result import Result, RunRecord
+from pytest_flashckpt.config.record_file import read_record
 
 SUITE = """\
 name: stop
@@ -26,9 +27,8 @@ scenarios:
 
 
 def _measured(scenario, ctx) -> Result:
-    from pytest_flashckpt.config.typed import to_plain
 
-    result = Result(scenario.suite, scenario.name, "measured", to_plain(scenario), device=str(ctx.device), probe=ctx.probe)
+    result = Result(scenario.suite, scenario.name, "measured", scenario, device=str(ctx.device), probe=ctx.probe)
     result.metrics = {"peak_bytes": 1000, "reference_peak_bytes": 1000, "memory_saving": 0.0}
     return result
 
@@ -71,7 +71,7 @@ def default_sigterm():
 
 
 def _check_interrupted(folder: Path, how: str) -> RunRecord:
-    record = RunRecord.read_json(folder / "results.json")
+    record = read_record(folder / "results.json")
     assert record.interrupted is True
     assert [r.id for r in record.results] == ["stop::one"]  # the finished scenario kept, the running one dropped
     assert any(f"interrupted ({how}) after 1 of 3 scenario(s)" in n for n in record.notes)

@@ -53,7 +53,7 @@ def test_suite_runs_skips_with_reasons_and_writes_results(pytester, suite_file):
         ]
     )
     data = json.loads((pytester.path / "out" / "results.json").read_text())
-    assert data["schema_version"] == 1 and data["suite"] == "mini"
+    assert data["schema_version"] == 2 and data["suite"] == "mini"
     by_id = {f"{r['suite']}::{r['scenario']}": r for r in data["results"]}
     assert by_id["mini::sdpa-s32"]["status"] == "measured"
     assert by_id["mini::sdpa-s32"]["metrics"]["peak_bytes"] > by_id["mini::sdpa-s32"]["metrics"]["state_bytes"] > 0

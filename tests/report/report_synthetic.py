@@ -4,7 +4,7 @@ built from real ``Scenario`` objects so the configs have the shape a suite run w
 from __future__ import annotations
 
 from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
-from pytest_flashckpt.config.typed import to_plain
+from pytest_flashckpt.core.comparison import Comparison
 from pytest_flashckpt.core.result import Result, RunRecord
 
 MIB = 2**20
@@ -14,7 +14,7 @@ STATE = 20 * MIB
 
 def result(scenario: Scenario, status: str = "measured", reason: str | None = None, **metrics) -> Result:
     return Result(
-        suite=scenario.suite, scenario=scenario.name, status=status, config=to_plain(scenario), reason=reason,
+        suite=scenario.suite, scenario=scenario.name, status=status, config=scenario, reason=reason,
         backend=None if status != "measured" else (scenario.attention if scenario.attention != "auto" else "sdpa"),
         kernel=None if status != "measured" else ("eager" if scenario.attention == "eager" else "sdpa-flash-cpu"),
         probe="cpu", metrics=metrics,
@@ -79,8 +79,8 @@ def results() -> list[Result]:
     ]
 
 
-def comparison() -> dict:
-    return {
+def comparison() -> Comparison:
+    return Comparison.from_dict({
         "status": "compared", "baseline_path": "baselines/synthetic.json", "baseline_profile_id": "synthetic-profile",
         "message": None,
         "verdicts": [
@@ -89,10 +89,10 @@ def comparison() -> dict:
             {"scenario": "synthetic::medium-s512", "metric": "overhead", "baseline": 1.3, "current": 1.31, "change": 0.0077,
              "p_value": 0.5, "verdict": "ok"},
         ],
-    }
+    })
 
 
-def record(results_: list[Result] | None = None, comparison_: dict | None = None) -> RunRecord:
+def record(results_: list[Result] | None = None, comparison_: Comparison | None = None) -> RunRecord:
     return RunRecord(
         profile={"device_type": "cpu", "device_name": "Synthetic CPU", "device_count": 1, "cpu_threads": 2,
                  "torch": "0.0.0", "cuda": None, "flash_attn": None, "kernel": "sdpa", "machine": "x86_64"},

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import report_synthetic as syn
 
 from pytest_flashckpt.report import render
+from pytest_flashckpt.core.comparison import Comparison
 from pytest_flashckpt.core.result import RunRecord
+from pytest_flashckpt.config.record_file import read_record
 
 SECTIONS = [
     "## The article's scenario table, measured",
@@ -62,7 +65,7 @@ def test_article_table_has_one_row_per_claim_with_verdicts(record: RunRecord) ->
 
 
 def test_article_table_says_why_a_claim_was_not_measured() -> None:
-    results = [r for r in syn.results() if r.config.get("article") != "large"]
+    results = [r for r in syn.results() if r.config.article != "large"]
     text = render(syn.record(results))
     row = [r for r in _table_rows(text, "## The article's scenario table") if "very large models" in r][0]
     assert "**not measurable**: no scenario with article: large ran in this suite" in row
@@ -80,7 +83,7 @@ def test_skipped_article_scenario_shows_its_reason() -> None:
 
 def test_unknown_article_tag_is_reported() -> None:
     results = syn.results()
-    results[0].config["article"] = "no-such-claim"
+    results[0].config = dataclasses.replace(results[0].config, article="no-such-claim")
     assert "`no-such-claim`" in render(syn.record(results))
 
 
@@ -119,9 +122,9 @@ def test_regression_verdicts_rendered(record: RunRecord) -> None:
 
 def test_comparison_statuses() -> None:
     assert "No baseline comparison was recorded" in render(syn.record(comparison_=None))
-    other = {"status": "other-profile", "baseline_path": "b.json", "baseline_profile_id": "gpu-x", "message": None, "verdicts": []}
+    other = Comparison("other-profile", "b.json", "gpu-x", None)
     assert "another hardware/software profile" in render(syn.record(comparison_=other))
-    none = {"status": "no-baseline", "baseline_path": None, "baseline_profile_id": None, "message": "run with --flashckpt-save-baseline", "verdicts": []}
+    none = Comparison("no-baseline", None, None, "run with --flashckpt-save-baseline")
     text = render(syn.record(comparison_=none))
     assert "no stored baseline" in text and "--flashckpt-save-baseline" in text
 
@@ -145,7 +148,7 @@ def test_the_committed_sample_renders_the_committed_report_byte_for_byte(tmp_pat
 
     sample = Path(__file__).resolve().parents[2] / "reports" / "sample" / "results.json"
     committed = (sample.parent / "flashckpt-report.md").read_text(encoding="utf-8")
-    assert write_report(RunRecord.read_json(sample), tmp_path / "report").read_text(encoding="utf-8") == committed
+    assert write_report(read_record(sample), tmp_path / "report").read_text(encoding="utf-8") == committed
 
 
 def test_a_record_in_the_old_shape_renders_as_it_does_rewritten_in_the_new(tmp_path) -> None:
@@ -155,11 +158,11 @@ def test_a_record_in_the_old_shape_renders_as_it_does_rewritten_in_the_new(tmp_p
     from pathlib import Path
 
     old_file = Path(__file__).resolve().parents[1] / "data" / "results-old-shape.json"
-    old = RunRecord.read_json(old_file)
+    old = read_record(old_file)
     assert old.comparison is not None and old.comparison.notes == [] and "; checkpoint::" in (old.comparison.message or "")
     assert old.comparison.text == old.comparison.message  # the message is shown whole, as it was written
     rewritten = tmp_path / "results.json"
     old.write_json(rewritten)
-    new = RunRecord.read_json(rewritten)
+    new = read_record(rewritten)
     assert not any(name.endswith("_samples") for r in new.results for name in r.samples)
     assert render(new) == render(old)

@@ -37,7 +37,7 @@ def test_plots_skipped_with_reason_and_stale_ones_removed(tmp_path: Path) -> Non
 
 
 def test_only_the_plots_with_data(tmp_path: Path) -> None:
-    attention_only = [r for r in syn.results() if r.config["activation"]["strategy"] == "none" and r.config["save"]["strategy"] == "none"]
+    attention_only = [r for r in syn.results() if r.config.activation.strategy == "none" and r.config.save.strategy == "none"]
     text = write_report(syn.record(attention_only), tmp_path).read_text(encoding="utf-8")
     assert (tmp_path / ATTENTION).exists() and not (tmp_path / PARETO).exists() and not (tmp_path / SAVES).exists()
     assert "no scenario with a save strategy was measured" in text

@@ -3,6 +3,7 @@ written before the field existed (no ``precision`` in its config) reads as pure.
 
 from report_synthetic import result
 
+from pytest_flashckpt.config.record_file import result_from_dict
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario, SimulateConfig
 from pytest_flashckpt.report.activation import activation_section
 from pytest_flashckpt.report.scenarios import scenarios_section
@@ -51,6 +52,10 @@ def test_simulation_table_names_the_precision():
 
 
 def test_a_result_without_the_field_reads_as_pure():
+    """A results file written before ``precision`` existed has no such key: parsed with the typed default (pure)."""
     pure, _ = _pair()
-    del pure.config["precision"]
-    assert precision(pure) == "bf16"
+    stored = pure.to_dict()
+    del stored["config"]["precision"]
+    assert precision(result_from_dict(stored)) == "bf16"
+    stored["config"]["precision"] = "mixed"  # control: the key is read when present
+    assert precision(result_from_dict(stored)) == "mixed bf16/fp32"

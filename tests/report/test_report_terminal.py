@@ -21,7 +21,7 @@ def _by_id(record: RunRecord, scenario: str):
 
 def test_scenario_line_names_kernel_numbers_and_verdict(record: RunRecord) -> None:
     r = _by_id(record, "medium-s512")
-    rows = [v for v in Comparison.coerce(record.comparison).verdicts if v.scenario == r.id]
+    rows = [v for v in record.comparison.verdicts if v.scenario == r.id]
     verdict = scenario_verdict(r, rows, "compared")
     assert verdict == "regressed"  # the worst of its rows (one regressed, one ok)
     line = scenario_line(r, verdict)
@@ -41,7 +41,7 @@ def test_scenario_verdict_says_why_there_is_none(record: RunRecord) -> None:
 
 
 def test_regression_lines_show_only_what_is_not_ok_in_short_lines() -> None:
-    comparison = Comparison.coerce(report_synthetic.comparison())
+    comparison = report_synthetic.comparison()
     comparison.message = "compared with baselines/synthetic.json: 1 regressed, 0 improved, 0 within noise (~), 1 ok"
     comparison.notes = [VerdictNote("~", f"scenario synthetic::s{i} has a note that goes on for a while; " + "and on " * 12)
                         for i in range(30)]

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from pytest_flashckpt.checkpoint.bandwidth import against_limits
 from pytest_flashckpt.config.scenario import ActivationConfig, Scenario
-from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.report.markdown import render
 from pytest_flashckpt.report.plots import write_plots
 from pytest_flashckpt.report.terminal import scenario_line
@@ -27,7 +26,7 @@ def result(strategy: str, overhead: float, flop_ratio: float, peak_mib: int, dat
                         activation=ActivationConfig(strategy), measure=("memory", "timing", "flops"))
     metrics = {"peak_bytes": peak_mib * 2**20, "overhead": overhead, "step_time_s": overhead}
     metrics.update(throughput_metrics(2048, overhead, MODEL, int(MODEL * flop_ratio), datasheet, ROOF))
-    return Result("synthetic", scenario.name, status, to_plain(scenario), reason=None if status == "measured" else "no GPU",
+    return Result("synthetic", scenario.name, status, scenario, reason=None if status == "measured" else "no GPU",
                   backend="sdpa", kernel="sdpa-flash-cpu", probe="cpu", metrics=metrics if status == "measured" else {})
 
 

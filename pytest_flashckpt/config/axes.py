@@ -1,0 +1,91 @@
+"""Scenario axes reserved for the features the next issues add: the layout mesh (issue 32), torch.compile
+(issue 33), the norm and optimizer implementation and the MoE routing assumption (issue 34).
+
+Each is a small typed dataclass whose defaults mean "what runs today" (FSDP over every rank, eager, the family's
+own norm, AdamW as PyTorch picks it, a dense model). A suite may write them already (``layout: {tp: 1}`` is
+accepted), but a value other than today's is refused, naming the key and the issue that builds it, before anything
+runs: a scenario never claims a layout, a compile mode or a routing it was not measured with.
+
+Today's values are left out of a scenario's fingerprint (``config.fingerprint``): reserving an axis, or writing
+its default in a suite, changes no stored baseline's comparability. When an issue builds an axis, it widens the
+``Literal`` (or the range) here and drops the refusal for the values it implements; a non-default value then
+enters the fingerprint, so a baseline measured without it reads "not comparable".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+
+class NotBuiltYet(ValueError):
+    """An axis value reserved for a feature that is not built yet (the message names the key and the issue)."""
+
+
+def _refuse_beyond_today(obj, section: str, issue: str, feature: str) -> None:
+    """``NotBuiltYet`` for the first field of ``obj`` that is not its default (today's value)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value != f.default:
+            raise NotBuiltYet(
+                f"{section}.{f.name}: {value!r} is reserved for {feature} ({issue}), which is not built yet; "
+                f"drop {section}.{f.name} (today's value is {f.default!r})")
+
+
+@dataclass(frozen=True)
+class LayoutMesh:
+    """How ranks split the model (issue 32): FSDP shards (None: every rank, today's FSDP2), tensor, pipeline and
+    context parallel degrees (1: none)."""
+
+    dp_shard: int | None = None
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+
+    def __post_init__(self) -> None:
+        _refuse_beyond_today(self, "layout", "issue 32", "tensor, pipeline and context parallel layouts")
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """``torch.compile`` around the step (issue 33): none (eager, today), each block, or the whole model."""
+
+    scope: Literal["none", "block", "model"] = "none"
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    fullgraph: bool = False
+
+    def __post_init__(self) -> None:
+        _refuse_beyond_today(self, "compile", "issue 33", "torch.compile as a scenario axis")
+
+
+@dataclass(frozen=True)
+class ImplementationConfig:
+    """Which implementation of the step's parts runs (issue 34): the family's own norm module (today) or a plain
+    fp32 / fused norm; AdamW with PyTorch's choice of foreach (today), foreach, fused, or a memory-lean SGD."""
+
+    norm: Literal["family", "plain_fp32", "fused"] = "family"
+    optimizer: Literal["adamw", "adamw_foreach", "adamw_fused", "sgd"] = "adamw"
+
+    def __post_init__(self) -> None:
+        _refuse_beyond_today(self, "implementation", "issue 34", "norm and optimizer implementations as settings")
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """The Mixture-of-Experts routing assumption a simulation states (issue 34): dense (no experts, today)."""
+
+    assumption: Literal["dense", "balanced", "worst_case"] = "dense"
+
+    def __post_init__(self) -> None:
+        _refuse_beyond_today(self, "routing", "issue 34", "a Mixture-of-Experts family")
+
+
+RESERVED_AXES: dict[str, type] = {"layout": LayoutMesh, "compile": CompileConfig, "implementation": ImplementationConfig,
+                                  "routing": RoutingConfig}
+"""Scenario field -> its axis type; each field's default is its type's defaults (today's values)."""
+
+
+def is_today(value: object) -> bool:
+    """True when a reserved axis holds today's values (every field at its default)."""
+    return value == type(value)()

@@ -1,0 +1,77 @@
+"""A scenario's configuration fingerprint: what a baseline entry stores so that a scenario changed under the same
+name (a compile setting, a new default, another norm) is "not comparable" in the gate, never "regressed".
+
+The fingerprint is a stable hash (SHA-256 of the sorted JSON) of the scenario's resolved configuration, defaults
+included (a changed default changes the numbers as surely as a changed setting), leaving out what never changes a
+number's expected value:
+
+- the labels: ``name`` and ``suite`` (the baseline's key already), ``description``, ``article``;
+- the sample counts: ``rounds``, ``save.saves``, ``save.time_lost_rounds`` (more rounds or saves narrow a median,
+  they do not move it; the baseline recipe runs 20 rounds and 12 saves, a check run the suite's 5 and 3; the gate
+  judges the sample sizes on their own, ``unguarded``);
+- which passes run: ``measure`` (a metric a pass no longer measures is ``missing``, one it adds is not compared);
+- the reserved axes at today's values (``config.axes``): reserving an axis changes no stored fingerprint.
+
+The flat form (``fingerprinted``: ``{"activation.k": 2, ...}``) is stored beside the hash, so the gate names the
+keys that changed (``changed_keys``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pytest_flashckpt.config.axes import RESERVED_AXES, is_today
+from pytest_flashckpt.config.scenario import Scenario
+
+LABELS = ("name", "suite", "description", "article")
+SAMPLE_COUNTS = ("rounds", "save.saves", "save.time_lost_rounds")
+PASSES = ("measure",)
+LEFT_OUT = (*LABELS, *SAMPLE_COUNTS, *PASSES)
+
+
+def fingerprinted(scenario: Scenario) -> dict[str, Any]:
+    """The configuration the fingerprint hashes, flat (dotted keys, sorted), JSON-able."""
+    plain = scenario.to_plain()
+    for name in RESERVED_AXES:
+        if is_today(getattr(scenario, name)):
+            plain.pop(name)
+    flat = _flatten(plain)
+    return {key: flat[key] for key in sorted(flat) if key not in LEFT_OUT}
+
+
+def workload_key(scenario: Scenario, with_save: bool = True) -> str:
+    """The key a run's caches share measurements under (``runner.context.RunContext.cached``): the digest of the
+    configuration without the labels, ``measure`` and ``rounds`` (scenarios that differ in them train the same
+    step), and without the save unless ``with_save`` (only the checkpoint pass depends on it). Unlike the
+    fingerprint it keeps ``save.saves``: a reference save pass of 3 saves is not one of 12."""
+    flat = _flatten(scenario.to_plain())
+    dropped = (*LABELS, "rounds", *PASSES)
+    return digest({k: v for k, v in flat.items() if k not in dropped and (with_save or not k.startswith("save."))})
+
+
+def fingerprint(scenario: Scenario) -> str:
+    """``sha256:`` and the first 16 hex digits of the hash of ``fingerprinted(scenario)``."""
+    return digest(fingerprinted(scenario))
+
+
+def digest(flat: dict[str, Any]) -> str:
+    text = json.dumps(flat, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def changed_keys(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``key: stored -> current`` for every key whose value differs (``(absent)`` on the side that lacks it)."""
+    absent = "(absent)"
+    return [f"{key}: {json.dumps(stored.get(key, absent))} -> {json.dumps(current.get(key, absent))}"
+            for key in sorted(stored.keys() | current.keys()) if stored.get(key, absent) != current.get(key, absent)]
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, child in value.items():
+            out.update(_flatten(child, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}

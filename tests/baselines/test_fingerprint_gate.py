@@ -1,0 +1,100 @@
+"""A baseline entry stores its scenario's configuration fingerprint: a scenario changed under the same name is
+"not comparable" (never regressed or improved), with the changed keys named; an unchanged one is compared; an entry
+stored before fingerprints is compared as before and the comparison says so."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from pytest_flashckpt.baselines import Baseline, Gate, Thresholds
+from pytest_flashckpt.config.fingerprint import fingerprint
+from pytest_flashckpt.config.scenario import ActivationConfig, Scenario
+from pytest_flashckpt.core.result import Result
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = Scenario("a", suite="mini", activation=ActivationConfig("every_k", k=2), seq_len=256)
+
+
+def _result(scenario: Scenario, overhead: float) -> Result:
+    r = Result("mini", "a", "measured", scenario, probe="cpu")
+    r.record("overhead", overhead, samples=[overhead] * 5)
+    r.record("peak_bytes", 100)
+    return r
+
+
+def _gate(tmp_path: Path, stored: Result, strip_fingerprint: bool = False) -> Gate:
+    baseline = Baseline("p", {})
+    baseline.update([stored], None, "t")
+    if strip_fingerprint:  # as an entry of schema 1 reads
+        baseline.scenarios = {k: dataclasses.replace(e, fingerprint=None, config=None) for k, e in baseline.scenarios.items()}
+    baseline.write(tmp_path / "p.json")
+    return Gate(tmp_path, "p", Thresholds())
+
+
+def test_a_setting_changed_under_the_same_name_is_not_comparable(tmp_path):
+    gate = _gate(tmp_path, _result(SCENARIO, 1.2))
+    changed = dataclasses.replace(SCENARIO, activation=ActivationConfig("every_k", k=3))
+    rows = gate.judge(_result(changed, 2.0))  # far slower: would be "regressed" if it were compared
+    assert [(r.metric, r.verdict) for r in rows] == [("*", "not comparable")]
+    assert "activation.k: 2 -> 3" in rows[0].reason and "--flashckpt-save-baseline" in rows[0].reason
+    comparison = gate.comparison()
+    assert comparison.regressed == [] and "1 not comparable (configuration changed)" in comparison.message
+    assert [n.kind for n in comparison.notes] == ["not-comparable"]
+
+
+def test_control_the_unchanged_scenario_is_compared(tmp_path):
+    gate = _gate(tmp_path, _result(SCENARIO, 1.2))
+    rows = gate.judge(_result(SCENARIO, 2.0))
+    assert {r.metric: r.verdict for r in rows} == {"overhead": "regressed", "peak_bytes": "ok"}
+
+
+def test_sample_counts_and_labels_do_not_change_the_fingerprint():
+    """--flashckpt-rounds / --flashckpt-saves (the baseline recipe's 20 and 12) and the labels leave it as it is."""
+    base = dataclasses.replace(SCENARIO, save=dataclasses.replace(SCENARIO.save, strategy="sync"))
+    same = dataclasses.replace(base, rounds=20, description="other words", article="medium",
+                               save=dataclasses.replace(base.save, saves=12))
+    assert fingerprint(same) == fingerprint(base)
+    assert fingerprint(dataclasses.replace(base, seq_len=512)) != fingerprint(base)  # control
+
+
+def test_an_entry_without_a_fingerprint_is_compared_as_before_and_said(tmp_path):
+    gate = _gate(tmp_path, _result(SCENARIO, 1.2), strip_fingerprint=True)
+    changed = dataclasses.replace(SCENARIO, activation=ActivationConfig("every_k", k=3))
+    rows = gate.judge(_result(changed, 2.0))
+    assert {r.metric: r.verdict for r in rows} == {"overhead": "regressed", "peak_bytes": "ok"}
+    notes = [n.text for n in gate.comparison().notes]
+    assert any("1 scenario(s) compared without a configuration check" in n for n in notes)
+
+
+def test_the_committed_baseline_reads_through_the_upgrade_and_saving_adds_fingerprints(tmp_path):
+    """baselines/*.json (schema 1, no fingerprints) load; a refreshed entry gets its fingerprint, the others stay."""
+    path = next((ROOT / "baselines").glob("*.json"))
+    assert json.loads(path.read_text())["schema_version"] == 1
+    baseline = Baseline.read(path)
+    assert baseline.scenarios and all(e.fingerprint is None for e in baseline.scenarios.values())
+    some_id = next(iter(baseline.scenarios))
+    untouched = baseline.scenarios[some_id].to_dict()
+    assert untouched == json.loads(path.read_text())["scenarios"][some_id]  # read as written
+    baseline.update([_result(SCENARIO, 1.2)], None, "t")
+    baseline.write(tmp_path / "b.json")
+    again = Baseline.read(tmp_path / "b.json")
+    assert again.scenarios["mini::a"].fingerprint == fingerprint(SCENARIO)
+    assert again.scenarios[some_id].to_dict() == untouched
+
+
+def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_recorded_verdicts():
+    """reports/sample/results.json and baselines/*.json (both schema 1) through the upgrade: the gate's verdict per
+    scenario and metric is the one the sample recorded when it was made (old entries: compared as before)."""
+    from pytest_flashckpt.config.record_file import read_record
+
+    sample = ROOT / "reports" / "sample" / "results.json"
+    assert json.loads(sample.read_text())["schema_version"] == 1
+    record = read_record(sample)
+    gate = Gate(ROOT / "baselines", record.profile_id, Thresholds())
+    rows = [v for r in record.results for v in gate.judge(r)]
+    assert gate.status == "compared" and rows
+    recorded = sorted((v.scenario, v.metric, v.verdict) for v in record.comparison.verdicts)
+    assert sorted((v.scenario, v.metric, v.verdict) for v in rows) == recorded
+    assert gate.without_fingerprint == [r.id for r in record.results if r.id in gate.baseline.scenarios and r.status == "measured"]

@@ -1,0 +1,33 @@
+"""The axes reserved for the next issues (config.axes): today's values are accepted and change no fingerprint;
+anything else is refused before anything runs, naming the key and the issue that builds it."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_flashckpt.config.errors import ConfigError
+from pytest_flashckpt.config.fingerprint import fingerprint, fingerprinted
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.typed import build
+
+
+@pytest.mark.parametrize("key, value, issue", [
+    ("layout", {"tp": 2}, "issue 32"),
+    ("compile", {"scope": "block"}, "issue 33"),
+    ("implementation", {"optimizer": "adamw_fused"}, "issue 34"),
+    ("routing", {"assumption": "balanced"}, "issue 34"),
+])
+def test_a_value_beyond_today_is_refused_naming_the_key_and_the_issue(key, value, issue):
+    with pytest.raises(ConfigError) as info:
+        build(Scenario, {"name": "s", key: value}, "suite.yaml")
+    text = str(info.value)
+    assert text.startswith("suite.yaml: ") and f"{key}.{next(iter(value))}" in text and issue in text and "not built yet" in text
+
+
+def test_todays_values_are_accepted_and_leave_the_fingerprint_as_it_was():
+    plain = build(Scenario, {"name": "s"}, "suite.yaml")
+    written = build(Scenario, {"name": "s", "layout": {"tp": 1, "pp": 1}, "compile": {"scope": "none"},
+                               "implementation": {"norm": "family"}, "routing": {"assumption": "dense"}}, "suite.yaml")
+    assert written == plain and fingerprint(written) == fingerprint(plain)
+    assert not any(k.split(".")[0] in ("layout", "compile", "implementation", "routing") for k in fingerprinted(plain))
+    assert fingerprint(build(Scenario, {"name": "s", "seq_len": 256}, "suite.yaml")) != fingerprint(plain)  # control

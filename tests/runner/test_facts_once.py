@@ -1,0 +1,38 @@
+"""One scenario's path computes each fact once: its reference scenario (each ``reference()`` re-validates a
+whole scenario) and the analytic estimate of its strategy."""
+
+from __future__ import annotations
+
+import torch
+
+from pytest_flashckpt.activation import analytic
+from pytest_flashckpt.config.scenario import ActivationConfig, Scenario
+from pytest_flashckpt.runner.context import RunContext
+from pytest_flashckpt.runner.run import run_scenario
+
+
+MICRO_CARD = "name: micro\nvocab_size: 64\nblock_size: 64\nn_layer: 2\nn_head: 2\nn_embd: 32\ndropout: 0.0\nbias: true\n"
+
+
+def test_the_reference_and_the_estimate_are_computed_once(monkeypatch, tmp_path) -> None:
+    calls = {"reference": 0, "estimate": []}
+    reference, estimate = Scenario.reference, analytic.estimate
+
+    def counted_reference(self):
+        calls["reference"] += 1
+        return reference(self)
+
+    def counted_estimate(config, work, strategy, *args, **kwargs):
+        calls["estimate"].append(strategy)
+        return estimate(config, work, strategy, *args, **kwargs)
+
+    monkeypatch.setattr(Scenario, "reference", counted_reference)
+    monkeypatch.setattr(analytic, "estimate", counted_estimate)
+    (tmp_path / "micro.yaml").write_text(MICRO_CARD, encoding="utf-8")
+    scenario = Scenario("k", model=str(tmp_path / "micro.yaml"), batch_size=1, seq_len=32, rounds=1, attention="eager",
+                        activation=ActivationConfig("every_k", k=1), measure=("memory", "flops"))
+    result = run_scenario(scenario, RunContext(torch.device("cpu"), "cpu"))
+    assert result.status == "measured", result.reason
+    assert {"memory_saving", "flop_ratio", "analytic_memory_saving"} <= set(result.metrics)  # the passes that use them ran
+    assert calls["reference"] == 1
+    assert sorted(calls["estimate"]) == ["every_k", "none"]  # the strategy's once, the reference's once
