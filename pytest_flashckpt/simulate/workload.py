@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from pytest_flashckpt.config.model_card import ModelCard as GPTConfig  # any family's card
+from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.simulate.kernels import simulated_backend
 from pytest_flashckpt.training import Trainer
@@ -31,30 +31,30 @@ def dtype_name(dtype: str | torch.dtype) -> str:
 TENSOR_BYTES_LIMIT = 2**63  # torch's storage sizes are int64 bytes: a larger tensor cannot exist, not even on meta
 
 
-def largest_tensor(card: GPTConfig, batch_size: int, seq_len: int) -> tuple[str, int]:
+def largest_tensor(card: ModelCard, batch_size: int, seq_len: int) -> tuple[str, int]:
     """The widest tensor one rank's step makes (name, bytes), from the card's shape: the tokens (int64), the
     float32 logits the loss reads, the MLP's hidden activations and eager attention's scores (float32: the widest
     dtype a step computes in). Only to refuse a workload no tensor can hold; the simulation counts the real ones."""
     tokens = batch_size * seq_len
-    mlp_width = getattr(card, "intermediate_size", 4 * card.n_embd)
+    mlp_width = card.mlp_width
     candidates = {
         "token batch": batch_size * (seq_len + 1) * 8,
         "logits": tokens * card.vocab_size * 4,
         "MLP activation": tokens * mlp_width * 4,
-        "attention scores": batch_size * card.n_head * seq_len * seq_len * 4,
+        "attention scores": batch_size * card.num_heads * seq_len * seq_len * 4,
     }
     return max(candidates.items(), key=lambda item: item[1])
 
 
-def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: int = 1) -> None:
+def check_workload(card: ModelCard, batch_size: int, seq_len: int, world_size: int = 1) -> None:
     """ValueErrors naming the value for a workload the card cannot run."""
     if batch_size <= 0:
         raise ValueError(f"batch size must be positive, got {batch_size}")
     if seq_len <= 0:
         raise ValueError(f"sequence length must be positive, got {seq_len}")
-    if seq_len > card.block_size:
+    if seq_len > card.max_seq_len:
         raise ValueError(
-            f"sequence length {seq_len} is longer than the {card.block_size} positions of model card {card.name!r}"
+            f"sequence length {seq_len} is longer than the {card.max_seq_len} positions of model card {card.name!r}"
         )
     if world_size <= 0:
         raise ValueError(f"world size must be positive, got {world_size}")
@@ -71,7 +71,7 @@ def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: i
         )
 
 
-def simulated_model(config: GPTConfig, dtype: str, kernel: str, target: str, seed: int = 0, precision: str = "pure"):
+def simulated_model(config: ModelCard, dtype: str, kernel: str, target: str, seed: int = 0, precision: str = "pure"):
     """The card's model on ``meta`` with the backend that reproduces ``kernel`` on ``target`` (``kernels``); its
     parameters in ``dtype``, or float32 master weights in mixed precision (the backend is chosen for ``dtype``, the
     dtype attention computes in)."""
