@@ -1,8 +1,8 @@
 """A strategy added in a scratch registry, run in a fresh interpreter: registered before ``config`` is imported,
 as a row of ``core/registry.py`` is. Prints one JSON line: what each consumer of the registry made of it.
 
-``first_half`` recomputes the first half of the blocks (its plan is below); ``on_host`` is one the meta simulation
-refuses (``not_simulated``), so its reason must reach ``flashckpt simulate``.
+``scratch_first_half`` recomputes the first half of the blocks (its plan is below); ``scratch_on_host`` is one the
+meta simulation refuses (``not_simulated``), so its reason must reach ``flashckpt simulate``.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from types import SimpleNamespace
 from pytest_flashckpt.core.registry import ActivationStrategySpec, register_activation_strategy
 
 register_activation_strategy(ActivationStrategySpec(
-    "first_half", "the first half of the blocks recomputed", "scratch_strategy:first_half_plan"))
+    "scratch_first_half", "the first half of the blocks recomputed", "scratch_strategy:scratch_first_half_plan"))
 register_activation_strategy(ActivationStrategySpec(
-    "on_host", "kept on the host", "scratch_strategy:first_half_plan", not_simulated="the scratch reason it is refused"))
+    "scratch_on_host", "kept on the host", "scratch_strategy:scratch_first_half_plan", not_simulated="the scratch reason it is refused"))
 
 
-def first_half_plan(config, n_blocks, context):
+def scratch_first_half_plan(config, n_blocks, context):
     from pytest_flashckpt.activation.options import FULL, NONE
 
     return [FULL if i < n_blocks // 2 else NONE for i in range(n_blocks)]
@@ -41,17 +41,17 @@ def main(folder: Path) -> dict:
     out: dict = {}
     suite_file = folder / "scratch.yaml"
     suite_file.write_text("name: scratch\nscenarios:\n  - {name: half, model: tiny, seq_len: 16, "
-                          "batch_size: 2, activation: {strategy: first_half}}\n")
+                          "batch_size: 2, activation: {strategy: scratch_first_half}}\n")
     scenario = load_suite(str(suite_file)).scenarios[0]
     preflight(scenario)
     card = load_card("tiny", vocab_size=64, n_embd=32, n_head=2, block_size=32)
     model = build_model(card, "sdpa")
     out["suite_blocks"] = list(apply_ac(model, scenario.activation).blocks)
     out["measured_flops"] = measure_step_flops(model, 2, 16).matmul_flops
-    out["closed_form_flops"] = expected_matmul_flops(card, 2, 16, "first_half")
+    out["closed_form_flops"] = expected_matmul_flops(card, 2, 16, "scratch_first_half")
     out["full_flops"] = expected_matmul_flops(card, 2, 16, "full")
     out["none_flops"] = expected_matmul_flops(card, 2, 16, "none")
-    for name in ("first_half", "on_host"):
+    for name in ("scratch_first_half", "scratch_on_host"):
         printed, errors = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
             try:
@@ -62,9 +62,9 @@ def main(folder: Path) -> dict:
         out[f"simulate_{name}"] = {"status": status, "stdout": printed.getvalue(), "stderr": errors.getvalue()}
     distributed = SimpleNamespace(device="cpu", backend="sdpa", config={
         "card": "tiny", "dtype": "float32", "batch_size": 2, "seq_len": 16, "world_size": 1,
-        "activation": {"strategy": "first_half"}})
+        "activation": {"strategy": "scratch_first_half"}})
     out["report_peak"] = simulated_rank_peak(distributed)
-    distributed.config["activation"] = {"strategy": "on_host"}
+    distributed.config["activation"] = {"strategy": "scratch_on_host"}
     out["report_refused"] = simulated_rank_peak(distributed)
     return out
 

@@ -16,10 +16,10 @@ def test_a_scratch_strategy_reaches_every_consumer_of_the_registry(tmp_path):
     # the closed form counts the plan's replays: measured == arithmetic, between none and full (a control each way)
     assert out["measured_flops"] == out["closed_form_flops"]
     assert out["none_flops"] < out["closed_form_flops"] < out["full_flops"]
-    simulated = out["simulate_first_half"]
-    assert simulated["status"] == 0 and "strategy first_half" in simulated["stdout"], simulated
-    refused = out["simulate_on_host"]
-    assert refused["status"] == 2 and "--strategy on_host: the scratch reason it is refused" in refused["stderr"], refused
+    simulated = out["simulate_scratch_first_half"]
+    assert simulated["status"] == 0 and "strategy scratch_first_half" in simulated["stdout"], simulated
+    refused = out["simulate_scratch_on_host"]
+    assert refused["status"] == 2 and "--strategy scratch_on_host: the scratch reason it is refused" in refused["stderr"], refused
     peak, why = out["report_peak"]
     assert peak > 0 and why == ""
-    assert out["report_refused"] == [None, "the on_host strategy is not simulated here"]
+    assert out["report_refused"] == [None, "the scratch_on_host strategy is not simulated here"]
