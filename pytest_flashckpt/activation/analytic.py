@@ -181,24 +181,6 @@ def saving(config: GPTConfig, work: Workload, strategy: str, k: int = 2) -> floa
     return 1 - estimate(config, work, strategy, k).peak_bytes / estimate(config, work, "none").peak_bytes
 
 
-def seq_len_for_saving(
-    config: GPTConfig, work: Workload, target: float = 0.40, strategy: str = "full", k: int = 2
-) -> int | None:
-    """The shortest power-of-two sequence length (up to the card's max_seq_len) at which ``strategy`` is estimated to save
-    at least ``target`` of the step's peak memory at ``work``'s batch and kernel; None if none does.
-
-    This is where the article's "gradient checkpointing saves ~40% memory" is plausible: at short sequences the
-    parameters, optimizer state and logits dominate and no activation strategy can save much; the share that
-    checkpointing removes grows with T (linearly for fused attention, quadratically for eager)."""
-    seq = 1
-    while seq <= config.max_seq_len:
-        trial = Workload(work.batch_size, seq, work.backend, work.dtype_bytes, work.device)
-        if saving(config, trial, strategy, k) >= target:
-            return seq
-        seq *= 2
-    return None
-
-
 def _recompute_peak(config: GPTConfig, work: Workload, modes: tuple[str, ...], kept: tuple[int, ...]) -> int:
     """Moment (b): the top checkpointed block replayed in the backward pass. Its plain activations exist again
     beside the blocks below it, the gradient of its output and the parameter gradients built so far; with math
