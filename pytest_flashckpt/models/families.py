@@ -66,7 +66,8 @@ def discover_families(package: str, path) -> None:
     """Import ``<package>.<folder>.family`` for every folder of ``package`` (at ``path``) that has one."""
     _DISCOVERED.append(package)
     for info in pkgutil.iter_modules(path):
-        if info.ispkg and any(m.name == FAMILY_MODULE for m in pkgutil.iter_modules([f"{info.module_finder.path}/{info.name}"])):
+        folder = f"{info.module_finder.path}/{info.name}"  # listed, not imported: hf/ would import transformers
+        if info.ispkg and any(module.name == FAMILY_MODULE for module in pkgutil.iter_modules([folder])):
             importlib.import_module(f"{package}.{info.name}.{FAMILY_MODULE}")
 
 
