@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from pytest_flashckpt.activation.plan import plan_for
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES
 from pytest_flashckpt.models.families import family_of
 from pytest_flashckpt.models.gpt import GPTConfig
 
@@ -56,7 +57,7 @@ _FP32 = 4
 
 def supports(config) -> bool:
     """Whether this analytic model knows ``config``'s blocks (the GPT family only)."""
-    return family_of(config).analytic
+    return family_of(config).analytic_bytes
 
 
 def _require(config) -> None:
@@ -104,7 +105,7 @@ def block_bytes(config: GPTConfig, work: Workload, mode: str, explicit_save_ops:
     """Bytes one block keeps for backward; ``mode`` is ``none`` (plain), ``full`` (checkpointed) or
     ``selective_op``."""
     _require(config)
-    C, a, T, d = config.n_embd, config.n_head, work.seq_len, work.dtype_bytes
+    C, a, T, d = config.width, config.num_heads, work.seq_len, work.dtype_bytes
     tokens = work.batch_size * T
     math_attn = work.math_attention(config.dropout)
     dropout = config.dropout > 0
@@ -130,7 +131,7 @@ def block_bytes(config: GPTConfig, work: Workload, mode: str, explicit_save_ops:
 
 def outside_bytes(config: GPTConfig, work: Workload) -> int:
     """Bytes kept outside the blocks: final block output, ln_f output and stats, log-softmax, embedding dropout."""
-    C, V, d = config.n_embd, config.vocab_size, work.dtype_bytes
+    C, V, d = config.width, config.vocab_size, work.dtype_bytes
     per_token = 2 * C * d + 2 * _FP32 + V * d + (C * work.mask_bytes() if config.dropout > 0 else 0)
     return work.batch_size * work.seq_len * per_token
 
@@ -144,15 +145,16 @@ def resident_bytes(config: GPTConfig, work: Workload, optimizer_states: int = 2)
 _MODE_OF_KIND = {"none": "none", "full": "full", "by_op": "selective_op", "offload": "offload"}
 
 
-def block_modes(strategy: str, n_layer: int, k: int = 2) -> tuple[str, ...]:
+def block_modes(strategy: str, n_blocks: int, k: int = 2) -> tuple[str, ...]:
     """How each block is kept under a strategy: its plan (``activation.plan.plan_for``), read as the modes this
     model has formulas for. Offload is modelled as on the GPU it needs. ``budget`` is a ValueError (its plans are
     chosen per input shape: no closed form), and so would be a strategy whose plan holds an option with no formula."""
-    if strategy == "budget":
-        raise ValueError("the analytic model has no formula for strategy 'budget': its plans are chosen per input shape "
-                         "from measured costs (read the plan's predicted peak instead)")
+    spec = ACTIVATION_STRATEGIES.get(strategy)
+    if spec is not None and spec.takes_budget:
+        raise ValueError(f"the analytic model has no formula for strategy {strategy!r}: its plans are chosen per input "
+                         "shape from measured costs (read the plan's predicted peak instead)")
     modes = []
-    for option in plan_for(ActivationConfig(strategy=strategy, k=k, budget=None), n_layer, device_type="cuda"):
+    for option in plan_for(ActivationConfig(strategy=strategy, k=k, budget=None), n_blocks, device_type="cuda"):
         if option.kind not in _MODE_OF_KIND:
             raise ValueError(f"the analytic model has no formula for block option {option.name!r} (strategy {strategy!r})")
         modes.append(_MODE_OF_KIND[option.kind])
@@ -162,14 +164,14 @@ def block_modes(strategy: str, n_layer: int, k: int = 2) -> tuple[str, ...]:
 def estimate(config: GPTConfig, work: Workload, strategy: str = "none", k: int = 2, explicit_save_ops: bool = False) -> ActivationEstimate:
     """Kept bytes per block and outside, and the step's estimated peak (see the module docstring)."""
     _require(config)
-    modes = block_modes(strategy, config.n_layer, k)
+    modes = block_modes(strategy, config.num_blocks, k)
     kept = tuple(0 if m == "offload" else block_bytes(config, work, m, explicit_save_ops) for m in modes)
     outside = outside_bytes(config, work)
     resident = resident_bytes(config, work)
     tokens = work.batch_size * work.seq_len
     loss_backward = sum(kept) + outside + 2 * tokens * config.vocab_size * work.dtype_bytes
     # (c) the end of the backward pass: every parameter gradient plus the embeddings' dense gradient temporaries
-    end_of_backward = (config.num_params() + (config.vocab_size + config.block_size) * config.n_embd + 2 * tokens * config.n_embd) * work.dtype_bytes
+    end_of_backward = (config.num_params() + (config.vocab_size + config.max_seq_len) * config.width + 2 * tokens * config.width) * work.dtype_bytes
     peak = max(loss_backward, _recompute_peak(config, work, modes, kept), end_of_backward)
     return ActivationEstimate(strategy, kept, outside, resident, resident + peak)
 
@@ -177,24 +179,6 @@ def estimate(config: GPTConfig, work: Workload, strategy: str = "none", k: int =
 def saving(config: GPTConfig, work: Workload, strategy: str, k: int = 2) -> float:
     """Estimated memory saving of ``strategy``: 1 - peak(strategy) / peak(none), resident state included."""
     return 1 - estimate(config, work, strategy, k).peak_bytes / estimate(config, work, "none").peak_bytes
-
-
-def seq_len_for_saving(
-    config: GPTConfig, work: Workload, target: float = 0.40, strategy: str = "full", k: int = 2
-) -> int | None:
-    """The shortest power-of-two sequence length (up to block_size) at which ``strategy`` is estimated to save
-    at least ``target`` of the step's peak memory at ``work``'s batch and kernel; None if none does.
-
-    This is where the article's "gradient checkpointing saves ~40% memory" is plausible: at short sequences the
-    parameters, optimizer state and logits dominate and no activation strategy can save much; the share that
-    checkpointing removes grows with T (linearly for fused attention, quadratically for eager)."""
-    seq = 1
-    while seq <= config.block_size:
-        trial = Workload(work.batch_size, seq, work.backend, work.dtype_bytes, work.device)
-        if saving(config, trial, strategy, k) >= target:
-            return seq
-        seq *= 2
-    return None
 
 
 def _recompute_peak(config: GPTConfig, work: Workload, modes: tuple[str, ...], kept: tuple[int, ...]) -> int:
@@ -207,15 +191,15 @@ def _recompute_peak(config: GPTConfig, work: Workload, modes: tuple[str, ...], k
     if not replayed_blocks:
         return 0
     top = replayed_blocks[-1]
-    C, d = config.n_embd, work.dtype_bytes
+    C, d = config.width, work.dtype_bytes
     tokens = work.batch_size * work.seq_len
-    block_params = (config.num_params() - (config.vocab_size + config.block_size) * C) // config.n_layer
-    grads_above = ((config.n_layer - 1 - top) * block_params + config.vocab_size * C) * d
+    block_params = (config.num_params() - (config.vocab_size + config.max_seq_len) * C) // config.num_blocks
+    grads_above = ((config.num_blocks - 1 - top) * block_params + config.vocab_size * C) * d
     replayed = sum(kept[:top]) + block_bytes(config, work, "none") + grads_above
     peak = replayed + tokens * C * d
     if work.math_attention(config.dropout):
         mlp = tokens * (9 * C * d + (C * work.mask_bytes() if config.dropout > 0 else 0))
-        score_grads = 2 * tokens * config.n_head * work.seq_len * d
+        score_grads = 2 * tokens * config.num_heads * work.seq_len * d
         mlp_param_grads = (8 * C * C + 5 * C) * d
         peak = max(peak, replayed - mlp + score_grads + 2 * tokens * C * d + mlp_param_grads)
     return peak

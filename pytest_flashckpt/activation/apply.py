@@ -57,7 +57,7 @@ def apply_ac(
     measures on a model that does not take ``model(tokens, targets) -> loss`` (``activation.step``: a loss of the
     model's output, or the whole step; a user-built transformers model defaults to next-token cross-entropy).
 
-    Raises ValueError for a configuration that cannot fit this model (k outside 1..n_layer, unknown save op),
+    Raises ValueError for a configuration that cannot fit this model (k outside 1..the number of blocks, unknown save op),
     StrategyUnavailable for a strategy this device cannot run (offload without a GPU), and RuntimeError if the
     model already has a strategy applied.
     """

@@ -13,8 +13,9 @@ MFU and HFU (``pytest_flashckpt.throughput``) read two counts of this module: a 
 FLOPs, the useful work. The GEMM shapes the step ran (``StepFlops.gemm_shapes``) are what the measured matmul
 roofline is timed at, so "achieved / roofline" compares the step with matmuls of its own sizes.
 
-``expected_matmul_flops`` is the closed form for our GPT, so tests compare measurement with arithmetic rather
-than with a tolerance: full recompute adds one forward of every block but not of the embeddings, head and loss,
+``activation.expected_flops.expected_matmul_flops`` is the closed form (every family that gives its block's
+widths, every strategy whose plan it can read), so tests compare measurement with arithmetic rather than with a
+tolerance: full recompute adds one forward of every block but not of the embeddings, head and loss,
 which puts it a little under the textbook 4/3.
 """
 
@@ -28,8 +29,6 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from pytest_flashckpt.models.gpt import GPTConfig
-from pytest_flashckpt.models.step_flops import step_matmul_flops
 from pytest_flashckpt.training import Trainer, make_batch
 
 _aten = torch.ops.aten
@@ -146,35 +145,3 @@ def count_step_flops(trainer: Trainer) -> int:
     """Matmul + attention FLOPs of one forward + backward of ``trainer``'s model (what the runner records as
     ``step_flops``); see :func:`count_step`."""
     return count_step(trainer).matmul_flops
-
-
-def expected_matmul_flops(
-    config: GPTConfig,
-    batch_size: int,
-    seq_len: int,
-    strategy: str = "none",
-    k: int = 2,
-    fused_attention: bool = True,
-    dropout: float = 0.0,
-    recompute_linears: tuple[int, ...] = (),
-) -> int:
-    """FlopCounterMode's count of one step, in closed form (2 FLOPs per multiply-add, attention counted
-    without the causal half, as PyTorch's formulas do).
-
-    Per block forward: 24 * B*T*C^2 for the four Linears (3C + C + 4C + 4C outputs of width C, C, C, 4C inputs)
-    and 4 * B*T^2*C for the two attention matmuls. Backward: 2x forward for Linears and for plain matmul
-    attention (``fused_attention=False``: eager, or SDPA's math path), 2.5x for a fused kernel (it recomputes
-    the scores). Head: 2*B*T*C*V forward. Recomputation adds one block forward per checkpointed block (``full``,
-    ``every_k``); ``selective_op`` adds only the Linears listed in ``recompute_linears`` (their outputs are not
-    saved) because every other matmul and attention output is served from the selective-checkpoint cache.
-
-    Without dropout a recomputed block stops *before* its last matmul: autograd saves an op's inputs before
-    running it, non-reentrant checkpointing stops the replay at the last saved tensor, and mlp.c_proj's input is
-    that tensor (the residual add after it saves nothing). With dropout the mask after mlp.c_proj is saved too,
-    so the whole block forward is replayed.
-    """
-    B, T, C, V, L = batch_size, seq_len, config.n_embd, config.vocab_size, config.n_layer
-    linear_widths = (3 * C * C, C * C, 4 * C * C, 4 * C * C)  # c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
-    return step_matmul_flops(B, T, C, V, L, linear_widths, fused_attention=fused_attention, strategy=strategy, k=k,
-                             replay_skips=0 if dropout > 0 else linear_widths[3],
-                             recomputed=[linear_widths[i] for i in recompute_linears])

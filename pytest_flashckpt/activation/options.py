@@ -42,9 +42,6 @@ ROLE_GROUP: dict[str, str] = {"qkv": "qkv", "q": "qkv", "k": "qkv", "v": "qkv", 
 # the same role is the one to rebuild for the same reason (C multiply-adds per element from a saved input).
 # Unlike torchtitan's "every second mm", which matmul is recomputed is chosen by role.
 DEFAULT_RECOMPUTE_ROLES: tuple[str, ...] = ("o",)
-# The same choice by position for GPT's block (its Linear #1 is attn.c_proj): what activation.flops' closed form
-# for GPT takes. The policy itself never numbers Linears.
-DEFAULT_RECOMPUTE_LINEARS: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True)

@@ -1,127 +1,86 @@
 """Model cards (``models/<name>.yaml``): the shape of a model of one family, read and validated without torch.
 
 A card names its family (``family: llama``; without the key it is ``gpt``, so the GPT cards written before
-families existed keep working) and is validated by that family's dataclass: ``GPTConfig`` or ``LlamaConfig``. A key
-of the other family is an error saying which family has it. The cards live in the configuration layer so that
-preflight (``config.preflight``) can check a suite against its cards before anything is built;
+families existed keep working) and is validated by that family's card schema: the dataclass its module in
+``config/cards/`` names (``CARD``), found by ``pkgutil`` (``card_schemas``), so a family adds its schema module and
+no line here. A key of another family is an error saying which family has it. The cards live in the configuration
+layer so that preflight (``config.preflight``) can check a suite against its cards before anything is built;
 ``pytest_flashckpt.models`` builds the module from them (``models.families``).
+
+Code outside a family reads a card through ``ModelCard``, the neutral names every schema gives (``num_blocks``,
+``width``, ``max_seq_len``, ...), never a family's own field names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import importlib
+import pkgutil
+from dataclasses import fields
 from pathlib import Path
-from typing import Union
+from typing import Protocol, runtime_checkable
 
-from pytest_flashckpt.config.errors import ConfigError
-
+from pytest_flashckpt.config import cards as _cards_package
 from pytest_flashckpt.config.data import resolve
+from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.typed import build, load_yaml
 from pytest_flashckpt.core.files import shown_path
 
+DEFAULT_FAMILY = "gpt"  # a card without a family key (the cards written before families existed)
 
-@dataclass(frozen=True)
-class GPTConfig:
-    """Shape of a GPT; a model card (``models/<name>.yaml``) is one of these."""
 
-    name: str = "custom"
-    description: str = ""
-    family: str = "gpt"  # the model family (models/<family>/); see load_card
-    vocab_size: int = 2048  # tokens; small for tiny so the logits do not dominate memory
-    block_size: int = 2048  # longest sequence (learned position table)
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads per block
-    n_embd: int = 256  # width; head size is n_embd / n_head
-    dropout: float = 0.0  # residual, attention and embedding dropout
-    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
-    allocate_on_cpu: bool = True  # false for cards too big to allocate on a CPU (built on the meta device)
+@runtime_checkable
+class ModelCard(Protocol):
+    """What every family's card gives to code outside the family (a frozen dataclass per family)."""
 
-    def __post_init__(self) -> None:
-        if self.family != "gpt":
-            raise ValueError(f"family must be 'gpt' for a GPTConfig, got {self.family!r}")
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+    name: str
+    family: str
+    vocab_size: int
+    dropout: float
+    allocate_on_cpu: bool  # false for cards too big to allocate on a CPU (built on the meta device)
 
     @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def num_params(self) -> int:
-        """Parameter count (tied head counted once), computed without building the model."""
-        d, b = self.n_embd, int(self.bias)
-        layer_norms = 2 * (d + d * b)
-        attention = (3 * d * d + 3 * d * b) + (d * d + d * b)
-        mlp = (4 * d * d + 4 * d * b) + (4 * d * d + d * b)
-        final_ln = d + d * b
-        per_block = layer_norms + attention + mlp
-        return self.vocab_size * d + self.block_size * d + self.n_layer * per_block + final_ln
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    """Shape of a Llama-style decoder (``family: llama``): RMSNorm, SwiGLU MLP, rotary positions, grouped-query
-    attention (``n_kv_head`` key/value heads shared by ``n_head / n_kv_head`` query heads each), no biases, a head
-    tied to the embedding only where the model ties it (Llama-3.2-1B does, Llama-3-8B/70B do not)."""
-
-    name: str = "custom"
-    description: str = ""
-    family: str = "llama"
-    vocab_size: int = 2048
-    block_size: int = 2048  # longest sequence (rotary positions have no table: no parameters depend on it)
-    n_layer: int = 4
-    n_head: int = 4  # query heads; head size is n_embd / n_head
-    n_kv_head: int = 2  # key/value heads (GQA); n_head for plain multi-head attention, 1 for multi-query
-    n_embd: int = 256
-    intermediate_size: int = 688  # the SwiGLU MLP's hidden width (gate and up projections)
-    rope_theta: float = 500000.0  # rotary base (Llama 3)
-    norm_eps: float = 1e-5  # RMSNorm epsilon
-    tie_word_embeddings: bool = False  # the head shares the embedding's weight
-    dropout: float = 0.0  # Llama models train without dropout; kept so a scenario's override is checked
-    allocate_on_cpu: bool = True  # false for cards too big to allocate on a CPU (built on the meta device)
-
-    def __post_init__(self) -> None:
-        if self.family != "llama":
-            raise ValueError(f"family must be 'llama' for a LlamaConfig, got {self.family!r}")
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.head_dim % 2:
-            raise ValueError(f"head size n_embd / n_head = {self.head_dim} must be even for rotary positions")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
-        if self.dropout != 0.0:
-            raise ValueError(f"dropout must be 0 for the llama family (its blocks have no dropout), got {self.dropout}")
-        if self.rope_theta <= 0 or self.norm_eps <= 0:
-            raise ValueError("rope_theta and norm_eps must be positive")
+    def num_blocks(self) -> int: ...  # transformer blocks
 
     @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+    def width(self) -> int: ...  # the residual stream's width
 
     @property
-    def kv_dim(self) -> int:
-        """Width of the key (and of the value) projection: n_kv_head * head_dim."""
-        return self.n_kv_head * self.head_dim
+    def max_seq_len(self) -> int: ...  # the longest sequence the model takes
 
-    def num_params(self) -> int:
-        """Parameter count (a tied head counted once), computed without building the model."""
-        d, kv, inner = self.n_embd, self.kv_dim, self.intermediate_size
-        attention = 2 * d * d + 2 * d * kv  # q, o; k, v
-        mlp = 3 * d * inner  # gate, up, down
-        per_block = attention + mlp + 2 * d  # two RMSNorm weights
-        head = 0 if self.tie_word_embeddings else self.vocab_size * d
-        return self.vocab_size * d + self.n_layer * per_block + d + head
+    @property
+    def num_heads(self) -> int: ...  # (query) attention heads per block
+
+    @property
+    def mlp_width(self) -> int: ...  # the MLP's hidden width
+
+    def num_params(self) -> int: ...  # computed without building the model
 
 
-ModelCard = Union[GPTConfig, LlamaConfig]
-CARD_FAMILIES: dict[str, type] = {"gpt": GPTConfig, "llama": LlamaConfig}
+_SCHEMAS: dict[str, type] = {}
+
+
+def register_card_schema(family: str, schema: type) -> None:
+    """``schema`` validates the cards that say ``family: <family>`` (a name taken already is an error)."""
+    if family in _SCHEMAS and _SCHEMAS[family] is not schema:
+        raise ValueError(f"model family {family!r} has a card schema already ({_SCHEMAS[family].__qualname__})")
+    default = {f.name: f.default for f in fields(schema)}.get("family")
+    if default != family:
+        raise ValueError(f"card schema {schema.__qualname__} of family {family!r} must default 'family' to {family!r}")
+    _SCHEMAS[family] = schema
+
+
+def discover_card_schemas(package: str, path) -> None:
+    """Register ``CARD`` of every module of ``package`` (found at ``path``), under the module's name."""
+    for info in pkgutil.iter_modules(path):
+        register_card_schema(info.name, importlib.import_module(f"{package}.{info.name}").CARD)
+
+
+def card_schemas() -> dict[str, type]:
+    """Every family's card schema, by family name."""
+    return dict(_SCHEMAS)
+
+
+discover_card_schemas(_cards_package.__name__, _cards_package.__path__)
 
 
 def load_card(name_or_path: str | Path, **overrides) -> ModelCard:
@@ -132,10 +91,10 @@ def load_card(name_or_path: str | Path, **overrides) -> ModelCard:
     data = load_yaml(path) or {}
     if isinstance(data, dict):
         data = {**data, **overrides}
-    family = data.get("family", "gpt") if isinstance(data, dict) else "gpt"
-    cls = CARD_FAMILIES.get(family) if isinstance(family, str) else None
+    family = data.get("family", DEFAULT_FAMILY) if isinstance(data, dict) else DEFAULT_FAMILY
+    cls = _SCHEMAS.get(family) if isinstance(family, str) else None
     if cls is None:
-        raise ConfigError(where, f"family: {family!r} is not a model family", f"valid: {', '.join(CARD_FAMILIES)}")
+        raise ConfigError(where, f"family: {family!r} is not a model family", f"valid: {', '.join(_SCHEMAS)}")
     try:
         return build(cls, data, where=where)
     except ConfigError as exc:
@@ -151,7 +110,7 @@ def _family_with_key(problem: str, family: str) -> str | None:
     if not problem.startswith("unknown key "):
         return None
     key = problem.removeprefix("unknown key ").strip("'\"")
-    for name, cls in CARD_FAMILIES.items():
+    for name, cls in _SCHEMAS.items():
         if name != family and key in {f.name for f in fields(cls)}:
             return name
     return None

@@ -36,8 +36,8 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
             load_card(scenario.card, dropout=dropout)
         except ConfigError as exc:
             raise bad("model.dropout", exc.problem.removeprefix("dropout "), exc.fix) from None
-    if scenario.seq_len > card.block_size:
-        raise bad("seq_len", f"{scenario.seq_len} exceeds block_size {card.block_size} of model card {card.name!r}",
+    if scenario.seq_len > card.max_seq_len:
+        raise bad("seq_len", f"{scenario.seq_len} exceeds the {card.max_seq_len} positions of model card {card.name!r}",
                   "use a shorter seq_len or a card with more positions")
     if scenario.simulate.enabled and scenario.batch_size % scenario.simulate.world_size:
         raise bad("simulate.world_size", f"{scenario.simulate.world_size} does not divide batch_size {scenario.batch_size}",
@@ -45,9 +45,9 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
     if scenario.simulate.enabled and scenario.activation.strategy == "budget" and scenario.simulate.world_size != 1:
         raise bad("simulate.world_size", f"{scenario.simulate.world_size}: budget plans are simulated for one device only "
                   "(no per-rank plan costs yet)", "use simulate.world_size 1 for strategy budget")
-    if scenario.activation.strategy == "every_k" and scenario.activation.k > card.n_layer:
-        raise bad("activation.k", f"{scenario.activation.k} is larger than the {card.n_layer} blocks of {card.name!r}",
-                  f"valid: 1..{card.n_layer}")
+    if scenario.activation.strategy == "every_k" and scenario.activation.k > card.num_blocks:
+        raise bad("activation.k", f"{scenario.activation.k} is larger than the {card.num_blocks} blocks of {card.name!r}",
+                  f"valid: 1..{card.num_blocks}")
 
 
 def _preflight_hf(scenario: Scenario, bad) -> None:
@@ -95,7 +95,7 @@ def predicted_host_bytes(scenario: Scenario, card) -> int:
     elem = DTYPE_BYTES[scenario.dtype]
     tokens = scenario.batch_size * scenario.seq_len
     state = 4 * card.num_params() * elem
-    activations = card.n_layer * tokens * card.n_embd * _ACTIVATION_VALUES_PER_TOKEN_AND_WIDTH * elem
+    activations = card.num_blocks * tokens * card.width * _ACTIVATION_VALUES_PER_TOKEN_AND_WIDTH * elem
     logits = 2 * tokens * card.vocab_size * 4
     return state + activations + logits
 
@@ -117,8 +117,8 @@ class ModelShape:
 
     name: str
     parameters: int
-    n_layer: int
-    n_embd: int
+    num_blocks: int
+    width: int
     vocab_size: int
     allocate_on_cpu: bool = True
 

@@ -1,9 +1,12 @@
-"""The families, named once: memory probes, activation strategies and save strategies.
+"""The families, named once: memory probes, activation strategies, precisions and save strategies.
 
 Each entry is a name and a one-line description (probes also the class that implements them and whether their
-byte counts are exact; a save preset also its value on each of the three save axes). Option choices and help, the config ``Literal`` types, validation messages and the
-report's wording all derive from these tables, so a new family member is registered here and implemented in its
-own module (docs/architecture.md, "Adding a probe" / "A save strategy").
+byte counts are exact; an activation strategy the function that plans it and where it cannot run; a save preset
+its value on each of the three save axes). Option choices and help (``flashckpt simulate --strategy`` and
+``--precision`` included), the config ``Literal`` types, validation messages, the closed forms and the report's
+wording all derive from these tables, so a new member is registered here and implemented in its own module
+(docs/architecture.md, "How to add ..."). Model families register themselves from their folders instead
+(``models.families``): their names are the folders'.
 
 Nothing here imports torch or another part of the project: config (the bottom layer) reads it.
 """
@@ -50,13 +53,64 @@ def default_probe_name(device_type: str) -> str:
     return "cuda" if device_type == "cuda" else "cpu"
 
 
-ACTIVATION_STRATEGIES: dict[str, str] = {
-    "none": "nothing recomputed (the reference)",
-    "full": "every block recomputed in the backward pass; only block inputs kept",
-    "every_k": "blocks 0, k, 2k, ... recomputed",
-    "selective_op": "matmul and attention outputs kept, pointwise ops recomputed (a selective-checkpoint policy)",
-    "offload": "every block's saved tensors moved to pinned CPU memory (GPU only)",
-    "budget": "per input shape, the plan with the least recomputation whose measured peak fits activation.budget",
+@dataclass(frozen=True)
+class ActivationStrategySpec:
+    """An activation strategy: its name, what it does, the function that plans it and where it cannot go.
+
+    ``plan`` is ``"module:function"``; the function is called as ``plan(config, n_blocks, context)`` with the
+    scenario's ``ActivationConfig`` and an ``activation.plan.PlanContext`` and returns one ``BlockOption`` per block
+    (``activation.plan.plan_for`` resolves it). Everything else follows from that plan: the FLOP closed form counts
+    the replays of its blocks, the analytic model its kept bytes. ``not_simulated``: why ``flashckpt simulate`` (the
+    step on meta) refuses it ("" when it runs there); ``takes_budget``: its plan needs ``activation.budget`` and the
+    input shape, so it is simulated only with a budget (``--budget``) and has no closed-form FLOPs."""
+
+    name: str
+    description: str
+    plan: str
+    not_simulated: str = ""
+    takes_budget: bool = False
+
+
+_PLANS = "pytest_flashckpt.activation.plan"
+
+ACTIVATION_STRATEGIES: dict[str, ActivationStrategySpec] = {}
+
+
+def register_activation_strategy(spec: ActivationStrategySpec) -> ActivationStrategySpec:
+    """Add a strategy (a name already taken is an error): every option choice, the config ``Literal`` (for a
+    strategy registered before ``config.scenario`` is imported), the simulator's choices, FLOPs and the report
+    read this table."""
+    if spec.name in ACTIVATION_STRATEGIES:
+        raise ValueError(f"activation strategy {spec.name!r} is registered already")
+    ACTIVATION_STRATEGIES[spec.name] = spec
+    return spec
+
+
+for _spec in (
+    ActivationStrategySpec("none", "nothing recomputed (the reference)", f"{_PLANS}:keep_every_block"),
+    ActivationStrategySpec("full", "every block recomputed in the backward pass; only block inputs kept",
+                           f"{_PLANS}:recompute_every_block"),
+    ActivationStrategySpec("every_k", "blocks 0, k, 2k, ... recomputed", f"{_PLANS}:recompute_every_kth_block"),
+    ActivationStrategySpec("selective_op", "matmul and attention outputs kept, pointwise ops recomputed "
+                           "(a selective-checkpoint policy)", f"{_PLANS}:selective_op_blocks"),
+    ActivationStrategySpec("offload", "every block's saved tensors moved to pinned CPU memory (GPU only)",
+                           f"{_PLANS}:offload_every_block",
+                           not_simulated="offload copies activations to pinned host memory, which the step on the "
+                           "meta device does not model; measure it on a GPU"),
+    ActivationStrategySpec("budget", "per input shape, the plan with the least recomputation whose measured peak "
+                           "fits activation.budget", f"{_PLANS}:planned_for_budget", takes_budget=True),
+):
+    register_activation_strategy(_spec)
+
+
+def simulated_strategies() -> tuple[str, ...]:
+    """The strategies ``flashckpt simulate`` runs (every registered one without a ``not_simulated`` reason)."""
+    return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if not spec.not_simulated)
+
+
+PRECISIONS: dict[str, str] = {
+    "pure": "everything in the dtype",
+    "mixed": "float32 master weights, gradients and AdamW state; compute in the dtype (autocast)",
 }
 
 # -- saves: three axes, and the seed's strategy names as presets of them ---------------------------------------
@@ -116,6 +170,7 @@ def derived_save_name(layout: str, staging: str, schedule: str) -> str:
     return f"{layout}-{staging}-{schedule}"
 
 
-def describe(table: dict[str, str]) -> str:
-    """``a (what a does), b (...)``: choices with their meaning, for help texts and error messages."""
-    return "; ".join(f"{name}: {text}" for name, text in table.items())
+def describe(table: dict) -> str:
+    """``a: what a does; b: ...``: choices with their meaning, for help texts and error messages (a table of
+    strings, or of specs with a ``description``)."""
+    return "; ".join(f"{name}: {getattr(text, 'description', text)}" for name, text in table.items())

@@ -10,7 +10,8 @@ and phase, every rank doing all of its phase's saves or loads:
   ``ref-N-continued``: bit for bit when N == M (the same reductions in the same order), else the largest
   difference is recorded for the caller to hold against its tolerance. Rank 0 writes ``load-M.json``.
 
-The model is a tiny card override (2 blocks, width 32), so a launch costs mostly process start-up.
+The model is a tiny GPT (2 blocks, width 32; the tiny card with those overrides), so a launch costs mostly process
+start-up.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from pytest_flashckpt.distributed import fsdp, sharded_store
-from pytest_flashckpt.models.cards import load_card
+from pytest_flashckpt.models.gpt import GPTConfig
 
-TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "block_size": 16}
+TINY = GPTConfig(name="tiny", n_layer=2, n_embd=32, n_head=2, vocab_size=128, block_size=16)
 BATCH, SEQ = 4, 8  # the global batch: 4 rows split over 1, 2 or 4 ranks
 
 
 def make_trainer(distributed: bool = True):
-    trainer, _ = fsdp.build_trainer(load_card("tiny", **TINY), batch_size=BATCH, seq_len=SEQ, seed=1, distributed=distributed)
+    trainer, _ = fsdp.build_trainer(TINY, batch_size=BATCH, seq_len=SEQ, seed=1, distributed=distributed)
     return trainer
 
 

@@ -1,4 +1,5 @@
-"""The model library: model cards -> modules of a family (``gpt``, ``llama``) with a selectable attention kernel."""
+"""The model library: model cards -> modules of a family (``gpt``, ``llama``: each a folder that registers itself,
+``models.families``) with a selectable attention kernel."""
 
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.models.gpt import GPT, GPTConfig

@@ -22,6 +22,7 @@ import functools
 from pytest_flashckpt.report.format import MISSING, count, mib, ms
 from pytest_flashckpt.report.tables import Footnotes, table
 from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES
 
 HEADERS = ["scenario", "ranks", "save", "peak (max rank)", "peak per rank", "fwd+bwd / optimizer peak", "step", "stall", "total", "bytes per rank", "async staged (RSS added)", "load", "round trip"]
 
@@ -43,7 +44,6 @@ def _roundtrip(r: Result) -> str:
     return MISSING if diff is None else ("bitwise" if diff == 0 else f"{count(diff)} tensors differ")
 
 
-SIMULATED = ("none", "full", "every_k", "selective_op")  # strategies simulate_step runs without a plan
 
 
 @functools.lru_cache(maxsize=64)
@@ -57,7 +57,8 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     """The simulator's per-rank peak for a measured distributed result, or None and why not."""
     c = r.config
     strategy = c.activation.strategy
-    if strategy not in SIMULATED:
+    spec = ACTIVATION_STRATEGIES.get(strategy)  # simulated here: the registry's strategies that need no budget plan
+    if spec is None or spec.not_simulated or spec.takes_budget:
         return None, f"the {strategy} strategy is not simulated here"
     target = "cuda" if str(r.device or "").startswith("cuda") else "cpu"
     kernel = "eager" if r.backend == "eager" else ("sdpa" if target == "cpu" else "flash")

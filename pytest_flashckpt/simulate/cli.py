@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 
+from pytest_flashckpt.config.errors import InputError
+from pytest_flashckpt.config.model_card import card_schemas
+from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES, PRECISIONS
+from pytest_flashckpt.core.registry import describe as describe_choices
 from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
-
-STRATEGIES = ("none", "full", "every_k", "selective_op", "budget")
 
 
 def add_parser(sub) -> None:
+    """The choices are the registry's (every strategy; one that the simulation cannot run is refused by ``run`` with
+    the reason) and the model families' (by their card schemas, ``config.model_card``: no torch import to build
+    the parser)."""
     from pytest_flashckpt.simulate.kernels import KERNELS
 
     p = sub.add_parser(
@@ -25,15 +30,17 @@ def add_parser(sub) -> None:
         "allocate nothing and print its exact peak memory, the breakdown, and whether it fits the device. "
         "Exit status 0: fits (or no --device-memory), 1: does not fit, 2: bad input.",
     )
-    p.add_argument("--model", default="gpt3-2.7b", help="model card name or path (default gpt3-2.7b)")
+    p.add_argument("--model", default="gpt3-2.7b",
+                   help=f"model card name or path, of a family: {', '.join(card_schemas())} (default gpt3-2.7b)")
     p.add_argument("--hf-config", metavar="CONFIG_JSON", help="a Hugging Face config.json to simulate instead of --model "
                    "(built on meta by the builder measured runs use; needs pytest-flashckpt[hf])")
     p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
     p.add_argument("--batch", type=int, default=8, help="global batch size (default 8)")
     p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 (default bf16)")
-    p.add_argument("--precision", default="pure", choices=("pure", "mixed"),
-                   help="pure: everything in --dtype; mixed: fp32 master weights, grads and AdamW state, compute in bf16 (autocast) (default pure)")
-    p.add_argument("--strategy", default="none", choices=STRATEGIES, help="activation checkpointing (default none)")
+    p.add_argument("--precision", default="pure", choices=tuple(PRECISIONS),
+                   help=f"{describe_choices(PRECISIONS)} (default pure)".replace("%", "%%"))
+    p.add_argument("--strategy", default="none", choices=tuple(ACTIVATION_STRATEGIES),
+                   help=f"activation checkpointing: {describe_choices(ACTIVATION_STRATEGIES)} (default none)".replace("%", "%%"))
     p.add_argument("--budget", metavar="BUDGET", help="plan strategy budget to fit BUDGET ('40 GiB', 0.6, 'min + 30%%'); implies --strategy budget")
     p.add_argument("--k", type=int, default=2, help="every_k: checkpoint blocks 0, k, 2k, ... (default 2)")
     p.add_argument("--kernel", default="flash", choices=KERNELS, help="attention kernel (default flash)")
@@ -44,20 +51,29 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.config.errors import InputError
+def chosen_strategy(args: argparse.Namespace) -> str:
+    """The strategy to simulate: ``--strategy``, or the budget strategy with ``--budget``; an ``InputError`` with the
+    reason for one the simulation cannot run (``ActivationStrategySpec.not_simulated``) or one missing its budget."""
+    budgeted = next(name for name, spec in ACTIVATION_STRATEGIES.items() if spec.takes_budget)
+    strategy = args.strategy
+    if args.budget is not None:
+        if strategy not in ("none", budgeted):
+            raise InputError(f"--budget plans the {budgeted} strategy; it cannot be combined with --strategy {strategy}")
+        return budgeted
+    spec = ACTIVATION_STRATEGIES[strategy]
+    if spec.not_simulated:
+        raise InputError(f"--strategy {strategy}: {spec.not_simulated}")
+    if spec.takes_budget:
+        raise InputError(f"--strategy {strategy} needs --budget, e.g. --budget '40 GiB', --budget 0.6 or --budget 'min + 30%'")
+    return strategy
 
-    if args.tp != 1:
+
+def run(args: argparse.Namespace) -> int:
+    if args.tp != 1:  # a tensor-parallel layout: the real engine under fake mode (heavy imports, so here)
         from pytest_flashckpt.simulate.layouts import run_layout
 
         return run_layout(args)
-    strategy = args.strategy
-    if args.budget is not None:
-        if strategy not in ("none", "budget"):
-            raise InputError(f"--budget plans the budget strategy; it cannot be combined with --strategy {strategy}")
-        strategy = "budget"
-    elif strategy == "budget":
-        raise InputError("--strategy budget needs --budget, e.g. --budget '40 GiB', --budget 0.6 or --budget 'min + 30%'")
+    strategy = chosen_strategy(args)
     if args.budget is not None:  # read as a suite reads it (a fraction, 'min', 'min + N%', a size), before anything runs
         from pytest_flashckpt.config.budget import BudgetSpec
 

@@ -43,7 +43,7 @@ from pytest_flashckpt.activation.budget.model import PlanCosts
 from pytest_flashckpt.activation.options import OFFLOAD, BlockOption, default_options
 from pytest_flashckpt.activation.wrapper import switchable_forwards
 from pytest_flashckpt.models.cards import load_card
-from pytest_flashckpt.models.gpt import GPTConfig
+from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.simulate.kernels import TARGETS
 from pytest_flashckpt.simulate.workload import check_workload, dtype_name, simulated_model, simulated_trainer
 
@@ -71,7 +71,7 @@ class SimulatedCosts:
 
     def __init__(
         self,
-        card: GPTConfig | str,
+        card: ModelCard | str,
         dtype: str | torch.dtype = "bfloat16",
         kernel: str = "flash",
         target: str = "cuda",
@@ -136,7 +136,7 @@ class SimulatedCosts:
     _shared: dict = {}
 
     @classmethod
-    def shared(cls, card: GPTConfig | str, dtype="bfloat16", kernel="flash", target="cuda", world_size=1, seed=0,
+    def shared(cls, card: ModelCard | str, dtype="bfloat16", kernel="flash", target="cuda", world_size=1, seed=0,
                pointwise_weight: float | None = None, transfer_weight: float | None = None) -> "SimulatedCosts":
         """One source per (card, dtype, kernel, target, weights) in this process: scenarios planning the same card
         share its simulated costs (per shape) instead of simulating again."""

@@ -23,13 +23,13 @@ FLASH_RNG_STATE_BYTES = 24  # meta's flash op: philox seed (2,) uint64 + offset 
 
 def korthikanti_block_bytes(config: GPTConfig, batch: int, seq: int) -> int:
     """s*b*h*(34 + 5*a*s/h): bytes one layer keeps, 16-bit, with dropout and materialised attention scores."""
-    s, b, h, a = seq, batch, config.n_embd, config.n_head
+    s, b, h, a = seq, batch, config.width, config.num_heads
     return s * b * h * 34 + 5 * a * s * s * b
 
 
 def korthikanti_terms(config: GPTConfig, batch: int, seq: int, flash: bool) -> dict[str, int]:
     """The exact terms that turn Korthikanti's per-layer bytes into our 16-bit block's (dropout 0): add them up."""
-    s, b, h, a = seq, batch, config.n_embd, config.n_head
+    s, b, h, a = seq, batch, config.width, config.num_heads
     terms = {
         "korthikanti": korthikanti_block_bytes(config, batch, seq),
         "no dropout masks (2 x 1 byte)": -2 * s * b * h,

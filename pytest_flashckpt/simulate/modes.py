@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-PRECISIONS = ("pure", "mixed")  # pure: everything in the dtype; mixed: float32 master state, compute in the dtype
+from pytest_flashckpt.core.registry import PRECISIONS as _PRECISION_NAMES
+
+PRECISIONS = tuple(_PRECISION_NAMES)  # their meaning: core.registry.PRECISIONS
 
 _LOW = (torch.bfloat16, torch.float16)
 

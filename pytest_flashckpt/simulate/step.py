@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from pytest_flashckpt.activation import apply_ac, apply_budget
-from pytest_flashckpt.config.model_card import ModelCard as GPTConfig  # any family's card
+from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import load_card
@@ -27,7 +27,7 @@ from pytest_flashckpt.simulate.workload import check_workload, dtype_name, simul
 from pytest_flashckpt.training import Trainer
 
 def simulate_step(
-    card: GPTConfig | str,
+    card: ModelCard | str,
     dtype: str | torch.dtype = "bfloat16",
     batch_size: int = 8,
     seq_len: int = 2048,
@@ -164,7 +164,7 @@ def _measured_step(trainer: Trainer, count_host: bool, shard_ratio: float = 1.0,
 
 
 def _result(config, name, batch_size, seq_len, backend, strategy, target, probe, host_bytes, world_size, sharding) -> SimulatedPeak:
-    blocks, outside = probe.by_block(probe.kept_snapshot, config.n_layer)
+    blocks, outside = probe.by_block(probe.kept_snapshot, config.num_blocks)
     if sharding:  # a rank's view, plus the all-gathered parameters (modelled) outside the optimizer step
         from pytest_flashckpt.simulate.fsdp import gathered_in
 

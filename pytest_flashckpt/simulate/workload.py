@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_flashckpt.config.model_card import ModelCard as GPTConfig  # any family's card
+from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.models.hf.build import HFConfigProblem, HFUnavailable
 from pytest_flashckpt.models.hf.card import HFCard, hf_card
@@ -36,30 +36,30 @@ def dtype_name(dtype: str | torch.dtype) -> str:
 TENSOR_BYTES_LIMIT = 2**63  # torch's storage sizes are int64 bytes: a larger tensor cannot exist, not even on meta
 
 
-def largest_tensor(card: GPTConfig, batch_size: int, seq_len: int) -> tuple[str, int]:
+def largest_tensor(card: ModelCard, batch_size: int, seq_len: int) -> tuple[str, int]:
     """The widest tensor one rank's step makes (name, bytes), from the card's shape: the tokens (int64), the
     float32 logits the loss reads, the MLP's hidden activations and eager attention's scores (float32: the widest
     dtype a step computes in). Only to refuse a workload no tensor can hold; the simulation counts the real ones."""
     tokens = batch_size * seq_len
-    mlp_width = getattr(card, "intermediate_size", 4 * card.n_embd)
+    mlp_width = card.mlp_width
     candidates = {
         "token batch": batch_size * (seq_len + 1) * 8,
         "logits": tokens * card.vocab_size * 4,
         "MLP activation": tokens * mlp_width * 4,
-        "attention scores": batch_size * card.n_head * seq_len * seq_len * 4,
+        "attention scores": batch_size * card.num_heads * seq_len * seq_len * 4,
     }
     return max(candidates.items(), key=lambda item: item[1])
 
 
-def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: int = 1) -> None:
+def check_workload(card: ModelCard, batch_size: int, seq_len: int, world_size: int = 1) -> None:
     """ValueErrors naming the value for a workload the card cannot run."""
     if batch_size <= 0:
         raise ValueError(f"batch size must be positive, got {batch_size}")
     if seq_len <= 0:
         raise ValueError(f"sequence length must be positive, got {seq_len}")
-    if seq_len > card.block_size:
+    if seq_len > card.max_seq_len:
         raise ValueError(
-            f"sequence length {seq_len} is longer than the {card.block_size} positions of "
+            f"sequence length {seq_len} is longer than the {card.max_seq_len} positions of "
             + (f"Hugging Face config {card.name!r} (its max_position_embeddings / n_positions)"
                if isinstance(card, HFCard) else f"model card {card.name!r}")
         )
@@ -78,7 +78,7 @@ def check_workload(card: GPTConfig, batch_size: int, seq_len: int, world_size: i
         )
 
 
-def simulated_model(config: GPTConfig | HFCard, dtype: str, kernel: str, target: str, seed: int = 0, precision: str = "pure"):
+def simulated_model(config: ModelCard | HFCard, dtype: str, kernel: str, target: str, seed: int = 0, precision: str = "pure"):
     """The card's model on ``meta`` with the backend that reproduces ``kernel`` on ``target`` (``kernels``); its
     parameters in ``dtype``, or float32 master weights in mixed precision (the backend is chosen for ``dtype``, the
     dtype attention computes in). A Hugging Face config's card (``models.hf.card``) builds its transformers model
@@ -90,7 +90,7 @@ def simulated_model(config: GPTConfig | HFCard, dtype: str, kernel: str, target:
     return build_model(config, backend, "meta", param_dtype, seed=seed)
 
 
-def simulation_card(model: str, hf_config: str | None = None) -> GPTConfig | HFCard | str:
+def simulation_card(model: str, hf_config: str | None = None) -> ModelCard | HFCard | str:
     """What ``flashckpt simulate`` simulates: the Hugging Face config ``hf_config`` (a config.json path), or
     ``model``, a card name or path; a ``--model`` that is a JSON file with a ``model_type`` is a Hugging Face
     config too (a transformers config.json is not a model card, so it is not read as one). A config the builder

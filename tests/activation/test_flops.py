@@ -6,8 +6,8 @@ import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
 from pytest_flashckpt.activation import apply_ac
-from pytest_flashckpt.activation.flops import measure_step_flops, expected_matmul_flops
-from pytest_flashckpt.activation.options import DEFAULT_RECOMPUTE_LINEARS
+from pytest_flashckpt.activation.expected_flops import expected_matmul_flops
+from pytest_flashckpt.activation.flops import measure_step_flops
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models import GPTConfig, build_model
 from pytest_flashckpt.training import make_batch
@@ -28,8 +28,7 @@ def measured(strategy: str, backend: str, dropout: float = 0.0):
 
 def expected(strategy: str, backend: str, dropout: float = 0.0) -> int:
     fused = backend == "sdpa" and dropout == 0  # SDPA with dropout on a CPU runs the math path
-    recompute = DEFAULT_RECOMPUTE_LINEARS if strategy == "selective_op" else ()
-    return expected_matmul_flops(config(dropout), B, T, strategy, 2, fused, dropout, recompute)
+    return expected_matmul_flops(config(dropout), B, T, strategy, 2, fused)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

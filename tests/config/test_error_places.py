@@ -28,7 +28,7 @@ def _load(tmp_path, monkeypatch, text: str, name: str = "x.yaml") -> ConfigError
         ("- {name: foo, model: gpt5-huge}",
          "suites/x.yaml: scenario 'foo': model.card: unknown model card 'gpt5-huge' (valid names: "),
         ("- {name: foo, seq_len: 4096}",
-         "suites/x.yaml: scenario 'foo': seq_len: 4096 exceeds block_size 2048 of model card 'tiny' (use a shorter"),
+         "suites/x.yaml: scenario 'foo': seq_len: 4096 exceeds the 2048 positions of model card 'tiny' (use a shorter"),
         ("- {name: foo, activation: {strategy: every_k, k: 9}}",
          "suites/x.yaml: scenario 'foo': activation.k: 9 is larger than the 4 blocks of 'tiny' (valid: 1..4)"),
         ("- {name: foo, batch_size: 3, simulate: {enabled: true, world_size: 2}}",

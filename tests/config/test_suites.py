@@ -105,7 +105,7 @@ def test_preflight_checks_the_model_card(tmp_path):
           - {name: too-long, model: tiny, seq_len: 4096}
           - {name: k-too-big, model: tiny, activation: {strategy: every_k, k: 9}}
     """))
-    with pytest.raises(ConfigError, match="scenario 'too-long': seq_len: 4096 exceeds block_size 2048"):
+    with pytest.raises(ConfigError, match="scenario 'too-long': seq_len: 4096 exceeds the 2048 positions"):
         preflight(suite.scenarios[0])
     with pytest.raises(ConfigError, match="scenario 'k-too-big': activation.k: 9 is larger than the 4 blocks of 'tiny' \\(valid: 1..4\\)"):
         preflight(suite.scenarios[1])

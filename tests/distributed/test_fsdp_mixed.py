@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from pytest_flashckpt.config.model_card import GPTConfig
+from pytest_flashckpt.config.cards.gpt import GPTConfig
 from pytest_flashckpt.distributed import fsdp
 
 CARD = GPTConfig(name="odd", vocab_size=131, block_size=64, n_layer=2, n_head=3, n_embd=48)

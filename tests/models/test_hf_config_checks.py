@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 
 from pytest_flashckpt.config.errors import ConfigError  # noqa: E402
-from pytest_flashckpt.config.model_card import LlamaConfig, load_card  # noqa: E402
+from pytest_flashckpt.config.cards.llama import LlamaConfig  # noqa: E402
+from pytest_flashckpt.config.model_card import load_card  # noqa: E402
 from pytest_flashckpt.config.preflight import check_resources, predicted_host_bytes  # noqa: E402
 from pytest_flashckpt.config.suites import load_suite  # noqa: E402
 from pytest_flashckpt.models.hf.build import HFConfigProblem, build_hf_model, hf_config, parameter_count  # noqa: E402

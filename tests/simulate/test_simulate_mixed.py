@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pytest_flashckpt.activation import apply_ac
-from pytest_flashckpt.config.model_card import GPTConfig
+from pytest_flashckpt.config.cards.gpt import GPTConfig
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.probes.cpu import LiveTensorProbe

@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
-from pytest_flashckpt.activation.flops import expected_matmul_flops, measure_step_flops
+from pytest_flashckpt.activation.expected_flops import expected_matmul_flops
+from pytest_flashckpt.activation.flops import measure_step_flops
 from pytest_flashckpt.models import GPTConfig, build_model
 from pytest_flashckpt.throughput import roofline
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pytest_flashckpt.config.model_card import GPTConfig
+from pytest_flashckpt.config.cards.gpt import GPTConfig
 from pytest_flashckpt.models.anatomy import BlockAnatomy, ModelAnatomy
 from pytest_flashckpt.models.attention import causal_attention
 

@@ -48,6 +48,28 @@ class HFCard:
     dropout_override: float | None = None
     anatomy_json: str | None = None
     family: str = "hf"
+    allocate_on_cpu: bool = True
+
+    # the neutral names of the card protocol (config.model_card.ModelCard), read by the simulator and preflight
+    @property
+    def num_blocks(self) -> int:
+        return self.n_layer
+
+    @property
+    def width(self) -> int:
+        return self.n_embd
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.block_size
+
+    @property
+    def num_heads(self) -> int:
+        return self.n_head
+
+    @property
+    def mlp_width(self) -> int:
+        return self.intermediate_size
 
     @property
     def spec(self) -> dict[str, Any]:

@@ -1,0 +1,74 @@
+"""A strategy added in a scratch registry, run in a fresh interpreter: registered before ``config`` is imported,
+as a row of ``core/registry.py`` is. Prints one JSON line: what each consumer of the registry made of it.
+
+``scratch_first_half`` recomputes the first half of the blocks (its plan is below); ``scratch_on_host`` is one the
+meta simulation refuses (``not_simulated``), so its reason must reach ``flashckpt simulate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from pytest_flashckpt.core.registry import ActivationStrategySpec, register_activation_strategy
+
+register_activation_strategy(ActivationStrategySpec(
+    "scratch_first_half", "the first half of the blocks recomputed", "scratch_strategy:scratch_first_half_plan"))
+register_activation_strategy(ActivationStrategySpec(
+    "scratch_on_host", "kept on the host", "scratch_strategy:scratch_first_half_plan", not_simulated="the scratch reason it is refused"))
+
+
+def scratch_first_half_plan(config, n_blocks, context):
+    from pytest_flashckpt.activation.options import FULL, NONE
+
+    return [FULL if i < n_blocks // 2 else NONE for i in range(n_blocks)]
+
+
+def main(folder: Path) -> dict:
+    from pytest_flashckpt.activation import apply_ac
+    from pytest_flashckpt.activation.expected_flops import expected_matmul_flops
+    from pytest_flashckpt.activation.flops import measure_step_flops
+    from pytest_flashckpt.cli import main as flashckpt
+    from pytest_flashckpt.config.preflight import preflight
+    from pytest_flashckpt.config.suites import load_suite
+    from pytest_flashckpt.models import build_model, load_card
+    from pytest_flashckpt.report.distributed import simulated_rank_peak
+
+    out: dict = {}
+    suite_file = folder / "scratch.yaml"
+    suite_file.write_text("name: scratch\nscenarios:\n  - {name: half, model: tiny, seq_len: 16, "
+                          "batch_size: 2, activation: {strategy: scratch_first_half}}\n")
+    scenario = load_suite(str(suite_file)).scenarios[0]
+    preflight(scenario)
+    card = load_card("tiny", vocab_size=64, n_embd=32, n_head=2, block_size=32)
+    model = build_model(card, "sdpa")
+    out["suite_blocks"] = list(apply_ac(model, scenario.activation).blocks)
+    out["measured_flops"] = measure_step_flops(model, 2, 16).matmul_flops
+    out["closed_form_flops"] = expected_matmul_flops(card, 2, 16, "scratch_first_half")
+    out["full_flops"] = expected_matmul_flops(card, 2, 16, "full")
+    out["none_flops"] = expected_matmul_flops(card, 2, 16, "none")
+    for name in ("scratch_first_half", "scratch_on_host"):
+        printed, errors = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+            try:
+                status = flashckpt(["simulate", "--model", "tiny", "--seq", "16", "--batch", "2", "--dtype", "fp32",
+                                    "--target", "cpu", "--kernel", "sdpa", "--strategy", name])
+            except SystemExit as exc:
+                status = exc.code
+        out[f"simulate_{name}"] = {"status": status, "stdout": printed.getvalue(), "stderr": errors.getvalue()}
+    distributed = SimpleNamespace(device="cpu", backend="sdpa", config={
+        "card": "tiny", "dtype": "float32", "batch_size": 2, "seq_len": 16, "world_size": 1,
+        "activation": {"strategy": "scratch_first_half"}})
+    out["report_peak"] = simulated_rank_peak(distributed)
+    distributed.config["activation"] = {"strategy": "scratch_on_host"}
+    out["report_refused"] = simulated_rank_peak(distributed)
+    return out
+
+
+if __name__ == "__main__":
+    sys.modules["scratch_strategy"] = sys.modules["__main__"]  # the plan's "module:function" names this file
+    print(json.dumps(main(Path(sys.argv[1]))))
