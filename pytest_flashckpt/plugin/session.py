@@ -6,6 +6,13 @@ judgement), the one ``flashckpt run``'s loop uses. The session's end calls ``Sui
 report, the step summary) and prints the end summary both front ends share (``runner.summary.end_summary``).
 Configuration problems are found before anything runs (every scenario validated, every model card read), so a run
 that fails to configure writes nothing.
+
+Only pytest's public hooks and API: the scenarios join the collection in ``pytest_collection_modifyitems`` through
+``Session.genitems`` (with no test paths ``pytest_ignore_collect`` leaves the suite alone in it), lines go through
+``TerminalReporter.write_line`` and ``section``. pytest-xdist needs three more: ``pytest_xdist_make_scheduler`` (every
+scenario on one worker, so no two time each other's load), ``config.workeroutput`` (a worker hands its results to the
+controller in ``pytest_sessionfinish``) and ``pytest_testnodedown`` (the controller takes them); the controller
+alone writes results.json, the report and the baseline.
 """
 
 from __future__ import annotations
@@ -107,6 +114,9 @@ class SuiteSession:
         self._heartbeat = Heartbeat()
         self._running: str | None = None  # the node id of the scenario item running (None: another test)
         self._scenario_ids: set[str] = set()  # node ids of the suite's items (filled at collection)
+        # pytest wrote on the terminal's current line since our last line (another test's file name or dots):
+        # tracked here because the reporter's column is not public API
+        self._line_open = False
         self.deselected = 0  # scenarios deselected with -k / -m
         self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.outputs = None  # runner.suite.RunOutputs once the session finished
@@ -171,31 +181,22 @@ class SuiteSession:
             for name, scenarios in by_suite.items()
         ]
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection(self, session: pytest.Session):
-        """With no test paths on the command line, the suite is the whole collection."""
-        if self.xdist_controller:
-            return None  # pytest-xdist's controller collects nothing; its workers do
-        if self.config.args_source == pytest.Config.ArgsSource.ARGS:
-            return None  # explicit paths: collect them normally; suite items are added in modifyitems
-        hook = self.config.hook
-        session.items = []
-        for collector in self._collectors(session):
-            items = collector.collect()
-            hook.pytest_collectreport(report=pytest.CollectReport(collector.nodeid, "passed", None, items))
-            for item in items:
-                hook.pytest_itemcollected(item=item)
-            session.items.extend(items)
-        hook.pytest_collection_modifyitems(session=session, config=self.config, items=session.items)
-        hook.pytest_collection_finish(session=session)
-        session.testscollected = len(session.items)
-        return True
+    def _paths_given(self) -> bool:
+        """Test paths on the command line: they are collected as usual and the suite's items join them."""
+        return self.config.args_source == pytest.Config.ArgsSource.ARGS
 
-    @pytest.hookimpl(tryfirst=True)
+    def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> bool | None:
+        """With no test paths on the command line the suite is the whole collection: nothing under the rootdir or
+        ``testpaths`` is collected (or imported). pytest still walks the starting folder, which yields nothing."""
+        return None if self._paths_given() else True
+
+    @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect: the scenarios are selectable like any test
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list) -> None:
-        if self.config.args_source == pytest.Config.ArgsSource.ARGS and not any(isinstance(i, ScenarioItem) for i in items):
-            for collector in self._collectors(session):
-                items.extend(collector.collect())
+        """The suite's items join the collection through pytest's own ``Session.genitems``, which reports each
+        collector and item as it does for files (the "collected N items" line, ``--collect-only``). pytest-xdist's
+        controller collects nothing and does not call this hook; each worker does, and must list the same items."""
+        for collector in self._collectors(session):
+            items.extend(session.genitems(collector))
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -235,9 +236,10 @@ class SuiteSession:
         return int(self.config.get_verbosity())
 
     def _write(self, line: str) -> None:
-        """A line through pytest's terminal reporter, outside output capturing (as pytest's live logging does).
-        Without ``-v`` the scenario lines replace pytest's dots (see ``pytest_report_teststatus``); the reporter's
-        current file is kept, so pytest does not repeat the suite's name before every line."""
+        """A line through pytest's terminal reporter (``write_line``), outside output capturing (as pytest's live
+        logging does). Without ``-v`` the scenario lines replace pytest's dots (see ``pytest_report_teststatus``);
+        the reporter's current file is kept, so pytest does not repeat the suite's name before every line, and is
+        cleared for the one write when the line is empty (``write_line`` then starts no blank line first)."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
@@ -245,14 +247,13 @@ class SuiteSession:
         current = reporter.currentfspath
         with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
             if self._verbosity() <= 0 and self._running is not None:
-                writer = getattr(reporter, "_tw", None)
-                at_line_start = writer is not None and writer.width_of_current_line == 0
-                if at_line_start:
+                if not self._line_open:
                     reporter.currentfspath = None  # no blank line first: the line starts where the last one ended
                 reporter.write_line(line)
                 reporter.currentfspath = current
             else:
                 reporter.write_line(line)
+        self._line_open = False
         self._heartbeat.printed()
 
     @pytest.hookimpl(tryfirst=True)
@@ -260,12 +261,14 @@ class SuiteSession:
         """Without ``-v``: the suite's lines stand on their own (pytest writes no file name and no dots for them)."""
         if self.xdist_worker or nodeid not in self._scenario_ids:
             self._running = None
+            self._line_open = True  # pytest writes this test's file name or status letter on the current line
             return
         self._running = nodeid
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None and self._verbosity() <= 0 and reporter.currentfspath is None:
             if self._verbosity() == 0:
                 reporter.write_line("")
+                self._line_open = False
             reporter.currentfspath = self.config.rootpath / nodeid.split("::")[0]
 
     @pytest.hookimpl(tryfirst=True)
