@@ -15,7 +15,7 @@ from pytest_flashckpt.baselines.regression_verdicts import metric_kind
 from pytest_flashckpt.core import metrics
 from pytest_flashckpt.core.metrics import Measurements, UnknownMetric
 from pytest_flashckpt.core.result import Result
-from pytest_flashckpt.plugin.fixture import Measurement
+from pytest_flashckpt.plugin.measurement import Measurement
 from pytest_flashckpt.plugin.marker_budgets import SPECS, violations
 from pytest_flashckpt.runner.passes import SavePass, TimingPass
 
