@@ -7,6 +7,7 @@ report, the step summary) and prints the end summary both front ends share (``ru
 Configuration problems are found before anything runs (every scenario validated, every model card read), so a run
 that fails to configure writes nothing.
 
+It imports torch (through ``runner.suite``), so ``plugin.hooks`` imports it only when a suite is asked for.
 Only pytest's public hooks and API: the scenarios join the collection in ``pytest_collection_modifyitems`` through
 ``Session.genitems`` (with no test paths ``pytest_ignore_collect`` leaves the suite alone in it), lines go through
 ``TerminalReporter.write_line`` and ``section``. pytest-xdist needs three more: ``pytest_xdist_make_scheduler`` (every
@@ -21,17 +22,19 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_flashckpt.config.errors import ConfigError
-from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.run_options import Options
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for
 from pytest_flashckpt.core.result import Result
-
-if TYPE_CHECKING:
-    from pytest_flashckpt.runner.suite import ScenarioOutcome
+from pytest_flashckpt.plugin.benchmark_bridge import BenchmarkBridge
+from pytest_flashckpt.report.terminal import Heartbeat, scenario_line
+from pytest_flashckpt.runner.preflight import check_run
+from pytest_flashckpt.runner.suite import ScenarioOutcome, SuiteRun, interrupts_as_keyboard_interrupt, load_checked_suite
+from pytest_flashckpt.runner.summary import end_summary
 
 
 class ScenarioItem(pytest.Item):
@@ -102,10 +105,6 @@ class SuiteSession:
     """The pytest face of a ``SuiteRun``: it adds test items, pytest-benchmark and the terminal summary."""
 
     def __init__(self, config: pytest.Config, options: Options, suite) -> None:
-        from pytest_flashckpt.runner.suite import SuiteRun  # imports torch: only when a suite is asked for
-
-        from pytest_flashckpt.report.terminal import Heartbeat
-
         self.config = config
         self.options = options
         self.suite = suite
@@ -121,8 +120,6 @@ class SuiteSession:
         self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.outputs = None  # runner.suite.RunOutputs once the session finished
         # SIGTERM stops the session as Ctrl-C does (pytest: exit status 2, Interrupted); restored at unconfigure
-        from pytest_flashckpt.runner.suite import interrupts_as_keyboard_interrupt
-
         self._signals = contextlib.ExitStack()
         self._stop = self._signals.enter_context(interrupts_as_keyboard_interrupt()) if not self.xdist_worker else None
 
@@ -138,9 +135,6 @@ class SuiteSession:
     @classmethod
     def start(cls, config: pytest.Config, options: Options) -> "SuiteSession":
         """Load and validate the suite (every scenario and model card); a problem is a usage error."""
-        from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for
-        from pytest_flashckpt.runner.suite import load_checked_suite
-
         suite_arg = default_suite_for(options.device) if options.suite == AUTO_SUITE else options.suite
         if options.inject and options.save_baseline:
             raise pytest.UsageError(
@@ -162,8 +156,6 @@ class SuiteSession:
             raise pytest.UsageError(f"flashckpt: {exc if exc.where else exc.within('--flashckpt-suite')}") from None
         session = cls(config, options, suite)
         if not session.xdist_worker:  # the controller (or the only process) checks; workers trust it
-            from pytest_flashckpt.runner.preflight import check_run
-
             try:
                 check_run(session.run_state)  # outputs, device, probe, baseline file, memory, disk: before any run
             except ConfigError as exc:
@@ -203,11 +195,11 @@ class SuiteSession:
         self._scenario_ids = {i.nodeid for i in session.items if isinstance(i, ScenarioItem)}
 
     # -- running --------------------------------------------------------------------------------------
-    def step(self, scenario: Scenario) -> "ScenarioOutcome":
+    def step(self, scenario: Scenario) -> ScenarioOutcome:
         self._heartbeat.printed()  # the scenario's start counts as a line: the heartbeat waits from here
         return self.run_state.step(scenario)
 
-    def check(self, item: ScenarioItem, outcome: "ScenarioOutcome") -> None:
+    def check(self, item: ScenarioItem, outcome: ScenarioOutcome) -> None:
         """Attach what ran and the metrics to the test report (JUnit properties), feed pytest-benchmark, and fail
         on a baseline regression or an unreadable baseline file (not on a regression while
         ``--flashckpt-save-baseline`` refreshes the baseline: then it is reported only)."""
@@ -220,8 +212,6 @@ class SuiteSession:
             if isinstance(value, (int, float)):
                 item.user_properties.append((key, value))
         if self._bench is None:
-            from pytest_flashckpt.plugin.benchmark_bridge import BenchmarkBridge
-
             self._bench = BenchmarkBridge(self.config)
         self._bench.add(item, result)
         if outcome.baseline_error is not None:
@@ -290,8 +280,6 @@ class SuiteSession:
         """The scenario's one-line summary rides on its call report (so it reaches the pytest-xdist controller)."""
         report = yield
         if isinstance(item, ScenarioItem) and call.when == "call" and item.result is not None:
-            from pytest_flashckpt.report.terminal import scenario_line
-
             verdict = self.run_state.verdict(item.result)
             report.flashckpt_line = scenario_line(item.result, verdict)
             report.flashckpt_compact = scenario_line(item.result, verdict, compact=True)
@@ -315,7 +303,8 @@ class SuiteSession:
     # -- pytest-xdist: the workers measure, the controller gathers and writes ---------------------------
     @pytest.hookimpl(optionalhook=True, tryfirst=True)  # a pytest-xdist hook: absent without it
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
-        """Every scenario on one worker, one after another (``xdist_scheduling``)."""
+        """Every scenario on one worker, one after another (``xdist_scheduling``, imported here: it imports
+        pytest-xdist, an optional dependency, and this hook is only called when pytest-xdist is active)."""
         from pytest_flashckpt.plugin.xdist_scheduling import SuiteScheduling
 
         ids = frozenset(f"{s.suite}::{s.name}" for s in self.suite.scenarios)
@@ -364,8 +353,6 @@ class SuiteSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not (self.results or self.run_state.interrupted) or self.xdist_worker:
             return
-        from pytest_flashckpt.runner.summary import end_summary
-
         terminalreporter.section("flashckpt")
         lines = end_summary(self.run_state, self.outputs, claims=self._verbosity() >= 0)
         if self._bench is not None and self._bench.note:
