@@ -29,7 +29,7 @@ Kinds:
 - ``time``: absolute seconds: recorded, gated only when asked (``--flashckpt-gate-times``);
 - ``info``: recorded and reported, never gated.
 
-This module imports nothing from the project (and no torch): every layer may read it.
+This module imports only ``core.numbers`` from the project (and no torch): every layer may read it.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import difflib
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from pytest_flashckpt.core import numbers
 
 Kind = Literal["exact", "memory", "sampled", "ratio", "time", "info"]
 Worse = Literal["higher", "lower"]
@@ -379,8 +381,6 @@ def judged_as(name: str, exact_probe: bool) -> Literal["exact", "memory", "ratio
 
 def format_metric(name: str, value: object) -> str:
     """A metric's value as a person reads it; names outside the table fall back to their suffix (probe extras)."""
-    from pytest_flashckpt.core import numbers
-
     if value is None or isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
         return numbers.number(value)
     spec = METRICS.get(name)
