@@ -16,7 +16,7 @@ import math
 import os
 import types
 import typing
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -71,18 +71,7 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
             raise ConfigError(where, f"{path}: {_brief(value)} is not a valid choice", f"valid: {', '.join(map(str, choices))}")
         return value
     if origin in (typing.Union, types.UnionType):
-        options = get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return coerce(option, value, where, path)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise errors[0]
+        return _coerce_union(get_args(tp), value, where, path)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(where, f"{path}: expected a list, got {type(value).__name__} {_brief(value)}")
@@ -90,35 +79,52 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
         items = [coerce(item_tp, v, where, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        return build(tp, value, where, path)
-    if tp is Any:
-        refuse_non_finite(value, where, path)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(where, f"{path}: expected a number, got {type(value).__name__} {_brief(value)}")
-        refuse_non_finite(value, where, path)
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"{path}: expected an integer, got {type(value).__name__} {_brief(value)}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(where, f"{path}: expected true or false, got {type(value).__name__} {_brief(value)}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(where, f"{path}: expected a string, got {type(value).__name__} {_brief(value)}")
-        return value
-    if tp is dict or get_origin(tp) is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(where, f"{path}: expected a mapping, got {type(value).__name__} {_brief(value)}")
-        refuse_non_finite(value, where, path)
-        return dict(value)
+        return value if isinstance(value, tp) else build(tp, value, where, path)
+    if tp is dict or origin is dict:
+        tp = dict
+    if tp in _SCALARS:
+        return _coerce_scalar(tp, value, where, path)
     raise TypeError(f"unsupported config annotation {tp!r} at {path}")
+
+
+def _coerce_union(options: tuple, value: Any, where: str, path: str) -> Any:
+    """``X | Y | None``: None where allowed, else the first option ``value`` fits; the first option's error when
+    none does."""
+    if value is None and type(None) in options:
+        return None
+    errors = []
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return coerce(option, value, where, path)
+        except ConfigError as exc:
+            errors.append(exc)
+    raise errors[0]
+
+
+# annotation -> (what it accepts, how an error names it); bool is refused where a number is expected
+_SCALARS: dict[Any, tuple[Callable[[Any], bool], str]] = {
+    Any: (lambda v: True, "anything"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    str: (lambda v: isinstance(v, str), "a string"),
+    dict: (lambda v: isinstance(v, dict), "a mapping"),
+}
+
+
+def _coerce_scalar(tp: Any, value: Any, where: str, path: str) -> Any:
+    """A value of one of ``_SCALARS``' annotations: checked, NaN and infinity refused where a number may hide (a
+    float, a mapping, ``Any``), converted (an int given for a float, a mapping copied)."""
+    accepts, expected = _SCALARS[tp]
+    if not accepts(value):
+        raise ConfigError(where, f"{path}: expected {expected}, got {type(value).__name__} {_brief(value)}")
+    if tp in (Any, float, dict):
+        refuse_non_finite(value, where, path)
+    if tp is float:
+        return float(value)
+    return dict(value) if tp is dict else value
 
 
 def first_non_finite(value: Any, path: str) -> tuple[str, float] | None:

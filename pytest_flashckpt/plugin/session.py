@@ -255,11 +255,16 @@ class SuiteSession:
             return
         self._running = nodeid
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and self._verbosity() <= 0 and reporter.currentfspath is None:
+        if reporter is None or self._verbosity() > 0:
+            return
+        suite_path = self.config.rootpath / nodeid.split("::")[0]
+        if reporter.currentfspath is None:
             if self._verbosity() == 0:
                 reporter.write_line("")
                 self._line_open = False
-            reporter.currentfspath = self.config.rootpath / nodeid.split("::")[0]
+            reporter.currentfspath = suite_path
+        elif reporter.currentfspath != suite_path:
+            self._line_open = True  # another suite or file: pytest starts a line with its name (or its progress)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report, config):
