@@ -31,10 +31,25 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from pytest_flashckpt.config.errors import InputError  # shared with the simulate command
+from pytest_flashckpt.ab.command import add_parser as add_ab_parser
+from pytest_flashckpt.baselines.pool_command import add_parser as add_pool_baseline_parser
+from pytest_flashckpt.config.errors import ConfigError, InputError  # InputError: shared with the simulate command
+from pytest_flashckpt.config.preflight import check_output_folder
 from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
+from pytest_flashckpt.core.claims import CLAIMS
+from pytest_flashckpt.core.files import atomic_write_text
 from pytest_flashckpt.core.result import SCHEMA_VERSION, RunRecord
 from pytest_flashckpt.config.record_file import read_record
+from pytest_flashckpt.history.command import add_parser as add_history_parser
+from pytest_flashckpt.report import write_report
+from pytest_flashckpt.report.compare import DEFAULT_METRICS, compare_markdown
+from pytest_flashckpt.report.terminal import Heartbeat, scenario_line
+from pytest_flashckpt.runner.preflight import check_run, command_flag
+from pytest_flashckpt.runner.summary import end_summary
+from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
+
+# Imported inside the commands that need them, deliberately: runner.suite (``run``) and checkpoint (``inspect``,
+# ``export``) import torch, which ``report``, ``compare``, ``claims`` and ``pool-baseline`` never need.
 
 USAGE_ERROR = 2
 
@@ -45,8 +60,6 @@ or a scenario broke or `inspect` found a corrupt checkpoint, 2 on a usage error 
 
 FAILED = 1
 INTERRUPTED = 2  # as pytest's ExitCode.INTERRUPTED: a run stopped by Ctrl-C / SIGTERM
-
-
 
 
 def _read(path: str) -> RunRecord:
@@ -63,7 +76,7 @@ def _option_flag(name: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.config.errors import ConfigError
+    from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite  # imports torch
 
     def lookup(spec):
         return getattr(args, spec.dest), _option_flag(spec.name)
@@ -72,9 +85,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options = Options.from_lookup(args.suite, lookup)
     except OptionError as exc:
         raise InputError(str(exc)) from None
-    from pytest_flashckpt.report.terminal import Heartbeat, scenario_line
-    from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
-
     try:
         suite = load_checked_suite(args.suite)
     except ConfigError as exc:  # a problem with no file is the option's: an unknown suite name
@@ -92,14 +102,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print("  " + failure.replace("\n", "\n  "), flush=True)
 
     run = SuiteRun(suite, options, progress=progress)
-    from pytest_flashckpt.runner.preflight import check_run, command_flag
-
     try:
         check_run(run, command_flag)  # outputs, device, probe, baseline file, memory, disk: before anything runs
     except ConfigError as exc:
         raise InputError(str(exc)) from None
-    from pytest_flashckpt.runner.summary import end_summary
-
     outputs = run.run_all(on_start=lambda scenario: heartbeat.printed(), on_outcome=done)  # Ctrl-C / SIGTERM: exit 2
     for line in end_summary(run, outputs, flag=command_flag):
         print(line)
@@ -109,11 +115,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.report import write_report
-
-    from pytest_flashckpt.config.errors import ConfigError
-    from pytest_flashckpt.config.preflight import check_output_folder
-
     record = _read(args.results)
     out = Path(args.out) if args.out else Path(args.results).resolve().parent
     try:
@@ -126,10 +127,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.report.compare import DEFAULT_METRICS, compare_markdown
-
-    from pytest_flashckpt.core.files import atomic_write_text
-
     out = Path(args.out) if args.out else None
     if out is not None and (out.is_dir() or not out.parent.is_dir()):  # before reading: a usage error, not a traceback
         raise InputError(f"--out {out}: {'is a folder' if out.is_dir() else 'its folder does not exist'}; "
@@ -144,8 +141,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_claims(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.core.claims import CLAIMS
-
     for claim in CLAIMS.values():
         print(f"{claim.id}: {claim.title} -- {claim.strategy}")
         print(f"    claimed: saving {claim.describe_saving()} (holds within ±{claim.saving_tolerance * 100:.0f} pp), "
@@ -157,7 +152,7 @@ def _cmd_claims(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.checkpoint.errors import CheckpointError
+    from pytest_flashckpt.checkpoint.errors import CheckpointError  # imports torch
     from pytest_flashckpt.checkpoint.inspection import inspect_checkpoint
 
     try:
@@ -169,7 +164,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from pytest_flashckpt.checkpoint.errors import CheckpointError
+    from pytest_flashckpt.checkpoint.errors import CheckpointError  # imports torch
     from pytest_flashckpt.checkpoint.export import export_weights
 
     try:
@@ -182,8 +177,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pytest_flashckpt.report.compare import DEFAULT_METRICS
-
     parser = argparse.ArgumentParser(
         prog="flashckpt",
         description="Reports from pytest-flashckpt suite runs: the article's claims beside measured memory, time and checkpoint I/O.",
@@ -191,7 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run_parser(sub)
+    _add_results_parsers(sub)
+    _add_checkpoint_parsers(sub)
+    add_simulate_parser(sub)
+    add_pool_baseline_parser(sub)
+    add_ab_parser(sub)
+    add_history_parser(sub)
+    return parser
 
+
+def _add_run_parser(sub) -> None:
+    """``run``: the plugin's options (``config.run_options.OPTIONS``) without their ``flashckpt-`` prefix."""
     run = sub.add_parser("run", help="run a scenario suite without pytest; writes results.json and the report",
                          description="Measure a suite (shipped name or YAML path) as pytest --flashckpt-suite does, "
                                      "judge it against the baseline and write results.json and the markdown report.")
@@ -205,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help=f"{spec.help} (default: {spec.default})")
     run.set_defaults(run=_cmd_run)
 
+
+def _add_results_parsers(sub) -> None:
+    """The commands that read only results files (never torch): ``report``, ``compare``, ``claims``."""
     report = sub.add_parser("report", help="re-render the markdown report (and plots) from a results file",
                             description="Re-render flashckpt-report.md and its PNG plots from a results.json.")
     report.add_argument("results", metavar="RESULTS.json", help="a results file written by a suite run")
@@ -224,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     claims = sub.add_parser("claims", help="list the article's claims and how each is judged")
     claims.set_defaults(run=_cmd_claims)
 
+
+def _add_checkpoint_parsers(sub) -> None:
+    """The commands that read a checkpoint: ``inspect`` and ``export``."""
     inspect = sub.add_parser("inspect", help="a checkpoint's step, strategy, files and sizes, and its manifest check",
                              description="Print a checkpoint's step, the strategy that wrote it, its files and sizes, and "
                                          "whether they match its manifest (exit 1 when not). CKPT is a checkpoint folder "
@@ -238,17 +248,6 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", metavar="CKPT", help="a checkpoint folder or a checkpoint root (its latest)")
     export.add_argument("out", metavar="OUT", help="the file to write: *.safetensors or *.pt")
     export.set_defaults(run=_cmd_export)
-
-    from pytest_flashckpt.ab.command import add_parser as add_ab_parser
-    from pytest_flashckpt.baselines.pool_command import add_parser as add_pool_baseline_parser
-    from pytest_flashckpt.history.command import add_parser as add_history_parser
-    from pytest_flashckpt.simulate.cli import add_parser as add_simulate_parser
-
-    add_simulate_parser(sub)
-    add_pool_baseline_parser(sub)
-    add_ab_parser(sub)
-    add_history_parser(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from pytest_flashckpt.baselines.regression_verdicts import metric_kind
 from pytest_flashckpt.core import metrics
 from pytest_flashckpt.core.metrics import Measurements, UnknownMetric
 from pytest_flashckpt.core.result import Result
-from pytest_flashckpt.plugin.fixture import Measurement
+from pytest_flashckpt.plugin.measurement import Measurement
 from pytest_flashckpt.plugin.marker_budgets import SPECS, violations
 from pytest_flashckpt.runner.passes import SavePass, TimingPass
 from pytest_flashckpt.config.record_file import record_from_dict
@@ -102,3 +102,29 @@ def test_formatting_reads_the_table():
     assert metrics.format_metric("stall_vs_sync", 0.25) == "25.0%"
     assert metrics.format_metric("overhead", 1.234) == "1.23x"
     assert metrics.format_metric("some_probe_extra_bytes", 2**20) == "1.0 MiB"  # outside the table: by suffix
+
+
+def test_the_vocabulary_keeps_labels_apart_from_numbers_and_answers_the_default_lists():
+    """Texts are Label rows (never gated, budgeted or compared); the default lists are read off the rows."""
+    assert {"strategy", "format", "budget_plan", "peak_source"} <= set(metrics.LABELS)
+    assert all(row.unit == "text" for row in metrics.LABELS.values())
+    assert all(row.unit != "text" for row in metrics.NUMBERS.values())
+    assert metrics.METRICS == {**metrics.NUMBERS, **metrics.LABELS}
+    assert not set(metrics.LABELS) & (set(metrics.GATED) | set(metrics.COMPARED) | set(metrics.FOLLOWED))
+    assert metrics.COMPARED[:2] == ("peak_bytes", "memory_saving") and metrics.FOLLOWED[0] == "overhead"
+    assert all(metrics.METRICS[name].per_save for name in metrics.PER_SAVE) and "load_s" not in metrics.PER_SAVE
+    with pytest.raises(TypeError, match="'strategy' is text"):
+        metrics.Label("strategy", "text", "info", "x", gated=True)
+    with pytest.raises(TypeError, match="a text is a Label row"):
+        metrics.Metric("strategy", "text", "info", "x")
+
+
+def test_a_label_takes_a_text_and_a_number_does_not():
+    measured = Measurements()
+    measured.record("strategy", "async")
+    measured.record("peak_bytes", None)  # not measurable here
+    with pytest.raises(TypeError, match="'strategy' is a label"):
+        measured.record("strategy", 3)
+    with pytest.raises(TypeError, match="'peak_bytes' is a number"):
+        measured.record("peak_bytes", "1 GiB")
+    assert dict(measured) == {"strategy": "async", "peak_bytes": None}

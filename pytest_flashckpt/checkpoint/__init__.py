@@ -36,12 +36,11 @@ from pytest_flashckpt.checkpoint.errors import (
 from pytest_flashckpt.checkpoint.lock import FolderLockedError
 from pytest_flashckpt.checkpoint.loading import KeyReport, LoadedCheckpoint, load_blocks, load_into, load_model_tensors, read_checkpoint, resume_latest
 from pytest_flashckpt.checkpoint.measure import run_checkpoint_pass
-from pytest_flashckpt.checkpoint.metrics import SAVE_METRICS, SaveRecord
+from pytest_flashckpt.checkpoint.metrics import SaveRecord
 from pytest_flashckpt.checkpoint.scheduling import Deferral, process_memory
 from pytest_flashckpt.checkpoint.time_lost import measure_time_lost
 
 __all__ = [
-    "SAVE_METRICS",
     "CheckpointError",
     "CheckpointFallbackWarning",
     "CheckpointManager",

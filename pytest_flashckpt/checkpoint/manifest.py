@@ -18,6 +18,7 @@ import numpy as np
 import safetensors
 import torch
 
+import pytest_flashckpt
 from pytest_flashckpt.checkpoint.errors import CorruptCheckpointError, NoCheckpointError
 from pytest_flashckpt.checkpoint.formats import fsync_path
 from pytest_flashckpt.checkpoint.paths import confined
@@ -54,8 +55,6 @@ def sha256_file(path: Path) -> str:
 
 
 def versions() -> dict[str, str]:
-    import pytest_flashckpt
-
     return {
         "torch": torch.__version__,
         "safetensors": safetensors.__version__,

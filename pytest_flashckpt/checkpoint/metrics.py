@@ -1,17 +1,18 @@
 """Per-save measurements, named as in the metric vocabulary (``pytest_flashckpt.core.metrics``), and their medians.
 
 ``PER_SAVE_METRICS``: the ``SaveRecord`` fields a checkpoint pass records as the median over its saves, with every
-save's value as the samples (``COUNTED`` among them are whole numbers); ``SAVE_METRICS``: those and the load time,
-the vocabulary names every checkpoint pass measures (``run_checkpoint_pass``)."""
+save's value as the samples (the vocabulary's ``per_save`` rows); ``COUNTED`` among them are whole numbers (their
+rows' ``whole``: bytes and files), so their median is an integer."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
-PER_SAVE_METRICS = ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files")
-COUNTED = ("bytes_written", "save_extra_peak_bytes", "files")
-SAVE_METRICS = (*PER_SAVE_METRICS, "load_s")
+from pytest_flashckpt.core.metrics import METRICS, PER_SAVE
+
+PER_SAVE_METRICS = PER_SAVE
+COUNTED = tuple(name for name in PER_SAVE if METRICS[name].whole)
 
 
 @dataclass

@@ -16,9 +16,12 @@ import math
 import os
 import types
 import typing
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+import yaml
 
 from pytest_flashckpt.config.errors import ConfigError
+from pytest_flashckpt.config.strict_yaml import Refused, StrictLoader
 
 T = TypeVar("T")
 
@@ -68,18 +71,7 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
             raise ConfigError(where, f"{path}: {_brief(value)} is not a valid choice", f"valid: {', '.join(map(str, choices))}")
         return value
     if origin in (typing.Union, types.UnionType):
-        options = get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return coerce(option, value, where, path)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise errors[0]
+        return _coerce_union(get_args(tp), value, where, path)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(where, f"{path}: expected a list, got {type(value).__name__} {_brief(value)}")
@@ -87,35 +79,52 @@ def coerce(tp: Any, value: Any, where: str, path: str) -> Any:
         items = [coerce(item_tp, v, where, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        return build(tp, value, where, path)
-    if tp is Any:
-        refuse_non_finite(value, where, path)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(where, f"{path}: expected a number, got {type(value).__name__} {_brief(value)}")
-        refuse_non_finite(value, where, path)
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"{path}: expected an integer, got {type(value).__name__} {_brief(value)}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(where, f"{path}: expected true or false, got {type(value).__name__} {_brief(value)}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(where, f"{path}: expected a string, got {type(value).__name__} {_brief(value)}")
-        return value
-    if tp is dict or get_origin(tp) is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(where, f"{path}: expected a mapping, got {type(value).__name__} {_brief(value)}")
-        refuse_non_finite(value, where, path)
-        return dict(value)
+        return value if isinstance(value, tp) else build(tp, value, where, path)
+    if tp is dict or origin is dict:
+        tp = dict
+    if tp in _SCALARS:
+        return _coerce_scalar(tp, value, where, path)
     raise TypeError(f"unsupported config annotation {tp!r} at {path}")
+
+
+def _coerce_union(options: tuple, value: Any, where: str, path: str) -> Any:
+    """``X | Y | None``: None where allowed, else the first option ``value`` fits; the first option's error when
+    none does."""
+    if value is None and type(None) in options:
+        return None
+    errors = []
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return coerce(option, value, where, path)
+        except ConfigError as exc:
+            errors.append(exc)
+    raise errors[0]
+
+
+# annotation -> (what it accepts, how an error names it); bool is refused where a number is expected
+_SCALARS: dict[Any, tuple[Callable[[Any], bool], str]] = {
+    Any: (lambda v: True, "anything"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    str: (lambda v: isinstance(v, str), "a string"),
+    dict: (lambda v: isinstance(v, dict), "a mapping"),
+}
+
+
+def _coerce_scalar(tp: Any, value: Any, where: str, path: str) -> Any:
+    """A value of one of ``_SCALARS``' annotations: checked, NaN and infinity refused where a number may hide (a
+    float, a mapping, ``Any``), converted (an int given for a float, a mapping copied)."""
+    accepts, expected = _SCALARS[tp]
+    if not accepts(value):
+        raise ConfigError(where, f"{path}: expected {expected}, got {type(value).__name__} {_brief(value)}")
+    if tp in (Any, float, dict):
+        refuse_non_finite(value, where, path)
+    if tp is float:
+        return float(value)
+    return dict(value) if tp is dict else value
 
 
 def first_non_finite(value: Any, path: str) -> tuple[str, float] | None:
@@ -152,134 +161,10 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-MAX_ALIAS_VALUES = 10_000  # values aliases may add to a file when expanded (the largest shipped file holds 254 in all)
-
-
-def _strict_loader():
-    """A ``yaml.SafeLoader`` that refuses what a config file never needs and an adversary could abuse: a key given
-    twice in one mapping (PyYAML silently keeps the last value), an alias that refers to itself, and aliases that
-    expand a file by more than ``MAX_ALIAS_VALUES`` values (a 500-byte "billion laughs" file of nested ``&a`` /
-    ``*a`` expands to gigabytes). Anchors and aliases that repeat a block (a model mapping used by several
-    scenarios) stay allowed, and so do merge keys (``<<: *defaults``, with the spec's override order). Built on
-    first use, so importing this module needs no PyYAML."""
-    import yaml
-
-    class Refused(yaml.constructor.ConstructorError):
-        """Valid YAML that a pytest-flashckpt file may not use (a duplicate key, an alias bomb, a recursive alias)."""
-
-    def children(node):
-        if isinstance(node, yaml.SequenceNode):
-            return list(node.value)
-        if isinstance(node, yaml.MappingNode):
-            return [n for pair in node.value for n in pair]
-        return []
-
-    def check_expansion(root) -> None:
-        """Count the file's values with every alias expanded (each node's count computed once and capped, so the
-        count costs only the file's size) against its values as written; refuse a recursive alias."""
-        written: set[int] = set()
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            if id(node) not in written:
-                written.add(id(node))
-                stack.extend(children(node))
-        limit = len(written) + MAX_ALIAS_VALUES
-        sizes: dict[int, int] = {}
-        active: set[int] = set()
-
-        def size(node) -> int:
-            key = id(node)
-            if key in sizes:
-                return sizes[key]
-            if key in active:
-                raise Refused(None, None, "a YAML alias refers to a mapping or list that contains it (a recursive "
-                              "alias); write the value out", node.start_mark)
-            active.add(key)
-            total = 1
-            for child in children(node):
-                total = min(total + size(child), limit + 1)
-            active.discard(key)
-            sizes[key] = total
-            return total
-
-        if size(root) > limit:
-            raise Refused(None, None, f"YAML aliases expand this file by more than {MAX_ALIAS_VALUES:,} values (an "
-                          "alias bomb?); write the values out or use fewer aliases", root.start_mark)
-
-    class StrictLoader(yaml.SafeLoader):
-        def get_single_node(self):
-            node = super().get_single_node()
-            if node is not None:
-                check_expansion(node)
-            return node
-
-        def flatten_mapping(self, node):
-            """YAML merge keys, as the spec has them: ``<<: *defaults`` or ``<<: [*a, *b]`` brings each merged
-            map's keys in, an earlier map of a list winning over a later one and the mapping's own keys over them
-            all. PyYAML's own ``flatten_mapping`` keeps the first of each merged key by the ``id()`` of the key's
-            string, so two equal keys written in two maps are both kept and the later map wins; here a key is
-            known by its tag and text. The result holds each merged key once, so a merged map that is constructed
-            again later is not mistaken for one that writes a key twice."""
-            merged, own = [], []
-            for key_node, value_node in node.value:
-                if key_node.tag != "tag:yaml.org,2002:merge":
-                    if key_node.tag == "tag:yaml.org,2002:value":
-                        key_node.tag = "tag:yaml.org,2002:str"
-                    own.append((key_node, value_node))
-                    continue
-                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
-                for source in sources:
-                    if not isinstance(source, yaml.MappingNode):
-                        raise yaml.constructor.ConstructorError(
-                            "while constructing a mapping", node.start_mark,
-                            f"a merge key (<<) takes a mapping or a list of mappings, not a {source.id}", source.start_mark)
-                    self.flatten_mapping(source)
-                    merged.extend(source.value)
-
-            def ident(key_node):
-                return (key_node.tag, key_node.value) if isinstance(key_node, yaml.ScalarNode) else id(key_node)
-
-            seen = {ident(key_node) for key_node, _ in own}
-            kept = []
-            for key_node, value_node in merged:
-                if ident(key_node) not in seen:
-                    seen.add(ident(key_node))
-                    kept.append((key_node, value_node))
-            node.value = kept + own
-
-        def construct_mapping(self, node, deep=False):
-            """Refuse a key the mapping itself writes twice, before YAML merge keys (``<<: *defaults``, or a list
-            of maps) are flattened in: a key a merge brings that the mapping also writes is YAML's override (the
-            mapping's own key wins), never an error. Two ``<<`` keys in one mapping are a key given twice."""
-            seen: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    key = "<<"
-                else:
-                    key = self.construct_object(key_node, deep=True)
-                try:
-                    hash(key)
-                except TypeError:
-                    continue  # SafeLoader's own error follows
-                if key in seen:
-                    raise Refused(
-                        None, None, f"key {key!r} is given twice in one mapping (first on line {seen[key] + 1}); "
-                        "keep one", key_node.start_mark)
-                seen[key] = key_node.start_mark.line
-            return super().construct_mapping(node, deep=deep)  # flattens the merges (SafeConstructor)
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, StrictLoader.construct_mapping)
-    StrictLoader.Refused = Refused
-    return StrictLoader
-
-
 def load_yaml(path) -> Any:
     """Parse a YAML file strictly (UTF-8; no duplicate keys, no alias bombs or recursive aliases); every problem (syntax, an
     unreadable file, a folder, bytes that are not UTF-8) is one ConfigError naming the file, and the line where
     there is one."""
-    import yaml
-
     where = str(path)
     if os.path.isdir(path):
         raise ConfigError(where, "is a directory, not a YAML file", "name a .yaml file inside it, or a shipped name")
@@ -294,14 +179,13 @@ def load_yaml(path) -> Any:
         line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError(where, f"line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
                           "save the file as UTF-8") from None
-    loader = _strict_loader()
     try:
-        return yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where_line = f"line {mark.line + 1}: " if mark is not None else ""
         problem = " ".join(p for p in (exc.context, exc.problem) if p)
-        kind = "" if isinstance(exc, loader.Refused) else "not valid YAML: "
+        kind = "" if isinstance(exc, Refused) else "not valid YAML: "
         raise ConfigError(where, f"{where_line}{kind}{_short(problem)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(where, f"not valid YAML: {_short(str(exc))}") from None

@@ -6,6 +6,13 @@ that bounds it (if any) and the formatter the report uses. The runner, the fixtu
 report, ``flashckpt compare`` and the budgets read this table instead of keeping their own lists, so adding a
 metric is: a row here plus the code that produces it (docs/architecture.md, "How to add ... A metric").
 
+The vocabulary has two tables: ``NUMBERS``, the measured quantities (the gated ones among them), and ``LABELS``,
+the texts a run records beside them (which ``strategy`` ran, the checkpoint ``format``, the ``budget_plan``, the
+datasheet ``peak_source``): reported as written, never gated, compared or formatted as a number. ``METRICS`` is
+both. The lists other modules show by default are attributes of a number's row, not lists of their own:
+``compare_order`` (``COMPARED``, what ``flashckpt compare`` shows), ``history_order`` (``FOLLOWED``, what
+``flashckpt history`` follows) and ``per_save`` (``PER_SAVE``, the medians over a checkpoint pass's saves).
+
 A measurement is written through ``Measurements.record(metric, value, samples=(), per_rank=())`` (a pass's
 measurements) or ``Result.record`` (the same call on a scenario's result): a name outside this table is refused
 there, at the producer, with the valid names. Samples (per round, per save) and per-rank values are kept under the
@@ -22,7 +29,7 @@ Kinds:
 - ``time``: absolute seconds: recorded, gated only when asked (``--flashckpt-gate-times``);
 - ``info``: recorded and reported, never gated.
 
-This module imports nothing from the project (and no torch): every layer may read it.
+This module imports only ``core.numbers`` from the project (and no torch): every layer may read it.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import difflib
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from pytest_flashckpt.core import numbers
 
 Kind = Literal["exact", "memory", "sampled", "ratio", "time", "info"]
 Worse = Literal["higher", "lower"]
@@ -51,6 +60,18 @@ class Metric:
     # its level differs between hosts of one profile with nothing changed (baselines/README.md, "Across hosts"):
     # against a baseline of one host's runs it is gated only at Thresholds.host_tolerance, `unstable` below it
     host_sensitive: bool = False
+    per_save: bool = False  # a checkpoint pass records the median over its saves, every save's value the samples
+    compare_order: int = 0  # its place in what `flashckpt compare` shows by default (1 first; 0: only with --metric)
+    history_order: int = 0  # its place in what `flashckpt history` follows by default (1 first; 0: only with --metric)
+
+    def __post_init__(self) -> None:
+        if (self.unit == "text") != isinstance(self, Label):
+            raise TypeError(f"metric {self.name!r}: a text is a Label row, a number a Metric row (unit {self.unit!r})")
+
+    @property
+    def whole(self) -> bool:
+        """Counted in whole units (bytes, files, FLOPs): a median of its samples is rounded down to an integer."""
+        return self.unit in ("B", "count", "FLOP")
 
     @property
     def fraction(self) -> bool:
@@ -63,36 +84,51 @@ class Metric:
         return self.kind in ("ratio", "time")
 
 
-_TABLE = (
+@dataclass(frozen=True)
+class Label(Metric):
+    """A text a run records beside its numbers (which strategy ran, a plan, where a datasheet peak comes from):
+    reported as written; never gated, bounded by a budget or compared."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gated or self.budget or self.compare_order or self.history_order or self.per_save:
+            raise TypeError(f"label {self.name!r} is text: it cannot be gated, budgeted, compared or followed")
+
+
+def _label(name: str, description: str) -> Label:
+    return Label(name, "text", "info", description)
+
+
+_NUMBERS = (
     # gated metrics first, in the order verdict rows list them
-    Metric("peak_bytes", "B", "memory", "most memory alive at once during one training step", gated=True, budget="max_peak_memory", fmt="mib"),
+    Metric("peak_bytes", "B", "memory", "most memory alive at once during one training step", gated=True, budget="max_peak_memory", fmt="mib", compare_order=1, history_order=3),
     Metric("state_bytes", "B", "memory", "memory alive across steps (weights, optimizer state, batch)", gated=True, fmt="mib"),
-    Metric("save_extra_peak_bytes", "B", "sampled", "memory a save adds on top of training (staging buffers, transient peak)", gated=True, fmt="mib"),
+    Metric("save_extra_peak_bytes", "B", "sampled", "memory a save adds on top of training (staging buffers, transient peak)", gated=True, fmt="mib", compare_order=10, per_save=True),
     Metric("step_flops", "FLOP", "exact", "floating-point operations of one training step", gated=True, fmt="gflop"),
     # container metadata (zip entries, pickled names, DCP .metadata) may vary by a few hundred bytes: 1e-4 of the
     # tiny model's ~150 MB checkpoint is ~15 KB, far below a dropped or duplicated tensor (>= 1 MB there)
-    Metric("bytes_written", "B", "exact", "bytes one save writes", gated=True, slack=1e-4),
-    Metric("files", "count", "exact", "files one save writes", gated=True, fmt="count"),
-    Metric("overhead", "ratio", "ratio", "median per-round step time / reference step time", gated=True, budget="max_overhead", fmt="ratio", needs="reference="),
-    Metric("stall_vs_copy", "ratio", "ratio", "median per-save stall of a staged save / a blocking copy of the same state timed just before it (saves 2..n; the gated stall)", gated=True, fmt="ratio", host_sensitive=True),
+    Metric("bytes_written", "B", "exact", "bytes one save writes", gated=True, slack=1e-4, per_save=True),
+    Metric("files", "count", "exact", "files one save writes", gated=True, fmt="count", per_save=True),
+    Metric("overhead", "ratio", "ratio", "median per-round step time / reference step time", gated=True, budget="max_overhead", fmt="ratio", needs="reference=", compare_order=4, history_order=1),
+    Metric("stall_vs_copy", "ratio", "ratio", "median per-save stall of a staged save / a blocking copy of the same state timed just before it (saves 2..n; the gated stall)", gated=True, fmt="ratio", host_sensitive=True, history_order=2),
     Metric("stall_vs_sync", "fraction", "info", "median per-save stall / the reference's synchronous save time (save i over the reference's save i; the article's async criterion)", fmt="pct"),
-    Metric("save_stall_s", "s", "time", "how long a save blocks the training loop", gated=True, budget="max_save_stall", fmt="ms", needs="save="),
-    Metric("step_time_s", "s", "time", "median step time", gated=True, budget="max_step_time", fmt="ms"),
-    Metric("save_total_s", "s", "time", "until a save is durable and committed", gated=True, fmt="ms"),
-    Metric("load_s", "s", "time", "loading and verifying the last checkpoint", gated=True, fmt="ms"),
+    Metric("save_stall_s", "s", "time", "how long a save blocks the training loop", gated=True, budget="max_save_stall", fmt="ms", needs="save=", compare_order=6, history_order=5, per_save=True),
+    Metric("step_time_s", "s", "time", "median step time", gated=True, budget="max_step_time", fmt="ms", compare_order=3, history_order=4),
+    Metric("save_total_s", "s", "time", "until a save is durable and committed", gated=True, fmt="ms", compare_order=7, per_save=True),
+    Metric("load_s", "s", "time", "loading and verifying the last checkpoint", gated=True, fmt="ms", compare_order=9),
     # recorded and reported
     Metric("reference_peak_bytes", "B", "info", "the reference's peak_bytes", fmt="mib"),
-    Metric("memory_saving", "fraction", "info", "1 - peak / reference peak", worse="lower", budget="min_memory_saving", fmt="pct", needs="reference="),
+    Metric("memory_saving", "fraction", "info", "1 - peak / reference peak", worse="lower", budget="min_memory_saving", fmt="pct", needs="reference=", compare_order=2),
     Metric("analytic_peak_bytes", "B", "info", "the analytic model's peak for this scenario", fmt="mib"),
     Metric("analytic_memory_saving", "fraction", "info", "the analytic model's saving", worse="lower", fmt="pct"),
     Metric("reference_step_time_s", "s", "info", "the reference's median step time", fmt="ms"),
     Metric("overhead_min", "ratio", "info", "smallest per-round overhead", fmt="ratio"),
     Metric("overhead_max", "ratio", "info", "largest per-round overhead", fmt="ratio"),
     Metric("reference_step_flops", "FLOP", "info", "the reference's step_flops", fmt="gflop"),
-    Metric("flop_ratio", "ratio", "info", "step_flops / reference step_flops", fmt="ratio"),
+    Metric("flop_ratio", "ratio", "info", "step_flops / reference step_flops", fmt="ratio", compare_order=5),
     Metric("reference_save_total_s", "s", "info", "the reference's synchronous save time", fmt="ms"),
     Metric("reference_save_stall_s", "s", "info", "the reference's save stall", fmt="ms"),
-    Metric("write_MBps", "MB/s", "info", "bytes written / write time", worse="lower", fmt="mbps"),
+    Metric("write_MBps", "MB/s", "info", "bytes written / write time", worse="lower", fmt="mbps", compare_order=8, per_save=True),
     Metric("raw_write_MBps", "MB/s", "info", "this disk's raw write bandwidth, measured in the same folder", worse="lower", fmt="mbps"),
     Metric("copy_GBps", "GB/s", "info", "this machine's memory copy bandwidth", worse="lower", fmt="gbps"),
     Metric("write_vs_raw", "fraction", "info", "write_MBps / raw_write_MBps", worse="lower", fmt="pct"),
@@ -108,20 +144,15 @@ _TABLE = (
     Metric("bytes_vs_full", "fraction", "info", "bytes_written / the reference's full save bytes (selective saves write less)", fmt="pct"),
     Metric("mem_threshold_bytes", "B", "info", "scheduled, mem_basis peak: the threshold in bytes (mem_threshold x measured peak)", fmt="mib"),
     Metric("max_save_memory_fraction", "fraction", "info", "scheduled, mem_basis peak: the highest memory reading a save was taken at, of the peak", fmt="pct"),
-    Metric("strategy", "text", "info", "the save strategy that ran"),
-    Metric("format", "text", "info", "the checkpoint file format (torch, safetensors, dcp)"),
-    Metric("verified", "text", "info", "how the loaded checkpoint was checked against the saved state (bitwise)"),
     Metric("cuda_peak_reserved_bytes", "B", "info", "CUDA caching-allocator reserved peak (cuda probe)", fmt="mib"),
     Metric("nvml_peak_used_bytes", "B", "info", "device memory used at its sampled peak (nvml probe)", fmt="mib"),
     Metric("nvml_context_bytes", "B", "info", "device memory outside torch (CUDA context; nvml probe)", fmt="mib"),
     Metric("nvml_context_created_by_probe", "count", "info", "1 when the nvml probe created the CUDA context itself (then reported apart)", fmt="count"),
     Metric("nvml_samples", "count", "info", "device memory readings the nvml probe's sampler took", fmt="count"),
-    Metric("nvml_memory_api", "text", "info", "the NVML memory call the nvml probe read (v2: used excludes reserved; v1)"),
     Metric("rss_samples", "count", "info", "resident-memory readings the rss probe's sampler took", fmt="count"),
     Metric("cuda_other_live_bytes", "B", "info", "device memory alive at the probe's start that is not this scenario's (other objects)", fmt="mib"),
     # checkpoint pass: GPU staging, overlapped copy, time lost per save (checkpoint/time_lost.py)
     Metric("save_staging_host_bytes", "B", "info", "pinned host staging of a GPU save (host memory; not in save_extra_peak_bytes there)", fmt="mib"),
-    Metric("staging", "text", "info", "how an async save copies its snapshot (overlapped: during the next step)"),
     Metric("fence_wait_s", "s", "info", "how long optimizer.step waited for an overlapped copy (part of save_stall_s)", fmt="ms"),
     # time lost can be near zero or negative (an overlapped save), so it is judged as an absolute time (gated with
     # --flashckpt-gate-times, on its per-round samples), not as a relative ratio
@@ -160,7 +191,6 @@ _TABLE = (
     Metric("korthikanti_block_bytes", "B", "info", "the published per-layer formula s*b*h*(34 + 5*a*s/h) (16-bit)", fmt="mib"),
     Metric("simulate_seconds", "s", "info", "wall time of the simulation", fmt="ms"),
     # the budget strategy planned from simulated costs (simulate.costs): the plan and what it predicts
-    Metric("budget_plan", "text", "info", "the budget strategy's plan: option per block, predicted peak, solve time"),
     Metric("budget_bytes", "B", "info", "the budget the plan had to fit (resolved to bytes)", fmt="mib"),
     Metric("budget_predicted_peak_bytes", "B", "info", "the plan's predicted peak", fmt="mib"),
     Metric("budget_min_peak_bytes", "B", "info", "the smallest achievable peak (every block planned for least memory)", fmt="mib"),
@@ -178,10 +208,7 @@ _TABLE = (
     Metric("mfu", "fraction", "info", "model FLOP/s / the device's dense datasheet peak for the dtype (MFU)", worse="lower", fmt="pct"),
     Metric("hfu", "fraction", "info", "hardware FLOP/s / the device's dense datasheet peak for the dtype (HFU)", worse="lower", fmt="pct"),
     Metric("peak_flops_per_s", "FLOP/s", "info", "the dense datasheet peak MFU is judged against", fmt="flops_rate"),
-    Metric("peak_source", "text", "info", "the datasheet peak's product, precision and source document"),
-    Metric("mfu_absent", "text", "info", "why there is no datasheet MFU (a CPU, an unknown device, a precision the datasheet lacks)"),
     Metric("roofline_flops_per_s", "FLOP/s", "info", "measured matmul roofline: best torch.mm FLOP/s at the step's GEMM shapes and dtype", worse="lower", fmt="flops_rate"),
-    Metric("roofline_shape", "text", "info", "the GEMM shape (M x K x N, dtype) where the roofline was reached"),
     Metric("mfu_roofline", "fraction", "info", "model FLOP/s / the measured matmul roofline", worse="lower", fmt="pct"),
     Metric("hfu_roofline", "fraction", "info", "hardware FLOP/s / the measured matmul roofline", worse="lower", fmt="pct"),
     Metric("reference_mfu", "fraction", "info", "the reference's MFU over the same interleaved rounds (its HFU is the same)", worse="lower", fmt="pct"),
@@ -191,22 +218,50 @@ _TABLE = (
     Metric("staging_vs_copy", "fraction", "info", "staging_GBps / copy_GBps: the staging copy against this machine's measured memory copy", worse="lower", fmt="pct"),
 )
 
-METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}
-GATED: tuple[str, ...] = tuple(m.name for m in _TABLE if m.gated)
+_LABELS = (
+    # the checkpoint pass (checkpoint/measure.py)
+    _label("strategy", "the save strategy that ran"),
+    _label("format", "the checkpoint file format (torch, safetensors, dcp)"),
+    _label("verified", "how the loaded checkpoint was checked against the saved state (bitwise)"),
+    _label("staging", "how an async save copies its snapshot (overlapped: during the next step)"),
+    # memory probes (pytest_flashckpt/probes)
+    _label("nvml_memory_api", "the NVML memory call the nvml probe read (v2: used excludes reserved; v1)"),
+    # the budget strategy (simulate.costs)
+    _label("budget_plan", "the budget strategy's plan: option per block, predicted peak, solve time"),
+    # throughput (pytest_flashckpt/throughput)
+    _label("peak_source", "the datasheet peak's product, precision and source document"),
+    _label("mfu_absent", "why there is no datasheet MFU (a CPU, an unknown device, a precision the datasheet lacks)"),
+    _label("roofline_shape", "the GEMM shape (M x K x N, dtype) where the roofline was reached"),
+)
+
+NUMBERS: dict[str, Metric] = {m.name: m for m in _NUMBERS}
+"""The measured quantities: gated, budgeted, compared, formatted by unit."""
+LABELS: dict[str, Label] = {m.name: m for m in _LABELS}
+"""The texts recorded beside them (``strategy``, ``format``, ``budget_plan``, ``peak_source``...)."""
+assert not set(NUMBERS) & set(LABELS), "a name is both a number and a label"
+METRICS: dict[str, Metric] = {**NUMBERS, **LABELS}
+"""Every name a run may record: the numbers, then the labels."""
+
+
+def _in_order(place: str) -> tuple[str, ...]:
+    """The numbers with a nonzero ``place`` attribute, by it: a default list read off the vocabulary."""
+    ranked = sorted((getattr(m, place), m.name) for m in _NUMBERS if getattr(m, place))
+    places = [rank for rank, _ in ranked]
+    assert places == list(range(1, len(ranked) + 1)), f"{place}: the places must be 1..n, each once: {ranked}"
+    return tuple(name for _, name in ranked)
+
+
+GATED: tuple[str, ...] = tuple(m.name for m in _NUMBERS if m.gated)
 """A baseline stores exactly these (plus their per-round samples); every one is "higher is worse"."""
 assert all(METRICS[n].worse == "higher" for n in GATED), "the gate judges increases as regressions"
-SAMPLED: tuple[str, ...] = tuple(m.name for m in _TABLE if m.gated and m.has_samples)
-BUDGETS: dict[str, Metric] = {m.budget: m for m in _TABLE if m.budget}
-COMPARED: tuple[str, ...] = (
-    "peak_bytes", "memory_saving", "step_time_s", "overhead", "flop_ratio",
-    "save_stall_s", "save_total_s", "write_MBps", "load_s", "save_extra_peak_bytes",
-)
+SAMPLED: tuple[str, ...] = tuple(m.name for m in _NUMBERS if m.gated and m.has_samples)
+BUDGETS: dict[str, Metric] = {m.budget: m for m in _NUMBERS if m.budget}
+COMPARED: tuple[str, ...] = _in_order("compare_order")
 """What ``flashckpt compare`` shows by default (``--metric`` picks others)."""
-assert set(COMPARED) <= set(METRICS), "COMPARED names a metric outside the vocabulary"
-
-
-def get(name: str) -> Metric | None:
-    return METRICS.get(name)
+FOLLOWED: tuple[str, ...] = _in_order("history_order")
+"""What ``flashckpt history`` follows by default (``--metric`` picks others)."""
+PER_SAVE: tuple[str, ...] = tuple(m.name for m in _NUMBERS if m.per_save)
+"""The medians over a checkpoint pass's saves (``SaveRecord`` fields), each with every save's value as samples."""
 
 
 class UnknownMetric(ValueError):
@@ -221,7 +276,7 @@ def spec(name: str) -> Metric:
     close = difflib.get_close_matches(name, METRICS, n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise UnknownMetric(
-        f"{name!r} is not a metric of the vocabulary{hint}; add a Metric row to pytest_flashckpt/core/metrics.py "
+        f"{name!r} is not a metric of the vocabulary{hint}; add a Metric (or Label) row to pytest_flashckpt/core/metrics.py "
         f"or record one of: {', '.join(METRICS)}"
     )
 
@@ -261,8 +316,12 @@ def record_into(
     metric: str, value: MetricValue, samples: Iterable[float] = (), per_rank: Iterable[float] = (),
 ) -> None:
     """The one write of a measurement (``Measurements.record``, ``Result.record``): ``metric`` must be a vocabulary
-    name (``UnknownMetric`` otherwise); its samples and per-rank values are kept under its own name when given."""
-    spec(metric)
+    name (``UnknownMetric`` otherwise), a label's value a text, a number's not; its samples and per-rank values are
+    kept under its own name when given."""
+    row = spec(metric)
+    if value is not None and isinstance(value, str) != isinstance(row, Label):
+        kind = "a label: its value is a text" if isinstance(row, Label) else "a number: its value cannot be a text"
+        raise TypeError(f"metric {metric!r} is {kind}, not {value!r}")
     values[metric] = value
     samples, per_rank = list(samples), list(per_rank)
     if samples:
@@ -322,8 +381,6 @@ def judged_as(name: str, exact_probe: bool) -> Literal["exact", "memory", "ratio
 
 def format_metric(name: str, value: object) -> str:
     """A metric's value as a person reads it; names outside the table fall back to their suffix (probe extras)."""
-    from pytest_flashckpt.core import numbers
-
     if value is None or isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
         return numbers.number(value)
     spec = METRICS.get(name)

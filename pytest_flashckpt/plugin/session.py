@@ -6,6 +6,14 @@ judgement), the one ``flashckpt run``'s loop uses. The session's end calls ``Sui
 report, the step summary) and prints the end summary both front ends share (``runner.summary.end_summary``).
 Configuration problems are found before anything runs (every scenario validated, every model card read), so a run
 that fails to configure writes nothing.
+
+It imports torch (through ``runner.suite``), so ``plugin.hooks`` imports it only when a suite is asked for.
+Only pytest's public hooks and API: the scenarios join the collection in ``pytest_collection_modifyitems`` through
+``Session.genitems`` (with no test paths ``pytest_ignore_collect`` leaves the suite alone in it), lines go through
+``TerminalReporter.write_line`` and ``section``. pytest-xdist needs three more: ``pytest_xdist_make_scheduler`` (every
+scenario on one worker, so no two time each other's load), ``config.workeroutput`` (a worker hands its results to the
+controller in ``pytest_sessionfinish``) and ``pytest_testnodedown`` (the controller takes them); the controller
+alone writes results.json, the report and the baseline.
 """
 
 from __future__ import annotations
@@ -14,17 +22,19 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_flashckpt.config.errors import ConfigError
-from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.run_options import Options
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for
 from pytest_flashckpt.core.result import Result
-
-if TYPE_CHECKING:
-    from pytest_flashckpt.runner.suite import ScenarioOutcome
+from pytest_flashckpt.plugin.benchmark_bridge import BenchmarkBridge
+from pytest_flashckpt.report.terminal import Heartbeat, scenario_line
+from pytest_flashckpt.runner.preflight import check_run
+from pytest_flashckpt.runner.suite import ScenarioOutcome, SuiteRun, interrupts_as_keyboard_interrupt, load_checked_suite
+from pytest_flashckpt.runner.summary import end_summary
 
 
 class ScenarioItem(pytest.Item):
@@ -95,10 +105,6 @@ class SuiteSession:
     """The pytest face of a ``SuiteRun``: it adds test items, pytest-benchmark and the terminal summary."""
 
     def __init__(self, config: pytest.Config, options: Options, suite) -> None:
-        from pytest_flashckpt.runner.suite import SuiteRun  # imports torch: only when a suite is asked for
-
-        from pytest_flashckpt.report.terminal import Heartbeat
-
         self.config = config
         self.options = options
         self.suite = suite
@@ -107,12 +113,13 @@ class SuiteSession:
         self._heartbeat = Heartbeat()
         self._running: str | None = None  # the node id of the scenario item running (None: another test)
         self._scenario_ids: set[str] = set()  # node ids of the suite's items (filled at collection)
+        # pytest wrote on the terminal's current line since our last line (another test's file name or dots):
+        # tracked here because the reporter's column is not public API
+        self._line_open = False
         self.deselected = 0  # scenarios deselected with -k / -m
         self._bench = None  # benchmark_bridge.BenchmarkBridge when pytest-benchmark is active
         self.outputs = None  # runner.suite.RunOutputs once the session finished
         # SIGTERM stops the session as Ctrl-C does (pytest: exit status 2, Interrupted); restored at unconfigure
-        from pytest_flashckpt.runner.suite import interrupts_as_keyboard_interrupt
-
         self._signals = contextlib.ExitStack()
         self._stop = self._signals.enter_context(interrupts_as_keyboard_interrupt()) if not self.xdist_worker else None
 
@@ -128,9 +135,6 @@ class SuiteSession:
     @classmethod
     def start(cls, config: pytest.Config, options: Options) -> "SuiteSession":
         """Load and validate the suite (every scenario and model card); a problem is a usage error."""
-        from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for
-        from pytest_flashckpt.runner.suite import load_checked_suite
-
         suite_arg = default_suite_for(options.device) if options.suite == AUTO_SUITE else options.suite
         if options.inject and options.save_baseline:
             raise pytest.UsageError(
@@ -152,8 +156,6 @@ class SuiteSession:
             raise pytest.UsageError(f"flashckpt: {exc if exc.where else exc.within('--flashckpt-suite')}") from None
         session = cls(config, options, suite)
         if not session.xdist_worker:  # the controller (or the only process) checks; workers trust it
-            from pytest_flashckpt.runner.preflight import check_run
-
             try:
                 check_run(session.run_state)  # outputs, device, probe, baseline file, memory, disk: before any run
             except ConfigError as exc:
@@ -171,42 +173,33 @@ class SuiteSession:
             for name, scenarios in by_suite.items()
         ]
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection(self, session: pytest.Session):
-        """With no test paths on the command line, the suite is the whole collection."""
-        if self.xdist_controller:
-            return None  # pytest-xdist's controller collects nothing; its workers do
-        if self.config.args_source == pytest.Config.ArgsSource.ARGS:
-            return None  # explicit paths: collect them normally; suite items are added in modifyitems
-        hook = self.config.hook
-        session.items = []
-        for collector in self._collectors(session):
-            items = collector.collect()
-            hook.pytest_collectreport(report=pytest.CollectReport(collector.nodeid, "passed", None, items))
-            for item in items:
-                hook.pytest_itemcollected(item=item)
-            session.items.extend(items)
-        hook.pytest_collection_modifyitems(session=session, config=self.config, items=session.items)
-        hook.pytest_collection_finish(session=session)
-        session.testscollected = len(session.items)
-        return True
+    def _paths_given(self) -> bool:
+        """Test paths on the command line: they are collected as usual and the suite's items join them."""
+        return self.config.args_source == pytest.Config.ArgsSource.ARGS
 
-    @pytest.hookimpl(tryfirst=True)
+    def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> bool | None:
+        """With no test paths on the command line the suite is the whole collection: nothing under the rootdir or
+        ``testpaths`` is collected (or imported). pytest still walks the starting folder, which yields nothing."""
+        return None if self._paths_given() else True
+
+    @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect: the scenarios are selectable like any test
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list) -> None:
-        if self.config.args_source == pytest.Config.ArgsSource.ARGS and not any(isinstance(i, ScenarioItem) for i in items):
-            for collector in self._collectors(session):
-                items.extend(collector.collect())
+        """The suite's items join the collection through pytest's own ``Session.genitems``, which reports each
+        collector and item as it does for files (the "collected N items" line, ``--collect-only``). pytest-xdist's
+        controller collects nothing and does not call this hook; each worker does, and must list the same items."""
+        for collector in self._collectors(session):
+            items.extend(session.genitems(collector))
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._scenario_ids = {i.nodeid for i in session.items if isinstance(i, ScenarioItem)}
 
     # -- running --------------------------------------------------------------------------------------
-    def step(self, scenario: Scenario) -> "ScenarioOutcome":
+    def step(self, scenario: Scenario) -> ScenarioOutcome:
         self._heartbeat.printed()  # the scenario's start counts as a line: the heartbeat waits from here
         return self.run_state.step(scenario)
 
-    def check(self, item: ScenarioItem, outcome: "ScenarioOutcome") -> None:
+    def check(self, item: ScenarioItem, outcome: ScenarioOutcome) -> None:
         """Attach what ran and the metrics to the test report (JUnit properties), feed pytest-benchmark, and fail
         on a baseline regression or an unreadable baseline file (not on a regression while
         ``--flashckpt-save-baseline`` refreshes the baseline: then it is reported only)."""
@@ -219,8 +212,6 @@ class SuiteSession:
             if isinstance(value, (int, float)):
                 item.user_properties.append((key, value))
         if self._bench is None:
-            from pytest_flashckpt.plugin.benchmark_bridge import BenchmarkBridge
-
             self._bench = BenchmarkBridge(self.config)
         self._bench.add(item, result)
         if outcome.baseline_error is not None:
@@ -235,9 +226,10 @@ class SuiteSession:
         return int(self.config.get_verbosity())
 
     def _write(self, line: str) -> None:
-        """A line through pytest's terminal reporter, outside output capturing (as pytest's live logging does).
-        Without ``-v`` the scenario lines replace pytest's dots (see ``pytest_report_teststatus``); the reporter's
-        current file is kept, so pytest does not repeat the suite's name before every line."""
+        """A line through pytest's terminal reporter (``write_line``), outside output capturing (as pytest's live
+        logging does). Without ``-v`` the scenario lines replace pytest's dots (see ``pytest_report_teststatus``);
+        the reporter's current file is kept, so pytest does not repeat the suite's name before every line, and is
+        cleared for the one write when the line is empty (``write_line`` then starts no blank line first)."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
@@ -245,14 +237,13 @@ class SuiteSession:
         current = reporter.currentfspath
         with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
             if self._verbosity() <= 0 and self._running is not None:
-                writer = getattr(reporter, "_tw", None)
-                at_line_start = writer is not None and writer.width_of_current_line == 0
-                if at_line_start:
+                if not self._line_open:
                     reporter.currentfspath = None  # no blank line first: the line starts where the last one ended
                 reporter.write_line(line)
                 reporter.currentfspath = current
             else:
                 reporter.write_line(line)
+        self._line_open = False
         self._heartbeat.printed()
 
     @pytest.hookimpl(tryfirst=True)
@@ -260,13 +251,20 @@ class SuiteSession:
         """Without ``-v``: the suite's lines stand on their own (pytest writes no file name and no dots for them)."""
         if self.xdist_worker or nodeid not in self._scenario_ids:
             self._running = None
+            self._line_open = True  # pytest writes this test's file name or status letter on the current line
             return
         self._running = nodeid
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and self._verbosity() <= 0 and reporter.currentfspath is None:
+        if reporter is None or self._verbosity() > 0:
+            return
+        suite_path = self.config.rootpath / nodeid.split("::")[0]
+        if reporter.currentfspath is None:
             if self._verbosity() == 0:
                 reporter.write_line("")
-            reporter.currentfspath = self.config.rootpath / nodeid.split("::")[0]
+                self._line_open = False
+            reporter.currentfspath = suite_path
+        elif reporter.currentfspath != suite_path:
+            self._line_open = True  # another suite or file: pytest starts a line with its name (or its progress)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report, config):
@@ -287,8 +285,6 @@ class SuiteSession:
         """The scenario's one-line summary rides on its call report (so it reaches the pytest-xdist controller)."""
         report = yield
         if isinstance(item, ScenarioItem) and call.when == "call" and item.result is not None:
-            from pytest_flashckpt.report.terminal import scenario_line
-
             verdict = self.run_state.verdict(item.result)
             report.flashckpt_line = scenario_line(item.result, verdict)
             report.flashckpt_compact = scenario_line(item.result, verdict, compact=True)
@@ -312,7 +308,8 @@ class SuiteSession:
     # -- pytest-xdist: the workers measure, the controller gathers and writes ---------------------------
     @pytest.hookimpl(optionalhook=True, tryfirst=True)  # a pytest-xdist hook: absent without it
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
-        """Every scenario on one worker, one after another (``xdist_scheduling``)."""
+        """Every scenario on one worker, one after another (``xdist_scheduling``, imported here: it imports
+        pytest-xdist, an optional dependency, and this hook is only called when pytest-xdist is active)."""
         from pytest_flashckpt.plugin.xdist_scheduling import SuiteScheduling
 
         ids = frozenset(f"{s.suite}::{s.name}" for s in self.suite.scenarios)
@@ -361,8 +358,6 @@ class SuiteSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not (self.results or self.run_state.interrupted) or self.xdist_worker:
             return
-        from pytest_flashckpt.runner.summary import end_summary
-
         terminalreporter.section("flashckpt")
         lines = end_summary(self.run_state, self.outputs, claims=self._verbosity() >= 0)
         if self._bench is not None and self._bench.note:

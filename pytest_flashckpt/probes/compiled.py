@@ -25,6 +25,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from pytest_flashckpt.probes.allocator import _walk
 
+# torch._inductor and torch._dynamo are imported inside the functions that use them: importing them takes seconds
+# and only a compiled step needs them (import_inductor imports Inductor on purpose, under its one warning filter).
+
 COMPILED_REGION = "Torch-Compiled Region"  # the profiler event around every call of Dynamo-compiled code
 
 

@@ -19,6 +19,8 @@ import contextlib
 import gc
 from typing import Iterable, Iterator
 
+import torch
+
 from pytest_flashckpt.probes.base import MemoryReading
 
 ALLOCATOR_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
@@ -55,11 +57,7 @@ class CudaAllocatorProbe:
     name = "cuda"
 
     def __init__(self, device=None, cuda=None) -> None:
-        if cuda is None:
-            import torch
-
-            cuda = torch.cuda
-        self.cuda = cuda  # injectable for tests on machines without a GPU
+        self.cuda = cuda if cuda is not None else torch.cuda  # injectable for tests on machines without a GPU
         self.device = device
 
     @contextlib.contextmanager

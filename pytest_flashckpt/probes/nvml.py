@@ -22,6 +22,8 @@ import contextlib
 import gc
 from typing import Callable, Iterable, Iterator
 
+import torch
+
 from pytest_flashckpt.probes.base import MemoryReading
 from pytest_flashckpt.probes.cuda import resident_device_bytes
 from pytest_flashckpt.probes.sampler import PeakSampler
@@ -63,11 +65,9 @@ class NvmlProbe:
     name = "nvml"
 
     def __init__(self, device=None, nvml=None, cuda=None, interval_s: float = 0.001) -> None:
-        if nvml is None:
-            import pynvml as nvml  # provided by the nvidia-ml-py distribution
+        if nvml is None:  # imported here: nvidia-ml-py is an optional dependency, needed only by this probe
+            import pynvml as nvml
         if cuda is None:
-            import torch
-
             cuda = torch.cuda
         self.nvml = nvml  # injectable: tests drive a fake NVML on machines without a GPU
         self.cuda = cuda  # injectable: torch.cuda's context, allocator and device-property calls

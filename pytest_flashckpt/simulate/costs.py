@@ -81,52 +81,21 @@ class SimulatedCosts:
         transfer_weight: float | None = None,
         seed: int = 0,
     ) -> None:
-        if target not in TARGETS:
-            raise ValueError(f"SimulatedCosts: unknown target {target!r}; valid: {', '.join(TARGETS)}")
-        if world_size != 1:
-            raise ValueError(
-                f"SimulatedCosts: world_size {world_size} is not simulated for budget plans (the segment probe has no "
-                "per-rank FSDP view yet); plan with world_size 1, or simulate fixed strategies per rank with simulate_step"
-            )
+        _refuse_unsimulated(target, world_size)
         self.config = load_card(card) if isinstance(card, str) else card
         self.dtype = dtype_name(dtype)
         self.kernel, self.target, self.world_size, self.seed = kernel, target, world_size, seed
-        self.excluded: dict[str, str] = {}
-        if options is None:
-            options = default_options(target)
-            if target != "cuda":
-                self.excluded[OFFLOAD.name] = f"target {target}: there is no device memory to offload from"
-            elif transfer_weight is None:
-                options = tuple(o for o in options if o != OFFLOAD)
-                self.excluded[OFFLOAD.name] = (
-                    "no transfer_weight (no GPU to time host copies on): its cost is not FLOPs, so unpriced it would "
-                    "look free; pass transfer_weight (measure_transfer_weight on the GPU) to plan with it"
-                )
-        elif OFFLOAD in options and target != "cuda":
-            raise ValueError(
-                f"SimulatedCosts: option 'offload' moves saved tensors from GPU to host memory; on target {target!r} "
-                "there is no device memory to free (drop it from options, or use target 'cuda')"
-            )
-        elif OFFLOAD in options and transfer_weight is None:
-            raise ValueError(
-                "SimulatedCosts: option 'offload' needs transfer_weight (FLOP-equivalents per byte moved to the host, "
-                "measure_transfer_weight on the GPU): unpriced, an offload would look free and win every block"
-            )
-        self.options = tuple(options)
+        self.options, self.excluded = _planned_options(options, target, transfer_weight)
         self.transfer_weight = transfer_weight or 0.0
         self.notes: tuple[str, ...] = ()
         with quiet():
             self.model = simulated_model(self.config, self.dtype, kernel, target, seed)
             self.forwards = switchable_forwards(self.model)
-            self._packed = [0] * len(self.forwards)
+            self._packed = [0] * len(self.forwards)  # bytes each block's offload packs (SimulatedOffload)
             for i, forward in enumerate(self.forwards):
                 forward.offload_context = partial(SimulatedOffload, self._packed, i)
             if pointwise_weight is None:
-                pointwise_weight = pointwise_weight_for(target, getattr(torch, self.dtype))
-                self.notes = (
-                    f"pointwise recomputation priced at {pointwise_weight:.0f} FLOP-equivalents per element (fixed "
-                    f"model for {target}: 2 x itemsize x {MACHINE_BALANCE[target]:.0f} FLOP/B, not timed)",
-                )
+                pointwise_weight, self.notes = _fixed_pointwise_weight(target, self.dtype)
         self.pointwise_weight = pointwise_weight
         self._probe_ref: list = []
         install_marks(self.model, self._probe_ref)
@@ -188,6 +157,56 @@ class SimulatedCosts:
             for value in state.values()
             if isinstance(value, torch.Tensor) and value.device.type == "cpu"
         )
+
+
+def _refuse_unsimulated(target: str, world_size: int) -> None:
+    """A target without a simulated kernel, or FSDP ranks (no per-rank segment probe yet): a ValueError saying so."""
+    if target not in TARGETS:
+        raise ValueError(f"SimulatedCosts: unknown target {target!r}; valid: {', '.join(TARGETS)}")
+    if world_size != 1:
+        raise ValueError(
+            f"SimulatedCosts: world_size {world_size} is not simulated for budget plans (the segment probe has no "
+            "per-rank FSDP view yet); plan with world_size 1, or simulate fixed strategies per rank with simulate_step"
+        )
+
+
+def _planned_options(
+    options: tuple[BlockOption, ...] | None, target: str, transfer_weight: float | None,
+) -> tuple[tuple[BlockOption, ...], dict[str, str]]:
+    """The options to plan with and the ones left out with the reason. By default every option the planner knows on
+    ``target``, offload left out where nothing prices it (see the module docstring); an offload asked for where it
+    cannot be simulated or priced is a ValueError."""
+    excluded: dict[str, str] = {}
+    if options is None:
+        options = default_options(target)
+        if target != "cuda":
+            excluded[OFFLOAD.name] = f"target {target}: there is no device memory to offload from"
+        elif transfer_weight is None:
+            options = tuple(o for o in options if o != OFFLOAD)
+            excluded[OFFLOAD.name] = (
+                "no transfer_weight (no GPU to time host copies on): its cost is not FLOPs, so unpriced it would "
+                "look free; pass transfer_weight (measure_transfer_weight on the GPU) to plan with it"
+            )
+    elif OFFLOAD in options and target != "cuda":
+        raise ValueError(
+            f"SimulatedCosts: option 'offload' moves saved tensors from GPU to host memory; on target {target!r} "
+            "there is no device memory to free (drop it from options, or use target 'cuda')"
+        )
+    elif OFFLOAD in options and transfer_weight is None:
+        raise ValueError(
+            "SimulatedCosts: option 'offload' needs transfer_weight (FLOP-equivalents per byte moved to the host, "
+            "measure_transfer_weight on the GPU): unpriced, an offload would look free and win every block"
+        )
+    return tuple(options), excluded
+
+
+def _fixed_pointwise_weight(target: str, dtype: str) -> tuple[float, tuple[str, ...]]:
+    """The fixed model's pointwise weight for ``target`` (``pointwise_weight_for``, as ``MeasuredCosts`` uses) and
+    the note the plan carries about it."""
+    weight = pointwise_weight_for(target, getattr(torch, dtype))
+    note = (f"pointwise recomputation priced at {weight:.0f} FLOP-equivalents per element (fixed model for {target}: "
+            f"2 x itemsize x {MACHINE_BALANCE[target]:.0f} FLOP/B, not timed)")
+    return weight, (note,)
 
 
 _KERNEL_OF_BACKEND = {"flash_attn": "flash_attn", "sdpa": "sdpa", "eager": "eager"}

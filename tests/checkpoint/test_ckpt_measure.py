@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ckpt_helpers import make_trainer
-from pytest_flashckpt.checkpoint import SAVE_METRICS, copy_bandwidth_GBps, run_checkpoint_pass, write_bandwidth_MBps
+from pytest_flashckpt.checkpoint import copy_bandwidth_GBps, run_checkpoint_pass, write_bandwidth_MBps
 from pytest_flashckpt.config.scenario import SaveConfig
 from pytest_flashckpt.config.suites import load_suite
+from pytest_flashckpt.core.metrics import PER_SAVE
 
 
 @pytest.mark.parametrize(
@@ -19,9 +20,10 @@ from pytest_flashckpt.config.suites import load_suite
 def test_run_checkpoint_pass_returns_every_metric(config: SaveConfig, tmp_path) -> None:
     trainer = make_trainer()
     metrics = run_checkpoint_pass(trainer, config, tmp_path)
-    for name in SAVE_METRICS:
+    for name in (*PER_SAVE, "load_s"):
         assert metrics[name] is not None and metrics[name] >= 0, name
-    for name in ("save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files"):
+    assert set(PER_SAVE) == {"save_stall_s", "save_total_s", "bytes_written", "write_MBps", "save_extra_peak_bytes", "files"}
+    for name in PER_SAVE:
         assert len(metrics.samples[name]) == 2  # under the metric's own name, as every pass keeps its samples
     assert metrics["saves"] == 2 and metrics["verified"] == "bitwise" and metrics["steps"] == 2
     rounds = config.time_lost_rounds

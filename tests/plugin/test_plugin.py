@@ -70,6 +70,19 @@ def test_k_selects_scenarios_and_collect_only_lists_ids(pytester, suite_file):
     assert not (pytester.path / "flashckpt-report").exists()
 
 
+def test_the_suite_alone_without_paths_and_beside_the_tests_of_given_paths(pytester, suite_file, fake_runner):
+    """No test paths: the suite is the whole collection, nothing else is even imported (a broken test file stays
+    unread); with a path, the scenarios join its tests in pytest's own collection count and line layout."""
+    pytester.makepyfile(test_broken="raise RuntimeError('imported although only the suite was asked for')")
+    alone = pytester.runpytest_inprocess(f"--flashckpt-suite={suite_file}", "-k", "sdpa")
+    alone.assert_outcomes(passed=1)
+    alone.stdout.fnmatch_lines(["collected 4 items / 3 deselected / 1 selected"])
+    pytester.makepyfile(test_fine="def test_a():\n    pass\n")
+    beside = pytester.runpytest_inprocess(f"--flashckpt-suite={suite_file}", "-k", "sdpa or test_a", "test_fine.py")
+    beside.assert_outcomes(passed=2)
+    beside.stdout.fnmatch_lines(["collected 5 items / 3 deselected / 2 selected", "test_fine.py .*", "mini ", "mini::sdpa-s32: *"])
+
+
 def test_default_report_folder_is_self_ignoring_a_named_one_is_not(pytester, suite_file, fake_runner):
     pytester.runpytest_inprocess(f"--flashckpt-suite={suite_file}", "-k", "sdpa").assert_outcomes(passed=1)
     default = pytester.path / "flashckpt-report"

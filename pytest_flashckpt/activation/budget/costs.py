@@ -11,6 +11,7 @@ steps on the ``meta`` device (cards too large for a CPU, CUDA kernels); both der
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -26,6 +27,7 @@ from pytest_flashckpt.activation.options import NONE, BlockOption, default_optio
 from pytest_flashckpt.activation.step import StepTrainer, TrainingStep, training_step
 from pytest_flashckpt.activation.wrapper import on_output_gradient, switchable_forwards
 from pytest_flashckpt.models.anatomy import get_blocks
+from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.probes.cpu import _LiveStorages
 from pytest_flashckpt.training import Trainer
 
@@ -138,17 +140,40 @@ def _segment_step(
     """One step under the segment probe, read per block. With ``optimizer`` (measured by an earlier step) the step
     stops after the backward pass and the optimizer segment is taken from it; None if the live bytes at the
     optimizer step differ from that step's (then the caller measures the whole step)."""
+    probe = _segment_probe(trainer, device_type, rng_states)
+    _run_marked(trainer, probe, probe_ref, whole_step=optimizer is None)
+    marks, peak = probe.marks, probe.peak_bytes
+    if optimizer is None:
+        optimizer = _OptimizerSegment(marks["opt"].live, marks["end"].peak, marks["end"].flops - marks["opt"].flops,
+                                      marks["end"].pointwise - marks["opt"].pointwise)
+    elif marks["opt"].live != optimizer.live:
+        return None
+    else:  # the step stopped at the optimizer: its segment as the earlier step measured it
+        marks["end"] = Mark(marks["opt"].live, optimizer.peak, marks["opt"].flops + optimizer.flops,
+                            marks["opt"].pointwise + optimizer.pointwise)
+        peak = max(peak, optimizer.peak)
+    return _per_block(marks, n_blocks, peak), optimizer
+
+
+def _segment_probe(trainer: Trainer, device_type: str, rng_states: bool | None) -> _Segments:
+    """A segment probe with the trainer's state (weights, optimizer state, batch) counted as alive from the start."""
     probe = _Segments(device_type)
     if rng_states is not None:
         probe.count_rng_states = rng_states
     for tensor in trainer.state_tensors():
         probe.add(tensor)
     probe.segment_peak = probe.live_bytes
+    return probe
+
+
+def _run_marked(trainer: Trainer, probe: _Segments, probe_ref: list, whole_step: bool) -> None:
+    """Run a step under ``probe``, which the blocks' marks (``install_marks``) find in ``probe_ref`` meanwhile:
+    the whole step, marked ``opt`` where the optimizer step starts and ``end``, or up to the optimizer step."""
     probe_ref.append(probe)
     hook = None
     try:
         with probe:
-            if optimizer is None:
+            if whole_step:
                 hook = trainer.optimizer.register_step_pre_hook(lambda *_: probe.mark("opt"))
                 trainer.train_step()
                 probe.mark("end")
@@ -158,15 +183,12 @@ def _segment_step(
         probe_ref.clear()
         if hook is not None:
             hook.remove()
-    m = probe.marks
-    peak = probe.peak_bytes
-    if optimizer is None:
-        optimizer = _OptimizerSegment(m["opt"].live, m["end"].peak, m["end"].flops - m["opt"].flops, m["end"].pointwise - m["opt"].pointwise)
-    else:
-        if m["opt"].live != optimizer.live:
-            return None
-        m["end"] = Mark(m["opt"].live, optimizer.peak, m["opt"].flops + optimizer.flops, m["opt"].pointwise + optimizer.pointwise)
-        peak = max(peak, optimizer.peak)
+
+
+def _per_block(m: dict[str, Mark], n_blocks: int, peak: int) -> _Uniform:
+    """Each block's kept bytes, reach (its highest live bytes above what is below it), FLOPs and pointwise elements,
+    forward plus backward, read off the marks (``f``/``e``: a block's forward begins/ends, ``b``: its output
+    gradient arrives)."""
     base = m["f0"].live
     below = [m[f"f{i}"].live - base for i in range(n_blocks)] + [m[f"e{n_blocks - 1}"].live - base]
     kept, reach, flops, pointwise = [], [], [], []
@@ -183,7 +205,7 @@ def _segment_step(
         reach.append(top - below[i])
         flops.append(seg_flops)
         pointwise.append(seg_pointwise)
-    return _Uniform(peak, m["f0"].peak, kept, reach, flops, pointwise), optimizer
+    return _Uniform(peak, m["f0"].peak, kept, reach, flops, pointwise)
 
 
 MACHINE_BALANCE = {"cpu": 16.0, "cuda": 256.0}  # FLOP per byte of memory traffic at which a matmul and a streaming
@@ -332,12 +354,8 @@ def _private_copy(model: nn.Module, blocks) -> tuple[nn.Module, list | None]:
     """The model costs are measured on: rebuilt from its card, or a deep copy (its ``blocks`` found by name in the
     copy). None for blocks means "the copy's anatomy's"."""
     if _from_card(model):
-        from pytest_flashckpt.models.cards import build_model
-
         param = next(model.parameters())
         return build_model(model.config, model.backend, param.device, param.dtype, seed=0), None
-    import copy
-
     if blocks is None:
         return copy.deepcopy(model), None
     names = {id(m): name for name, m in model.named_modules()}
