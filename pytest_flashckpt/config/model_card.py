@@ -16,6 +16,7 @@ from typing import Union
 from pytest_flashckpt.config.errors import ConfigError
 
 from pytest_flashckpt.config.data import resolve
+from pytest_flashckpt.config.step_impl import NORMS
 from pytest_flashckpt.config.typed import build, load_yaml
 from pytest_flashckpt.core.files import shown_path
 
@@ -81,6 +82,7 @@ class LlamaConfig:
     rope_theta: float = 500000.0  # rotary base (Llama 3)
     norm_eps: float = 1e-5  # RMSNorm epsilon
     tie_word_embeddings: bool = False  # the head shares the embedding's weight
+    norm: str = "plain"  # RMSNorm: plain (Hugging Face's fp32 ops) or fused (torch's nn.RMSNorm, as torchtitan); config.step_impl
     dropout: float = 0.0  # Llama models train without dropout; kept so a scenario's override is checked
     allocate_on_cpu: bool = True  # false for cards too big to allocate on a CPU (built on the meta device)
 
@@ -100,6 +102,8 @@ class LlamaConfig:
             raise ValueError(f"dropout must be 0 for the llama family (its blocks have no dropout), got {self.dropout}")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("rope_theta and norm_eps must be positive")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm: unknown RMSNorm implementation {self.norm!r}; valid: {', '.join(NORMS)}")
 
     @property
     def head_dim(self) -> int:
