@@ -16,6 +16,7 @@ from typing import Literal
 
 from pytest_flashckpt.config import save_axes
 from pytest_flashckpt.config.save_axes import SaveAxes
+from pytest_flashckpt.config.step_impl import StepImpl
 from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES, NO_SAVE, SAVE_LAYOUTS, SAVE_PRESETS, SAVE_SCHEDULES, SAVE_STAGINGS
 
 # the names live in pytest_flashckpt.core.registry (with their descriptions); Literal[tuple] is Literal[*names]
@@ -213,6 +214,7 @@ class Scenario:
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     save: SaveConfig = field(default_factory=SaveConfig)  # YAML key: checkpoint (the article's word); see ALIASES
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    step_impl: StepImpl = field(default_factory=StepImpl)  # norm, optimizer, loss (config.step_impl; defaults: today's step)
     measure: tuple[MeasurePass, ...] = ("memory", "timing")
     rounds: int = 5  # interleaved timing rounds (reference, strategy, reference, strategy, ...)
     steps: int = 1  # timed training steps per round
@@ -265,6 +267,8 @@ class Scenario:
         if self.precision == "mixed" and activation.strategy == "budget":
             raise ValueError("precision: mixed with activation.strategy budget is not supported: the planner's costs "
                              "are measured without autocast; use a fixed strategy (full, every_k, selective_op) or precision: pure")
+        if self.step_impl != StepImpl():
+            self._check_step_impl(activation.strategy, model)
         if checkpoint.mem_basis == "peak" and "memory" not in self.measure:
             raise ValueError("checkpoint.mem_basis: peak compares memory with the measured peak; add 'memory' to measure")
         if self.world_size < 1:
@@ -286,6 +290,15 @@ class Scenario:
             raise ValueError("measure includes 'checkpoint' but checkpoint.strategy is 'none'; name a save strategy")
         if checkpoint.strategy != "none" and "checkpoint" not in self.measure:
             _set(self, measure=(*self.measure, "checkpoint"))
+
+    def _check_step_impl(self, strategy: str, model: ModelSpec) -> None:
+        """A non-default ``step_impl`` where only the default step runs: a ValueError naming the setting."""
+        where = ("model.hf" if model.hf is not None else f"world_size {self.world_size}" if self.world_size > 1
+                 else "activation.strategy budget" if strategy == "budget" and self.step_impl.with_card_norm() != StepImpl()
+                 else None)
+        if where is not None:
+            raise ValueError(f"step_impl ({self.step_impl.describe()}) with {where} is not supported (that step runs "
+                             "the card's norm, AdamW and the plain loss); drop step_impl or use a model card in one process")
 
     @property
     def card(self) -> str:
