@@ -159,3 +159,14 @@ def test_simulate_cli_takes_the_settings(capsys):
     assert "step: norm fused, optimizer adamw_fused, loss chunked x8" in capsys.readouterr().out
     assert main([*argv, "--loss", "chunked", "--loss-chunks", "0"]) == 2
     assert "--loss-chunks must be a positive number of chunks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("norm", ["plain", "fused"])
+def test_llama_block_is_korthikantis_arithmetic_plus_exact_terms(norm):
+    """The simulated bf16 block on CUDA's flash kernel equals Korthikanti's arithmetic on a Llama block plus the
+    listed terms, to the byte, for each norm (the 8B numbers: reports/step-impl.md)."""
+    from pytest_flashckpt.activation.analytic import korthikanti_llama_terms
+
+    card = replace(WIDE_VOCAB, norm=norm)
+    sim = simulate_step(card, "bf16", BATCH, SEQ, "flash", "none")
+    assert set(sim.block_kept_bytes) == {sum(korthikanti_llama_terms(card, BATCH, SEQ, norm).values())}
