@@ -45,8 +45,10 @@ def simulated(card, impl: StepImpl):
     return simulate_step(card, "float32", *SHAPES[card.name], "sdpa", "none", target="cpu", impl=impl)
 
 
-CASES = [(WIDE_VOCAB, StepImpl()), (WIDE_VOCAB, StepImpl(norm="fused")), (WIDE_VOCAB, StepImpl(loss="chunked", loss_chunks=3)),
-         *((WIDE_MODEL, StepImpl(optimizer=name)) for name in ("adamw", "adamw_foreach", "adamw_fused", "sgd"))]
+# the default step on these cards is slow-marked: tests/simulate/test_simulate_llama.py checks it by default
+CASES = [pytest.param(WIDE_VOCAB, StepImpl(), marks=pytest.mark.slow), (WIDE_VOCAB, StepImpl(norm="fused")),
+         (WIDE_VOCAB, StepImpl(loss="chunked", loss_chunks=3)), pytest.param(WIDE_MODEL, StepImpl(), marks=pytest.mark.slow),
+         *((WIDE_MODEL, StepImpl(optimizer=name)) for name in ("adamw_foreach", "adamw_fused", "sgd"))]
 
 
 @pytest.mark.parametrize(("card", "impl"), CASES, ids=lambda x: getattr(x, "name", None) or x.describe())
@@ -170,3 +172,24 @@ def test_llama_block_is_korthikantis_arithmetic_plus_exact_terms(norm):
     card = replace(WIDE_VOCAB, norm=norm)
     sim = simulate_step(card, "bf16", BATCH, SEQ, "flash", "none")
     assert set(sim.block_kept_bytes) == {sum(korthikanti_llama_terms(card, BATCH, SEQ, norm).values())}
+
+
+def test_a_suite_scenario_runs_and_simulates_its_step_impl():
+    """The runner's trainer and the simulated scenario both take the scenario's step_impl: measured == simulated,
+    and both differ from the default step's (SGD's one state tensor a parameter moves the peak)."""
+    from pytest_flashckpt.core.result import Result
+    from pytest_flashckpt.runner.context import RunContext
+    from pytest_flashckpt.runner.run import run_scenario
+    from pytest_flashckpt.simulate.scenario import run_simulated
+
+    impl = {"optimizer": "sgd", "loss": "chunked", "loss_chunks": 2}
+    common = {"name": "s", "suite": "impl", "model": "llama-tiny", "attention": "sdpa", "batch_size": 1, "seq_len": 32,
+              "measure": ["memory"], "rounds": 1, "step_impl": impl}
+    measured_result = run_scenario(build(Scenario, common, "suite.yaml"), RunContext(device=torch.device("cpu"), probe="cpu"))
+    assert measured_result.status == "measured", measured_result.reason
+    simulated_scenario = build(Scenario, {**common, "simulate": {"enabled": True, "kernel": "sdpa", "target": "cpu"}}, "suite.yaml")
+    simulated_result = Result("impl", "s", "measured", {})
+    run_simulated(simulated_scenario, simulated_result)
+    peak = measured_result.metrics["peak_bytes"]
+    assert simulated_result.metrics["simulated_peak_bytes"] == peak
+    assert simulate_step("llama-tiny", "float32", 1, 32, "sdpa", "none", target="cpu").peak_bytes != peak

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from pytest_flashckpt.config.scenario import Scenario
-from pytest_flashckpt.config.step_impl import card_with_norm
+from pytest_flashckpt.config.step_impl import StepImpl, card_with_norm
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.core.files import work_folder
 from pytest_flashckpt.core.metrics import Measurements
@@ -160,6 +160,8 @@ def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> Mea
     if strategy == "budget":  # per-shape plans have no closed form; the plan's predicted peak is in the notes
         return out
     if scenario.precision == "mixed":  # the analytic model knows one dtype for states and activations
+        return out
+    if scenario.step_impl.with_card_norm() != StepImpl():  # the analytic model is AdamW's step with the plain loss
         return out
     out.record("analytic_peak_bytes", analytic.estimate(config, work, strategy, k).peak_bytes)
     if strategy != "none":

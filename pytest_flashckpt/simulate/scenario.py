@@ -83,6 +83,8 @@ def _formulas(scenario, peak: SimulatedPeak) -> dict[str, int]:
 
     if scenario.activation.strategy != "none" or peak.world_size != 1 or peak.precision != "pure":
         return {}  # (the analytic model and Korthikanti's formula know one dtype for states and activations)
+    if scenario.step_impl != StepImpl():  # the analytic peak is AdamW's step with the plain loss
+        return {}
     config = load_card(scenario.card)
     if not analytic.supports(config):  # GPT formulas (ours, Korthikanti's) on another family's block: never; "—"
         return {}
