@@ -193,3 +193,17 @@ def test_a_suite_scenario_runs_and_simulates_its_step_impl():
     peak = measured_result.metrics["peak_bytes"]
     assert simulated_result.metrics["simulated_peak_bytes"] == peak
     assert simulate_step("llama-tiny", "float32", 1, 32, "sdpa", "none", target="cpu").peak_bytes != peak
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [({"model": "tiny", "step_impl": {"norm": "fused"}}, "model card 'tiny' .*has no RMSNorm to choose"),
+     ({"model": "llama-tiny", "dtype": "bfloat16", "precision": "mixed", "simulate": {"enabled": True},
+       "step_impl": {"norm": "fused"}}, "fused RMSNorm under mixed precision on CUDA is not simulated")],
+)
+def test_preflight_refuses_a_step_impl_the_card_or_simulator_cannot_take(data, message):
+    from pytest_flashckpt.config.preflight import preflight
+
+    with pytest.raises(ConfigError, match=message) as caught:
+        preflight(build(Scenario, {"name": "s", **data}, "suite.yaml"), "suite.yaml")
+    assert "scenario 's'" in str(caught.value) and "step_impl" in str(caught.value)
