@@ -2,15 +2,23 @@
 
 Batches depend only on the seed and the data position, so a resumed run sees exactly the tokens an
 uninterrupted run would have seen (the checkpoint strategies save the data position, not the data).
+
+The step's optimizer and loss are the scenario's ``config.step_impl.StepImpl`` (the norm is the model card's):
+``make_optimizer`` builds the optimizer it names, ``chunked_loss`` the chunked head + cross-entropy.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from pytest_flashckpt.config.step_impl import StepImpl
+from pytest_flashckpt.models.anatomy import get_anatomy
 
 
 def make_batch(
@@ -37,21 +45,24 @@ class Trainer:
     # mixed precision in one process: the forward (and loss) runs under torch.autocast(autocast) over the model's
     # float32 parameters (the master weights), so gradients and AdamW state stay float32; None: pure precision
     autocast: torch.dtype | None = None
+    impl: StepImpl = field(default_factory=StepImpl)  # the optimizer it was built with and the loss it computes
 
     @classmethod
     def create(
         cls, model: nn.Module, batch_size: int, seq_len: int, seed: int = 0, lr: float = 3e-4, foreach: bool | None = None,
-        autocast: torch.dtype | None = None,
+        autocast: torch.dtype | None = None, impl: StepImpl | None = None,
     ) -> "Trainer":
-        """AdamW (betas 0.9/0.95, weight decay 0.1) with linear warm-up over 10 steps, as GPT training recipes use.
-        ``foreach`` None lets PyTorch choose (multi-tensor on CUDA, per-tensor on a CPU); the simulator sets it to
-        run on ``meta`` the implementation a GPU would run. ``autocast`` (mixed precision, e.g. ``torch.bfloat16``)
-        needs float32 parameters: autocast computes in its dtype, the parameters stay the master weights."""
+        """``impl.optimizer`` (``make_optimizer``; AdamW by default) with linear warm-up over 10 steps, as GPT
+        training recipes use. ``foreach`` None lets PyTorch choose (multi-tensor on CUDA, per-tensor on a CPU); the
+        simulator sets it to run on ``meta`` the implementation a GPU would run. ``autocast`` (mixed precision, e.g.
+        ``torch.bfloat16``) needs float32 parameters: autocast computes in its dtype, the parameters stay the master
+        weights."""
+        impl = impl or StepImpl()
         if autocast is not None and any(p.dtype != torch.float32 for p in model.parameters()):
             raise ValueError(f"mixed precision (autocast to {autocast}) keeps float32 master weights; build the model in float32")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, foreach=foreach)
+        optimizer = make_optimizer(model.parameters(), impl.optimizer, lr, foreach)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
-        return cls(model, optimizer, scheduler, batch_size, seq_len, seed, autocast=autocast)
+        return cls(model, optimizer, scheduler, batch_size, seq_len, seed, autocast=autocast, impl=impl)
 
     def batch(self, position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
@@ -72,8 +83,11 @@ class Trainer:
         return loss.detach()
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The step's loss: the project's models take ``model(tokens, targets)`` and return it. A trainer of another
-        model overrides this (``activation.step.StepTrainer``: the user's loss or step)."""
+        """The step's loss: the project's models take ``model(tokens, targets)`` and return it (``impl.loss``
+        ``chunked``: ``chunked_loss``). A trainer of another model overrides this (``activation.step.StepTrainer``:
+        the user's loss or step)."""
+        if self.impl.loss == "chunked":
+            return chunked_loss(self.model, x, y, self.impl.loss_chunks)
         return self.model(x, y)
 
     def autocast_context(self):
@@ -91,6 +105,60 @@ class Trainer:
         for state in self.optimizer.state.values():
             tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
         return tensors
+
+
+def make_optimizer(params, name: str = "adamw", lr: float = 3e-4, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """The optimizer ``name`` (``config.step_impl.OPTIMIZERS``) over ``params``: AdamW with betas 0.9/0.95 and weight
+    decay 0.1 (``adamw``: ``foreach`` as given, None = PyTorch's pick; ``adamw_foreach``; ``adamw_fused``), or SGD
+    with momentum 0.9 and the same weight decay (``sgd``; ``foreach`` as given). State per parameter: AdamW two
+    tensors of its size and dtype (exp_avg, exp_avg_sq) and a scalar step; SGD one (the momentum buffer)."""
+    adamw = {"lr": lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
+    if name == "adamw":
+        return torch.optim.AdamW(params, foreach=foreach, **adamw)
+    if name == "adamw_foreach":
+        return torch.optim.AdamW(params, foreach=True, **adamw)
+    if name == "adamw_fused":
+        return torch.optim.AdamW(params, fused=True, **adamw)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=0.1, foreach=foreach)
+    raise ValueError(f"unknown optimizer {name!r}; valid: adamw, adamw_foreach, adamw_fused, sgd")
+
+
+def chunked_loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+    """Mean next-token cross-entropy with the head and the loss over ``chunks`` sequence chunks, each under
+    ``torch.utils.checkpoint``: a chunk's logits live only while its loss is computed, in the forward and again in
+    the backward, so the step never holds every token's logits (the plain loss holds them, and their gradient,
+    at once). The model runs up to its final norm (its head, named by its anatomy, passes the hidden states
+    through for that call: ``_head_passes_through``); the head then runs per chunk. The logits have the dtype
+    the model's own loss sees (the head's output; autocast's where it is on), so the loss equals the plain one
+    up to summation order."""
+    head = model.get_submodule(get_anatomy(model).head)
+    with _head_passes_through(head):
+        hidden = model(tokens)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for h, y in zip(hidden.chunk(chunks, dim=1), targets.chunk(chunks, dim=1)):
+        total = total + checkpoint(_chunk_loss_sum, head, h, y, use_reentrant=False, preserve_rng_state=False)
+    return total / targets.numel()
+
+
+def _chunk_loss_sum(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").float()
+
+
+@contextmanager
+def _head_passes_through(head: nn.Module):
+    """``head`` returns its input for the calls inside (an instance ``forward``, removed on exit): the model's own
+    forward then ends at its final norm, whatever family it is, without a second code path in every model."""
+    head.forward = _identity
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def _warmup(step: int) -> float:

@@ -203,3 +203,26 @@ def _recompute_peak(config: GPTConfig, work: Workload, modes: tuple[str, ...], k
         mlp_param_grads = (8 * C * C + 5 * C) * d
         peak = max(peak, replayed - mlp + score_grads + 2 * tokens * C * d + mlp_param_grads)
     return peak
+
+
+def korthikanti_llama_block_bytes(config, batch: int, seq: int) -> int:
+    """Korthikanti et al.'s arithmetic on a Llama block (16-bit, no dropout, a flash kernel: no s x s terms): 2 bytes
+    for every value a backward reads, per token: both norms' inputs (2 x h), the q/k/v projections' input (h), q
+    and k (h + kv), v (kv), o's input (h), the MLP's input (h), and SwiGLU's gate, SiLU, up and product (4 x i)."""
+    h, kv, i = config.n_embd, config.kv_dim, config.intermediate_size
+    return 2 * seq * batch * (6 * h + 2 * kv + 4 * i)
+
+
+def korthikanti_llama_terms(config, batch: int, seq: int, norm: str) -> dict[str, int]:
+    """The exact terms from ``korthikanti_llama_block_bytes`` to a simulated bf16 Llama block on CUDA's flash
+    kernel (``simulate_step``'s ``block_kept_bytes``): the arithmetic leaves out the kernels' float32 statistics,
+    and Hugging Face's plain RMSNorm keeps a float32 copy of its input and its unweighted output (4 + 2 bytes a
+    value) where the arithmetic counts its 2-byte input; the fused norm keeps that input."""
+    tokens = seq * batch
+    terms = {"korthikanti (Llama block)": korthikanti_llama_block_bytes(config, batch, seq),
+             "flash logsumexp (fp32 per head)": 4 * config.n_head * tokens,
+             "RMSNorm rstd (2 x fp32)": 2 * 4 * tokens,
+             "flash RNG seed/offset on meta": 24}
+    if norm == "plain":
+        terms["plain RMSNorm: fp32 input copy + unweighted output, not the input (2 x (4 + 2 - 2) bytes)"] = 2 * 4 * config.n_embd * tokens
+    return terms

@@ -1,10 +1,10 @@
-"""Scenario axes reserved for the features the next issues add: the layout mesh (issue 32), torch.compile
-(issue 33), the norm and optimizer implementation and the MoE routing assumption (issue 34).
+"""Scenario axes reserved for the features the next issues add: the layout mesh (issue 32) and torch.compile
+(issue 33). (The norm, optimizer and loss implementations are built: ``step_impl``, ``config.step_impl``; the MoE
+routing assumption is the MoE card's ``routing``, ``config.cards.moe``.)
 
-Each is a small typed dataclass whose defaults mean "what runs today" (FSDP over every rank, eager, the family's
-own norm, AdamW as PyTorch picks it, a dense model). A suite may write them already (``layout: {tp: 1}`` is
+Each is a small typed dataclass whose defaults mean "what runs today" (FSDP over every rank, eager). A suite may write them already (``layout: {tp: 1}`` is
 accepted), but a value other than today's is refused, naming the key and the issue that builds it, before anything
-runs: a scenario never claims a layout, a compile mode or a routing it was not measured with.
+runs: a scenario never claims a layout, or a compile mode it was not measured with.
 
 Today's values are left out of a scenario's fingerprint (``config.fingerprint``): reserving an axis, or writing
 its default in a suite, changes no stored baseline's comparability. When an issue builds an axis, it widens the
@@ -59,30 +59,7 @@ class CompileConfig:
         _refuse_beyond_today(self, "compile", "issue 33", "torch.compile as a scenario axis")
 
 
-@dataclass(frozen=True)
-class ImplementationConfig:
-    """Which implementation of the step's parts runs (issue 34): the family's own norm module (today) or a plain
-    fp32 / fused norm; AdamW with PyTorch's choice of foreach (today), foreach, fused, or a memory-lean SGD."""
-
-    norm: Literal["family", "plain_fp32", "fused"] = "family"
-    optimizer: Literal["adamw", "adamw_foreach", "adamw_fused", "sgd"] = "adamw"
-
-    def __post_init__(self) -> None:
-        _refuse_beyond_today(self, "implementation", "issue 34", "norm and optimizer implementations as settings")
-
-
-@dataclass(frozen=True)
-class RoutingConfig:
-    """The Mixture-of-Experts routing assumption a simulation states (issue 34): dense (no experts, today)."""
-
-    assumption: Literal["dense", "balanced", "worst_case"] = "dense"
-
-    def __post_init__(self) -> None:
-        _refuse_beyond_today(self, "routing", "issue 34", "a Mixture-of-Experts family")
-
-
-RESERVED_AXES: dict[str, type] = {"layout": LayoutMesh, "compile": CompileConfig, "implementation": ImplementationConfig,
-                                  "routing": RoutingConfig}
+RESERVED_AXES: dict[str, type] = {"layout": LayoutMesh, "compile": CompileConfig}
 """Scenario field -> its axis type; each field's default is its type's defaults (today's values)."""
 
 

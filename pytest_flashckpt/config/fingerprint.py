@@ -10,7 +10,8 @@ number's expected value:
   they do not move it; the baseline recipe runs 20 rounds and 12 saves, a check run the suite's 5 and 3; the gate
   judges the sample sizes on their own, ``unguarded``);
 - which passes run: ``measure`` (a metric a pass no longer measures is ``missing``, one it adds is not compared);
-- the reserved axes at today's values (``config.axes``): reserving an axis changes no stored fingerprint.
+- the reserved axes at today's values (``config.axes``), and the axes added since fingerprints exist
+  (``step_impl``) at their defaults: a new axis changes no stored fingerprint until a scenario sets it.
 
 The flat form (``fingerprinted``: ``{"activation.k": 2, ...}``) is stored beside the hash, so the gate names the
 keys that changed (``changed_keys``).
@@ -29,12 +30,13 @@ LABELS = ("name", "suite", "description", "article")
 SAMPLE_COUNTS = ("rounds", "save.saves", "save.time_lost_rounds")
 PASSES = ("measure",)
 LEFT_OUT = (*LABELS, *SAMPLE_COUNTS, *PASSES)
+ADDED_AXES = ("step_impl",)  # axes added after fingerprints: left out while at their defaults
 
 
 def fingerprinted(scenario: Scenario) -> dict[str, Any]:
     """The configuration the fingerprint hashes, flat (dotted keys, sorted), JSON-able."""
     plain = scenario.to_plain()
-    for name in RESERVED_AXES:
+    for name in (*RESERVED_AXES, *ADDED_AXES):
         if is_today(getattr(scenario, name)):
             plain.pop(name)
     flat = _flatten(plain)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.model_card import load_card
 from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.step_impl import card_with_norm, check_simulated
 
 
 def preflight(scenario: Scenario, where: str | None = None) -> None:
@@ -48,6 +49,16 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
     if scenario.activation.strategy == "every_k" and scenario.activation.k > card.num_blocks:
         raise bad("activation.k", f"{scenario.activation.k} is larger than the {card.num_blocks} blocks of {card.name!r}",
                   f"valid: 1..{card.num_blocks}")
+    impl = scenario.step_impl
+    try:  # the step's norm, optimizer and loss on this card (config.step_impl)
+        norm = getattr(card_with_norm(card, impl.norm), "norm", "plain")
+        if scenario.simulate.enabled:
+            check_simulated(impl, scenario.activation.strategy, scenario.simulate.world_size, norm, scenario.precision,
+                            scenario.simulate.target)
+    except ValueError as exc:  # "step_impl.norm 'fused': ..." names its key
+        message = str(exc)
+        key, _, problem = message.partition(" ") if message.startswith("step_impl.") else ("step_impl", "", message)
+        raise bad(key, problem) from None
 
 
 def _preflight_hf(scenario: Scenario, bad) -> None:

@@ -15,9 +15,10 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from pytest_flashckpt.config import save_axes
-from pytest_flashckpt.config.axes import CompileConfig, ImplementationConfig, LayoutMesh, RoutingConfig
+from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh
 from pytest_flashckpt.config.save_axes import SaveAxes
 from pytest_flashckpt.config.typed import to_plain
+from pytest_flashckpt.config.step_impl import StepImpl
 from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES, NO_SAVE, SAVE_LAYOUTS, SAVE_PRESETS, SAVE_SCHEDULES, SAVE_STAGINGS
 
 # the names live in pytest_flashckpt.core.registry (with their descriptions); Literal[tuple] is Literal[*names]
@@ -215,6 +216,7 @@ class Scenario:
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     save: SaveConfig = field(default_factory=SaveConfig)  # YAML key: checkpoint (the article's word); see ALIASES
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    step_impl: StepImpl = field(default_factory=StepImpl)  # norm, optimizer, loss (config.step_impl; defaults: today's step)
     measure: tuple[MeasurePass, ...] = ("memory", "timing")
     rounds: int = 5  # interleaved timing rounds (reference, strategy, reference, strategy, ...)
     steps: int = 1  # timed training steps per round
@@ -226,8 +228,6 @@ class Scenario:
     # reserved for the next issues (config.axes): today's values only, anything else is refused naming the issue
     layout: LayoutMesh = field(default_factory=LayoutMesh)
     compile: CompileConfig = field(default_factory=CompileConfig)
-    implementation: ImplementationConfig = field(default_factory=ImplementationConfig)
-    routing: RoutingConfig = field(default_factory=RoutingConfig)
 
     # a suite file names the save config ``checkpoint:`` (the article's key); in code it is ``save``, because
     # "checkpoint" also means activation checkpointing (``activation``)
@@ -239,6 +239,8 @@ class Scenario:
         _set(self, model=model, activation=activation, save=save)
         self._check_sizes()
         self._check_precision()
+        if self.step_impl != StepImpl():
+            self._check_step_impl(self.activation.strategy, self.model)
         if self.world_size > 1:
             self._check_ranks()
         self._check_measure()
@@ -290,6 +292,15 @@ class Scenario:
     def to_plain(self) -> dict:
         """The scenario as plain JSON-able data (``results.json``'s ``config``), what ``typed.build`` takes back."""
         return to_plain(self)
+
+    def _check_step_impl(self, strategy: str, model: ModelSpec) -> None:
+        """A non-default ``step_impl`` where only the default step runs: a ValueError naming the setting."""
+        where = ("model.hf" if model.hf is not None else f"world_size {self.world_size}" if self.world_size > 1
+                 else "activation.strategy budget" if strategy == "budget" and self.step_impl.with_card_norm() != StepImpl()
+                 else None)
+        if where is not None:
+            raise ValueError(f"step_impl ({self.step_impl.describe()}) with {where} is not supported (that step runs "
+                             "the card's norm, AdamW and the plain loss); drop step_impl or use a model card in one process")
 
     @property
     def card(self) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.config.step_impl import StepImpl, card_with_norm
 from pytest_flashckpt.core.files import work_folder
 from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
@@ -76,7 +77,7 @@ def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer
             raise SkipScenario(str(exc)) from None
         return Trainer.create(model, scenario.batch_size, scenario.seq_len, seed=scenario.seed)
     overrides = {} if scenario.model.dropout is None else {"dropout": scenario.model.dropout}
-    card = load_card(scenario.card, **overrides)  # seq_len vs block_size: preflight() and GPT.forward check it
+    card = card_with_norm(load_card(scenario.card, **overrides), scenario.step_impl.norm)  # seq_len vs block_size: preflight() and GPT.forward check it
     if ctx.device.type == "cpu" and not card.allocate_on_cpu:
         raise SkipScenario(
             f"model card {card.name!r} ({card.num_params() / 1e9:.1f}B parameters) is only built on the meta device "
@@ -85,7 +86,7 @@ def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer
     mixed = scenario.precision == "mixed"  # float32 master weights, the forward autocast to dtype
     model = build_model(card, backend, ctx.device, torch.float32 if mixed else DTYPES[scenario.dtype], seed=scenario.seed)
     return Trainer.create(model, scenario.batch_size, scenario.seq_len, seed=scenario.seed,
-                          autocast=DTYPES[scenario.dtype] if mixed else None)
+                          autocast=DTYPES[scenario.dtype] if mixed else None, impl=scenario.step_impl)
 
 
 def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> None:
@@ -159,6 +160,8 @@ def _analytic(scenario: Scenario, trainer: Trainer, device: torch.device) -> Mea
     if strategy == "budget":  # per-shape plans have no closed form; the plan's predicted peak is in the notes
         return out
     if scenario.precision == "mixed":  # the analytic model knows one dtype for states and activations
+        return out
+    if scenario.step_impl.with_card_norm() != StepImpl():  # the analytic model is AdamW's step with the plain loss
         return out
     own = analytic.estimate(config, work, strategy, k)  # once: analytic.saving would estimate it again
     out.record("analytic_peak_bytes", own.peak_bytes)

@@ -21,6 +21,7 @@ def add_parser(sub) -> None:
     """The choices are the registry's (every strategy; one that the simulation cannot run is refused by ``run`` with
     the reason) and the model families' (by their card schemas, ``config.model_card``: no torch import to build
     the parser)."""
+    from pytest_flashckpt.config.step_impl import LOSSES, NORMS, OPTIMIZERS
     from pytest_flashckpt.simulate.kernels import KERNELS
 
     p = sub.add_parser(
@@ -48,6 +49,10 @@ def add_parser(sub) -> None:
     p.add_argument("--world-size", type=int, default=1, help="FSDP ranks: per-rank peak with sharded states (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of --world-size (FSDP over the rest): the real engine under fake mode, simulate.layouts (default 1)")
     p.add_argument("--device-memory", metavar="SIZE", help="device memory, e.g. 80GiB or '40 GB'")
+    p.add_argument("--norm", choices=tuple(NORMS), help="RMSNorm: plain (Hugging Face) or fused (nn.RMSNorm, torchtitan); llama cards (default: the card's)")
+    p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS), help="optimizer implementation (default adamw: foreach on CUDA)")
+    p.add_argument("--loss", default="plain", choices=tuple(LOSSES), help="plain: all logits at once; chunked: head + loss over checkpointed sequence chunks (default plain)")
+    p.add_argument("--loss-chunks", type=int, default=8, help="--loss chunked: sequence chunks (default 8)")
     p.set_defaults(run=run)
 
 
@@ -83,16 +88,20 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(str(exc).replace("activation.budget", "--budget")) from None
     try:
         device_bytes = None if args.device_memory is None else parse_device_memory(args.device_memory)
+        from pytest_flashckpt.config.step_impl import StepImpl
         from pytest_flashckpt.simulate import simulate_step
         from pytest_flashckpt.simulate.workload import simulation_card
 
+        impl = StepImpl(args.norm, args.optimizer, args.loss, args.loss_chunks)
         peak = simulate_step(
             simulation_card(args.model, args.hf_config), args.dtype, args.batch, args.seq, args.kernel, strategy, k=args.k,
-            target=args.target, world_size=args.world_size, budget=args.budget, precision=args.precision,
+            target=args.target, world_size=args.world_size, budget=args.budget, precision=args.precision, impl=impl,
         )
     except (ValueError, FileNotFoundError) as exc:
-        raise InputError(str(exc).replace("activation.budget", "--budget")) from None
+        raise InputError(str(exc).replace("activation.budget", "--budget").replace("step_impl.loss_chunks", "--loss-chunks").replace("step_impl.norm", "--norm")) from None
     print("\n".join(describe(peak)))
+    if impl != StepImpl():
+        print(f"step: {impl.describe()}")
     if device_bytes is None:
         for label, size in REPORT_DEVICES:
             print(f"  on {label}: {verdict(peak.peak_bytes, size)}")

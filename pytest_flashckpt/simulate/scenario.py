@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from pytest_flashckpt.config.step_impl import StepImpl
 from pytest_flashckpt.simulate.result import SimulatedPeak
 from pytest_flashckpt.simulate.step import simulate_step
 
 
 @lru_cache(maxsize=64)
 def _cached(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy: str, k: int, target: str, world_size: int,
-            budget: str | int | float | None = None, precision: str = "pure") -> SimulatedPeak:
+            budget: str | int | float | None = None, precision: str = "pure", impl: StepImpl | None = None) -> SimulatedPeak:
     """The simulation is deterministic: a reference shared by several scenarios of a suite is simulated once."""
     return simulate_step(card, dtype, batch, seq, kernel, strategy, k=k, target=target, world_size=world_size, budget=budget,
-                         precision=precision)
+                         precision=precision, impl=impl)
 
 
 def run_simulated(scenario, result) -> None:
@@ -32,7 +33,8 @@ def run_simulated(scenario, result) -> None:
     common = (simulated_card(scenario), scenario.dtype, scenario.batch_size, scenario.seq_len, sim.kernel)
     tail = (sim.target, sim.world_size)
     budget = scenario.activation.budget if scenario.activation.strategy == "budget" else None
-    peak = _cached(*common, scenario.activation.strategy, scenario.activation.k, *tail, budget, scenario.precision)
+    peak = _cached(*common, scenario.activation.strategy, scenario.activation.k, *tail, budget, scenario.precision,
+                   scenario.step_impl)
     result.device = "meta"
     result.probe = "simulated"
     result.backend = sim.kernel
@@ -45,7 +47,7 @@ def run_simulated(scenario, result) -> None:
     m["simulate_seconds"] = peak.seconds
     m["world_size"] = peak.world_size
     if scenario.activation.strategy != "none":
-        reference = _cached(*common, "none", 2, *tail, None, scenario.precision)
+        reference = _cached(*common, "none", 2, *tail, None, scenario.precision, scenario.step_impl)
         m["simulated_reference_peak_bytes"] = reference.peak_bytes
         m["simulated_memory_saving"] = 1.0 - peak.peak_bytes / reference.peak_bytes
     m["simulated_kept_bytes"] = sum(peak.block_kept_bytes) + peak.outside_kept_bytes
@@ -94,6 +96,8 @@ def _formulas(scenario, peak: SimulatedPeak) -> dict[str, int]:
         return {}
     if scenario.activation.strategy != "none" or peak.world_size != 1 or peak.precision != "pure":
         return {}  # (the analytic model and Korthikanti's formula know one dtype for states and activations)
+    if scenario.step_impl != StepImpl():  # the analytic peak is AdamW's step with the plain loss
+        return {}
     config = load_card(scenario.card)
     if not analytic.supports(config):  # GPT formulas (ours, Korthikanti's) on another family's block: never; "—"
         return {}

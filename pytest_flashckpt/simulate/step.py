@@ -17,12 +17,14 @@ import torch
 from pytest_flashckpt.activation import apply_ac, apply_budget
 from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.config.step_impl import StepImpl, card_with_norm, check_simulated
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.simulate.costs import SimulatedCosts
 from pytest_flashckpt.simulate.modes import PRECISIONS, step_modes
 from pytest_flashckpt.simulate.probe import AttributedStorages
 from pytest_flashckpt.simulate.result import SimulatedPeak
+from pytest_flashckpt.simulate.step_impl import impl_modes, stand_in_cuda_fused_norms
 from pytest_flashckpt.simulate.workload import check_workload, dtype_name, simulated_model, simulated_trainer
 from pytest_flashckpt.training import Trainer
 
@@ -40,29 +42,37 @@ def simulate_step(
     seed: int = 0,
     budget: str | int | float | None = None,
     precision: str = "pure",
+    impl: StepImpl | None = None,
 ) -> SimulatedPeak:
     """The exact peak of one training step of ``card`` on ``target`` (per rank when ``world_size`` > 1: the
     rank's batch is ``batch_size / world_size`` and parameters, gradients and optimizer state are FSDP shards,
     see ``simulate.fsdp``). Strategy ``budget`` plans ``budget`` from simulated costs (``simulate.costs``) and
     simulates the planned step; the plan is in ``SimulatedPeak.plan``. ``precision`` ``mixed``: float32
     parameters (master weights), gradients and AdamW state, the forward autocast to ``dtype`` (``simulate.autocast``
-    models torch's autocast on meta); ``pure``: everything in ``dtype``."""
+    models torch's autocast on meta); ``pure``: everything in ``dtype``. ``impl``: the norm, optimizer and loss
+    (``config.step_impl``; None: the default step); the optimizer phase is that optimizer's own step on meta
+    (``simulate.step_impl`` for what meta needs to run the target's fused kernels)."""
     started = time.perf_counter()
-    config = load_card(card) if isinstance(card, str) else card
+    impl = impl or StepImpl()
+    config = card_with_norm(load_card(card) if isinstance(card, str) else card, impl.norm)
     name = dtype_name(dtype)
     check_workload(config, batch_size, seq_len, world_size)
     check_precision(precision, name, world_size, strategy)
+    check_simulated(impl, strategy, world_size, getattr(config, "norm", "plain"), precision, target)
     model = simulated_model(config, name, kernel, target, seed, precision)
+    if target == "cuda":
+        stand_in_cuda_fused_norms(model)  # nn.RMSNorm (a fused norm) is one _fused_rms_norm kernel on CUDA
     backend = model.backend
     plan: dict = {}
     if strategy == "budget":
         plan = _apply_budget(model, config, name, kernel, target, world_size, budget, (batch_size // world_size, seq_len), seed)
     elif strategy != "none":
         apply_ac(model, ActivationConfig(strategy=strategy, k=k, save_ops=save_ops))
-    trainer = simulated_trainer(model, batch_size // world_size, seq_len, target, seed, autocast_dtype(precision, name))
+    trainer = simulated_trainer(model, batch_size // world_size, seq_len, target, seed, autocast_dtype(precision, name), impl)
     modes = step_modes(target, precision)
+    modes.modes += impl_modes(impl)
     with modes.outside_probe():
-        trainer.train_step()  # AdamW state exists after it, as after the runner's warm-up
+        trainer.train_step()  # the optimizer's state exists after it, as after the runner's warm-up
     sharding: dict[str, int] = {}
     ratio = 1.0
     if world_size > 1:

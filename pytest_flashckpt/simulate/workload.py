@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from pytest_flashckpt.config.model_card import ModelCard
+from pytest_flashckpt.config.step_impl import StepImpl
 from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.models.hf.build import HFConfigProblem, HFUnavailable
 from pytest_flashckpt.models.hf.card import HFCard, hf_card
@@ -134,8 +135,10 @@ class MetaBatchTrainer(Trainer):
 
 
 def simulated_trainer(model, batch_size: int, seq_len: int, target: str, seed: int = 0,
-                      autocast: torch.dtype | None = None) -> Trainer:
+                      autocast: torch.dtype | None = None, impl: StepImpl | None = None) -> Trainer:
     """The trainer a run on ``target`` has: CUDA's default AdamW is the multi-tensor (foreach) one; on a CPU (and
     on meta) PyTorch picks per-tensor, so a ``cuda`` prediction asks for foreach explicitly. Its batches are made
-    on meta (``MetaBatchTrainer``): no host memory for any batch size."""
-    return MetaBatchTrainer.create(model, batch_size, seq_len, seed=seed, foreach=True if target == "cuda" else None, autocast=autocast)
+    on meta (``MetaBatchTrainer``): no host memory for any batch size. ``impl``: the optimizer and loss
+    (``config.step_impl``; an optimizer named foreach or fused is that one on every target)."""
+    return MetaBatchTrainer.create(model, batch_size, seq_len, seed=seed, foreach=True if target == "cuda" else None,
+                                   autocast=autocast, impl=impl)

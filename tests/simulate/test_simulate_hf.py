@@ -15,7 +15,7 @@ import torch
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.cli import main
-from pytest_flashckpt.config.model_card import LlamaConfig
+from pytest_flashckpt.config.cards.llama import LlamaConfig
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.probes.cpu import LiveTensorProbe
 from pytest_flashckpt.simulate import simulate_step

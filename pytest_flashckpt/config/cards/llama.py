@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_flashckpt.config.step_impl import NORMS
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -24,6 +26,7 @@ class LlamaConfig:
     rope_theta: float = 500000.0  # rotary base (Llama 3)
     norm_eps: float = 1e-5  # RMSNorm epsilon
     tie_word_embeddings: bool = False  # the head shares the embedding's weight
+    norm: str = "plain"  # RMSNorm: plain (Hugging Face's fp32 ops) or fused (torch's nn.RMSNorm, as torchtitan); config.step_impl
     dropout: float = 0.0  # Llama models train without dropout; kept so a scenario's override is checked
     allocate_on_cpu: bool = True  # false for cards too big to allocate on a CPU (built on the meta device)
 
@@ -43,6 +46,8 @@ class LlamaConfig:
             raise ValueError(f"dropout must be 0 for the llama family (its blocks have no dropout), got {self.dropout}")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("rope_theta and norm_eps must be positive")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm: unknown RMSNorm implementation {self.norm!r}; valid: {', '.join(NORMS)}")
 
     # the card protocol's neutral names (config.model_card.ModelCard), read by code outside the family
     @property

@@ -6,8 +6,11 @@ Module names follow the Hugging Face Llama's inside a block (``self_attn.q_proj`
 ``lm_head`` (tied to ``embed_tokens`` when the card says ``tie_word_embeddings``). ``anatomy()`` states all of it.
 
 The rotary cosines and sines are computed once per forward, outside the blocks (float32 angles, then the model
-dtype), and passed to every block: a block's forward is ``block(x, cos, sin)``. RMSNorm is written out in plain
-ops (float32 statistics, as Llama's reference code), so the ``meta`` simulation runs the same ops as a CPU.
+dtype), and passed to every block: a block's forward is ``block(x, cos, sin)``. The card's ``norm`` picks the
+RMSNorm (``make_norm``): ``plain`` is written out in plain ops (float32 statistics, as Llama's reference code and
+Hugging Face's ``LlamaRMSNorm``); ``fused`` is torch's ``nn.RMSNorm`` (``F.rms_norm``, as torchtitan), one
+``_fused_rms_norm`` kernel on CUDA and its decomposition on a CPU. Either way the ``meta`` simulation runs the ops
+a CPU runs (the simulator stands in the CUDA kernel for a ``cuda`` target: ``simulate.step_impl``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def llama_anatomy(config: LlamaConfig) -> ModelAnatomy:
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, the statistics in float32."""
+    """x / sqrt(mean(x^2) + eps) * weight, the statistics in float32: Hugging Face's ``LlamaRMSNorm`` op for op.
+    It keeps a float32 copy of its input (and the normalised output in the model dtype) for the backward pass."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -52,6 +56,13 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+
+def make_norm(config: LlamaConfig) -> nn.Module:
+    """The card's RMSNorm: ``plain`` (``RMSNorm``) or ``fused`` (``nn.RMSNorm``; the same ``weight`` parameter)."""
+    if config.norm == "fused":
+        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+    return RMSNorm(config.n_embd, config.norm_eps)
 
 
 def rotary_tables(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,9 +116,9 @@ class Block(nn.Module):
 
     def __init__(self, config: LlamaConfig, backend: str) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.n_embd, config.norm_eps)
+        self.input_layernorm = make_norm(config)
         self.self_attn = Attention(config, backend)
-        self.post_attention_layernorm = RMSNorm(config.n_embd, config.norm_eps)
+        self.post_attention_layernorm = make_norm(config)
         self.mlp = SwiGLU(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -124,7 +135,7 @@ class Llama(nn.Module):
         self.backend = backend
         self.embed_tokens = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, backend) for _ in range(config.n_layer))
-        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.norm = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
