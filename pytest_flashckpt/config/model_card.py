@@ -16,6 +16,7 @@ from typing import Union
 from pytest_flashckpt.config.errors import ConfigError
 
 from pytest_flashckpt.config.data import resolve
+from pytest_flashckpt.config.moe_card import MoEConfig
 from pytest_flashckpt.config.typed import build, load_yaml
 from pytest_flashckpt.core.files import shown_path
 
@@ -121,7 +122,7 @@ class LlamaConfig:
 
 
 ModelCard = Union[GPTConfig, LlamaConfig]
-CARD_FAMILIES: dict[str, type] = {"gpt": GPTConfig, "llama": LlamaConfig}
+CARD_FAMILIES: dict[str, type] = {"gpt": GPTConfig, "llama": LlamaConfig, "moe": MoEConfig}
 
 
 def load_card(name_or_path: str | Path, **overrides) -> ModelCard:

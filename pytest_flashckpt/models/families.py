@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from pytest_flashckpt.config.model_card import CARD_FAMILIES
 from pytest_flashckpt.models.anatomy import ModelAnatomy, register_discoverer
+from pytest_flashckpt.models.moe.family import build_moe, moe_matmul_flops
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def _llama_flops(card, batch_size: int, seq_len: int, strategy: str = "none", k:
 FAMILIES: dict[str, Family] = {
     "gpt": Family("gpt", _gpt, analytic=True),  # FLOPs: activation.flops.expected_matmul_flops (GPT's closed form)
     "llama": Family("llama", _llama, matmul_flops=_llama_flops),
+    "moe": Family("moe", build_moe, matmul_flops=moe_matmul_flops),
 }
 assert set(FAMILIES) == set(CARD_FAMILIES), "every card family needs a model family"
 
