@@ -57,7 +57,7 @@ def test_a_gpt_card_with_a_llama_key_names_the_family(tmp_path):
     with pytest.raises(ConfigError, match=r"odd\.yaml: unknown key 'n_kv_head'.*belongs to the llama family.*family: llama"):
         load_card(card)
     card.write_text("name: odd\nfamily: mamba\n")
-    with pytest.raises(ConfigError, match=r"family: 'mamba' is not a model family \(valid: gpt, llama\)"):
+    with pytest.raises(ConfigError, match=r"family: 'mamba' is not a model family \(valid: gpt, llama, moe\)"):
         load_card(card)
     card.write_text("name: odd\nfamily: llama\nn_head: 6\nn_kv_head: 4\nn_embd: 192\n")
     with pytest.raises(ConfigError, match=r"n_head \(6\) must be a multiple of n_kv_head \(4\)"):
