@@ -3,7 +3,9 @@
 Every strategy that must know *what* a block's modules are (the op-level selective policy, the budget planner's
 options, FLOP counting, the save strategies, export) reads it from here instead of guessing from a position in
 forward order or from the project's own GPT parameter names. A GPT block runs 4 matmul modules and a Llama block
-7; labelling them by position would mislabel one of them silently.
+7; labelling them by position would mislabel one of them silently. A Mixture-of-Experts block runs one router and
+three matmuls per expert: a role may name a group of modules with a ``*`` segment (``mlp.experts.*.up_proj``,
+``role_modules``), so every expert has its place without one role per expert.
 
 A model states its anatomy with an ``anatomy()`` method (the project's families do); for a model that cannot, a
 *discoverer* registered with ``register_discoverer`` recognises it (``models.families`` registers the Hugging Face
