@@ -33,6 +33,8 @@ KINDS: tuple[str, ...] = ("none", "by_role", "by_op", "full", "offload")
 ROLES: tuple[str, ...] = ("qkv", "attn", "o", "up", "down")
 # anatomy projection role -> the option role (group) it belongs to
 ROLE_GROUP: dict[str, str] = {"qkv": "qkv", "q": "qkv", "k": "qkv", "v": "qkv", "o": "o", "up": "up", "gate": "up", "down": "down"}
+# A MoE block's (models.moe): the router and the experts' gate/up read the MLP's input, as up does; expert_down is down
+ROLE_GROUP.update(router="up", shared_expert_gate="up", expert_gate="up", expert_up="up", expert_down="down")
 # With selective_op's default list, the matmuls of these roles are recomputed although addmm/mm is saved. The attention
 # output projection o (GPT's attn.c_proj, Llama's self_attn.o_proj) is the cheapest output to rebuild:
 # C multiply-adds per element from an input (the attention output) that is saved anyway, and without it the

@@ -3,7 +3,9 @@
 Every strategy that must know *what* a block's modules are (the op-level selective policy, the budget planner's
 options, FLOP counting, the save strategies, export) reads it from here instead of guessing from a position in
 forward order or from the project's own GPT parameter names. A GPT block runs 4 matmul modules and a Llama block
-7; labelling them by position would mislabel one of them silently.
+7; labelling them by position would mislabel one of them silently. A Mixture-of-Experts block runs one router and
+three matmuls per expert: a role may name a group of modules with a ``*`` segment (``mlp.experts.*.up_proj``,
+``role_modules``), so every expert has its place without one role per expert.
 
 A model states its anatomy with an ``anatomy()`` method (the project's families do); for a model that cannot, a
 *discoverer* registered with ``register_discoverer`` recognises it (``models.families`` registers the Hugging Face
@@ -40,11 +42,20 @@ __all__ = [
     "is_matmul_module",
     "register_discoverer",
     "role_hooks",
+    "role_modules",
 ]
 
 # A decoder block's matmul modules by role: fused qkv (GPT) or separate q/k/v (Llama); the attention output
-# projection o; the MLP's up (and gate, for a gated MLP such as SwiGLU) and down projections.
-PROJECTION_ROLES: tuple[str, ...] = ("qkv", "q", "k", "v", "o", "up", "gate", "down")
+# projection o; the MLP's up (and gate, for a gated MLP such as SwiGLU) and down projections. A Mixture-of-Experts
+# block (models.moe) adds its router, the routed experts' projections (one role each over all experts, named with
+# a ``*`` segment: ``mlp.experts.*.up_proj``) and Qwen-MoE's shared-expert gate; its shared expert is a plain
+# gate/up/down MLP.
+PROJECTION_ROLES: tuple[str, ...] = (
+    "qkv", "q", "k", "v", "o", "up", "gate", "down", "router", "expert_gate", "expert_up", "expert_down",
+    "shared_expert_gate",
+)
+# In a projection's module name, a segment that stands for every entry of the container at that point (the experts)
+EVERY = "*"
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,8 @@ class BlockAnatomy:
     """One decoder block by module name, relative to the block.
 
     ``projections``: role -> submodule, e.g. GPT ``{"qkv": "attn.c_attn", "o": "attn.c_proj", "up": "mlp.c_fc",
-    "down": "mlp.c_proj"}``; ``attention``: the submodule whose forward calls the attention kernel; ``norms``: the
+    "down": "mlp.c_proj"}``; a ``*`` segment names one module per entry of a container, so one role covers every
+    expert of a MoE block (``"expert_up": "mlp.experts.*.up_proj"``, see ``role_modules``); ``attention``: the submodule whose forward calls the attention kernel; ``norms``: the
     block's normalisation modules in forward order."""
 
     projections: Mapping[str, str]
@@ -75,9 +87,12 @@ class BlockAnatomy:
         object.__setattr__(self, "norms", tuple(self.norms))
 
     def role_of(self, module_name: str) -> str | None:
-        """The role of the submodule called ``module_name`` (relative to the block), or None."""
+        """The role of the submodule called ``module_name`` (relative to the block; ``mlp.experts.3.up_proj``
+        matches ``mlp.experts.*.up_proj``), or None."""
+        parts = module_name.split(".")
         for role, name in self.projections.items():
-            if name == module_name:
+            pattern = name.split(".")
+            if len(pattern) == len(parts) and all(p in (EVERY, part) for p, part in zip(pattern, parts)):
                 return role
         return None
 
@@ -200,6 +215,21 @@ def is_matmul_module(module: nn.Module) -> bool:
     return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers")
 
 
+def role_modules(block: nn.Module, name: str) -> list[tuple[str, nn.Module]]:
+    """The (dotted name, module) pairs a projection's module name stands for in ``block``: one for a plain name,
+    one per entry of the container at each ``*`` segment (in order) for ``mlp.experts.*.up_proj``; none if a
+    segment is missing."""
+    found: list[tuple[str, nn.Module]] = [("", block)]
+    for segment in name.split("."):
+        step = []
+        for prefix, module in found:
+            children = list(module.named_children()) if segment == EVERY else [(segment, module._modules.get(segment))]
+            step.extend((f"{prefix}.{child_name}" if prefix else child_name, child)
+                        for child_name, child in children if child is not None)
+        found = step
+    return found
+
+
 def check_block(anatomy: ModelAnatomy | BlockAnatomy, block: nn.Module, where: str = "block") -> None:
     """Hold ``block`` to its anatomy: every named projection exists and is a matmul module, the attention and norm
     modules exist, and no matmul module of the block is left without a role.
@@ -208,17 +238,19 @@ def check_block(anatomy: ModelAnatomy | BlockAnatomy, block: nn.Module, where: s
     block_anatomy = anatomy.block if isinstance(anatomy, ModelAnatomy) else anatomy
     modules = dict(block.named_modules())
     problems: list[str] = []
+    named: set[str] = set()
     for role, name in block_anatomy.projections.items():
-        module = modules.get(name)
-        if module is None:
+        found = role_modules(block, name)
+        if not found:
             problems.append(f"projection {role!r} names {name!r}, which the block does not have")
-        elif not is_matmul_module(module):
-            problems.append(f"projection {role!r} names {name!r}, a {type(module).__name__}, not a Linear or Conv1D")
+        for full_name, module in found:
+            named.add(full_name)
+            if not is_matmul_module(module):
+                problems.append(f"projection {role!r} names {full_name!r}, a {type(module).__name__}, not a Linear or Conv1D")
     for kind, names in (("attention", (block_anatomy.attention,)), ("norm", block_anatomy.norms)):
         for name in names:
             if name not in modules:
                 problems.append(f"{kind} module {name!r} is not in the block")
-    named = set(block_anatomy.projections.values())
     unlabelled = [name for name, module in modules.items() if name not in named and is_matmul_module(module)]
     if unlabelled:
         problems.append(
@@ -261,15 +293,20 @@ def role_hooks(block: nn.Module, anatomy: ModelAnatomy | BlockAnatomy) -> RoleHo
     block_anatomy = anatomy.block if isinstance(anatomy, ModelAnatomy) else anatomy
     handles = []
     for role, name in block_anatomy.projections.items():
-        module = block.get_submodule(name)
-
-        def enter(_module, _args, role=role) -> None:
-            _CURRENT_ROLE.set(_CURRENT_ROLE.get() + (role,))
-
-        def leave(_module, _args, _output) -> None:
-            stack = _CURRENT_ROLE.get()
-            _CURRENT_ROLE.set(stack[:-1])
-
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave, always_call=True))
+        for _name, module in role_modules(block, name):
+            _hook_role(module, role, handles)
     return RoleHooks(handles)
+
+
+def _hook_role(module: nn.Module, role: str, handles: list) -> None:
+    """Pre/post forward hooks that push ``role`` on the role stack while ``module`` runs (handles appended)."""
+
+    def enter(_module, _args) -> None:
+        _CURRENT_ROLE.set(_CURRENT_ROLE.get() + (role,))
+
+    def leave(_module, _args, _output) -> None:
+        stack = _CURRENT_ROLE.get()
+        _CURRENT_ROLE.set(stack[:-1])
+
+    handles.append(module.register_forward_pre_hook(enter))
+    handles.append(module.register_forward_hook(leave, always_call=True))

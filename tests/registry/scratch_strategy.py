@@ -60,11 +60,16 @@ def main(folder: Path) -> dict:
             except SystemExit as exc:
                 status = exc.code
         out[f"simulate_{name}"] = {"status": status, "stdout": printed.getvalue(), "stderr": errors.getvalue()}
-    distributed = SimpleNamespace(device="cpu", backend="sdpa", config={
-        "card": "tiny", "dtype": "float32", "batch_size": 2, "seq_len": 16, "world_size": 1,
-        "activation": {"strategy": "scratch_first_half"}})
+    from pytest_flashckpt.config.scenario import Scenario
+    from pytest_flashckpt.config.typed import build
+
+    def scenario(strategy: str) -> Scenario:  # a result's config is its typed scenario (config.record_file)
+        return build(Scenario, {"name": "s", "model": "tiny", "dtype": "float32", "batch_size": 2, "seq_len": 16,
+                                "activation": {"strategy": strategy}}, "scratch.yaml")
+
+    distributed = SimpleNamespace(device="cpu", backend="sdpa", config=scenario("scratch_first_half"))
     out["report_peak"] = simulated_rank_peak(distributed)
-    distributed.config["activation"] = {"strategy": "scratch_on_host"}
+    distributed.config = scenario("scratch_on_host")
     out["report_refused"] = simulated_rank_peak(distributed)
     return out
 
