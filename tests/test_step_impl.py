@@ -188,7 +188,7 @@ def test_a_suite_scenario_runs_and_simulates_its_step_impl():
     measured_result = run_scenario(build(Scenario, common, "suite.yaml"), RunContext(device=torch.device("cpu"), probe="cpu"))
     assert measured_result.status == "measured", measured_result.reason
     simulated_scenario = build(Scenario, {**common, "simulate": {"enabled": True, "kernel": "sdpa", "target": "cpu"}}, "suite.yaml")
-    simulated_result = Result("impl", "s", "measured", {})
+    simulated_result = Result("impl", "s", "measured", simulated_scenario)
     run_simulated(simulated_scenario, simulated_result)
     peak = measured_result.metrics["peak_bytes"]
     assert simulated_result.metrics["simulated_peak_bytes"] == peak
