@@ -60,6 +60,7 @@ def busy_cores(count: int) -> Iterator[None]:
 
 
 def _run(args: list[str], label: list[str], load: int) -> dict:
+    load_before = os.getloadavg()[0]
     with busy_cores(load):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
@@ -76,6 +77,7 @@ def _run(args: list[str], label: list[str], load: int) -> dict:
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "workers": int(workers.group(1)) if workers else 1,
         "outcome": outcome[-1] if outcome else (out.strip().splitlines() or ["no output"])[-1],
+        "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",  # other tenants show here: the table is not quiet
     }
 
 
@@ -120,12 +122,12 @@ def main() -> None:
         f"Machine: {cores} cores ({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
         f"torch {torch.__version__}. CPU time is pytest's and every process it waited for (user + sys).{beside}",
         "",
-        "| command | workers | wall (s) | wall | CPU (s) | exit | outcome |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| command | workers | wall (s) | wall | CPU (s) | load before / after | exit | outcome |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for run in runs:
         lines.append(f"| `{run['command']}` | {run['workers']} | {run['wall_s']:.1f} | {_minutes(run['wall_s'])} | "
-                     f"{run['cpu_s']:.1f} | {run['rc']} | {run['outcome']} |")
+                     f"{run['cpu_s']:.1f} | {run['load']} | {run['rc']} | {run['outcome']} |")
     lines += ["", "Plain `pytest` is README's test command (its first part; `pytest -m slow` runs after it in CI), "
               "target 2 minutes; `-n 0` is the same tests in one process. `pytest --flashckpt-suite` is README's "
               "first command (the default suite on a CPU), target 3 minutes.", ""]
