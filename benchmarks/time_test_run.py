@@ -7,7 +7,8 @@ Runs plain ``pytest`` (README's test command: pytest-xdist workers, one per core
 times in this checkout; with ``--one-process`` also ``pytest -n 0`` once, and with ``--suite`` README's first
 command, ``pytest --flashckpt-suite`` (the default suite on a CPU; its report goes to a temporary folder, so the
 committed sample is never touched), once. Records each run's wall time, the CPU time of pytest and every process
-it waited for (user + sys), the outcome line and the number of workers, with the machine and the commit.
+it waited for (user + sys), the 1-minute load average before and after, the outcome line and the number
+of workers, with the machine and the commit.
 
 ``--load N`` starts N busy processes (one pure-Python spin loop each, a core's worth of load apiece) beside every
 run, the way issue 31 checks the budgets "on a 2-core machine 1.5x slower": on 2 cores one busy process leaves
