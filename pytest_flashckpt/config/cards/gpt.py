@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_flashckpt.config.card_names import DecoderCardNames
+
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(DecoderCardNames):
     """Shape of a GPT; a model card (``models/<name>.yaml``) is one of these."""
 
     name: str = "custom"
@@ -36,31 +38,11 @@ class GPTConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
-    # the card protocol's neutral names (config.model_card.ModelCard), read by code outside the family
-    @property
-    def num_blocks(self) -> int:
-        return self.n_layer
-
-    @property
-    def width(self) -> int:
-        return self.n_embd
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.block_size
-
-    @property
-    def num_heads(self) -> int:
-        return self.n_head
-
+    # the card protocol's other neutral names: config.card_names.DecoderCardNames
     @property
     def mlp_width(self) -> int:
         """The MLP's hidden width: 4 x the width, as GPT-2."""
         return 4 * self.n_embd
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
 
     def num_params(self) -> int:
         """Parameter count (tied head counted once), computed without building the model."""

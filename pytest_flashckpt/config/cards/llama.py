@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_flashckpt.config.card_names import DecoderCardNames
 from pytest_flashckpt.config.step_impl import NORMS
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(DecoderCardNames):
     """Shape of a Llama-style decoder (``family: llama``): RMSNorm, SwiGLU MLP, rotary positions, grouped-query
     attention (``n_kv_head`` key/value heads shared by ``n_head / n_kv_head`` query heads each), no biases, a head
     tied to the embedding only where the model ties it (Llama-3.2-1B does, Llama-3-8B/70B do not)."""
@@ -49,31 +50,11 @@ class LlamaConfig:
         if self.norm not in NORMS:
             raise ValueError(f"norm: unknown RMSNorm implementation {self.norm!r}; valid: {', '.join(NORMS)}")
 
-    # the card protocol's neutral names (config.model_card.ModelCard), read by code outside the family
-    @property
-    def num_blocks(self) -> int:
-        return self.n_layer
-
-    @property
-    def width(self) -> int:
-        return self.n_embd
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.block_size
-
-    @property
-    def num_heads(self) -> int:
-        return self.n_head
-
+    # the card protocol's other neutral names: config.card_names.DecoderCardNames
     @property
     def mlp_width(self) -> int:
         """The SwiGLU MLP's hidden width (gate and up projections)."""
         return self.intermediate_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
 
     @property
     def kv_dim(self) -> int:

@@ -26,11 +26,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from pytest_flashckpt.config.card_names import DecoderCardNames
+
 ROUTINGS: tuple[str, ...] = ("balanced", "capacity", "learned")
 
 
 @dataclass(frozen=True)
-class MoEConfig:
+class MoEConfig(DecoderCardNames):
     """Shape of a Mixture-of-Experts decoder (``family: moe``): the Llama block (RMSNorm, rotary positions,
     grouped-query attention, optional q/k/v biases as Qwen's) with the MLP replaced by a router, ``n_experts``
     SwiGLU experts of which ``top_k`` run per token, and an optional shared SwiGLU expert."""
@@ -91,31 +93,11 @@ class MoEConfig:
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("rope_theta and norm_eps must be positive")
 
-    # the card protocol's neutral names (config.model_card.ModelCard), read by code outside the family
-    @property
-    def num_blocks(self) -> int:
-        return self.n_layer
-
-    @property
-    def width(self) -> int:
-        return self.n_embd
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.block_size
-
-    @property
-    def num_heads(self) -> int:
-        return self.n_head
-
+    # the card protocol's other neutral names: config.card_names.DecoderCardNames
     @property
     def mlp_width(self) -> int:
         """The routed experts' hidden width (each expert's gate and up projections)."""
         return self.expert_intermediate_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
 
     @property
     def kv_dim(self) -> int:

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn as nn
 
+from pytest_flashckpt.config.card_names import DecoderCardNames
 from pytest_flashckpt.config.hf_spec import hf_label, read_hf_config
 from pytest_flashckpt.models.hf.anatomy import LAYOUTS
 from pytest_flashckpt.models.hf.build import HFConfigProblem, build_hf_model, check_anatomy, hf_config, max_positions
@@ -32,7 +33,7 @@ KNOWN_LAYOUT_TYPES = ("gpt2", "llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True)
-class HFCard:
+class HFCard(DecoderCardNames):
     """A Hugging Face config as a card (see the module doc). ``config_json``: the config's keys;
     ``dropout``: the suite's override of every dropout (None: the config's own); ``anatomy_json``: a stated anatomy."""
 
@@ -50,23 +51,7 @@ class HFCard:
     family: str = "hf"
     allocate_on_cpu: bool = True
 
-    # the neutral names of the card protocol (config.model_card.ModelCard), read by the simulator and preflight
-    @property
-    def num_blocks(self) -> int:
-        return self.n_layer
-
-    @property
-    def width(self) -> int:
-        return self.n_embd
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.block_size
-
-    @property
-    def num_heads(self) -> int:
-        return self.n_head
-
+    # the card protocol's other neutral names: config.card_names.DecoderCardNames
     @property
     def mlp_width(self) -> int:
         return self.intermediate_size
