@@ -46,6 +46,9 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
     if scenario.simulate.enabled and scenario.activation.strategy == "budget" and scenario.simulate.world_size != 1:
         raise bad("simulate.world_size", f"{scenario.simulate.world_size}: budget plans are simulated for one device only "
                   "(no per-rank plan costs yet)", "use simulate.world_size 1 for strategy budget")
+    refusal = getattr(card, "meta_refusal", lambda: None)() if scenario.simulate.enabled else None
+    if refusal is not None:  # e.g. a MoE card's learned routing: refused before anything runs, not at the first forward
+        raise bad("simulate.enabled", refusal)
     if scenario.activation.strategy == "every_k" and scenario.activation.k > card.num_blocks:
         raise bad("activation.k", f"{scenario.activation.k} is larger than the {card.num_blocks} blocks of {card.name!r}",
                   f"valid: 1..{card.num_blocks}")

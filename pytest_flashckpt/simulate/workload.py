@@ -53,7 +53,11 @@ def largest_tensor(card: ModelCard, batch_size: int, seq_len: int) -> tuple[str,
 
 
 def check_workload(card: ModelCard, batch_size: int, seq_len: int, world_size: int = 1) -> None:
-    """ValueErrors naming the value for a workload the card cannot run."""
+    """ValueErrors naming the value for a workload the card cannot run (a card's optional ``meta_refusal``: why its
+    step cannot run on meta, e.g. a MoE card's learned routing)."""
+    refusal = getattr(card, "meta_refusal", lambda: None)()
+    if refusal is not None:
+        raise ValueError(refusal)
     if batch_size <= 0:
         raise ValueError(f"batch size must be positive, got {batch_size}")
     if seq_len <= 0:

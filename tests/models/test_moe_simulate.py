@@ -3,6 +3,8 @@
 for Llama in tests/simulate/test_simulate_llama.py; the routing assumption moves the peak; a learned routing is
 refused on meta with the fix; the large cards answer "will it fit" without allocating anything."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -68,3 +70,25 @@ def test_large_moe_cards_simulate_on_meta(name):
     sim = simulate_step(card, "bf16", 1, 1024, "flash", "full")
     assert sim.breakdown["parameters"] == card.num_params() * 2
     assert sim.breakdown["optimizer_state"] == 2 * card.num_params() * 2
+
+
+def test_a_simulated_scenario_of_a_learned_routing_card_is_refused_by_preflight(tmp_path):
+    """Refused before anything runs (preflight), naming the suite, the scenario and the fix; control: the same
+    card with balanced routing passes, and measuring (not simulating) the learned card passes too."""
+    from pytest_flashckpt.config.errors import ConfigError
+    from pytest_flashckpt.config.preflight import preflight
+    from pytest_flashckpt.config.scenario import Scenario
+    from pytest_flashckpt.config.typed import build
+
+    shipped = (Path(__file__).parents[2] / "models" / "moe-tiny.yaml").read_text()
+    for routing in ("learned", "balanced"):
+        (tmp_path / f"{routing}.yaml").write_text(shipped.replace("\nrouting: balanced\n", f"\nrouting: {routing}\n"))
+
+    def scenario(routing: str, simulate: bool) -> Scenario:
+        return build(Scenario, {"name": "s", "suite": "moe", "model": str(tmp_path / f"{routing}.yaml"), "batch_size": 1,
+                                "seq_len": 32, "simulate": {"enabled": simulate, "target": "cpu", "kernel": "sdpa"}}, "moe.yaml")
+
+    with pytest.raises(ConfigError, match=r"moe\.yaml.*\bs\b.*simulate\.enabled.*routing: learned.*routing: balanced"):
+        preflight(scenario("learned", True), "moe.yaml")
+    preflight(scenario("balanced", True), "moe.yaml")
+    preflight(scenario("learned", False), "moe.yaml")

@@ -93,6 +93,13 @@ class MoEConfig(DecoderCardNames):
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("rope_theta and norm_eps must be positive")
 
+    def meta_refusal(self) -> str | None:
+        """Why this card's step cannot be simulated on ``meta`` (the card protocol's optional hook), or None."""
+        if self.routing == "learned":
+            return (f"model card {self.name!r}: routing: learned dispatches tokens by their values, which the meta device "
+                    "cannot run; simulate with routing: balanced or capacity (the measured step then uses the same hook)")
+        return None
+
     # the card protocol's other neutral names: config.card_names.DecoderCardNames
     @property
     def mlp_width(self) -> int:
