@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+
+import pytest
 from pathlib import Path
 
 from pytest_flashckpt.baselines import Baseline, Gate, Thresholds
@@ -84,13 +86,19 @@ def test_the_committed_baseline_reads_through_the_upgrade_and_saving_adds_finger
     assert again.scenarios[some_id].to_dict() == untouched
 
 
-def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_recorded_verdicts():
-    """reports/sample/results.json and baselines/*.json (both schema 1) through the upgrade: the gate's verdict per
-    scenario and metric is the one the sample recorded when it was made (old entries: compared as before)."""
+@pytest.mark.parametrize("sample, schema", [
+    # the sample as committed before the typed record (schema 1), kept as a fixture of the upgrade path
+    ("tests/data/results-schema-1-sample.json", 1),
+    ("reports/sample/results.json", 2),
+])
+def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_recorded_verdicts(sample, schema):
+    """A sample results.json (schema 1 through the upgrade, and today's) gated against baselines/*.json (schema 1,
+    through the upgrade): the gate's verdict per scenario and metric is the one the sample recorded when it was
+    made (old entries: compared as before)."""
     from pytest_flashckpt.config.record_file import read_record
 
-    sample = ROOT / "reports" / "sample" / "results.json"
-    assert json.loads(sample.read_text())["schema_version"] == 1
+    sample = ROOT / sample
+    assert json.loads(sample.read_text())["schema_version"] == schema
     record = read_record(sample)
     gate = Gate(ROOT / "baselines", record.profile_id, Thresholds())
     rows = [v for r in record.results for v in gate.judge(r)]
