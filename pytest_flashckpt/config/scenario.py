@@ -177,7 +177,7 @@ class ModelSpec:
     """Which model card, plus the article's model-level keys."""
 
     card: str = "tiny"  # shipped card name or path to a card file
-    type: Literal["GPT"] = "GPT"  # article key; GPT is the only architecture
+    type: Literal["GPT"] = "GPT"  # the article's key, ignored: the card's `family` picks the family (config/cards/)
     dropout: float | None = None  # overrides the card's dropout
     gradient_checkpointing: bool | None = None  # article key -> activation.strategy full
     checkpoint_level: Literal["layer", "model"] | None = None  # article key: 'layer' -> layer-wise save files

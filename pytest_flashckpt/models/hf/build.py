@@ -36,7 +36,6 @@ from pytest_flashckpt.models.hf.attention import ATTN_IMPLEMENTATION as EXPLICIT
 from pytest_flashckpt.models.hf.attention import register as register_explicit_kernels
 
 ATTN_IMPLEMENTATION = {"sdpa": "sdpa", "eager": "eager", "flash_attn": "flash_attention_2"}
-MIN_TRANSFORMERS = "4.45"
 DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout", "dropout")
 POSITION_KEYS = ("n_positions", "max_position_embeddings")
 
