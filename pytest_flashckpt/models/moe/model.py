@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from pytest_flashckpt.config.cards.moe import MoEConfig
 from pytest_flashckpt.models.anatomy import BlockAnatomy, ModelAnatomy
-from pytest_flashckpt.models.llama.model import Attention, RMSNorm, rotary_tables
+from pytest_flashckpt.models.llama.model import Attention, Llama, RMSNorm
 from pytest_flashckpt.models.moe.routing import expert_tokens
 
 __all__ = ["MoE", "MoEConfig", "moe_anatomy"]
@@ -146,23 +146,7 @@ class MoE(nn.Module):
         """Which module is which (``pytest_flashckpt.models.anatomy``)."""
         return moe_anatomy(self.config)
 
-    @staticmethod
-    def _restore_tied_head(module: "MoE", state_dict, prefix, *_args) -> None:
-        """A state dict that stores the tied embedding once gets the head's alias back from it (strict loading)."""
-        head, embedding = f"{prefix}lm_head.weight", f"{prefix}embed_tokens.weight"
-        if head not in state_dict and embedding in state_dict:
-            state_dict[head] = state_dict[embedding]
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab) without targets; the mean cross-entropy loss with them."""
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size} of {self.config.name}")
-        x = self.embed_tokens(idx)
-        cos, sin = rotary_tables(T, self.config.head_dim, self.config.rope_theta, idx.device, x.dtype)
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        logits = self.lm_head(self.norm(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+    # the decoder around the blocks is Llama's: the same embedding, rotary tables, final norm, head and loss, and
+    # the same tied-head hook for strict loading (only the blocks' MLP differs)
+    _restore_tied_head = staticmethod(Llama._restore_tied_head)
+    forward = Llama.forward
