@@ -35,7 +35,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from pytest_flashckpt.checkpoint import dcp_io, safe_dcp
 from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.manifest import Manifest, verify, write_manifest
+from pytest_flashckpt.checkpoint.roots import check_root
 from pytest_flashckpt.checkpoint.scheduling import process_memory
+from pytest_flashckpt.checkpoint.space import PER_SAVE_BYTES, PER_TENSOR_BYTES, check_free_space
 from pytest_flashckpt.checkpoint.store import CheckpointStore
 from pytest_flashckpt.distributed.lock import WriterLock
 from pytest_flashckpt.training import Trainer
@@ -128,7 +130,9 @@ class ShardedCheckpointer:
     """Sharded saves into ``root`` (every rank constructs one with the same ``root``); rank 0 owns the commit."""
 
     def __init__(self, root: Path, *, async_save: bool = False, config: dict[str, Any] | None = None) -> None:
-        self.root = Path(root)
+        # The same checks as the single-process checkpointer's, on every rank before any collective: the ranks
+        # share the root, so they agree (a file in the way, a single checkpoint passed as the root, ...).
+        self.root = check_root(root, writing=True)
         self.async_save = async_save
         self.config = dict(config or {})
         self.rank = _rank()
@@ -164,13 +168,24 @@ class ShardedCheckpointer:
         """Start a save (sync: returns once committed; async: once DCP has staged the state in host memory)."""
         started = time.perf_counter()
         self.wait()  # at most one save in flight, as torch's async_save expects
-        where = None
-        if self.rank == 0:
-            name = self.store.reserve_name(trainer.step)
-            where = (name, str(self.store.begin(name)))
-        name, tmp = _broadcast(where, self.group) if self.group is not None else where
-        tmp = Path(tmp)
         state = training_state(trainer)
+        where: tuple[str, str] | str | None = None
+        needed = self._bytes_needed(state)
+        refusal: CheckpointError | None = None
+        if self.rank == 0:
+            try:
+                check_free_space(self.root, needed, f"sharded save of step {trainer.step} into {self.root}")
+                name = self.store.reserve_name(trainer.step)
+                where = (name, str(self.store.begin(name)))
+            except CheckpointError as exc:  # every rank must learn it before anything is written
+                refusal, where = exc, str(exc)
+        where = _broadcast(where, self.group) if self.group is not None else where
+        if refusal is not None:
+            raise refusal
+        if isinstance(where, str):
+            raise CheckpointError(where)
+        name, tmp = where
+        tmp = Path(tmp)
         rss_before = process_memory()[0]
         if self.async_save:
             future = dcp.async_save(state, checkpoint_id=str(tmp / DCP_DIR), process_group=self.group)
@@ -188,6 +203,18 @@ class ShardedCheckpointer:
             record.stall_s = time.perf_counter() - started
         self.saves.append(record)
         return record
+
+    def _bytes_needed(self, state: Any) -> int:
+        """An upper bound of what one save writes over all ranks (they share the root's filesystem): every rank's
+        local tensor bytes summed (a collective), plus the formats' per-tensor and per-save overheads
+        (``checkpoint.space``)."""
+        from torch.utils._pytree import tree_leaves
+
+        n_tensors = sum(1 for t in tree_leaves(state) if isinstance(t, torch.Tensor))
+        counts = torch.tensor([local_bytes(state) + PER_TENSOR_BYTES * n_tensors], dtype=torch.int64)
+        if self.group is not None:
+            dist.all_reduce(counts, group=self.group)
+        return int(counts.item()) + PER_SAVE_BYTES
 
     def wait(self) -> None:
         """Finish (and commit) the save in flight, if any."""

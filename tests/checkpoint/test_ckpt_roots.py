@@ -428,3 +428,41 @@ def test_two_processes_racing_for_every_strategys_root_one_writer_each(tmp_path)
             load_into(make_trainer(init_seed=1), folder)
         assert resume_latest(make_trainer(init_seed=1), root).manifest.step == 3
         assert _entries(root) == sorted([*(f.name for f in folders), "latest"])  # no lock file, no leftovers
+
+
+# -- the sharded (DCP, FSDP) checkpointer: the same root and space checks --------------------------------------------
+def test_the_sharded_checkpointer_refuses_a_file_root_and_a_checkpoint_root(tmp_path) -> None:
+    from pytest_flashckpt.checkpoint import dcp_io
+    from pytest_flashckpt.distributed.sharded_store import ShardedCheckpointer
+
+    root = tmp_path / "ckpt"
+    root.write_text("my notes")
+    one = _saved(tmp_path / "other") / CheckpointStore(tmp_path / "other").latest_name()
+    with dcp_io.process_group():
+        with pytest.raises(InvalidRootError, match=rf"checkpoint root {root} is a file, not a folder"):
+            ShardedCheckpointer(root)
+        with pytest.raises(InvalidRootError, match=r"is one checkpoint \(it holds manifest.json\)"):
+            ShardedCheckpointer(one)
+    assert root.read_text() == "my notes"
+
+
+def test_a_sharded_save_that_does_not_fit_is_refused_before_anything_is_written(tmp_path, monkeypatch) -> None:
+    from pytest_flashckpt.checkpoint import dcp_io
+    from pytest_flashckpt.distributed import sharded_store
+
+    trainer = make_trainer()
+    trainer.train_step()
+    needed: list[int] = []
+    real_check = space.check_free_space
+    monkeypatch.setattr(sharded_store, "check_free_space", lambda root, n, what: (needed.append(n), real_check(root, n, what))[1])
+    monkeypatch.setattr(space.shutil, "disk_usage", lambda path: _usage(needed[-1] - 1))
+    root = tmp_path / "root"
+    with dcp_io.process_group(), sharded_store.ShardedCheckpointer(root) as ckpt:
+        before = _entries(root) if root.exists() else []
+        with pytest.raises(DiskFullError, match=r"sharded save of step 1 into .* refused: needs [\d.]+ MiB, .*nothing was written"):
+            ckpt.save(trainer)
+        assert (_entries(root) if root.exists() else []) == before and ckpt.saves == []
+        monkeypatch.setattr(space.shutil, "disk_usage", lambda path: _usage(needed[-1]))  # control: exactly enough
+        folder = ckpt.save(trainer).folder
+    written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    assert written <= needed[-1]  # the bound holds for what the save wrote
