@@ -32,10 +32,12 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
 from pytest_flashckpt.training import _warmup, make_batch, make_optimizer
 
@@ -132,14 +134,14 @@ def _check_splittable(anatomy: ModelAnatomy, n_stages: int) -> None:
 
 
 def split_stage(model: nn.Module, index: int, n_stages: int) -> StageModule:
-    """Stage ``index`` of ``n_stages``: a copy of ``model`` holding only that stage's blocks, the embedding on the
-    first stage and the final norm and head on the last (``model`` itself is left whole)."""
+    """Stage ``index`` of ``n_stages``: ``model`` holding only that stage's blocks, the embedding on the first stage
+    and the final norm and head on the last. ``model`` itself is left whole; the stage shares its modules (no
+    copy: under fake mode a copy of a 70B card would cost time, and the whole model is dropped once split)."""
     anatomy = get_anatomy(model)
     _check_splittable(anatomy, n_stages)
     blocks = get_blocks(model, anatomy)
     kept = stage_ranges(len(blocks), n_stages)[index]
-    part = copy.copy(model)  # shallow: its own module dict, the modules shared with ``model`` until deep-copied
-    part._modules = dict(model._modules)
+    part = _shallow(model)
     container = model.get_submodule(anatomy.blocks)
     if isinstance(container, nn.ModuleDict):
         keys = list(container.keys())
@@ -155,7 +157,6 @@ def split_stage(model: nn.Module, index: int, n_stages: int) -> StageModule:
         for path in (anatomy.final_norm, anatomy.head):
             if path:
                 _set_shallow(part, path, nn.Identity())
-    part = copy.deepcopy(part)  # the stage owns its parameters: the whole model can go
     prefix = anatomy.blocks + "."
     names = {}
     for name, _ in part.named_parameters():
@@ -167,17 +168,48 @@ def split_stage(model: nn.Module, index: int, n_stages: int) -> StageModule:
     return StageModule(part, index, n_stages, names)
 
 
+def _shallow(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with its own dicts of submodules, parameters and buffers (their values shared)."""
+    twin = copy.copy(module)
+    for key in ("_modules", "_parameters", "_buffers"):
+        setattr(twin, key, dict(getattr(module, key)))
+    return twin
+
+
 def _set_shallow(model: nn.Module, path: str, module: nn.Module) -> None:
     """Replace ``path`` in ``model`` without touching the module it was shared with: every parent on the path is
-    shallow-copied first (a dotted path such as ``model.layers`` in a Hugging Face model)."""
+    copied first (``_shallow``; a dotted path such as ``model.layers`` in a Hugging Face model)."""
     parts = path.split(".")
     parent = model
     for name in parts[:-1]:
-        child = copy.copy(parent._modules[name])
-        child._modules = dict(child._modules)
-        parent._modules[name] = child
-        parent = child
+        parent._modules[name] = parent = _shallow(parent._modules[name])
     parent._modules[parts[-1]] = module
+
+
+@dataclass(frozen=True)
+class StageShapes:
+    """What flows between stages, so every ``PipelineStage`` is given its input and output metadata
+    (``input_args`` / ``output_args``) and torch's schedule runs in its static mode: no metadata exchange at the
+    first step, and the same code on a gloo rank and on a simulated one (whose fake peers send nothing)."""
+
+    width: int
+    vocab: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, model: nn.Module) -> "StageShapes":
+        anatomy = get_anatomy(model)
+        embedding = model.get_submodule(anatomy.embeddings[0]).weight
+        head = model.get_submodule(anatomy.head).weight
+        return cls(width=embedding.shape[1], vocab=head.shape[0], dtype=embedding.dtype)
+
+    def stage_args(self, stage: StageModule, rows: int, seq_len: int, dtype: torch.dtype) -> dict:
+        """One microbatch's input and output of ``stage``, as meta tensors (shapes, dtypes, and which carry a
+        gradient: hidden states and logits do, token ids do not)."""
+        hidden = torch.empty(rows, seq_len, self.width, dtype=dtype, device="meta", requires_grad=True)
+        tokens = torch.empty(rows, seq_len, dtype=torch.long, device="meta")
+        logits = torch.empty(rows, seq_len, self.vocab, dtype=dtype, device="meta", requires_grad=True)
+        return {"input_args": tokens if stage.is_first else hidden, "output_args": logits if stage.is_last else hidden}
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -279,6 +311,7 @@ def build_pipeline(
     pipeline.check(layout, batch_size=batch_size, n_blocks=len(get_blocks(model)))
     layout.check_batch(batch_size)
     n_stages = layout.pp * pipeline.stages_per_rank
+    shapes = StageShapes.of(model)
     pp_rank = mesh["pp"].get_local_rank()
     dp_mesh = mesh["dp_shard"]
     stages = [split_stage(model, index, n_stages) for index in stages_of_rank(pp_rank, layout.pp, pipeline.stages_per_rank)]
@@ -292,10 +325,60 @@ def build_pipeline(
                 fully_shard(block, **kwargs)
             fully_shard(stage, **kwargs)
     group = mesh["pp"].get_group()
-    torch_stages = [PipelineStage(stage, stage.index, n_stages, torch.device(device), group=group) for stage in stages]
+    rows = batch_size // layout.dp_shard // pipeline.microbatches
+    dtype = mp_policy.param_dtype if mp_policy is not None and mp_policy.param_dtype is not None else shapes.dtype
+    torch_stages = [
+        PipelineStage(stage, stage.index, n_stages, torch.device(device), group=group,
+                      **shapes.stage_args(stage, rows, seq_len, dtype))
+        for stage in stages
+    ]
     params = [p for stage in stages for p in stage.parameters()]
     optimizer = make_optimizer(params)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
     vocab = getattr(getattr(stages[0].part, "config", None), "vocab_size", None)
     return PipelineTrainer(stages, _schedule(torch_stages, pipeline), optimizer, scheduler, vocab, batch_size, seq_len,
                            seed, dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size())
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def communication_buffers(trainer: PipelineTrainer) -> list[torch.Tensor]:
+    """The receive buffers torch's ``PipelineStage`` keeps between steps: one activation buffer per microbatch on a
+    stage that is not first, one gradient buffer per microbatch on a stage that is not last (allocated at the first
+    step, reused after)."""
+    buffers = []
+    for stage in _torch_stages(trainer.schedule):
+        for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values()):
+            buffers.extend(info.buffer for info in infos if getattr(info, "buffer", None) is not None)
+    return buffers
+
+
+def _torch_stages(schedule) -> list[PipelineStage]:
+    return list(getattr(schedule, "_stages", None) or [schedule._stage])
+
+
+def memory_step(trainer: PipelineTrainer, device_type: str = "cpu") -> dict[str, int]:
+    """One pipeline step in the two windows of ``distributed.rank`` (the schedule's forward + backward over every
+    microbatch, then the optimizer), counted by the rank probe; the stage's receive buffers count from the start.
+    The same function measures a gloo rank and the simulated (fake) rank."""
+    for stage in trainer.stages:
+        stage.train()
+    resident = [_local(t) for t in trainer.state_tensors()] + communication_buffers(trainer)
+    with ShardedLiveTensorProbe(device_type).track(resident=resident) as fwd_bwd:
+        trainer.forward_backward()
+    grads = [_local(p.grad) for p in trainer.parameters() if p.grad is not None]
+    resident = [_local(t) for t in trainer.state_tensors()] + communication_buffers(trainer) + grads
+    with ShardedLiveTensorProbe(device_type).track(resident=resident) as opt:
+        trainer.optimizer_step()
+    trainer.step += 1
+    return {
+        "peak_bytes": max(fwd_bwd.peak_bytes, opt.peak_bytes),
+        "fwd_bwd_start_bytes": fwd_bwd.start_bytes,
+        "fwd_bwd_peak_bytes": fwd_bwd.peak_bytes,
+        "optimizer_start_bytes": opt.start_bytes,
+        "optimizer_peak_bytes": opt.peak_bytes,
+        "buffer_bytes": sum(b.untyped_storage().nbytes() for b in communication_buffers(trainer)),
+        "stages": [stage.index for stage in trainer.stages],
+    }
