@@ -17,6 +17,13 @@ is simulated on ``meta``, where the CUDA flash op returns its true shapes:
   neighbour's K/V at a time. The load-balanced ring (each rank holds chunk ``r`` and ``2 cp - 1 - r``, torch's
   default) needs ``seq`` divisible by ``2 cp`` (``config.layout``).
 
+What the ring adds to a rank's peak (``ring_extra_bytes``, against the same step with each rank's attention over
+its own chunk) depends on where the peak falls. Outside attention the exchange buffers are gone and one copy per
+block stays: the ring's merged output is (B, H, T, D)-contiguous where the flash op's is laid out (B, T, H, D),
+so the model's reshape before ``o_proj`` copies it (a query-sized tensor saved for backward per block; measured
+on llama-tiny at cp 2, exactly that). When the peak falls inside a ring backward, its K/V and float32 K/V
+gradient exchange buffers add to it (llama-tiny, 1 block, at cp 4).
+
 Labelled ``modelled``, not simulated by the real engine end to end: the model's rotary positions are the local
 chunk's (same shapes, other values), the sequence is not sharded by ``context_parallel``'s buffer sharding but
 built at ``seq / cp``, and the CUDA allocator has not measured any of it (the GPU suite will). Parameters,
@@ -37,6 +44,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.models import attention
 from pytest_flashckpt.simulate.step import simulate_step
+from pytest_flashckpt.simulate.workload import dtype_name
 
 ROTATIONS = ("allgather", "alltoall")
 LABEL = "modelled"  # until the GPU suite measures a cp rank
@@ -95,6 +103,7 @@ def check_request(card, layout: Layout, *, batch_size: int, seq_len: int, kernel
     if others:
         named = ", ".join(f"{axis} {size}" for axis, size in others.items())
         raise ValueError(f"layout {layout.describe()}: context parallel is simulated alone so far ({named}); use cp only")
+    dtype = dtype_name(dtype)
     if rotation not in ROTATIONS:
         raise ValueError(f"context parallel rotation {rotation!r} is unknown; use one of {', '.join(ROTATIONS)}")
     if kernel not in ("flash", "flash_attn") or dtype not in ("bfloat16", "float16"):
@@ -149,9 +158,46 @@ def simulate_cp_rank(
         "load_balanced": load_balanced,
         "peak_bytes": ringed.peak_bytes,
         "peak_phase": ringed.peak_phase,
+        "peak_op": ringed.peak_op,
         "start_bytes": ringed.start_bytes,
         "breakdown": dict(ringed.breakdown),
         "local_attention_peak_bytes": alone.peak_bytes,
         "ring_extra_bytes": ringed.peak_bytes - alone.peak_bytes,
         "seconds": ringed.seconds + alone.seconds,
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pytest_flashckpt.simulate.context_parallel CARD --cp 4 --batch 1 --seq 131072``: the rank's
+    record as JSON on the last line of stdout; a refused request is one line on stderr, exit status 2."""
+    import argparse
+    import json
+    import sys
+
+    from pytest_flashckpt.models.cards import load_card
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("card")
+    parser.add_argument("--overrides", default="{}", help="card overrides as JSON, e.g. '{\"block_size\": 131072}'")
+    parser.add_argument("--cp", type=int, required=True)
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--seq", type=int, required=True)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--strategy", default="none")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--rotation", default="allgather", choices=ROTATIONS)
+    parser.add_argument("--no-load-balance", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        card = load_card(args.card, **json.loads(args.overrides))
+        record = simulate_cp_rank(card, Layout(cp=args.cp), batch_size=args.batch, seq_len=args.seq, dtype=args.dtype,
+                                  strategy=args.strategy, rank=args.rank, rotation=args.rotation,
+                                  load_balanced=not args.no_load_balance)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: --cp {args.cp} --seq {args.seq}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """Pipeline stages (torch.distributed.pipelining) of a small Llama on 2 gloo ranks (pp 2): loss and gradients
 against one process for GPipe, 1F1B and interleaved 1F1B; the stage's peak from the rank probe beside the CPU
-allocator, and beside the same rank simulated under fake mode (``simulate.pipeline``). One torchrun launch
-(~40 s on this shared 2-core machine), so ``slow``; the stage split and the checks are in
+allocator, and beside the same rank simulated under fake mode (``simulate.pipeline``). One torchrun launch and
+three simulations (144 s in all on this shared, loaded 2-core machine), so ``slow``; the stage split and the checks are in
 tests/simulate/test_pipeline_sim.py and tests/config/test_layout_pipeline_cp.py.
 """
 
@@ -61,8 +61,8 @@ def test_schedules_hold_what_their_order_keeps_in_flight(ranks) -> None:
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_simulated_stage_holds_what_the_gloo_stage_holds(ranks) -> None:
-    """The same split and schedule under fake mode, one process per rank: every window's start and peak equal to
-    the gloo rank's to the byte (pipeline p2p sends are not staged by the dispatcher's count, and no FSDP at dp 1)."""
+    """The same split and schedule under fake mode, one process per schedule: every window's start and peak equal
+    to the gloo rank's to the byte (simulate.pipeline: its works hold their sent tensors as gloo's do)."""
     from fresh_python import run_together
 
     from pipeline_worker import BATCH, CARD, SCHEDULES, SEED, SEQ
