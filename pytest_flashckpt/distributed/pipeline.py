@@ -17,10 +17,10 @@ under pipelining: a block is not all-gathered again for every microbatch), then 
 parameters. Tensor parallel and context parallel inside a stage are not composed yet (refused by ``make_mesh``).
 Every stage is given its input and output shapes (``StageShapes``), so torch's schedule runs in its static mode.
 
-Measured on 2 gloo ranks (pp 2, tests/distributed/test_pipeline.py): GPipe, 1F1B and interleaved 1F1B (2 stages
-per rank) give one process's loss and gradients (max |difference| 1.9e-8), and each rank's CPU allocator equals
-its probe. FSDP x pipeline (dp_shard 2 x pp 2) runs under fake mode (``simulate.pipeline``); it has not been run
-on 4 gloo ranks here (2 cores shared by 8 engineers).
+Measured on gloo ranks at pp 2 (world 2) and dp_shard 2 x pp 2 (world 4; tests/distributed/test_pipeline.py):
+GPipe, 1F1B and interleaved 1F1B (2 stages per rank) give one process's loss and gradients (max |difference|
+1.9e-8), each rank's CPU allocator added what its probe added, to the byte, and the rank simulated under fake
+mode (``simulate.pipeline``) holds the same bytes in every window.
 
 Limits, each an error naming it: a head tied to the embedding cannot be split over two stages (the two would
 live on different ranks); a model with more than one embedding (GPT's learned positions) is refused, as under
