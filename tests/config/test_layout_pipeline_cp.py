@@ -47,3 +47,12 @@ def test_possible_requests_pass_the_same_checks() -> None:  # the control of the
     Layout(cp=4).check_sequence(8192)
     Layout(cp=3).check_sequence(99, load_balanced=False)
     Layout(pp=3).check_stages(3)
+
+
+def test_the_tensor_parallel_mesh_refuses_pipeline_and_context_axes() -> None:
+    from pytest_flashckpt.distributed import pipeline, tensor_parallel
+
+    with pytest.raises(ValueError, match=r"layout dp_shard 1 x tp 2 x pp 2: tensor parallel is composed with dp_shard only"):
+        tensor_parallel.make_mesh(Layout(tp=2, pp=2))
+    with pytest.raises(ValueError, match=r"pipeline stages are composed with FSDP \(dp_shard\) only so far"):
+        pipeline.make_mesh(Layout(tp=2, pp=2))
