@@ -2,13 +2,18 @@
 
 ``Layout(dp_shard, tp, pp=1, cp=1)``: ``dp_shard`` ranks shard parameters, gradients and optimizer state with FSDP2
 and split the batch; ``tp`` ranks split every block's matmuls (tensor parallel, with sequence parallel on the
-norms); ``pp`` (pipeline stages) and ``cp`` (context parallel) are named here so a request for them is refused
-with a clear error: this step builds dp_shard x tp only (docs/layouts.md). The world is the product of the axes.
+norms); ``pp`` ranks hold consecutive pipeline stages of the blocks (``distributed.pipeline``, torch's
+``torch.distributed.pipelining``); ``cp`` ranks split the sequence (context parallel, ring attention; simulated
+only, ``simulate.context_parallel``). The world is the product of the axes. ``PipelineSchedule`` says how the
+stages run: the schedule, the microbatches and the stages each rank holds.
 
 The checks are the ones a layout request can fail before anything runs: every axis a positive integer, the world
 equal to the product, the attention heads (query and key/value) divisible by ``tp`` (a column shard of q/k/v must
-hold whole heads), the batch divisible by ``dp_shard`` (every data-parallel rank reads an equal share). They raise
-``ValueError`` naming the axis and the fix; callers place it (``ConfigError.within``, the CLI's ``InputError``).
+hold whole heads), the batch divisible by ``dp_shard`` (every data-parallel rank reads an equal share), no more
+stages than blocks, microbatches that divide a data-parallel rank's batch (and, for 1F1B, at least one per stage),
+a sequence divisible by ``cp`` (by ``2 * cp`` for the load-balanced ring, which gives every rank one chunk from
+each end of the causal mask). They raise ``ValueError`` naming the axis and the fix; callers place it
+(``ConfigError.within``, the CLI's ``InputError``).
 """
 
 from __future__ import annotations
@@ -32,12 +37,6 @@ class Layout:
             value = getattr(self, axis)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"layout {axis} must be a positive integer, got {value!r}")
-        for axis in ("pp", "cp"):
-            if getattr(self, axis) != 1:
-                raise ValueError(
-                    f"layout {axis}={getattr(self, axis)}: pipeline and context parallel are not built yet "
-                    f"(dp_shard x tp only; see docs/layouts.md); use {axis}=1"
-                )
 
     @property
     def world_size(self) -> int:
@@ -48,19 +47,26 @@ class Layout:
         return self.dp_shard > 1 and self.tp > 1
 
     @classmethod
-    def for_world(cls, world_size: int, tp: int = 1) -> "Layout":
-        """The layout of ``world_size`` ranks with ``tp``-way tensor parallel and FSDP over the rest."""
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    def for_world(cls, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1) -> "Layout":
+        """The layout of ``world_size`` ranks with ``tp``-way tensor parallel, ``pp`` stages, ``cp``-way context
+        parallel and FSDP over the rest."""
+        for axis, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{axis} must be a positive integer, got {value!r}")
         if world_size % tp:
             raise ValueError(f"world size {world_size} is not divisible by tp {tp}; choose a tp that divides it")
-        return cls(dp_shard=world_size // tp, tp=tp)
+        if world_size % (tp * pp * cp):
+            raise ValueError(
+                f"world size {world_size} is not divisible by tp {tp} x pp {pp} x cp {cp} = {tp * pp * cp}; choose "
+                "axes whose product divides it"
+            )
+        return cls(dp_shard=world_size // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
 
     def check_world(self, world_size: int) -> None:
         if world_size != self.world_size:
             raise ValueError(
-                f"layout dp_shard {self.dp_shard} x tp {self.tp} needs {self.world_size} ranks, the run has "
-                f"{world_size}; make dp_shard x tp equal the world size"
+                f"layout {self.describe()} needs {self.world_size} ranks, the run has {world_size}; make "
+                f"{' x '.join(name.split()[0] for name in self._named_axes())} equal the world size"
             )
 
     def check_card(self, card) -> None:
@@ -82,5 +88,83 @@ class Layout:
                 "an equal share"
             )
 
+    def check_sequence(self, seq_len: int, *, load_balanced: bool = True) -> None:
+        """Every context-parallel rank holds an equal share of the sequence: ``seq_len`` divisible by ``cp``, and by
+        ``2 * cp`` for the load-balanced ring (each rank takes chunk ``r`` and chunk ``2 * cp - 1 - r``)."""
+        if self.cp == 1:
+            return
+        chunks = 2 * self.cp if load_balanced else self.cp
+        if seq_len % chunks:
+            how = f"2 x cp = {chunks} (the load-balanced ring)" if load_balanced else f"cp {self.cp}"
+            raise ValueError(
+                f"layout cp {self.cp}: sequence {seq_len} is not divisible by {how}; choose a sequence that is a "
+                f"multiple of {chunks} or another cp"
+            )
+
+    def check_stages(self, n_blocks: int, stages_per_rank: int = 1) -> None:
+        """Every pipeline stage holds at least one block: ``pp * stages_per_rank <= n_blocks``."""
+        stages = self.pp * stages_per_rank
+        if stages > n_blocks:
+            raise ValueError(
+                f"layout pp {self.pp}: {stages} pipeline stages ({self.pp} ranks x {stages_per_rank} per rank) for "
+                f"{n_blocks} blocks; use at most {n_blocks} stages (a smaller pp or fewer stages per rank)"
+            )
+
     def describe(self) -> str:
-        return f"dp_shard {self.dp_shard} x tp {self.tp}"
+        return " x ".join(self._named_axes())
+
+    def _named_axes(self) -> list[str]:
+        """``dp_shard`` and ``tp`` always (the 2D names), ``pp`` and ``cp`` when used."""
+        return [f"{axis} {getattr(self, axis)}" for axis in AXES if axis in ("dp_shard", "tp") or getattr(self, axis) > 1]
+
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b",)  # the schedules that run more than one stage per rank
+
+
+@dataclass(frozen=True)
+class PipelineSchedule:
+    """How the pipeline stages run: ``schedule`` (torch's ``ScheduleGPipe``, ``Schedule1F1B``,
+    ``ScheduleInterleaved1F1B``), ``microbatches`` per step (of a data-parallel rank's batch) and the stages each
+    rank holds (more than one only for the interleaved schedule; torch assigns them round-robin, stage ``s`` on
+    pipeline rank ``s % pp``)."""
+
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    stages_per_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"pipeline schedule {self.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+        for key in ("microbatches", "stages_per_rank"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"pipeline {key} must be a positive integer, got {value!r}")
+        if self.stages_per_rank > 1 and self.schedule not in MULTI_STAGE_SCHEDULES:
+            raise ValueError(
+                f"pipeline schedule {self.schedule} runs one stage per rank, got stages_per_rank "
+                f"{self.stages_per_rank}; use schedule {MULTI_STAGE_SCHEDULES[0]} or stages_per_rank 1"
+            )
+
+    def check(self, layout: Layout, *, batch_size: int, n_blocks: int) -> None:
+        """The schedule fits the layout, the batch and the model: stages <= blocks, microbatches dividing a
+        data-parallel rank's rows, and as many microbatches as torch's 1F1B schedules need."""
+        layout.check_stages(n_blocks, self.stages_per_rank)
+        rows = batch_size // layout.dp_shard
+        if rows % self.microbatches:
+            raise ValueError(
+                f"layout pp {layout.pp}: {self.microbatches} microbatches do not divide the batch of a data-parallel "
+                f"rank ({rows} rows = batch {batch_size} / dp_shard {layout.dp_shard}); choose microbatches that "
+                f"divide {rows}"
+            )
+        stages = layout.pp * self.stages_per_rank
+        if self.schedule == "1f1b" and self.microbatches < stages:
+            raise ValueError(
+                f"layout pp {layout.pp}: schedule 1f1b needs at least one microbatch per stage ({stages}), got "
+                f"{self.microbatches}; use microbatches >= {stages}"
+            )
+        if self.schedule == "interleaved_1f1b" and self.microbatches % max(1, self.microbatches // layout.pp):
+            raise ValueError(
+                f"layout pp {layout.pp}: schedule interleaved_1f1b runs microbatches in rounds of pp; "
+                f"{self.microbatches} microbatches are not a whole number of rounds; use a multiple of {layout.pp}"
+            )

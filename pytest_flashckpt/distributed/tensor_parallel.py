@@ -50,6 +50,9 @@ ROW_ROLES = ("o", "down")  # input features sharded: partial sums reduce-scatter
 
 def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
     """The 2D mesh (dp_shard, tp) of the current process group; a size-1 axis is kept so the plan is one shape."""
+    if layout.pp > 1 or layout.cp > 1:
+        raise ValueError(f"layout {layout.describe()}: tensor parallel is composed with dp_shard only; pipeline stages "
+                         "are distributed.pipeline's, context parallel is simulated (simulate.context_parallel)")
     return init_device_mesh(device_type, (layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
 
 

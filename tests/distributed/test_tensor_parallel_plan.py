@@ -40,8 +40,8 @@ def test_fused_qkv_is_refused_with_the_module_named() -> None:
     "layout,match",
     [
         (lambda: Layout(dp_shard=2, tp=0), r"tp must be a positive integer, got 0"),
-        (lambda: Layout(dp_shard=2, tp=2, pp=2), r"pp=2: pipeline and context parallel are not built yet"),
-        (lambda: Layout(tp=2, cp=4), r"cp=4: .*use cp=1"),
+        (lambda: Layout(dp_shard=2, tp=2, pp=0), r"pp must be a positive integer, got 0"),
+        (lambda: Layout.for_world(8, tp=2, cp=3), r"not divisible by tp 2 x pp 1 x cp 3"),
         (lambda: Layout.for_world(6, tp=4), r"world size 6 is not divisible by tp 4"),
     ],
 )

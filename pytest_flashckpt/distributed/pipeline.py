@@ -1,0 +1,389 @@
+"""Pipeline stages through torch's ``torch.distributed.pipelining``: the model's blocks split into stages, each
+stage a ``PipelineStage``, run by ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``.
+
+The split reads the model's anatomy (``models.anatomy``), not a family's field names: the blocks container is cut
+into consecutive ranges, the first stage keeps the embedding, the last the final norm and the head, and every
+stage runs the family's own forward on its part (torchtitan cuts its models the same way, by deleting what a
+stage does not hold). On a stage that is not first, the embedding is replaced by ``_Received``, which hands the
+forward the previous stage's hidden states, so what the family computes between embedding and blocks (Llama's
+rotary tables) is computed on every stage as in one process; on a stage that is not last the final norm and the
+head are ``nn.Identity`` and the forward (without targets) returns the hidden states. The last stage returns the
+logits and ``loss_fn`` is the families' next-token cross-entropy (the mean, as ``model(x, y)``); the schedules
+scale the accumulated gradients by the microbatch count (``scale_grads``), so they equal the full batch's.
+
+Composition: the stage split, then the activation strategy per stage (``apply_ac``), then ``fully_shard`` per
+block and stage on the mesh's ``dp_shard`` dimension (with ``reshard_after_forward=False``, torchtitan's default
+under pipelining: a block is not all-gathered again for every microbatch), then AdamW over the stage's
+parameters. Tensor parallel and context parallel inside a stage are not composed yet (refused by ``make_mesh``).
+Every stage is given its input and output shapes (``StageShapes``), so torch's schedule runs in its static mode.
+
+Measured on gloo ranks at pp 2 (world 2) and dp_shard 2 x pp 2 (world 4; tests/distributed/test_pipeline.py):
+GPipe, 1F1B and interleaved 1F1B (2 stages per rank) give one process's loss and gradients (max |difference|
+1.9e-8), each rank's CPU allocator added what its probe added, to the byte, and the rank simulated under fake
+mode (``simulate.pipeline``) holds the same bytes in every window.
+
+Limits, each an error naming it: a head tied to the embedding cannot be split over two stages (the two would
+live on different ranks); a model with more than one embedding (GPT's learned positions) is refused, as under
+tensor parallel; stages are not more than blocks (``config.layout``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor
+
+from pytest_flashckpt.activation import apply_ac
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
+from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
+from pytest_flashckpt.training import _warmup, make_batch, make_optimizer
+
+MESH_DIMS = ("pp", "dp_shard")
+SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
+    """The (pp, dp_shard) mesh of the current process group: pipeline outermost, as torchtitan."""
+    if layout.tp > 1 or layout.cp > 1:
+        raise ValueError(
+            f"layout {layout.describe()}: pipeline stages are composed with FSDP (dp_shard) only so far; use tp 1 "
+            "and cp 1 with pp"
+        )
+    return init_device_mesh(device_type, (layout.pp, layout.dp_shard), mesh_dim_names=MESH_DIMS)
+
+
+def stage_ranges(n_blocks: int, n_stages: int) -> list[range]:
+    """Consecutive block ranges, one per stage, as even as the count allows (the first stages take one more)."""
+    if not 1 <= n_stages <= n_blocks:
+        raise ValueError(f"pipeline: {n_stages} stages for {n_blocks} blocks; use 1 to {n_blocks} stages")
+    size, extra = divmod(n_blocks, n_stages)
+    ranges, start = [], 0
+    for stage in range(n_stages):
+        stop = start + size + (stage < extra)
+        ranges.append(range(start, stop))
+        start = stop
+    return ranges
+
+
+def stages_of_rank(pp_rank: int, pp: int, stages_per_rank: int) -> list[int]:
+    """The stage indices pipeline rank ``pp_rank`` holds: ``pp_rank``, ``pp_rank + pp``, ... (torch's loop order)."""
+    return [pp_rank + k * pp for k in range(stages_per_rank)]
+
+
+class _Received(nn.Module):
+    """Stands in for the embedding on a stage that is not first: returns the hidden states the stage received."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden: torch.Tensor | None = None
+
+    def forward(self, _tokens: torch.Tensor) -> torch.Tensor:
+        hidden, self.hidden = self.hidden, None  # not kept past the forward: the autograd graph holds what it needs
+        return hidden
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: the model trimmed to its blocks (``part``) and the family's forward run on it.
+
+    ``names`` maps this stage's parameter names to the whole model's (``part.blocks.0.x`` -> ``blocks.4.x``), so a
+    stage's gradients and checkpoints read against one process."""
+
+    def __init__(self, part: nn.Module, index: int, n_stages: int, names: dict[str, str]) -> None:
+        super().__init__()
+        self.part = part
+        self.index, self.n_stages, self.names = index, n_stages, names
+        self._received = part.get_submodule(get_anatomy(part).embeddings[0]) if index > 0 else None
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.n_stages - 1
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """First stage: token ids (B, T) in; other stages: the previous stage's hidden states (B, T, C) in.
+        Out: hidden states, or the logits on the last stage."""
+        if self._received is None:
+            return self.part(inputs)
+        self._received.hidden = inputs
+        # the family's forward reads batch, sequence and device off its token ids: an 8-byte zero, expanded
+        tokens = torch.zeros((), dtype=torch.long, device=inputs.device).expand(inputs.shape[:2])
+        return self.part(tokens)
+
+
+def _check_splittable(anatomy: ModelAnatomy, n_stages: int) -> None:
+    if n_stages == 1:
+        return
+    if anatomy.tied:
+        alias, owner = anatomy.tied[0]
+        raise ValueError(
+            f"pipeline: the {anatomy.family} model ties {alias} to {owner}; the first and last stages live on "
+            "different ranks, so the tie cannot hold; use an untied card (tie_word_embeddings: false) or pp 1"
+        )
+    if len(anatomy.embeddings) != 1:
+        raise ValueError(
+            f"pipeline: the {anatomy.family} model adds {len(anatomy.embeddings)} embeddings "
+            f"({', '.join(anatomy.embeddings)}); a stage that is not first receives hidden states in their place "
+            "(use a family with one embedding and rotary positions: llama)"
+        )
+
+
+def split_stage(model: nn.Module, index: int, n_stages: int) -> StageModule:
+    """Stage ``index`` of ``n_stages``: ``model`` holding only that stage's blocks, the embedding on the first stage
+    and the final norm and head on the last. ``model`` itself is left whole; the stage shares its modules (no
+    copy: under fake mode a copy of a 70B card would cost time, and the whole model is dropped once split)."""
+    anatomy = get_anatomy(model)
+    _check_splittable(anatomy, n_stages)
+    blocks = get_blocks(model, anatomy)
+    kept = stage_ranges(len(blocks), n_stages)[index]
+    part = _shallow(model)
+    container = model.get_submodule(anatomy.blocks)
+    if isinstance(container, nn.ModuleDict):
+        keys = list(container.keys())
+        stage_container: nn.Module = nn.ModuleDict({keys[i]: container[keys[i]] for i in kept})
+        block_names = {keys[i]: keys[i] for i in kept}
+    else:
+        stage_container = nn.ModuleList(blocks[i] for i in kept)
+        block_names = {str(j): str(i) for j, i in enumerate(kept)}
+    _set_shallow(part, anatomy.blocks, stage_container)
+    if index > 0:
+        _set_shallow(part, anatomy.embeddings[0], _Received())
+    if index < n_stages - 1:
+        for path in (anatomy.final_norm, anatomy.head):
+            if path:
+                _set_shallow(part, path, nn.Identity())
+    prefix = anatomy.blocks + "."
+    names = {}
+    for name, _ in part.named_parameters():
+        full = name
+        if name.startswith(prefix):
+            local, _, rest = name[len(prefix):].partition(".")
+            full = f"{prefix}{block_names[local]}.{rest}"
+        names[f"part.{name}"] = full
+    return StageModule(part, index, n_stages, names)
+
+
+def _shallow(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with its own dicts of submodules, parameters and buffers (their values shared)."""
+    twin = copy.copy(module)
+    for key in ("_modules", "_parameters", "_buffers"):
+        setattr(twin, key, dict(getattr(module, key)))
+    return twin
+
+
+def _set_shallow(model: nn.Module, path: str, module: nn.Module) -> None:
+    """Replace ``path`` in ``model`` without touching the module it was shared with: every parent on the path is
+    copied first (``_shallow``; a dotted path such as ``model.layers`` in a Hugging Face model)."""
+    parts = path.split(".")
+    parent = model
+    for name in parts[:-1]:
+        parent._modules[name] = parent = _shallow(parent._modules[name])
+    parent._modules[parts[-1]] = module
+
+
+@dataclass(frozen=True)
+class StageShapes:
+    """What flows between stages, so every ``PipelineStage`` is given its input and output metadata
+    (``input_args`` / ``output_args``) and torch's schedule runs in its static mode: no metadata exchange at the
+    first step, and the same code on a gloo rank and on a simulated one (whose fake peers send nothing)."""
+
+    width: int
+    vocab: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, model: nn.Module) -> "StageShapes":
+        anatomy = get_anatomy(model)
+        embedding = model.get_submodule(anatomy.embeddings[0]).weight
+        head = model.get_submodule(anatomy.head).weight
+        return cls(width=embedding.shape[1], vocab=head.shape[0], dtype=embedding.dtype)
+
+    def stage_args(self, stage: StageModule, rows: int, seq_len: int, dtype: torch.dtype) -> dict:
+        """One microbatch's input and output of ``stage``, as meta tensors (shapes, dtypes, and which carry a
+        gradient: hidden states and logits do, token ids do not)."""
+        hidden = torch.empty(rows, seq_len, self.width, dtype=dtype, device="meta", requires_grad=True)
+        tokens = torch.empty(rows, seq_len, dtype=torch.long, device="meta")
+        logits = torch.empty(rows, seq_len, self.vocab, dtype=dtype, device="meta", requires_grad=True)
+        return {"input_args": tokens if stage.is_first else hidden, "output_args": logits if stage.is_last else hidden}
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The families' loss on the last stage's logits: mean cross-entropy over every position (``model(x, y)``)."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1))
+
+
+@dataclass
+class PipelineTrainer:
+    """This rank's stages, their torch ``PipelineStage`` objects and schedule, and AdamW over their parameters.
+
+    The batch is the data-parallel rank's rows of the global batch (``make_batch``: the same data at every layout);
+    the first stage feeds the tokens, the last the targets, every rank calls the schedule's ``step``."""
+
+    stages: list[StageModule]
+    schedule: object
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    vocab_size: int
+    batch_size: int
+    seq_len: int
+    seed: int = 0
+    dp_rank: int = 0
+    dp_size: int = 1
+    step: int = 0
+    losses: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def has_first(self) -> bool:
+        return any(s.is_first for s in self.stages)
+
+    @property
+    def has_last(self) -> bool:
+        return any(s.is_last for s in self.stages)
+
+    def batch(self, position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(self.stages[0].parameters()).device
+        x, y = make_batch(self.vocab_size, self.batch_size, self.seq_len, self.seed,
+                          self.step if position is None else position, device)
+        return x[self.dp_rank :: self.dp_size].contiguous(), y[self.dp_rank :: self.dp_size].contiguous()
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for stage in self.stages for p in stage.parameters()]
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Parameters and optimizer state of this rank's stages (what stays alive between steps)."""
+        tensors = list(self.parameters())
+        for state in self.optimizer.state.values():
+            tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        return tensors
+
+    def forward_backward(self) -> torch.Tensor | None:
+        """One schedule step (every microbatch forward and backward); the mean microbatch loss on the last stage."""
+        x, y = self.batch()
+        self.losses = []
+        args = (x,) if self.has_first else ()
+        target = y if self.has_last else None
+        self.schedule.step(*args, target=target, losses=self.losses if self.has_last else None)
+        if not self.losses:
+            return None
+        loss = torch.stack([loss.detach() for loss in self.losses]).mean()
+        self.losses = []
+        return loss
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def train_step(self) -> torch.Tensor | None:
+        loss = self.forward_backward()
+        self.optimizer_step()
+        self.step += 1
+        return loss
+
+
+def _schedule(stages: list[PipelineStage], pipeline: PipelineSchedule):
+    cls = SCHEDULE_CLASSES[pipeline.schedule]
+    if pipeline.schedule in ("gpipe", "1f1b"):
+        return cls(stages[0], n_microbatches=pipeline.microbatches, loss_fn=next_token_loss)
+    return cls(stages, n_microbatches=pipeline.microbatches, loss_fn=next_token_loss)
+
+
+def build_pipeline(
+    model: nn.Module,
+    layout: Layout,
+    mesh: DeviceMesh,
+    pipeline: PipelineSchedule,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int = 0,
+    activation: ActivationConfig | None = None,
+    mp_policy: MixedPrecisionPolicy | None = None,
+    device: torch.device | str = "cpu",
+) -> PipelineTrainer:
+    """This rank's stages of ``model`` (built whole, the same weights at every layout), laid out and scheduled.
+    ``model`` is consumed: its stages own copies of their parameters."""
+    pipeline.check(layout, batch_size=batch_size, n_blocks=len(get_blocks(model)))
+    layout.check_batch(batch_size)
+    n_stages = layout.pp * pipeline.stages_per_rank
+    shapes = StageShapes.of(model)
+    pp_rank = mesh["pp"].get_local_rank()
+    dp_mesh = mesh["dp_shard"]
+    stages = [split_stage(model, index, n_stages) for index in stages_of_rank(pp_rank, layout.pp, pipeline.stages_per_rank)]
+    del model
+    for stage in stages:
+        apply_ac(stage.part, activation or ActivationConfig())
+        if dp_mesh.size() > 1 or mp_policy is not None:
+            kwargs = {"mesh": dp_mesh, "reshard_after_forward": layout.pp == 1}
+            kwargs |= {} if mp_policy is None else {"mp_policy": mp_policy}
+            for block in get_blocks(stage.part):
+                fully_shard(block, **kwargs)
+            fully_shard(stage, **kwargs)
+    group = mesh["pp"].get_group()
+    rows = batch_size // layout.dp_shard // pipeline.microbatches
+    dtype = mp_policy.param_dtype if mp_policy is not None and mp_policy.param_dtype is not None else shapes.dtype
+    torch_stages = [
+        PipelineStage(stage, stage.index, n_stages, torch.device(device), group=group,
+                      **shapes.stage_args(stage, rows, seq_len, dtype))
+        for stage in stages
+    ]
+    params = [p for stage in stages for p in stage.parameters()]
+    optimizer = make_optimizer(params)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
+    return PipelineTrainer(stages, _schedule(torch_stages, pipeline), optimizer, scheduler, shapes.vocab, batch_size, seq_len,
+                           seed, dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size())
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def communication_buffers(trainer: PipelineTrainer) -> list[torch.Tensor]:
+    """The receive buffers torch's ``PipelineStage`` keeps between steps: one activation buffer per microbatch on a
+    stage that is not first, one gradient buffer per microbatch on a stage that is not last (allocated at the first
+    step, reused after)."""
+    buffers = []
+    for stage in _torch_stages(trainer.schedule):
+        for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values()):
+            buffers.extend(info.buffer for info in infos if getattr(info, "buffer", None) is not None)
+    return buffers
+
+
+def _torch_stages(schedule) -> list[PipelineStage]:
+    return list(getattr(schedule, "_stages", None) or [schedule._stage])
+
+
+def memory_step(trainer: PipelineTrainer, device_type: str = "cpu") -> dict[str, int]:
+    """One pipeline step in the two windows of ``distributed.rank`` (the schedule's forward + backward over every
+    microbatch, then the optimizer), counted by the rank probe; the stage's receive buffers count from the start.
+    The same function measures a gloo rank and the simulated (fake) rank."""
+    for stage in trainer.stages:
+        stage.train()
+    resident = [_local(t) for t in trainer.state_tensors()] + communication_buffers(trainer)
+    with ShardedLiveTensorProbe(device_type).track(resident=resident) as fwd_bwd:
+        trainer.forward_backward()
+    grads = [_local(p.grad) for p in trainer.parameters() if p.grad is not None]
+    resident = [_local(t) for t in trainer.state_tensors()] + communication_buffers(trainer) + grads
+    with ShardedLiveTensorProbe(device_type).track(resident=resident) as opt:
+        trainer.optimizer_step()
+    trainer.step += 1
+    return {
+        "peak_bytes": max(fwd_bwd.peak_bytes, opt.peak_bytes),
+        "fwd_bwd_start_bytes": fwd_bwd.start_bytes,
+        "fwd_bwd_peak_bytes": fwd_bwd.peak_bytes,
+        "optimizer_start_bytes": opt.start_bytes,
+        "optimizer_peak_bytes": opt.peak_bytes,
+        "buffer_bytes": sum(b.untyped_storage().nbytes() for b in communication_buffers(trainer)),
+        "stages": [stage.index for stage in trainer.stages],
+    }

@@ -1,0 +1,170 @@
+"""One pipeline rank simulated by the real engine: the stage split and torch's schedule (``distributed.pipeline``,
+the code the gloo ranks run) in one process under ``FakeTensorMode`` with torch's fake process group, as
+``simulate.fake_ranks`` does for tensor parallel and FSDP (its mesh and collective helpers are reused).
+
+So the in-flight activations are the schedule's own: under 1F1B the first stage runs ``pp`` microbatch forwards
+before its first backward and holds their activations, under GPipe every microbatch's, under interleaved 1F1B
+what torch's interleaved order keeps; the receive buffers torch's ``PipelineStage`` keeps (one activation
+buffer per microbatch on a stage that is not first, one gradient buffer on a stage that is not last) count from
+the window's start.
+
+Two things differ from a gloo rank, and each is made to match it:
+
+- torch's schedule opens with a vote among the stages (static or dynamic metadata) whose answer is read with
+  ``.item()``, which fake mode cannot give (and fake peers send nothing). Every stage is built with its metadata
+  (``StageShapes``), so on gloo the vote is unanimous: static. The simulated rank takes that answer
+  (``_static_warmup``) instead of voting.
+- A gloo ``Work`` holds the tensors it sends until the schedule drops it (a forward's output sent on, a
+  backward's input gradient sent back), a fake one holds nothing: without ``_works_hold_their_tensors`` the
+  fake rank's forward+backward peak was under the gloo rank's by 1 to 7 microbatch activations (8,192 to
+  57,344 B on the 4-block card of tests/distributed/test_pipeline.py). With it every window's start and peak
+  equal the gloo rank's to the byte for GPipe, 1F1B and interleaved 1F1B, and the gloo rank's CPU allocator
+  equals its probe (point-to-point sends are not staged as gloo's collectives are).
+
+The rest of the schedule (sends, receives, forwards, backwards, the gradient scaling) runs as on a real rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.pipelining import schedules as _schedules
+from torch.distributed.pipelining.stage import InferenceMode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed import pipeline as pp
+from pytest_flashckpt.distributed.fsdp import mixed_precision_policy
+from pytest_flashckpt.simulate.fake_ranks import _build_fake, _eager_collectives, _real_meshes
+
+
+@contextlib.contextmanager
+def _static_warmup(schedule):
+    """While active, ``schedule``'s warm-up vote is skipped with the answer every stage would give: static."""
+
+    def warmup(stages, has_backward, p2p_done) -> None:
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = warmup
+    try:
+        yield
+    finally:
+        del schedule._warmup_p2p
+
+
+class _HeldWork:
+    """A fake process group's ``Work`` that keeps its tensors alive for as long as it lives, as a gloo (or NCCL)
+    ``Work`` does: the schedule keeps a send's work until it waits on it, and so the sent tensor too."""
+
+    def __init__(self, work, tensors: list[torch.Tensor]) -> None:
+        self.work, self.tensors = work, tensors
+
+    def wait(self, *args, **kwargs):
+        return self.work.wait(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _works_hold_their_tensors():
+    """While active, the pipeline schedules' point-to-point works hold their tensors (``_HeldWork``)."""
+    batch_p2p = _schedules._batch_p2p
+
+    def held(p2p_ops, desc=None):
+        works = batch_p2p(p2p_ops, desc)
+        tensors = [op.tensor for op in p2p_ops]
+        return [_HeldWork(work, tensors) for work in works]
+
+    _schedules._batch_p2p = held
+    try:
+        yield
+    finally:
+        _schedules._batch_p2p = batch_p2p
+
+
+def simulate_pipeline_rank(
+    card,
+    layout: Layout,
+    pipeline: PipelineSchedule,
+    *,
+    batch_size: int,
+    seq_len: int,
+    strategy: str = "none",
+    k: int = 2,
+    dtype: torch.dtype = torch.float32,
+    precision: str = "pure",
+    rank: int = 0,
+    seed: int = 0,
+    backend: str = "sdpa",
+) -> dict:
+    """Rank ``rank`` of a ``pp x dp_shard`` layout (rank ``r`` holds pipeline rank ``r // dp_shard``'s stages):
+    one warm step, then one step measured in the two windows of a real rank (``pipeline.memory_step``)."""
+    if dist.is_initialized():
+        raise RuntimeError("simulate_pipeline_rank needs a process without a process group (it starts the fake one)")
+    layout.check_batch(batch_size)
+    pipeline.check(layout, batch_size=batch_size, n_blocks=card.n_layer)
+    started = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    try:
+        mesh = pp.make_mesh(layout)
+        mixed = precision == "mixed"
+        with FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives():
+            model = _build_fake(card, backend, torch.float32 if mixed else dtype, seed)
+            trainer = pp.build_pipeline(model, layout, mesh, pipeline, batch_size=batch_size, seq_len=seq_len,
+                                        seed=seed, activation=ActivationConfig(strategy=strategy, k=k),
+                                        mp_policy=mixed_precision_policy(dtype) if mixed else None)
+            del model
+            built = time.perf_counter()
+            with _static_warmup(trainer.schedule), _works_hold_their_tensors():
+                trainer.train_step()
+                warm = time.perf_counter()
+                record = pp.memory_step(trainer)
+        done = time.perf_counter()
+    finally:
+        dist.destroy_process_group()
+    record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm)
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pytest_flashckpt.simulate.pipeline CARD --pp 2 --schedule 1f1b --microbatches 4 --ranks 0,1
+    ...``: on the last line of stdout, JSON ``{rank: record}`` (what the tests run in a fresh process)."""
+    import argparse
+    import json
+
+    from pytest_flashckpt.models.cards import load_card
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("card")
+    parser.add_argument("--overrides", default="{}", help="card overrides as JSON, e.g. '{\"n_layer\": 4}'")
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--dp-shard", type=int, default=1)
+    parser.add_argument("--schedule", default="1f1b")
+    parser.add_argument("--microbatches", type=int, default=2)
+    parser.add_argument("--stages-per-rank", type=int, default=1)
+    parser.add_argument("--ranks", default="0", help="comma-separated ranks to simulate, each in its own group")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--seq", type=int, required=True)
+    parser.add_argument("--strategy", default="none")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--precision", default="pure", choices=("pure", "mixed"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    card = load_card(args.card, **json.loads(args.overrides))
+    layout = Layout(dp_shard=args.dp_shard, pp=args.pp)
+    pipeline = PipelineSchedule(args.schedule, args.microbatches, args.stages_per_rank)
+    records = {
+        rank: simulate_pipeline_rank(card, layout, pipeline, batch_size=args.batch, seq_len=args.seq,
+                                     strategy=args.strategy, dtype=getattr(torch, args.dtype),
+                                     precision=args.precision, rank=int(rank), seed=args.seed)
+        for rank in args.ranks.split(",")
+    }
+    print(json.dumps(records))
+
+
+if __name__ == "__main__":
+    main()
