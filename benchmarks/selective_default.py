@@ -1,6 +1,6 @@
 """The selective_op default, chosen by measurement: a systematic search over what a block saves, on both families.
 
-    PYTHONPATH=. python benchmarks/selective_default.py [--rounds 24] [--out reports/selective-default.md]
+    PYTHONPATH=. python benchmarks/selective_default.py [--rounds 40] [--out reports/selective-default.md]
 
 The search (exact, no timing): ``by_op`` candidates made of the roles a block recomputes (``candidates``: subsets of
 ``qkv``, ``attn`` (the attention kernel's outputs), ``o``, ``up``, ``down``) with the matmuls and attention kernels
@@ -195,14 +195,15 @@ def percent(x: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=24, help="interleaved timing rounds on the small card (0: none)")
+    parser.add_argument("--rounds", type=int, default=40, help="interleaved timing rounds on the small card (0: none)")
     parser.add_argument("--out", default="reports/selective-default.md")
     parser.add_argument("--search-cache", help="a pickle of the search's results: read if it exists, else written")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # a shared machine: one thread per process does not spin against other tenants
     load_start = os.getloadavg()[0]
-    if args.search_cache and os.path.exists(args.search_cache):
+    cached = bool(args.search_cache) and os.path.exists(args.search_cache)
+    if cached:
         with open(args.search_cache, "rb") as f:
             results = pickle.load(f)
     else:
@@ -246,6 +247,44 @@ def main() -> None:
                    f"**No candidate meets the bar on every workload measured.** The best within +{FLOP_BAR - 1:.0%} "
                    f"FLOPs is **{chosen.name}**: least saving "
                    + ", ".join(f"{percent(per_family[n])} on {n}" for n in CARDS) + ".")]
+    if not meets:
+        lines += ["", "Why: a block must keep what its backward reads, and recomputing that costs a projection's "
+                  "matmul. What the chosen candidate keeps is that set (GPT: the block input, qkv's output for the "
+                  "attention backward, the attention output and its statistics for o's weight gradient and the "
+                  "kernel's backward, up's output for GeLU's; Llama the same with q/k/v and gate/up), so a larger "
+                  "saving needs one of those matmuls again. The cheapest candidate that saves more than the chosen "
+                  "one on every workload, and what full checkpointing (the block inputs only) saves: the rest of "
+                  "the peak is the parameters, AdamW's state, the gradients and the loss's batch x tokens x "
+                  "vocabulary tensors, which no block policy touches, and their share is largest at small "
+                  "workloads.", "",
+                  "| card | cheapest larger saving | its least saving | its most FLOPs | full: saving (FLOPs) |",
+                  "| --- | --- | ---: | ---: | --- |"]
+        for name in CARDS:
+            rows = results[name]
+            larger = [c for c in next(iter(rows.values())) if c.kind == "by_op"
+                      and all(r[c]["saving"] > r[chosen]["saving"] for r in rows.values())]
+            full = Candidate(kind="full")
+            full_text = ", ".join(f"{percent(r[full]['saving'])} ({r[full]['flops']:.3f}x) at {d} {b}x{s}"
+                                  for (d, b, s), r in rows.items())
+            if larger:
+                best = min(larger, key=lambda c: max(r[c]["flops"] for r in rows.values()))
+                lines.append(f"| {name} | {best.name} | {percent(min(r[best]['saving'] for r in rows.values()))} | "
+                             f"{max(r[best]['flops'] for r in rows.values()):.3f}x | {full_text} |")
+            else:
+                lines.append(f"| {name} | (none) | | | {full_text} |")
+        out_of_reach = [f"{n} at {d} {b}x{s} ({percent(r[Candidate(kind='full')]['saving'])})"
+                        for n in CARDS for (d, b, s), r in results[n].items()
+                        if r[Candidate(kind="full")]["saving"] < SAVING_BAR]
+        if out_of_reach:
+            lines += ["", f"Even full checkpointing saves less than {SAVING_BAR:.0%} on " + ", ".join(out_of_reach)
+                      + ": there, no block policy meets the bar at any FLOP cost."]
+        low = {n: min(r[chosen]["saving"] for r in results[n].values()) for n in CARDS}
+        high = {n: max(r[chosen]["saving"] for r in results[n].values()) for n in CARDS}
+        lines += ["", "Range over the workloads measured: " + "; ".join(
+            f"{n} {percent(low[n])}-{percent(high[n])}" for n in CARDS) + f", at most {within[chosen][1]:.3f}x FLOPs."]
+    if args.search_cache and cached:
+        lines += ["", f"The search's numbers were read from `{args.search_cache}`, written by an earlier run of this "
+                  "script with the same candidates and workloads (exact bytes and FLOPs do not depend on the load)."]
     if current != chosen:
         lines += ["", f"Note: `DEFAULT_RECOMPUTE_ROLES` is {DEFAULT_RECOMPUTE_ROLES}, not the chosen candidate."]
     lines += ["", "Per family, dtype and workload, the chosen candidate's saving (FLOPs):", "",
@@ -277,7 +316,7 @@ def main() -> None:
         lines += ["", "## Step time on the small card (eager)", "",
                   f"`{TIMING_CARD}`, fp32, SDPA, batch {batch} x {seq}, {args.rounds} interleaved rounds of "
                   f"{TIMING_STEPS} step (`runner.timing.interleaved`), {wall:.0f} s; load average "
-                  f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores shared with other work). Per "
+                  f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores shared with other work; one torch thread). Per "
                   "round, the variant's step time / none's in the same round; the median and its ~95% interval "
                   "(order statistics): the interval's half-width is the resolution reached.", "",
                   "| variant | median step (s) | ratio to none: median | 95% interval | resolution |",
