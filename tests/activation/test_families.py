@@ -52,7 +52,7 @@ def test_selective_op_recomputes_the_o_and_down_projections_by_role():
     model = build_model(CARD, "sdpa")
     applied = apply_ac(model, ActivationConfig(strategy="selective_op"))
     measured = measure_step_flops(model, 2, 24)
-    assert measured.matmul_flops == expected_matmul_flops(CARD, 2, 24, "selective_op")  # the plan recomputes "o"
+    assert measured.matmul_flops == expected_matmul_flops(CARD, 2, 24, "selective_op")  # the plan recomputes "o" and "down"
     assert applied.matched_ops["aten.mm.default"] == 7 * CARD.n_layer
     assert applied.matched_ops["aten._scaled_dot_product_flash_attention_for_cpu.default"] == CARD.n_layer
 
