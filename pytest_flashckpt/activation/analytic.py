@@ -24,8 +24,9 @@ dropout > 0 adds per block            2 residual-dropout masks (2C) and, with ma
                                       Fused kernels regenerate attention dropout from the RNG state (no mask).
 full checkpointing                    only the block input (C)
 selective_op (default policy)         x (C), c_attn output (3C), attention output (C) + logsumexp (fused) or
-                                      scores (a*T) + output (C) (math), c_fc output (4C), mlp.c_proj output (C):
-                                      10C (+ a*T); listing save ops explicitly also keeps attn.c_proj (+C)
+                                      scores (a*T) + output (C) (math), c_fc output (4C): 9C (+ a*T); each of
+                                      attn.c_proj and mlp.c_proj not in DEFAULT_RECOMPUTE_ROLES keeps its output
+                                      (+C), and listing save ops explicitly keeps both (+2C)
 outside the blocks                    final block output and ln_f output (2C, + 2 fp32), log-softmax of the
                                       logits (V), embedding dropout mask (C, with dropout)
 
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_flashckpt.activation import options as _options
 from pytest_flashckpt.activation.plan import plan_for
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES
@@ -112,7 +114,8 @@ def block_bytes(config: GPTConfig, work: Workload, mode: str, explicit_save_ops:
     if mode == "full":
         return tokens * C * d
     if mode == "selective_op":
-        elements = 10 * C + (C if explicit_save_ops else 0) + (a * T if math_attn else 0)
+        elements = 9 * C + C * len(_UNREAD_OUTPUTS - set(() if explicit_save_ops else selective_recompute_roles()))
+        elements += a * T if math_attn else 0
         return tokens * (elements * d + (0 if math_attn else a * _FP32))
     if mode != "none":
         raise ValueError(f"unknown block mode {mode!r}; valid: none, full, selective_op")
@@ -127,6 +130,20 @@ def block_bytes(config: GPTConfig, work: Workload, mode: str, explicit_save_ops:
         per_token += 2 * C * work.mask_bytes()
     causal_mask = T * T if work.backend == "eager" else 0
     return tokens * per_token + causal_mask
+
+
+# The projections whose outputs no GPT backward reads (the residual add after each saves nothing): selective_op
+# keeps them only while it saves their matmuls
+_UNREAD_OUTPUTS = {"o", "down"}
+
+
+def selective_recompute_roles() -> tuple[str, ...]:
+    """The roles selective_op's default recomputes, checked against what this model has terms for (a role whose
+    output the backward reads would change the formula, not just drop a term)."""
+    unknown = sorted(set(_options.DEFAULT_RECOMPUTE_ROLES) - _UNREAD_OUTPUTS)
+    if unknown:
+        raise ValueError(f"the analytic model has no selective_op term for recomputing role(s) {', '.join(unknown)}")
+    return _options.DEFAULT_RECOMPUTE_ROLES
 
 
 def outside_bytes(config: GPTConfig, work: Workload) -> int:

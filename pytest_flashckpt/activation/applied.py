@@ -12,7 +12,7 @@ from pytest_flashckpt.activation.budget.planner import BudgetPlanner, ShapePlan
 class AppliedActivation:
     """The strategy, the blocks whose forward it runs (``BlockForward``), and (selective_op) the save list and its
     matches in the most recent training forward (listed op name -> times it ran there; with the default list
-    this includes the attention output projections, which are listed but recomputed)."""
+    this includes the projections of ``DEFAULT_RECOMPUTE_ROLES``, which are listed but recomputed)."""
 
     strategy: str
     blocks: tuple[int, ...] = ()

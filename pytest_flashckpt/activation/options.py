@@ -35,15 +35,18 @@ ROLES: tuple[str, ...] = ("qkv", "attn", "o", "up", "down")
 ROLE_GROUP: dict[str, str] = {"qkv": "qkv", "q": "qkv", "k": "qkv", "v": "qkv", "o": "o", "up": "up", "gate": "up", "down": "down"}
 # A MoE block's (models.moe): the router and the experts' gate/up read the MLP's input, as up does; expert_down is down
 ROLE_GROUP.update(router="up", shared_expert_gate="up", expert_gate="up", expert_up="up", expert_down="down")
-# With selective_op's default list, the matmuls of these roles are recomputed although addmm/mm is saved. The attention
-# output projection o (GPT's attn.c_proj, Llama's self_attn.o_proj) is the cheapest output to rebuild:
-# C multiply-adds per element from an input (the attention output) that is saved anyway, and without it the
-# block keeps B*T*C fewer elements. On tiny (b=4, s=512) that moves the step's peak saving from 17.6% to 21.1%
-# for +1.7% matmul FLOPs. (mlp.c_proj's output is also useless to the backward, but rebuilding it costs 4C
-# multiply-adds per element, and c_attn/c_fc outputs are what the attention and GeLU backward read.) On llama-tiny
-# the same role is the one to rebuild for the same reason (C multiply-adds per element from a saved input).
-# Unlike torchtitan's "every second mm", which matmul is recomputed is chosen by role.
-DEFAULT_RECOMPUTE_ROLES: tuple[str, ...] = ("o",)
+# With selective_op's default list, the matmuls of these roles are recomputed although addmm/mm is saved; chosen by
+# measurement on both families (benchmarks/selective_default.py, reports/selective-default.md: a search over the
+# roles' subsets, exact peaks and FlopCounterMode FLOPs). ``down`` (mlp.c_proj / mlp.down_proj) ends the block and
+# no backward reads its output (the residual add saves nothing), so a replay stops before it: B*T*C fewer elements
+# kept per block for no FLOPs (with dropout after it, as in GPT with dropout > 0, the replay must run it again to
+# redraw the mask: 4C multiply-adds per element). ``o`` (attn.c_proj / self_attn.o_proj) is the cheapest output to
+# rebuild: C multiply-adds per element from an input (the attention output) that is saved anyway. The rest is what
+# the backward reads (qkv's output for attention, up/gate's for the activation function); rebuilding any of it as
+# well costs more than the +3% FLOPs the report's bar allows (GPT's fused qkv 3C, up 4C multiply-adds per element;
+# Llama's q alone as much again as o). Unlike torchtitan's "every second mm", which matmul is recomputed is chosen
+# by role.
+DEFAULT_RECOMPUTE_ROLES: tuple[str, ...] = ("o", "down")
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ NONE = BlockOption("none")
 FULL = BlockOption("full")
 OFFLOAD = BlockOption("offload")
 # The planner's partial options, from most kept to least: every matmul and attention output; without the o
-# projection (what selective_op's default keeps); the attention half only; the MLP half only; the attention kernel only.
+# projection; the attention half only; the MLP half only; the attention kernel only.
 BY_ROLE: tuple[BlockOption, ...] = (
     BlockOption("by_role", ("qkv", "attn", "o", "up", "down")),
     BlockOption("by_role", ("qkv", "attn", "up", "down")),

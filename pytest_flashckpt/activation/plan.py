@@ -4,7 +4,7 @@
 - ``full``: every block ``full`` (only block inputs are kept);
 - ``every_k``: blocks 0, k, 2k, ... ``full``, the others ``none``;
 - ``selective_op``: every block ``by_op`` with the configured save list (default: matmuls and attention kernels,
-  ``ops.default_save_ops``, with the attention output projection's matmul recomputed, ``DEFAULT_RECOMPUTE_ROLES``;
+  ``ops.default_save_ops``, with the matmuls of ``DEFAULT_RECOMPUTE_ROLES`` (``o`` and ``down``) recomputed;
   roles are read from the anatomy, so blocks given without one save every listed op);
 - ``offload``: every block ``offload`` (GPU runs only);
 - ``budget``: per input shape, the planner's choice (``budget.planner.BudgetPlanner``: keep, save by role,

@@ -49,5 +49,13 @@ def step_matmul_flops(
         if replay.whole:
             total += block_fwd - 2 * B * T * shape.replay_skips
         else:
-            total += sum(2 * B * T * shape.widths[role] for role in replay.roles)
+            total += sum(2 * B * T * recomputed_width(shape, role) for role in replay.roles)
     return total
+
+
+def recomputed_width(shape: BlockFlopShape, role: str) -> int:
+    """Multiply-adds per token a selective replay spends on recomputing ``role``'s matmul: its width, except the last
+    projection's (``down``) that the replay skips when no backward reads its output (``replay_skips``); 0 for a role
+    the block does not have (a MoE block without a shared expert has no ``down``)."""
+    width = shape.widths.get(role, 0)
+    return width - shape.replay_skips if role == "down" and shape.replay_skips else width

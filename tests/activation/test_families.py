@@ -45,13 +45,14 @@ def test_llama_loss_and_every_gradient_bitwise_equal_to_none(activation, backend
     assert applied.blocks == ((0, 2) if activation.strategy == "every_k" else (0, 1, 2))
 
 
-def test_selective_op_recomputes_the_o_projection_by_role():
+def test_selective_op_recomputes_the_o_and_down_projections_by_role():
     """Seven Linears per block, numbered by nobody: the o projection (the 4th in forward order, where GPT's
-    recomputed one is the 2nd) is recomputed; every other matmul and the attention kernel are saved."""
+    recomputed one is the 2nd) and down (the last, which the replay skips) are recomputed; every other matmul and
+    the attention kernel are saved."""
     model = build_model(CARD, "sdpa")
     applied = apply_ac(model, ActivationConfig(strategy="selective_op"))
     measured = measure_step_flops(model, 2, 24)
-    assert measured.matmul_flops == expected_matmul_flops(CARD, 2, 24, "selective_op")  # the plan recomputes "o"
+    assert measured.matmul_flops == expected_matmul_flops(CARD, 2, 24, "selective_op")  # the plan recomputes "o" and "down"
     assert applied.matched_ops["aten.mm.default"] == 7 * CARD.n_layer
     assert applied.matched_ops["aten._scaled_dot_product_flash_attention_for_cpu.default"] == CARD.n_layer
 

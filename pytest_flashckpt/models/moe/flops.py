@@ -12,8 +12,9 @@ Recomputation: a checkpointed block replays its whole forward. Unlike Llama's (w
 ``down_proj``, the last tensor its backward needs being that projection's input), a MoE block's last matmul
 output is needed: each expert's output is multiplied by its routing weight (whose gradient reads it), and so is
 the gated shared expert's; only a shared expert without a gate, added as it is, ends the block on a projection
-whose output the backward does not read, and that one is not replayed. ``selective_op`` recomputes the ``o``
-projection only (``activation.options.DEFAULT_RECOMPUTE_ROLES``), as for Llama.
+whose output the backward does not read, and that one is not replayed. ``selective_op`` recomputes the ``o`` and
+``down`` projections (``activation.options.DEFAULT_RECOMPUTE_ROLES``): ``down`` is the shared expert's, free where
+the replay skips it (``models.step_flops.recomputed_width``); the routed experts' ``expert_down`` stays saved.
 """
 
 from __future__ import annotations
