@@ -11,6 +11,8 @@ Inductor state, caches and patches never shared):
   a marker after the forward and after the backward. Recompiles after warm-up are an error
   (``error_on_recompile``); compiled regions and graph breaks are recorded.
 - *simulated*: ``simulate_compiled_step`` (fake tensors, Inductor's plan, no kernel run).
+- *FX liveness*: the same with ``plan="fx"``: the partitioned graphs run op by op (the alternative to Inductor's
+  plan for a region's inside; same partitioner, no fusion), to show what reading Inductor's plan is worth.
 
 Three numbers each, bytes added over the training state at the step's start: the step's peak, the forward +
 backward peak, and what the forward leaves alive (the loss and every saved tensor). The bound (issue 33): simulated
@@ -89,10 +91,14 @@ def measure(card: str, batch: int, seq: int, strategy: str, scope: str) -> dict:
     }
 
 
-def simulate(card: str, batch: int, seq: int, strategy: str, scope: str) -> dict:
+def simulate(card: str, batch: int, seq: int, strategy: str, scope: str, plan: str = "inductor") -> dict:
     from pytest_flashckpt.simulate.compiled import simulate_compiled_step
 
-    return simulate_compiled_step(card, batch, seq, strategy, scope)
+    return simulate_compiled_step(card, batch, seq, strategy, scope, plan=plan)
+
+
+def simulate_fx(card: str, batch: int, seq: int, strategy: str, scope: str) -> dict:
+    return simulate(card, batch, seq, strategy, scope, plan="fx")
 
 
 def in_child(kind: str, card: str, batch: int, seq: int, strategy: str, scope: str, threads: int) -> dict:
@@ -123,20 +129,23 @@ def write(record: dict, out: Path) -> None:
              " indicative). Bytes added over the training state at the step's start; sim - meas in bytes and as a share"
              f" of measured; bound {BOUND:.0%}.", "",
              "| card | batch x seq | scope | strategy | step peak meas / sim (B) | gap | fwd+bwd peak meas / sim (B) | gap |"
-             " forward kept meas / sim (B) | gap | within 5% | regions / graph breaks / recompiles (meas) | compile s meas / sim |",
-             "|" + "---|" * 13]
+             " forward kept meas / sim (B) | gap | within 5% | FX liveness: step / fwd+bwd gap | regions / graph breaks /"
+             " recompiles (meas) | compile s meas / sim |",
+             "|" + "---|" * 14]
     for row in record["rows"]:
         m, s = row["measured"], row["simulated"]
         head = f"| {row['card']} | {row['batch']} x {row['seq']} | {row['scope']} | {row['strategy']} |"
         if "error" in m or "error" in s:
-            lines.append(head + f" error: measured `{m.get('error', 'ok')}`; simulated `{s.get('error', 'ok')}` |" + " |" * 8)
+            lines.append(head + f" error: measured `{m.get('error', 'ok')}`; simulated `{s.get('error', 'ok')}` |" + " |" * 9)
             continue
         cells, ok = [], True
         for metric in METRICS:
             diff, share = gap(s, m, metric)
             ok &= abs(share) <= BOUND
             cells += [f"{m[metric]:,} / {s[metric]:,}", f"{diff:+,} ({share:+.2%})"]
-        lines.append(head + " " + " | ".join(cells) + f" | {'yes' if ok else 'NO'} |"
+        fx = row.get("fx", {})
+        fx_cell = ("error" if "error" in fx else " / ".join(f"{gap(fx, m, k)[1]:+.1%}" for k in METRICS[:2])) if fx else "—"
+        lines.append(head + " " + " | ".join(cells) + f" | {'yes' if ok else 'NO'} | {fx_cell} |"
                      f" {m['compiled_regions']} / {m['graph_breaks']} / {m['new_graphs_after_warmup']} |"
                      f" {m['compile_s']:.0f} / {s['compile_s']:.0f} |")
     lines += ["", "Saved for backward per compiled graph (simulated: the backward graph's inputs that are not tangents;"
@@ -167,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
         kind, card, batch, seq, strategy, scope = args.one
-        print(json.dumps({"measure": measure, "simulate": simulate}[kind](card, int(batch), int(seq), strategy, scope)))
+        kinds = {"measure": measure, "simulate": simulate, "simulate_fx": simulate_fx}
+        print(json.dumps(kinds[kind](card, int(batch), int(seq), strategy, scope)))
         return 0
     import torch
 
@@ -182,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 for strategy in args.strategies:
                     row = {"card": card, "batch": batch, "seq": seq, "scope": scope, "strategy": strategy,
                            "measured": in_child("measure", card, batch, seq, strategy, scope, args.threads),
-                           "simulated": in_child("simulate", card, batch, seq, strategy, scope, args.threads)}
+                           "simulated": in_child("simulate", card, batch, seq, strategy, scope, args.threads),
+                           "fx": in_child("simulate_fx", card, batch, seq, strategy, scope, args.threads)}
                     print(json.dumps(row), flush=True)
                     record["rows"].append(row)
                     record.update(wall_s=time.perf_counter() - started, load_avg_end=os.getloadavg())

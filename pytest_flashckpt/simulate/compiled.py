@@ -55,6 +55,10 @@ from pytest_flashckpt.training import Trainer
 
 SCOPES = ("block", "model")  # torchtitan's per-transformer-block compile, or the whole model as one region
 STRATEGIES = ("none", "full")  # activation strategies whose wrapper Dynamo traces inside a compiled region
+# how a region's inside is counted: "inductor", the wrapper Inductor generates (its fusion, buffers and frees);
+# "fx", the alternative it is measured against: every op of the partitioned graphs run one by one (FX liveness),
+# Dynamo's aot_eager_decomp_partition backend (Inductor's decompositions and min-cut partitioner, no Inductor)
+PLANS = ("inductor", "fx")
 
 
 @dataclass
@@ -170,15 +174,15 @@ class CompiledStepProbe(AttributedStorages):
         return True
 
 
-def compile_scope(model: torch.nn.Module, scope: str) -> torch.nn.Module:
+def compile_scope(model: torch.nn.Module, scope: str, backend: str = "inductor") -> torch.nn.Module:
     """``model`` compiled per transformer block (each block's call, an ``apply_ac`` wrapper included, as torchtitan
     does) or as a whole; returns what the trainer calls."""
     if scope == "block":
         for block in get_blocks(model, get_anatomy(model)):
-            block.compile()
+            block.compile(backend=backend)
         return model
     if scope == "model":
-        return torch.compile(model)
+        return torch.compile(model, backend=backend)
     raise ValueError(f"unknown compile scope {scope!r}; valid: {', '.join(SCOPES)}")
 
 
@@ -220,13 +224,16 @@ def simulate_compiled_step(
     scope: str = "block",
     dtype: str | torch.dtype = "float32",
     seed: int = 0,
+    plan: str = "inductor",
 ) -> dict:
     """One warmed-up training step of ``card`` compiled per ``scope`` with activation ``strategy``, on fake CPU
     tensors: bytes added over the training state at the step's peak (``peak_bytes``), at the forward + backward
     peak (``fwd_bwd_peak_bytes``) and after the forward (``forward_kept_bytes``: the loss and what every region saved
     for its backward); per compiled graph (``regions``): forward or backward, calls per step, the bytes of its
     inputs and, for a backward, the partitioner's saved set (``saved_bytes``: inputs that are not tangents;
-    ``saved_activation_bytes``: those not forward inputs, i.e. made inside the region); wall times."""
+    ``saved_activation_bytes``: those not forward inputs, i.e. made inside the region); wall times. ``plan``
+    ``fx`` counts the regions by FX liveness instead (``PLANS``; no ``regions`` rows), the alternative measured in
+    ``reports/compiled-sim-vs-measured.md``."""
     started = time.perf_counter()
     config = load_card(card) if isinstance(card, str) else card
     name = dtype_name(dtype)
@@ -235,13 +242,16 @@ def simulate_compiled_step(
         raise ValueError(f"unknown compile scope {scope!r}; valid: {', '.join(SCOPES)}")
     if strategy not in STRATEGIES:
         raise ValueError(f"activation strategy {strategy!r} is not simulated compiled; valid: {', '.join(STRATEGIES)}")
+    if plan not in PLANS:
+        raise ValueError(f"unknown region plan {plan!r}; valid: {', '.join(PLANS)}")
     import_inductor()
     torch._dynamo.reset()
-    with FakeTensorMode(), inductor_plans() as plans:
+    with FakeTensorMode(), (inductor_plans() if plan == "inductor" else contextlib.nullcontext(_Plans())) as plans:
         model = _fake_model(config, getattr(torch, name), seed)
         if strategy != "none":
             apply_ac(model, ActivationConfig(strategy=strategy))
-        trainer = Trainer.create(compile_scope(model, scope), batch, seq, seed=seed)
+        backend = "inductor" if plan == "inductor" else "aot_eager_decomp_partition"
+        trainer = Trainer.create(compile_scope(model, scope, backend), batch, seq, seed=seed)
         trainer.train_step()  # compiles every region's forward and backward; AdamW's state exists after it
         compiled = time.perf_counter()
         for region in plans.regions:
@@ -256,7 +266,7 @@ def simulate_compiled_step(
                           lambda: seen.setdefault("fwd_bwd_peak", probe.peak_bytes))
     torch._dynamo.reset()
     return {
-        "card": config.name, "batch": batch, "seq": seq, "strategy": strategy, "scope": scope, "dtype": name,
+        "card": config.name, "batch": batch, "seq": seq, "strategy": strategy, "scope": scope, "dtype": name, "plan": plan,
         "peak_bytes": probe.peak_bytes - start, "fwd_bwd_peak_bytes": seen["fwd_bwd_peak"] - start,
         "forward_kept_bytes": seen["forward"] - start,
         "regions": [_region_row(r) for r in plans.regions],
