@@ -49,7 +49,7 @@ def measure(card: str, batch: int, seq: int, strategy: str, scope: str) -> dict:
     from pytest_flashckpt.models.cards import build_model, load_card
     from pytest_flashckpt.probes.allocator import _walk
     from pytest_flashckpt.probes.compiled import COMPILED_REGION, import_inductor
-    from pytest_flashckpt.simulate.compiled import compile_scope, windowed_step
+    from pytest_flashckpt.simulate.compiled import compile_scope, dynamos_hidden_warnings, windowed_step
     from pytest_flashckpt.training import Trainer
 
     import_inductor()
@@ -58,7 +58,8 @@ def measure(card: str, batch: int, seq: int, strategy: str, scope: str) -> dict:
     if strategy != "none":
         apply_ac(model, ActivationConfig(strategy=strategy))
     trainer = Trainer.create(compile_scope(model, scope), batch, seq)
-    trainer.train_step()
+    with dynamos_hidden_warnings():
+        trainer.train_step()
     compile_s = time.perf_counter() - started
     trainer.train_step()
     graphs = counters["stats"]["unique_graphs"]
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", nargs="+", default=["none", "full"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "reports" / "compiled-sim-vs-measured.md"))
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the sides of rows in the .json beside --out that ran without an error; run the rest")
     parser.add_argument("--one", nargs=6, metavar=("KIND", "CARD", "BATCH", "SEQ", "STRATEGY", "SCOPE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -185,15 +188,27 @@ def main(argv: list[str] | None = None) -> int:
     record = {"command": "python benchmarks/compiled_sim_vs_measured.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "torch": torch.__version__, "machine": platform.platform(), "threads": args.threads, "rows": []}
     out = Path(args.out)
+    done: dict[tuple, dict] = {}
+    if args.resume and out.with_suffix(".json").exists():
+        old = json.loads(out.with_suffix(".json").read_text())
+        done = {(r["card"], r["batch"], r["seq"], r["scope"], r["strategy"]): r for r in old["rows"]}
+        record["command"] = old["command"] + " (completed by: " + record["command"] + ")"
+
+    def side(kind: str, key: str, card, batch, seq, strategy, scope) -> dict:
+        kept = done.get((card, batch, seq, scope, strategy), {}).get(key)
+        if kept is not None and "error" not in kept:
+            return kept
+        return in_child(kind, card, batch, seq, strategy, scope, args.threads)
+
     for card in args.cards:
         for shape in args.shapes:
             batch, seq = (int(v) for v in shape.split("x"))
             for scope in args.scopes:
                 for strategy in args.strategies:
                     row = {"card": card, "batch": batch, "seq": seq, "scope": scope, "strategy": strategy,
-                           "measured": in_child("measure", card, batch, seq, strategy, scope, args.threads),
-                           "simulated": in_child("simulate", card, batch, seq, strategy, scope, args.threads),
-                           "fx": in_child("simulate_fx", card, batch, seq, strategy, scope, args.threads)}
+                           "measured": side("measure", "measured", card, batch, seq, strategy, scope),
+                           "simulated": side("simulate", "simulated", card, batch, seq, strategy, scope),
+                           "fx": side("simulate_fx", "fx", card, batch, seq, strategy, scope)}
                     print(json.dumps(row), flush=True)
                     record["rows"].append(row)
                     record.update(wall_s=time.perf_counter() - started, load_avg_end=os.getloadavg())

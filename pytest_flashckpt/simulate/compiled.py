@@ -36,11 +36,13 @@ import ast
 import contextlib
 import time
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.config.model_card import ModelCard
@@ -109,7 +111,11 @@ def _kernel_names(source: str) -> list[str]:
 
 
 def _bytes(value) -> int:
-    return value.untyped_storage().nbytes() if isinstance(value, torch.Tensor) else 0
+    """Bytes of a graph value's storage; a symbolic size (the CPU RNG state a recomputed random op runs under is
+    traced with a dynamic length) by the shape environment's hint, the size this run has."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    return optimization_hint(value.untyped_storage().nbytes(), fallback=0)
 
 
 @contextlib.contextmanager
@@ -165,9 +171,25 @@ def _patched(owner, name: str, value) -> Iterator[None]:
         setattr(owner, name, original)
 
 
+@contextlib.contextmanager
+def dynamos_hidden_warnings() -> Iterator[None]:
+    """Ignore, while compiling, the one warning Dynamo itself means to hide: it reads ``.grad`` of every tensor it
+    wraps (``safe_has_grad``), which warns for a non-leaf (a block's input, a checkpoint's), and hides that warning
+    by replacing ``warnings.showwarning``; an ``error`` filter (pytest's ``filterwarnings = error``) raises it before
+    that hook is reached. Any other warning still reaches the caller."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf Tensor",
+                                category=UserWarning)
+        yield
+
+
 class CompiledStepProbe(AttributedStorages):
     """The simulator's live-storage probe, which Dynamo lets compiled code run under (``ignore_compile_internals``:
-    off while compiling, on while the compiled wrapper runs, so it counts the wrapper's buffers)."""
+    off while compiling, on while the compiled wrapper runs, so it counts the wrapper's buffers). The wrapper calls
+    higher-order ops too (``run_and_save_rng_state`` around a random op a checkpoint recomputes): the probe counts
+    their inputs and outputs like any op's, and the fake mode below it runs them."""
+
+    supports_higher_order_operators = True
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -246,13 +268,16 @@ def simulate_compiled_step(
         raise ValueError(f"unknown region plan {plan!r}; valid: {', '.join(PLANS)}")
     import_inductor()
     torch._dynamo.reset()
-    with FakeTensorMode(), (inductor_plans() if plan == "inductor" else contextlib.nullcontext(_Plans())) as plans:
+    # allow_non_fake_inputs: a checkpoint recomputing a random op inside a region runs it under the real CPU RNG
+    # state torch.get_rng_state() returns (run_with_rng_state), as the real step does
+    with FakeTensorMode(allow_non_fake_inputs=True), (inductor_plans() if plan == "inductor" else contextlib.nullcontext(_Plans())) as plans:
         model = _fake_model(config, getattr(torch, name), seed)
         if strategy != "none":
             apply_ac(model, ActivationConfig(strategy=strategy))
         backend = "inductor" if plan == "inductor" else "aot_eager_decomp_partition"
         trainer = Trainer.create(compile_scope(model, scope, backend), batch, seq, seed=seed)
-        trainer.train_step()  # compiles every region's forward and backward; AdamW's state exists after it
+        with dynamos_hidden_warnings():
+            trainer.train_step()  # compiles every region's forward and backward; AdamW's state exists after it
         compiled = time.perf_counter()
         for region in plans.regions:
             region.calls = 0
