@@ -102,6 +102,36 @@ def simulate_fx(card: str, batch: int, seq: int, strategy: str, scope: str) -> d
     return simulate(card, batch, seq, strategy, scope, plan="fx")
 
 
+def flash_attention_scratch(card: str, batch: int, seq: int) -> dict:
+    """Bytes CPU flash attention allocates inside its forward and backward beyond their outputs (its per-thread
+    working buffers), at ``card``'s attention shape: memory no dispatch-level view (a probe, Inductor's wrapper)
+    names, so the simulator cannot see it; the allocator does. Every head as a query head (k/v repeated)."""
+    import torch
+    from torch._C._profiler import _EventType
+
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.probes.allocator import _walk
+
+    config = load_card(card)
+    shape = (batch, config.n_head, seq, config.n_embd // config.n_head)
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+    out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+    grad = torch.randn_like(out)
+    calls = {"forward": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True),
+             "backward": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                 grad, q, k, v, out, logsumexp, 0.0, True)}
+    scratch = {}
+    for name, call in calls.items():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            outputs = call()
+        sizes = sorted(e.extra_fields.alloc_size for e in _walk(prof.profiler.kineto_results.experimental_event_tree())
+                       if e.tag == _EventType.Allocation and e.extra_fields.alloc_size > 0)
+        for t in outputs:
+            sizes.remove(t.untyped_storage().nbytes())
+        scratch[name] = sizes
+    return scratch
+
+
 def in_child(kind: str, card: str, batch: int, seq: int, strategy: str, scope: str, threads: int) -> dict:
     """``kind`` (measure / simulate) of one configuration in a fresh process; its last stdout line is the JSON."""
     command = [sys.executable, __file__, "--one", kind, card, str(batch), str(seq), strategy, scope, "--threads", str(threads)]
@@ -149,6 +179,12 @@ def write(record: dict, out: Path) -> None:
         lines.append(head + " " + " | ".join(cells) + f" | {'yes' if ok else 'NO'} | {fx_cell} |"
                      f" {m['compiled_regions']} / {m['graph_breaks']} / {m['new_graphs_after_warmup']} |"
                      f" {m['compile_s']:.0f} / {s['compile_s']:.0f} |")
+    if record.get("scratch"):
+        lines += ["", "CPU flash attention's own working buffers (allocations inside the op beyond its outputs, one thread;"
+                  " `flash_attention_scratch`), which only the allocator sees:", ""]
+        lines += [f"- {key}: error `{v['error']}`" if "error" in v else
+                  f"- {key}: forward {', '.join(f'{b:,}' for b in v['forward']) or 'none'} B; backward"
+                  f" {', '.join(f'{b:,}' for b in v['backward']) or 'none'} B" for key, v in record["scratch"].items()]
     lines += ["", "Saved for backward per compiled graph (simulated: the backward graph's inputs that are not tangents;"
               " *made in region*: those not among the forward's inputs):", ""]
     lines += ["| card | batch x seq | scope | strategy | backward graphs: calls per step, saved (B), made in region (B) |", "|---|---|---|---|---|"]
@@ -179,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
         kind, card, batch, seq, strategy, scope = args.one
-        kinds = {"measure": measure, "simulate": simulate, "simulate_fx": simulate_fx}
+        kinds = {"measure": measure, "simulate": simulate, "simulate_fx": simulate_fx, "scratch": lambda c, b, t, *_: flash_attention_scratch(c, b, t)}
         print(json.dumps(kinds[kind](card, int(batch), int(seq), strategy, scope)))
         return 0
     import torch
@@ -210,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                            "simulated": side("simulate", "simulated", card, batch, seq, strategy, scope),
                            "fx": side("simulate_fx", "fx", card, batch, seq, strategy, scope)}
                     print(json.dumps(row), flush=True)
+                    key = f"{card} {batch} x {seq}"
+                    if key not in record.setdefault("scratch", {}):
+                        record["scratch"][key] = in_child("scratch", card, batch, seq, "none", "none", args.threads)
                     record["rows"].append(row)
                     record.update(wall_s=time.perf_counter() - started, load_avg_end=os.getloadavg())
                     out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")

@@ -78,6 +78,7 @@ def test_a_fused_kernels_intermediate_never_exists_in_the_plan():
             x = torch.empty(256, 256)
             compiled = torch.compile(f)
             compiled(x)  # compiles
+            plans.regions[0].calls = 0
             compiled_probe, eager_probe = CompiledStepProbe("cpu"), CompiledStepProbe("cpu")
             compiled_probe.add(x)
             with compiled_probe:
