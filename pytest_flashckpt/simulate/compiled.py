@@ -69,7 +69,7 @@ class CompiledRegion:
 
     backward: bool
     inputs: list[str]
-    input_bytes: dict[str, int]  # placeholder name -> bytes of its storage
+    input_bytes: dict[str, int]  # placeholder name -> bytes of its storage (two views of one storage: twice)
     calls: int = 0  # times its wrapper ran during the measured step
 
 
@@ -120,7 +120,9 @@ def _bytes(value) -> int:
 
 @contextlib.contextmanager
 def inductor_plans() -> Iterator[_Plans]:
-    """While active, Inductor compiles into plan modules (module docstring, point 2); yields what it compiled."""
+    """While active, Inductor compiles into plan modules (module docstring, point 2); yields what it compiled.
+    Inductor is imported here, not at the top: importing it takes seconds and warns once (``import_inductor``),
+    and only a simulation that compiles needs it."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor.async_compile import AsyncCompile

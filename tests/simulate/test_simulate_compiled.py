@@ -57,6 +57,7 @@ def test_kernel_names_are_the_async_compiled_ones():
     ({"scope": "layer"}, "unknown compile scope 'layer'; valid: block, model"),
     ({"strategy": "selective_op"}, "activation strategy 'selective_op' is not simulated compiled; valid: none, full"),
     ({"seq": 10**6}, "sequence"),
+    ({"plan": "liveness"}, "unknown region plan 'liveness'; valid: inductor, fx"),
 ])
 def test_refusals_name_the_value_before_compiling(kwargs, message):
     args = {"card": "tiny", "batch": 1, "seq": 32, **kwargs}
