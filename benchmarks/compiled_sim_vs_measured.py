@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(out.with_suffix(".json").read_text())
         done = {(r["card"], r["batch"], r["seq"], r["scope"], r["strategy"]): r for r in old["rows"]}
         record["command"] = old["command"] + " (completed by: " + record["command"] + ")"
+        started -= old.get("wall_s", 0.0)  # the wall time is the passes' sum
 
     def side(kind: str, key: str, card, batch, seq, strategy, scope) -> dict:
         kept = done.get((card, batch, seq, scope, strategy), {}).get(key)
