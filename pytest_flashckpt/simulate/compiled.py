@@ -50,7 +50,7 @@ from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.models.families import family_of
-from pytest_flashckpt.probes.compiled import import_inductor
+from pytest_flashckpt.probes.compiled import import_inductor, missing_compiler
 from pytest_flashckpt.simulate.probe import AttributedStorages
 from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 from pytest_flashckpt.training import Trainer
@@ -269,29 +269,34 @@ def simulate_compiled_step(
     if plan not in PLANS:
         raise ValueError(f"unknown region plan {plan!r}; valid: {', '.join(PLANS)}")
     import_inductor()
+    missing = missing_compiler() if plan == "inductor" else None
+    if missing is not None:  # Inductor's CPU codegen probes the vector ISA with the compiler, kernels stubbed or not
+        raise RuntimeError(missing)
     torch._dynamo.reset()
-    # allow_non_fake_inputs: a checkpoint recomputing a random op inside a region runs it under the real CPU RNG
-    # state torch.get_rng_state() returns (run_with_rng_state), as the real step does
-    with FakeTensorMode(allow_non_fake_inputs=True), (inductor_plans() if plan == "inductor" else contextlib.nullcontext(_Plans())) as plans:
-        model = _fake_model(config, getattr(torch, name), seed)
-        if strategy != "none":
-            apply_ac(model, ActivationConfig(strategy=strategy))
-        backend = "inductor" if plan == "inductor" else "aot_eager_decomp_partition"
-        trainer = Trainer.create(compile_scope(model, scope, backend), batch, seq, seed=seed)
-        with dynamos_hidden_warnings():
-            trainer.train_step()  # compiles every region's forward and backward; AdamW's state exists after it
-        compiled = time.perf_counter()
-        for region in plans.regions:
-            region.calls = 0
-        probe = CompiledStepProbe("cpu")
-        for t in trainer.state_tensors():
-            probe.add_resident(t, "parameters")
-        start = probe.live_bytes
-        seen: dict[str, int] = {}
-        with probe:
-            windowed_step(trainer, lambda: seen.setdefault("forward", probe.live_bytes),
-                          lambda: seen.setdefault("fwd_bwd_peak", probe.peak_bytes))
-    torch._dynamo.reset()
+    try:
+        # allow_non_fake_inputs: a checkpoint recomputing a random op inside a region runs it under the real CPU RNG
+        # state torch.get_rng_state() returns (run_with_rng_state), as the real step does
+        with FakeTensorMode(allow_non_fake_inputs=True), (inductor_plans() if plan == "inductor" else contextlib.nullcontext(_Plans())) as plans:
+            model = _fake_model(config, getattr(torch, name), seed)
+            if strategy != "none":
+                apply_ac(model, ActivationConfig(strategy=strategy))
+            backend = "inductor" if plan == "inductor" else "aot_eager_decomp_partition"
+            trainer = Trainer.create(compile_scope(model, scope, backend), batch, seq, seed=seed)
+            with dynamos_hidden_warnings():
+                trainer.train_step()  # compiles every region's forward and backward; AdamW's state exists after it
+            compiled = time.perf_counter()
+            for region in plans.regions:
+                region.calls = 0
+            probe = CompiledStepProbe("cpu")
+            for t in trainer.state_tensors():
+                probe.add_resident(t, "parameters")
+            start = probe.live_bytes
+            seen: dict[str, int] = {}
+            with probe:
+                windowed_step(trainer, lambda: seen.setdefault("forward", probe.live_bytes),
+                              lambda: seen.setdefault("fwd_bwd_peak", probe.peak_bytes))
+    finally:
+        torch._dynamo.reset()  # no compiled fake model stays in Dynamo's caches, whatever happened
     return {
         "card": config.name, "batch": batch, "seq": seq, "strategy": strategy, "scope": scope, "dtype": name, "plan": plan,
         "peak_bytes": probe.peak_bytes - start, "fwd_bwd_peak_bytes": seen["fwd_bwd_peak"] - start,

@@ -65,6 +65,15 @@ def test_refusals_name_the_value_before_compiling(kwargs, message):
         simulate_compiled_step(**args)
 
 
+def test_no_cpp_compiler_is_refused_with_inductors_reason_before_compiling(monkeypatch):
+    from pytest_flashckpt.simulate import compiled
+
+    monkeypatch.setattr(compiled, "missing_compiler", lambda: "torch.compile (Inductor) needs a C++ compiler")
+    monkeypatch.setattr(compiled, "_fake_model", lambda *_: pytest.fail("built a model without a compiler"))
+    with pytest.raises(RuntimeError, match="needs a C"):
+        simulate_compiled_step("tiny", 1, 32)
+
+
 @needs_compiler
 @pytest.mark.slow  # Inductor lowers and plans (no C++ compiled): seconds on 2 shared cores
 def test_a_fused_kernels_intermediate_never_exists_in_the_plan():
