@@ -25,9 +25,10 @@ So the simulator runs torch's real pipeline and only skips what would touch data
    wrapper plus the eager parts of the step (embedding and loss outside per-block regions, AdamW).
 
 What this cannot see is memory allocated inside a kernel that the wrapper does not name: scratch buffers of
-an aten fallback (CPU flash attention's per-thread buffers) or of a C++ kernel. ``reports/compiled-sim-vs-measured.md``
-sizes the difference against the CPU allocator's events. Running generated code this way, and the inner fake
-mode, are why a simulation compiles with Inductor's FX graph cache and AOTAutograd's cache off, in one thread.
+an aten fallback (CPU flash attention's working buffers) or of a C++ kernel. ``reports/compiled-sim-vs-measured.md``
+sizes the difference against the CPU allocator's events. A cache hit would load Inductor's real module, whose
+kernels touch data, so a simulation compiles with Inductor's FX graph cache and AOTAutograd's cache off, in one
+compile thread.
 """
 
 from __future__ import annotations
