@@ -209,15 +209,17 @@ def optimizer_step(trainer: ParallelTrainer) -> None:
     trainer.optimizer.zero_grad(set_to_none=True)
 
 
-def memory_step(trainer: ParallelTrainer, device_type: str = "cpu") -> dict[str, int]:
+def memory_step(trainer: ParallelTrainer, device_type: str = "cpu",
+                probe_class: type[ShardedLiveTensorProbe] = ShardedLiveTensorProbe) -> dict[str, int]:
     """One training step in the two windows of ``distributed.rank`` (forward + backward, then the optimizer),
     counted by the rank probe: DTensors as their local shards. The same function measures a gloo rank and the
-    simulated (fake) rank, so the two differ only in the engine's process group and tensor mode."""
+    simulated (fake) rank, so the two differ only in the engine's process group and tensor mode (and, where given,
+    ``probe_class``: a rank probe that reads the same bytes faster, ``simulate.rank_probe``)."""
     trainer.model.train()
-    with ShardedLiveTensorProbe(device_type).track(resident=_local(trainer.state_tensors())) as fwd_bwd:
+    with probe_class(device_type).track(resident=_local(trainer.state_tensors())) as fwd_bwd:
         forward_backward(trainer)
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
-    with ShardedLiveTensorProbe(device_type).track(resident=_local(trainer.state_tensors() + grads)) as opt:
+    with probe_class(device_type).track(resident=_local(trainer.state_tensors() + grads)) as opt:
         optimizer_step(trainer)
     trainer.step += 1
     return {

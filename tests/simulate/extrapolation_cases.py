@@ -1,0 +1,41 @@
+"""Subprocess for test_layer_extrapolation: each case's simulated rank (``simulate.fake_ranks.simulate_rank``) three
+ways, one after the other in this one interpreter: extrapolated from shallower depths (the default), simulated whole
+with the default rank probe (``simulate.rank_probe``), and, with ``"exact_probe": true``, simulated whole with the
+probe the gloo ranks use (``distributed.memory``). Prints JSON on its last line: case name -> {way: record}.
+
+    python extrapolation_cases.py '[{"name": ..., "card": "llama-tiny", "overrides": {...}, "dp": 2, "tp": 1,
+                                     "strategy": "full", "precision": "pure", "batch": 4, "seq": 32}]'
+"""
+
+import json
+import sys
+
+
+def run(case: dict) -> dict:
+    import torch
+
+    from pytest_flashckpt.config.layout import Layout
+    from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+
+    card = load_card(case["card"], **case.get("overrides", {}))
+    dtype = torch.bfloat16 if case["precision"] == "mixed" else torch.float32
+    common = dict(batch_size=case["batch"], seq_len=case["seq"], strategy=case["strategy"], k=case.get("k", 2),
+                  dtype=dtype, precision=case["precision"])
+    layout = Layout(dp_shard=case["dp"], tp=case["tp"])
+    out = {
+        "extrapolated": simulate_rank(card, layout, **common),
+        "whole": simulate_rank(card, layout, **common, extrapolate=False),
+    }
+    if case.get("exact_probe"):
+        out["exact_probe"] = simulate_rank(card, layout, **common, extrapolate=False, probe_class=ShardedLiveTensorProbe)
+    return out
+
+
+def main(cases: list[dict]) -> None:
+    print(json.dumps({case["name"]: run(case) for case in cases}))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
