@@ -1,7 +1,12 @@
-"""``flashckpt simulate ... --tp N``: the per-rank peak of a dp_shard x tp layout, from the real engine under
-fake mode (``simulate.fake_ranks``), for the command line.
+"""``flashckpt simulate ... --world-size N [--tp T]``: the per-rank peak of a dp_shard x tp layout (FSDP2 alone at
+tp 1), from the real engine under fake mode (``simulate.fake_ranks``), for the command line.
 
     flashckpt simulate --model llama3-8b --seq 8192 --batch 8 --strategy full --world-size 8 --tp 2
+    flashckpt simulate --model llama3-70b --seq 8192 --batch 8 --strategy full --world-size 8 --precision mixed
+
+What the engine does not run (``engine_cannot_run``: a Hugging Face config, the budget strategy, another attention
+kernel or target, another norm, optimizer or loss) stays with the modelled FSDP route at tp 1 (``simulate.fsdp``:
+the step at batch / N plus a formula for the all-gathered blocks) and is refused under tensor parallel.
 
 Every input is checked before anything is built (``config.layout``: heads divisible by tp, world by tp, batch by
 dp_shard); an error is one line naming the option and the fix. The fake rank runs torch's CPU kernels (the CPU
@@ -17,28 +22,46 @@ import time
 from pytest_flashckpt.config.errors import InputError
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
-from pytest_flashckpt.simulate.workload import dtype_name
+from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 
 LAYOUT_STRATEGIES = ("none", "full", "every_k", "selective_op")
+
+
+def engine_cannot_run(args: argparse.Namespace) -> str | None:
+    """The option the real engine under fake mode does not simulate (one line with the reason), or None."""
+    if args.hf_config is not None or args.model.endswith(".json"):
+        return f"--hf-config/--model {args.hf_config or args.model}: a Hugging Face model's rank is not laid out by the engine here"
+    if args.budget is not None or args.strategy not in LAYOUT_STRATEGIES:
+        return (f"--strategy {'budget' if args.budget else args.strategy} is not simulated by the engine yet; "
+                f"use one of {', '.join(LAYOUT_STRATEGIES)}")
+    if args.kernel != "flash" or args.target != "cuda":
+        return (f"--kernel {args.kernel} --target {args.target}: the engine's rank runs the CPU flash-attention op "
+                "(the default --kernel flash --target cuda request)")
+    if args.norm is not None or args.optimizer != "adamw" or args.loss != "plain":
+        return "--norm/--optimizer/--loss: the engine's rank runs the card's norm, per-tensor AdamW and the plain loss"
+    return None
 
 
 def check_args(args: argparse.Namespace):
     """The card and layout the options ask for, or an ``InputError`` naming the option (nothing is built)."""
     from pytest_flashckpt.models.cards import load_card
 
-    if args.budget is not None or args.strategy not in LAYOUT_STRATEGIES:
-        raise InputError(f"--tp {args.tp}: --strategy {'budget' if args.budget else args.strategy} is not simulated under "
-                         f"tensor parallel yet; use one of {', '.join(LAYOUT_STRATEGIES)}")
+    refusal = engine_cannot_run(args)
+    if refusal is not None:
+        raise InputError(f"--tp {args.tp}: {refusal}")
     try:
         layout = Layout.for_world(args.world_size, tp=args.tp)
         card = load_card(args.model)
         layout.check_card(card)
+        if layout.tp == 1:  # FSDP alone: the meta step's checks and words (world size, sequence, tensor sizes)
+            check_workload(card, args.batch, args.seq, layout.world_size)
         layout.check_batch(args.batch)
         dtype = dtype_name(args.dtype)
     except FileNotFoundError as exc:
         raise InputError(f"--model {args.model}: {exc}") from None
     except ValueError as exc:
-        raise InputError(f"--tp {args.tp} --world-size {args.world_size}: {exc}") from None
+        where = f"--world-size {args.world_size}" + (f" --tp {args.tp}" if args.tp != 1 else "")
+        raise InputError(f"{where}: {exc}") from None
     if layout.tp > 1:
         _check_plan(card, args.tp)
     if args.precision == "mixed" and dtype != "bfloat16":
@@ -84,11 +107,20 @@ def run_layout(args: argparse.Namespace) -> int:
 
 def describe(card, layout: Layout, args, record: dict, seconds: float) -> list[str]:
     phase = "forward+backward" if record["fwd_bwd_peak_bytes"] >= record["optimizer_peak_bytes"] else "optimizer step"
+    if layout.tp == 1:
+        ranks = f"per rank of {layout.world_size} (FSDP, batch {args.batch // layout.dp_shard} per rank)"
+        engine = "fully_shard"
+    else:
+        ranks = (f"layout {layout.describe()} ({layout.world_size} ranks, batch {args.batch // layout.dp_shard} per "
+                 "data-parallel rank)")
+        engine = "parallelize_module + fully_shard"
+    depths = record.get("simulated_depths", [])
+    how = (f"; depths {', '.join(map(str, depths))} simulated, the card's {card.n_layer} blocks read off their line"
+           if record.get("extrapolated") else "")
     return [
-        f"{card.name}, {args.dtype} {args.precision}, batch {args.batch} x seq {args.seq}, strategy {args.strategy}, "
-        f"layout {layout.describe()} ({layout.world_size} ranks, batch {args.batch // layout.dp_shard} per data-parallel rank)",
+        f"{card.name}, {args.dtype} {args.precision}, batch {args.batch} x seq {args.seq}, strategy {args.strategy}, {ranks}",
         f"per-rank peak: {gib(record['peak_bytes'])} ({record['peak_bytes']} bytes) in the {phase} "
-        f"(rank 0 simulated by torch's parallelize_module + fully_shard under FakeTensorMode in {seconds:.1f} s)",
+        f"(rank 0 simulated by torch's {engine} under FakeTensorMode in {seconds:.1f} s{how})",
         f"  forward+backward  {gib(record['fwd_bwd_start_bytes']):>12} -> {gib(record['fwd_bwd_peak_bytes']):>12}",
         f"  optimizer step    {gib(record['optimizer_start_bytes']):>12} -> {gib(record['optimizer_peak_bytes']):>12}",
         "  CPU kernels (flash attention for CPU, per-tensor AdamW); not counted: CUDA context, NCCL/cuBLAS workspaces, "
