@@ -1,10 +1,11 @@
-"""Subprocess for test_layer_extrapolation: each case's simulated rank (``simulate.fake_ranks.simulate_rank``) three
-ways, one after the other in this one interpreter: extrapolated from shallower depths (the default), simulated whole
-with the default rank probe (``simulate.rank_probe``), and, with ``"exact_probe": true``, simulated whole with the
-probe the gloo ranks use (``distributed.memory``). Prints JSON on its last line: case name -> {way: record}.
+"""Subprocess for test_layer_extrapolation: each case's simulated rank (``simulate.fake_ranks.simulate_rank``) in the
+case's ``ways``, one after the other in this one interpreter: ``extrapolated`` from shallower depths (the default),
+``whole`` (simulated whole with the default rank probe, ``simulate.rank_probe``) and ``exact_probe`` (simulated whole
+with the probe the gloo ranks use, ``distributed.memory``). Prints JSON on its last line: case name -> {way: record}.
 
     python extrapolation_cases.py '[{"name": ..., "card": "llama-tiny", "overrides": {...}, "dp": 2, "tp": 1,
-                                     "strategy": "full", "precision": "pure", "batch": 4, "seq": 32}]'
+                                     "strategy": "full", "precision": "pure", "batch": 4, "seq": 32,
+                                     "ways": ["extrapolated", "whole"]}]'
 """
 
 import json
@@ -24,13 +25,12 @@ def run(case: dict) -> dict:
     common = dict(batch_size=case["batch"], seq_len=case["seq"], strategy=case["strategy"], k=case.get("k", 2),
                   dtype=dtype, precision=case["precision"])
     layout = Layout(dp_shard=case["dp"], tp=case["tp"])
-    out = {
-        "extrapolated": simulate_rank(card, layout, **common),
-        "whole": simulate_rank(card, layout, **common, extrapolate=False),
+    ways = {
+        "extrapolated": {},
+        "whole": {"extrapolate": False},
+        "exact_probe": {"extrapolate": False, "probe_class": ShardedLiveTensorProbe},
     }
-    if case.get("exact_probe"):
-        out["exact_probe"] = simulate_rank(card, layout, **common, extrapolate=False, probe_class=ShardedLiveTensorProbe)
-    return out
+    return {way: simulate_rank(card, layout, **common, **ways[way]) for way in case["ways"]}
 
 
 def main(cases: list[dict]) -> None:
