@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--precision", default="pure", choices=("pure", "mixed"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-extrapolate", action="store_true", help="simulate the card whole (no depth extrapolation)")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
     records: dict[str, dict] = {}
@@ -216,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
         layout = Layout(dp_shard=int(dp), tp=int(tp_size))
         records[name] = {
             strategy: simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=strategy,
-                                    dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed)
+                                    dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed,
+                                    extrapolate=not args.no_extrapolate)
             for strategy in args.strategies.split(",")
         }
     print(json.dumps(records))

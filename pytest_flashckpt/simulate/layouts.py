@@ -21,6 +21,7 @@ import time
 
 from pytest_flashckpt.config.errors import InputError
 from pytest_flashckpt.config.layout import Layout
+from pytest_flashckpt.config.step_impl import StepImpl
 from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
 from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 
@@ -126,3 +127,56 @@ def describe(card, layout: Layout, args, record: dict, seconds: float) -> list[s
         "  CPU kernels (flash attention for CPU, per-tensor AdamW); not counted: CUDA context, NCCL/cuBLAS workspaces, "
         "allocator rounding and fragmentation",
     ]
+
+
+def engine_cannot_run_scenario(scenario) -> str | None:
+    """``engine_cannot_run`` for a suite scenario with ``simulate.world_size`` > 1 (the same limits, by key)."""
+    sim = scenario.simulate
+    if scenario.model.hf is not None:
+        return "model.hf: a Hugging Face model's rank is not laid out by the engine here"
+    if scenario.activation.strategy not in LAYOUT_STRATEGIES:
+        return f"activation.strategy {scenario.activation.strategy} is not simulated by the engine yet"
+    if sim.kernel != "flash" or sim.target != "cuda":
+        return f"simulate.kernel {sim.kernel} / target {sim.target}: the engine's rank runs the CPU flash-attention op"
+    if scenario.step_impl != StepImpl() or scenario.model.dropout:
+        return "step_impl / model.dropout: the engine's rank runs the card's own step"
+    return None
+
+
+def run_engine_scenario(scenario, result) -> None:
+    """Fill ``result`` with rank 0's peak of ``scenario`` (FSDP over ``simulate.world_size`` ranks) from the real
+    engine under fake mode, and its saving against the same rank without activation checkpointing. Only the live
+    bytes of the two windows are simulated: no breakdown by category (the ``simulated_*_bytes`` categories stay
+    unset)."""
+    import torch
+
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+
+    card = load_card(scenario.card)
+    layout = Layout.for_world(scenario.simulate.world_size)
+    started = time.perf_counter()
+
+    def rank(strategy: str) -> dict:
+        return simulate_rank(card, layout, batch_size=scenario.batch_size, seq_len=scenario.seq_len, strategy=strategy,
+                             k=scenario.activation.k, dtype=getattr(torch, scenario.dtype), precision=scenario.precision)
+
+    record = rank(scenario.activation.strategy)
+    m = result.metrics
+    m["simulated_peak_bytes"] = record["peak_bytes"]
+    m["simulated_start_bytes"] = record["fwd_bwd_start_bytes"]
+    m["world_size"] = layout.world_size
+    if scenario.activation.strategy != "none":
+        reference = rank("none")
+        m["simulated_reference_peak_bytes"] = reference["peak_bytes"]
+        m["simulated_memory_saving"] = 1.0 - record["peak_bytes"] / reference["peak_bytes"]
+    m["simulate_seconds"] = time.perf_counter() - started
+    result.device = "meta"
+    result.probe = "simulated"
+    result.backend = scenario.simulate.kernel
+    result.kernel = "sdpa-flash-cpu (fake rank)"
+    phase = "forward+backward" if record["fwd_bwd_peak_bytes"] >= record["optimizer_peak_bytes"] else "optimizer step"
+    depths = record["simulated_depths"]
+    how = f"depths {', '.join(map(str, depths))} simulated, read off their line" if record["extrapolated"] else "simulated whole"
+    result.notes.append(f"simulated by the real engine (fully_shard under FakeTensorMode, rank 0 of {layout.world_size}; "
+                        f"{how}): peak in the {phase}; CPU kernels, no breakdown by category")
