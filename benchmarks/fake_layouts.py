@@ -92,6 +92,32 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB"
 
 
+BYTE_KEYS = ("peak_bytes", "fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes",
+             "largest_allgather_bytes")
+
+
+def _checks(results: dict) -> list[str]:
+    """Each extrapolated case against its whole-card run, and the engine's answer beside the modelled one."""
+    lines = ["", "## Checks", ""]
+    for name, whole in results.items():
+        base = name.removesuffix("-whole")
+        if name.endswith("-whole") and whole["ok"] and results.get(base, {}).get("ok"):
+            same = all(results[base][k] == whole[k] for k in BYTE_KEYS)
+            lines.append(f"- `{base}` read off depths {', '.join(map(str, results[base]['simulated_depths']))} against the "
+                         f"{whole['n_layer']}-block card simulated whole: every window's start and peak "
+                         f"{'equal to the byte' if same else 'DIFFER'}; CPU {results[base]['cpu_s']:.0f} s vs {whole['cpu_s']:.0f} s.")
+        modelled = results.get(f"{base}-modelled")
+        if name == base and modelled and modelled["ok"] and results[base]["ok"]:
+            engine = results[base]
+            lines.append(f"- `{base}`, old modelled route vs the engine: {_gib(modelled['peak_bytes'])} (in the "
+                         f"{modelled['peak_phase']}; the meta step at batch / N with CUDA's flash op and foreach AdamW, "
+                         f"{_gib(modelled['all_gathered_bytes'])} of all-gathered parameters added in forward and backward "
+                         f"only) vs {_gib(engine['peak_bytes'])} (fully_shard under fake mode, CPU kernels and per-tensor "
+                         f"AdamW; optimizer window {_gib(engine['optimizer_start_bytes'])} -> "
+                         f"{_gib(engine['optimizer_peak_bytes'])}: the local state and gradients, nothing all-gathered).")
+    return lines if len(lines) > 3 else []
+
+
 def render(results: dict, load: tuple, command: str) -> str:
     import torch
 
@@ -119,6 +145,7 @@ def render(results: dict, load: tuple, command: str) -> str:
             lines.append(f"{head} {depths} | {r['layout_s']:.1f} | {r['warm_step_s']:.1f} | {r['measured_step_s']:.1f} | "
                          f"{r['wall_s']:.0f} | {cpu} | {_gib(r['fwd_bwd_start_bytes'])} -> {_gib(r['fwd_bwd_peak_bytes'])} | "
                          f"{_gib(r['optimizer_start_bytes'])} -> {_gib(r['optimizer_peak_bytes'])} | {_gib(r['peak_bytes'])} |")
+    lines += _checks(results)
     lines += ["", "## Raw records", "", "```json", json.dumps(results, indent=1), "```", ""]
     return "\n".join(lines)
 
