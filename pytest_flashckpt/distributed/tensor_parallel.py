@@ -175,6 +175,7 @@ def build_trainer(
     activation: ActivationConfig | None = None,
     precision: str = "pure",
     model: nn.Module | None = None,
+    foreach: bool | None = None,
 ) -> tuple[ParallelTrainer, AppliedActivation]:
     """The same initial weights at every layout (built whole from ``seed``, then laid out). ``model``: an already
     built one (the simulated rank builds it under fake mode). Layout checks run before anything is built."""
@@ -184,7 +185,7 @@ def build_trainer(
     if model is None:
         model = build_model(card, backend, device, torch.float32 if mixed else dtype, seed=seed)
     applied = parallelize(model, mesh, activation, mixed_precision_policy(dtype) if mixed else None)
-    trainer = ParallelTrainer.create(model, batch_size, seq_len, seed=seed)
+    trainer = ParallelTrainer.create(model, batch_size, seq_len, seed=seed, foreach=foreach)  # foreach: AdamW's (None: torch's pick)
     trainer.rank, trainer.world_size = mesh["dp_shard"].get_local_rank(), layout.dp_shard
     trainer.tensor_parallel = layout.tp > 1
     return trainer, applied

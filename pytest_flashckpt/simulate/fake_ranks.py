@@ -116,6 +116,7 @@ def simulate_rank(
     backend: str = "sdpa",
     extrapolate: bool = True,
     probe_class: type[ShardedLiveTensorProbe] = ResizeTrackingRankProbe,
+    foreach: bool | None = None,
 ) -> dict:
     """Rank ``rank`` of ``layout``: one warm step (AdamW's state exists after it), then one step measured in the
     two windows of a real rank. Bytes are the rank's live tensors; ``*_s`` are this process's wall times.
@@ -123,14 +124,15 @@ def simulate_rank(
     ``extrapolate`` (default): a card deeper than a few blocks is simulated at a few shallower depths and its byte
     counts read off the line through them (``simulate.layer_extrapolation``; ``simulated_depths`` names them,
     ``extrapolated`` says whether the line held), else simulated whole. ``probe_class``: the rank probe
-    (``simulate.rank_probe``'s by default, the same bytes as ``distributed.memory``'s, faster)."""
+    (``simulate.rank_probe``'s by default, the same bytes as ``distributed.memory``'s, faster). ``foreach``: AdamW's
+    implementation (None: torch's pick for the device, per-tensor on a CPU; True: the multi-tensor one CUDA runs)."""
     if dist.is_initialized():
         raise RuntimeError("simulate_rank needs a process without a process group (it starts the fake one)")
     layout.check_card(card)
     layout.check_batch(batch_size)
     run = functools.partial(_simulate_whole, layout=layout, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
                             k=k, dtype=dtype, precision=precision, rank=rank, seed=seed, backend=backend,
-                            probe_class=probe_class)
+                            probe_class=probe_class, foreach=foreach)
     depths = sample_depths(card.n_layer, strategy, k) if extrapolate and _has_depth(card) else []
     records: dict[int, dict] = {}
     for depth in depths:
@@ -167,7 +169,7 @@ def _extrapolated(records: dict[int, dict], line: dict[str, int], n_layer: int) 
 
 def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, strategy: str, k: int, dtype: torch.dtype,
                     precision: str, rank: int, seed: int, backend: str,
-                    probe_class: type[ShardedLiveTensorProbe]) -> dict:
+                    probe_class: type[ShardedLiveTensorProbe], foreach: bool | None) -> dict:
     """One fake process group, the card built and laid out, a warm step and the probed step."""
     started = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
@@ -177,7 +179,7 @@ def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, stra
             model = _build_fake(card, backend, torch.float32 if precision == "mixed" else dtype, seed)
             trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=batch_size, seq_len=seq_len, seed=seed,
                                           dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k),
-                                          precision=precision, model=model)
+                                          precision=precision, model=model, foreach=foreach)
             built = time.perf_counter()
             trainer.train_step()
             warm = time.perf_counter()
@@ -209,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", default="pure", choices=("pure", "mixed"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-extrapolate", action="store_true", help="simulate the card whole (no depth extrapolation)")
+    parser.add_argument("--foreach", action="store_true", help="AdamW foreach (CUDA's default) instead of torch's CPU pick")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
     records: dict[str, dict] = {}
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         records[name] = {
             strategy: simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=strategy,
                                     dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed,
-                                    extrapolate=not args.no_extrapolate)
+                                    extrapolate=not args.no_extrapolate, foreach=True if args.foreach else None)
             for strategy in args.strategies.split(",")
         }
     print(json.dumps(records))

@@ -9,8 +9,8 @@ kernel or target, another norm, optimizer or loss) stays with the modelled FSDP 
 the step at batch / N plus a formula for the all-gathered blocks) and is refused under tensor parallel.
 
 Every input is checked before anything is built (``config.layout``: heads divisible by tp, world by tp, batch by
-dp_shard); an error is one line naming the option and the fix. The fake rank runs torch's CPU kernels (the CPU
-flash-attention op and the per-tensor AdamW), so the answer is the live tensors of a rank with those kernels;
+dp_shard); an error is one line naming the option and the fix. The fake rank runs torch's CPU flash-attention op
+and the multi-tensor (foreach) AdamW CUDA defaults to, so the answer is the live tensors of a rank with those;
 the CUDA allocator's extra (workspaces, rounding, fragmentation) is not counted, as for the meta simulation.
 """
 
@@ -26,6 +26,7 @@ from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_
 from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 
 LAYOUT_STRATEGIES = ("none", "full", "every_k", "selective_op")
+CUDA_ADAMW_FOREACH = True  # a --target cuda answer runs the multi-tensor AdamW CUDA defaults to (its temporaries)
 
 
 def engine_cannot_run(args: argparse.Namespace) -> str | None:
@@ -39,7 +40,7 @@ def engine_cannot_run(args: argparse.Namespace) -> str | None:
         return (f"--kernel {args.kernel} --target {args.target}: the engine's rank runs the CPU flash-attention op "
                 "(the default --kernel flash --target cuda request)")
     if args.norm is not None or args.optimizer != "adamw" or args.loss != "plain":
-        return "--norm/--optimizer/--loss: the engine's rank runs the card's norm, per-tensor AdamW and the plain loss"
+        return "--norm/--optimizer/--loss: the engine's rank runs the card's norm, AdamW (foreach) and the plain loss"
     return None
 
 
@@ -94,7 +95,7 @@ def run_layout(args: argparse.Namespace) -> int:
     device_bytes = None if args.device_memory is None else parse_device_memory(args.device_memory)
     started = time.perf_counter()
     record = simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=args.strategy,
-                           dtype=getattr(torch, dtype), precision=args.precision, k=args.k)
+                           dtype=getattr(torch, dtype), precision=args.precision, k=args.k, foreach=CUDA_ADAMW_FOREACH)
     seconds = time.perf_counter() - started
     print("\n".join(describe(card, layout, args, record, seconds)))
     peak = record["peak_bytes"]
@@ -124,7 +125,7 @@ def describe(card, layout: Layout, args, record: dict, seconds: float) -> list[s
         f"(rank 0 simulated by torch's {engine} under FakeTensorMode in {seconds:.1f} s{how})",
         f"  forward+backward  {gib(record['fwd_bwd_start_bytes']):>12} -> {gib(record['fwd_bwd_peak_bytes']):>12}",
         f"  optimizer step    {gib(record['optimizer_start_bytes']):>12} -> {gib(record['optimizer_peak_bytes']):>12}",
-        "  CPU kernels (flash attention for CPU, per-tensor AdamW); not counted: CUDA context, NCCL/cuBLAS workspaces, "
+        "  CPU flash-attention op, AdamW foreach (CUDA's default); not counted: CUDA context, NCCL/cuBLAS workspaces, "
         "allocator rounding and fragmentation",
     ]
 
@@ -159,7 +160,8 @@ def run_engine_scenario(scenario, result) -> None:
 
     def rank(strategy: str) -> dict:
         return simulate_rank(card, layout, batch_size=scenario.batch_size, seq_len=scenario.seq_len, strategy=strategy,
-                             k=scenario.activation.k, dtype=getattr(torch, scenario.dtype), precision=scenario.precision)
+                             k=scenario.activation.k, dtype=getattr(torch, scenario.dtype), precision=scenario.precision,
+                             foreach=CUDA_ADAMW_FOREACH)
 
     record = rank(scenario.activation.strategy)
     m = result.metrics
@@ -179,4 +181,4 @@ def run_engine_scenario(scenario, result) -> None:
     depths = record["simulated_depths"]
     how = f"depths {', '.join(map(str, depths))} simulated, read off their line" if record["extrapolated"] else "simulated whole"
     result.notes.append(f"simulated by the real engine (fully_shard under FakeTensorMode, rank 0 of {layout.world_size}; "
-                        f"{how}): peak in the {phase}; CPU kernels, no breakdown by category")
+                        f"{how}): peak in the {phase}; CPU flash-attention op, AdamW foreach, no breakdown by category")

@@ -23,7 +23,7 @@ def run(case: dict) -> dict:
     card = load_card(case["card"], **case.get("overrides", {}))
     dtype = torch.bfloat16 if case["precision"] == "mixed" else torch.float32
     common = dict(batch_size=case["batch"], seq_len=case["seq"], strategy=case["strategy"], k=case.get("k", 2),
-                  dtype=dtype, precision=case["precision"])
+                  dtype=dtype, precision=case["precision"], foreach=case.get("foreach"))
     layout = Layout(dp_shard=case["dp"], tp=case["tp"])
     ways = {
         "extrapolated": {},

@@ -24,16 +24,17 @@ EXTRAPOLATED = ["extrapolated", "whole"]
 PROBES = ["whole", "exact_probe"]
 
 
-def _case(name, card, overrides, n_layer, dp, tp, strategy, precision, ways=EXTRAPOLATED) -> dict:
+def _case(name, card, overrides, n_layer, dp, tp, strategy, precision, ways=EXTRAPOLATED, foreach=None) -> dict:
     return {"name": name, "card": card, "overrides": {**overrides, "n_layer": n_layer}, "dp": dp, "tp": tp,
-            "strategy": strategy, "precision": precision, "batch": 4, "seq": 16, "ways": ways}
+            "strategy": strategy, "precision": precision, "batch": 4, "seq": 16, "ways": ways, "foreach": foreach}
 
 
-FAST = [  # one FSDP mixed-precision card extrapolated, and the two probes on an FSDP card (its in-place frees)
-    _case("llama-fsdp2-full-mixed", "llama-tiny", LLAMA, 6, 2, 1, "full", "mixed"),
+FAST = [  # one FSDP mixed-precision card extrapolated (foreach AdamW, as the CLI runs it), the two probes on an FSDP card
+    _case("llama-fsdp2-full-mixed-foreach", "llama-tiny", LLAMA, 6, 2, 1, "full", "mixed", foreach=True),
     _case("llama-fsdp2-full-pure-probes", "llama-tiny", LLAMA, 4, 2, 1, "full", "pure", ways=PROBES),
 ]
 SLOW = [
+    _case("llama-fsdp2-full-mixed", "llama-tiny", LLAMA, 6, 2, 1, "full", "mixed"),
     _case("llama-2d-full-mixed", "llama-tiny", LLAMA, 6, 2, 2, "full", "mixed"),
     _case("llama-fsdp2-full-pure", "llama-tiny", LLAMA, 6, 2, 1, "full", "pure", ways=[*EXTRAPOLATED, "exact_probe"]),
     _case("llama-2d-none-mixed", "llama-tiny", LLAMA, 6, 2, 2, "none", "mixed"),
