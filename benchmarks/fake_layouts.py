@@ -63,7 +63,7 @@ def _command(name: str) -> list[str]:
         return [sys.executable, "-c", MODELLED, card, str(batch), str(seq), STRATEGY, str(dp)]
     return [sys.executable, "-m", "pytest_flashckpt.simulate.fake_ranks", card, "--layouts", f"{dp}x{tp}", "--batch",
             str(batch), "--seq", str(seq), "--strategies", STRATEGY, "--dtype", DTYPE, "--precision", precision,
-            *(["--no-extrapolate"] if how == "whole" else [])]
+            "--foreach", *(["--no-extrapolate"] if how == "whole" else [])]
 
 
 def _run(name: str) -> dict:
@@ -112,8 +112,8 @@ def _checks(results: dict) -> list[str]:
             lines.append(f"- `{base}`, old modelled route vs the engine: {_gib(modelled['peak_bytes'])} (in the "
                          f"{modelled['peak_phase']}; the meta step at batch / N with CUDA's flash op and foreach AdamW, "
                          f"{_gib(modelled['all_gathered_bytes'])} of all-gathered parameters added in forward and backward "
-                         f"only) vs {_gib(engine['peak_bytes'])} (fully_shard under fake mode, CPU kernels and per-tensor "
-                         f"AdamW; optimizer window {_gib(engine['optimizer_start_bytes'])} -> "
+                         f"only) vs {_gib(engine['peak_bytes'])} = {engine['peak_bytes'] - modelled['peak_bytes']:+,} B "
+                         f"(fully_shard under fake mode, CPU flash-attention op, AdamW foreach; optimizer window {_gib(engine['optimizer_start_bytes'])} -> "
                          f"{_gib(engine['optimizer_peak_bytes'])}: the local state and gradients, nothing all-gathered).")
     return lines if len(lines) > 3 else []
 
@@ -126,8 +126,9 @@ def render(results: dict, load: tuple, command: str) -> str:
              f"Load average before / after: {load[0][0]:.2f} / {load[1][0]:.2f} (1 min): wall times are on a loaded machine.", "",
              f"Rank 0, {DTYPE}, activation strategy {STRATEGY}; `depths` = the depths simulated (the card's own: whole); "
              "`build`, `warm` (first step, unprobed) and `measured` (the probed step) are summed over the depths; "
-             "`process` = the whole process with the torch import (wall), `CPU` = its user + system time. Bytes: live "
-             "tensors (local shards), window start -> peak.", "",
+             "`process` = the whole process with the torch import (wall), `CPU` = its user + system time. The engine's "
+             "rank runs the CPU flash-attention op and AdamW foreach (CUDA's default, as `flashckpt simulate` runs it). "
+             "Bytes: live tensors (local shards), window start -> peak.", "",
              "| case | layout | batch x seq | precision | depths | build s | warm s | measured s | process s | CPU s | fwd+bwd start -> peak | optimizer start -> peak | per-rank peak |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
