@@ -178,6 +178,7 @@ def build_trainer(
     activation: ActivationConfig | None = None,
     precision: str = "pure",
     model: nn.Module | None = None,
+    foreach: bool | None = None,
 ) -> tuple[ParallelTrainer, AppliedActivation]:
     """The same initial weights at every layout (built whole from ``seed``, then laid out). ``model``: an already
     built one (the simulated rank builds it under fake mode). Layout checks run before anything is built."""
@@ -187,7 +188,7 @@ def build_trainer(
     if model is None:
         model = build_model(card, backend, device, torch.float32 if mixed else dtype, seed=seed)
     applied = parallelize(model, mesh, activation, mixed_precision_policy(dtype) if mixed else None)
-    trainer = ParallelTrainer.create(model, batch_size, seq_len, seed=seed)
+    trainer = ParallelTrainer.create(model, batch_size, seq_len, seed=seed, foreach=foreach)  # foreach: AdamW's (None: torch's pick)
     trainer.rank, trainer.world_size = mesh["dp_shard"].get_local_rank(), layout.dp_shard
     trainer.tensor_parallel = layout.tp > 1
     return trainer, applied
@@ -212,15 +213,17 @@ def optimizer_step(trainer: ParallelTrainer) -> None:
     trainer.optimizer.zero_grad(set_to_none=True)
 
 
-def memory_step(trainer: ParallelTrainer, device_type: str = "cpu") -> dict[str, int]:
+def memory_step(trainer: ParallelTrainer, device_type: str = "cpu",
+                probe_class: type[ShardedLiveTensorProbe] = ShardedLiveTensorProbe) -> dict[str, int]:
     """One training step in the two windows of ``distributed.rank`` (forward + backward, then the optimizer),
     counted by the rank probe: DTensors as their local shards. The same function measures a gloo rank and the
-    simulated (fake) rank, so the two differ only in the engine's process group and tensor mode."""
+    simulated (fake) rank, so the two differ only in the engine's process group and tensor mode (and, where given,
+    ``probe_class``: a rank probe that reads the same bytes faster, ``simulate.rank_probe``)."""
     trainer.model.train()
-    with ShardedLiveTensorProbe(device_type).track(resident=_local(trainer.state_tensors())) as fwd_bwd:
+    with probe_class(device_type).track(resident=_local(trainer.state_tensors())) as fwd_bwd:
         forward_backward(trainer)
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
-    with ShardedLiveTensorProbe(device_type).track(resident=_local(trainer.state_tensors() + grads)) as opt:
+    with probe_class(device_type).track(resident=_local(trainer.state_tensors() + grads)) as opt:
         optimizer_step(trainer)
     trainer.step += 1
     return {

@@ -46,8 +46,8 @@ def add_parser(sub) -> None:
     p.add_argument("--k", type=int, default=2, help="every_k: checkpoint blocks 0, k, 2k, ... (default 2)")
     p.add_argument("--kernel", default="flash", choices=KERNELS, help="attention kernel (default flash)")
     p.add_argument("--target", default="cuda", choices=("cuda", "cpu"), help="device the prediction is for (default cuda)")
-    p.add_argument("--world-size", type=int, default=1, help="FSDP ranks: per-rank peak with sharded states (default 1)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of --world-size (FSDP over the rest): the real engine under fake mode, simulate.layouts (default 1)")
+    p.add_argument("--world-size", type=int, default=1, help="ranks: rank 0's peak, simulated by the real engine (fully_shard, parallelize_module) under fake mode (default 1)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of --world-size (FSDP over the rest; simulate.layouts) (default 1)")
     p.add_argument("--device-memory", metavar="SIZE", help="device memory, e.g. 80GiB or '40 GB'")
     p.add_argument("--norm", choices=tuple(NORMS), help="RMSNorm: plain (Hugging Face) or fused (nn.RMSNorm, torchtitan); llama cards (default: the card's)")
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS), help="optimizer implementation (default adamw: foreach on CUDA)")
@@ -74,10 +74,13 @@ def chosen_strategy(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tp != 1:  # a tensor-parallel layout: the real engine under fake mode (heavy imports, so here)
-        from pytest_flashckpt.simulate.layouts import run_layout
+    modelled = None
+    if args.tp != 1 or args.world_size > 1:  # a layout: the real engine under fake mode (heavy imports, so here)
+        from pytest_flashckpt.simulate.layouts import engine_cannot_run, run_layout
 
-        return run_layout(args)
+        modelled = engine_cannot_run(args)
+        if modelled is None or args.tp != 1:  # (run_layout refuses what the engine cannot run under tp)
+            return run_layout(args)
     strategy = chosen_strategy(args)
     if args.budget is not None:  # read as a suite reads it (a fraction, 'min', 'min + N%', a size), before anything runs
         from pytest_flashckpt.config.budget import BudgetSpec
@@ -100,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         raise InputError(str(exc).replace("activation.budget", "--budget").replace("step_impl.loss_chunks", "--loss-chunks").replace("step_impl.norm", "--norm")) from None
     print("\n".join(describe(peak)))
+    if modelled is not None:
+        print(f"  FSDP modelled, not run by the engine: {modelled}")
     if impl != StepImpl():
         print(f"step: {impl.describe()}")
     if device_bytes is None:

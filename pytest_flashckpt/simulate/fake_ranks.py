@@ -3,7 +3,8 @@
 with torch's fake process group (``init_process_group("fake")``: collectives return at once, every shape is the
 rank's real one). What the rank holds is what torch builds: DTensor local shards, FSDP2's padded shards and its
 all-gather and reduce-scatter buffers, freed when FSDP2 frees them, counted phase by phase by the rank probe of a
-real rank (``tensor_parallel.memory_step``). No tensor is allocated, so a 70B card runs on a laptop.
+real rank (``tensor_parallel.memory_step``). No tensor is allocated, so a 70B card runs on a laptop; a deep card is
+read off the line through a few shallower depths (``simulate.layer_extrapolation``), so a 405B step takes seconds.
 
 Two things differ from a real rank, both outside what is counted:
 
@@ -14,13 +15,15 @@ Two things differ from a real rank, both outside what is counted:
   ``model.to(dtype)``, which cannot swap a fake parameter; same seed, same shapes.
 
 Only the live tensors are simulated: the CPU allocator of a gloo rank also holds gloo's staging copies of the
-collectives (outside the dispatcher; ``distributed.memory``), measured apart. One call per process: the fake
-process group is the process's default group while it runs.
+collectives (outside the dispatcher; ``distributed.memory``), measured apart. The fake process group is the process's default
+group while a depth runs and is destroyed after it, so one process may simulate ranks one after the other (not
+while another process group is up).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 
@@ -37,7 +40,10 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import tensor_parallel as tp
+from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.families import family_of
+from pytest_flashckpt.simulate.layer_extrapolation import line_through, sample_depths
+from pytest_flashckpt.simulate.rank_probe import ResizeTrackingRankProbe
 
 
 def _eager_are_we_tracing() -> bool:
@@ -108,13 +114,63 @@ def simulate_rank(
     rank: int = 0,
     seed: int = 0,
     backend: str = "sdpa",
+    extrapolate: bool = True,
+    probe_class: type[ShardedLiveTensorProbe] = ResizeTrackingRankProbe,
+    foreach: bool | None = None,
 ) -> dict:
     """Rank ``rank`` of ``layout``: one warm step (AdamW's state exists after it), then one step measured in the
-    two windows of a real rank. Bytes are the rank's live tensors; ``*_s`` are this process's wall times."""
+    two windows of a real rank. Bytes are the rank's live tensors; ``*_s`` are this process's wall times.
+
+    ``extrapolate`` (default): a card deeper than a few blocks is simulated at a few shallower depths and its byte
+    counts read off the line through them (``simulate.layer_extrapolation``; ``simulated_depths`` names them,
+    ``extrapolated`` says whether the line held), else simulated whole. ``probe_class``: the rank probe
+    (``simulate.rank_probe``'s by default, the same bytes as ``distributed.memory``'s, faster). ``foreach``: AdamW's
+    implementation (None: torch's pick for the device, per-tensor on a CPU; True: the multi-tensor one CUDA runs)."""
     if dist.is_initialized():
         raise RuntimeError("simulate_rank needs a process without a process group (it starts the fake one)")
     layout.check_card(card)
     layout.check_batch(batch_size)
+    run = functools.partial(_simulate_whole, layout=layout, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
+                            k=k, dtype=dtype, precision=precision, rank=rank, seed=seed, backend=backend,
+                            probe_class=probe_class, foreach=foreach)
+    depths = sample_depths(card.n_layer, strategy, k) if extrapolate and _has_depth(card) else []
+    records: dict[int, dict] = {}
+    for depth in depths:
+        records[depth] = run(dataclasses.replace(card, n_layer=depth))
+        line = line_through(records, card.n_layer)
+        if line is not None:
+            return _extrapolated(records, line, card.n_layer)
+    record = run(card)
+    if records:  # the line did not hold at the sampled depths: the whole card, and what the samples cost
+        record.update(_sample_times(records, "sample_"))
+    record.update(extrapolated=False, simulated_depths=[*records, card.n_layer])
+    return record
+
+
+def _has_depth(card) -> bool:
+    """A card whose depth is its dataclass field ``n_layer`` (every family's card here; a Hugging Face config's card
+    is simulated whole)."""
+    return dataclasses.is_dataclass(card) and any(f.name == "n_layer" for f in dataclasses.fields(card))
+
+
+TIME_KEYS = ("layout_s", "warm_step_s", "measured_step_s")
+
+
+def _sample_times(records: dict[int, dict], prefix: str = "") -> dict[str, float]:
+    return {f"{prefix}{key}": sum(r[key] for r in records.values()) for key in TIME_KEYS}
+
+
+def _extrapolated(records: dict[int, dict], line: dict[str, int], n_layer: int) -> dict:
+    """The record of depth ``n_layer`` from the line: its byte counts, the samples' summed wall times."""
+    last = records[max(records)]
+    return {**last, **line, **_sample_times(records), "extrapolated": True, "simulated_depths": list(records),
+            "n_layer": n_layer}
+
+
+def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, strategy: str, k: int, dtype: torch.dtype,
+                    precision: str, rank: int, seed: int, backend: str,
+                    probe_class: type[ShardedLiveTensorProbe], foreach: bool | None) -> dict:
+    """One fake process group, the card built and laid out, a warm step and the probed step."""
     started = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
@@ -123,15 +179,16 @@ def simulate_rank(
             model = _build_fake(card, backend, torch.float32 if precision == "mixed" else dtype, seed)
             trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=batch_size, seq_len=seq_len, seed=seed,
                                           dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k),
-                                          precision=precision, model=model)
+                                          precision=precision, model=model, foreach=foreach)
             built = time.perf_counter()
             trainer.train_step()
             warm = time.perf_counter()
-            record = tp.memory_step(trainer)
+            record = tp.memory_step(trainer, probe_class=probe_class)
         done = time.perf_counter()
     finally:
         dist.destroy_process_group()
-    record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm)
+    record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
+                  n_layer=card.n_layer)
     return record
 
 
@@ -153,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--precision", default="pure", choices=("pure", "mixed"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-extrapolate", action="store_true", help="simulate the card whole (no depth extrapolation)")
+    parser.add_argument("--foreach", action="store_true", help="AdamW foreach (CUDA's default) instead of torch's CPU pick")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
     records: dict[str, dict] = {}
@@ -161,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         layout = Layout(dp_shard=int(dp), tp=int(tp_size))
         records[name] = {
             strategy: simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=strategy,
-                                    dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed)
+                                    dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed,
+                                    extrapolate=not args.no_extrapolate, foreach=True if args.foreach else None)
             for strategy in args.strategies.split(",")
         }
     print(json.dumps(records))

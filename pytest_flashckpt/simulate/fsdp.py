@@ -1,4 +1,9 @@
-"""FSDP2 per-rank memory: ``fully_shard`` keeps each parameter (and its gradient and AdamW state) as a dim-0
+"""FSDP2 per-rank memory, modelled: the route kept where the real engine under fake mode (``simulate.fake_ranks``,
+what ``flashckpt simulate --world-size N`` and the simulate suite's FSDP rows use) does not run: a Hugging Face
+config, the budget strategy, another kernel, target, norm, optimizer or loss (``simulate.layouts.engine_cannot_run``),
+and the distributed report's simulated column for measured runs (``report.distributed``).
+
+``fully_shard`` keeps each parameter (and its gradient and AdamW state) as a dim-0
 shard: every rank holds ``ceil(dim0 / N)`` rows (the sharded parameter is padded to that on every rank, so the
 largest rank's share is exactly this). ``tests/simulate/test_fsdp.py`` checks this formula against the real
 ``fully_shard`` layout on meta with a fake process group.

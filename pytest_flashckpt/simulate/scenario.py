@@ -30,6 +30,11 @@ def run_simulated(scenario, result) -> None:
     sim = scenario.simulate
     if scenario.activation.save_ops is not None:
         raise ValueError("simulate: a custom activation.save_ops list is not supported in suites; use the Python API")
+    if sim.world_size > 1:  # FSDP ranks: the real engine under fake mode, where it runs (else the modelled route)
+        from pytest_flashckpt.simulate.layouts import engine_cannot_run_scenario, run_engine_scenario
+
+        if engine_cannot_run_scenario(scenario) is None:
+            return run_engine_scenario(scenario, result)
     common = (simulated_card(scenario), scenario.dtype, scenario.batch_size, scenario.seq_len, sim.kernel)
     tail = (sim.target, sim.world_size)
     budget = scenario.activation.budget if scenario.activation.strategy == "budget" else None

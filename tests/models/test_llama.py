@@ -12,6 +12,7 @@ PUBLISHED = {  # the models' config.json arithmetic (vocab 128256; see the cards
     "llama3.2-1b": 1_235_814_400,
     "llama3-8b": 8_030_261_248,
     "llama3-70b": 70_553_706_496,
+    "llama3.1-405b": 405_853_388_800,  # Meta's 405.8B
 }
 
 
