@@ -75,6 +75,18 @@ def selective_op_policy(model, shape) -> SavePolicy:
     return SavePolicy(frozenset(op.key for op in ops.ops if op.candidate and op.key[0] in DEFAULT_SAVE_OPS))
 
 
+def with_cpu_time(step, sink: list[float]):
+    """``step`` that also appends the process CPU time it took to ``sink``: on a machine shared with other sessions
+    (load average many times the cores) wall time mostly measures waiting for a core; CPU time does not."""
+
+    def timed():
+        start = time.process_time()
+        step()
+        sink.append(time.process_time() - start)
+
+    return timed
+
+
 def measure(name: str, card, shape, policies, knob: float | None, reference: Trainer, eager_check, rounds: int) -> dict:
     """One configuration, compiled per block; ``policies``: per block a SavePolicy or None (no checkpoint)."""
     torch._dynamo.reset()
@@ -97,11 +109,16 @@ def measure(name: str, card, shape, policies, knob: float | None, reference: Tra
         row["resident_bytes"] = resident_bytes(trainer)
         row["peak_bytes"] = reading.added_peak_bytes + row["resident_bytes"]
         graphs = counters["stats"]["unique_graphs"]
-        ref_s, s = interleaved([reference.train_step, trainer.train_step], rounds, 1, torch.device("cpu"))
+        ref_cpu, cpu = [], []
+        ref_s, s = interleaved([with_cpu_time(reference.train_step, ref_cpu), with_cpu_time(trainer.train_step, cpu)],
+                               rounds, 1, torch.device("cpu"))
         row["recompiles_while_timed"] = counters["stats"]["unique_graphs"] - graphs
         ratios = [a / b for a, b in zip(s, ref_s)]
+        cpu_ratios = [a / b for a, b in zip(cpu, ref_cpu)]
         row.update(step_s=statistics.median(s), time_ratio=statistics.median(ratios),
-                   time_ratio_range=[min(ratios), max(ratios)], load_avg=os.getloadavg()[0])
+                   time_ratio_range=[min(ratios), max(ratios)], step_cpu_s=statistics.median(cpu),
+                   cpu_ratio=statistics.median(cpu_ratios), cpu_ratio_range=[min(cpu_ratios), max(cpu_ratios)],
+                   load_avg=os.getloadavg()[0])
     except Exception as exc:  # a configuration that fails is a finding, recorded with its message
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     finally:
@@ -161,13 +178,17 @@ def judge(record: dict) -> list[dict]:
         for plan in (r for r in ok if r.get("family") == "plan"):
             fitting = [r for r in ok if r.get("family") == "fixed" and r["peak_bytes"] <= plan["budget_bytes"]]
             lower_knobs = [r for r in ok if r.get("family") == "knob" and r["peak_bytes"] <= plan["peak_bytes"]]
-            best_fixed = min(fitting, key=lambda r: r["time_ratio"], default=None)
-            best_knob = min(lower_knobs, key=lambda r: r["time_ratio"], default=None)
+            key = "cpu_ratio" if "cpu_ratio" in plan else "time_ratio"
+            best_fixed = min(fitting, key=lambda r: r[key], default=None)
+            best_knob = min(lower_knobs, key=lambda r: r[key], default=None)
             verdicts.append({
                 "card": card["card"], "config": plan["config"], "budget_bytes": plan["budget_bytes"], "peak_bytes": plan["peak_bytes"],
-                "fits": plan["peak_bytes"] <= plan["budget_bytes"], "time_ratio": plan["time_ratio"],
-                "fastest_fitting_fixed": best_fixed and best_fixed["config"], "fixed_ratio": best_fixed and best_fixed["time_ratio"],
-                "fastest_knob_at_or_below": best_knob and best_knob["config"], "knob_ratio": best_knob and best_knob["time_ratio"],
+                "fits": plan["peak_bytes"] <= plan["budget_bytes"], "time_ratio": plan[key], "judged_by": key,
+                "ratio_range": plan[key + "_range"] if key == "cpu_ratio" else plan["time_ratio_range"],
+                "fastest_fitting_fixed": best_fixed and best_fixed["config"], "fixed_ratio": best_fixed and best_fixed[key],
+                "fixed_range": best_fixed and best_fixed[key + "_range" if key == "cpu_ratio" else "time_ratio_range"],
+                "fastest_knob_at_or_below": best_knob and best_knob["config"], "knob_ratio": best_knob and best_knob[key],
+                "knob_range": best_knob and best_knob[key + "_range" if key == "cpu_ratio" else "time_ratio_range"],
                 "knob_peak_bytes": best_knob and best_knob["peak_bytes"],
             })
     return verdicts
@@ -182,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--knobs", type=float, nargs="+", default=[1.0, 0.6, 0.3, 0.0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "reports" / "compile-plan-sweep"))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--cold", action="store_true", help="Inductor's caches off: every compile time cold (slower)")
     parser.add_argument("--render", action="store_true", help="only re-render the .md from the .json at --out")
     args = parser.parse_args(argv)
@@ -195,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import_inductor()
     torch.compiler.config.force_disable_caches = args.cold
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     shape = (args.batch, args.seq)
     record: dict = {
@@ -216,8 +240,14 @@ def _mib(n) -> str:
     return "—" if n is None else f"{n / MiB:.2f}"
 
 
-def _ratio(r) -> str:
-    return "—" if r is None else f"{r:.3f}x"
+def _ratio(r, span=None) -> str:
+    if r is None:
+        return "—"
+    return f"{r:.3f}x" if span is None else f"{r:.3f}x ({span[0]:.2f}-{span[1]:.2f})"
+
+
+def _cpu(row) -> str:
+    return _ratio(row.get("cpu_ratio"), row.get("cpu_ratio_range")) if "cpu_ratio" in row else "—"
 
 
 def write(record: dict, out: Path) -> None:
@@ -243,25 +273,26 @@ def write(record: dict, out: Path) -> None:
         for r in controls:
             lines.append(f"- {r['config']}: measured {_mib(r['peak_bytes'])} MiB, simulated {_mib(r['predicted_peak_bytes'])} MiB"
                          f" (difference {r['peak_bytes'] - r['predicted_peak_bytes']:+,} B)")
-        lines += ["", "| configuration | budget (MiB) | predicted (MiB) | measured peak (MiB) | step / eager (min-max) | step (s) | compile (s) | blocks | loss diff | grad diff |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| configuration | budget (MiB) | predicted (MiB) | measured peak (MiB) | wall step / eager (min-max) | CPU time / eager (min-max) | step (s) | compile (s) | blocks | loss diff | grad diff |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in card["rows"] if "family" in r):
             if "error" in r:
-                lines.append(f"| {r['config']} | error: `{r['error']}` | | | | | | | | |")
+                lines.append(f"| {r['config']} | error: `{r['error']}` | | | | | | | | | |")
                 continue
             lo, hi = r["time_ratio_range"]
             blocks = "; ".join(r["blocks"]) if len(set(r["blocks"])) > 1 else f"all {r['blocks'][0]}"
             lines.append(f"| {r['config']} | {_mib(r.get('budget_bytes'))} | {_mib(r.get('predicted_peak_bytes'))} | "
-                         f"{_mib(r['peak_bytes'])} | {r['time_ratio']:.3f}x ({lo:.2f}-{hi:.2f}) | {r['step_s']:.3f} | "
+                         f"{_mib(r['peak_bytes'])} | {r['time_ratio']:.3f}x ({lo:.2f}-{hi:.2f}) | {_cpu(r)} | {r['step_s']:.3f} | "
                          f"{r['compile_s']:.0f} | {blocks} | {r['loss_abs_diff']:.1e} | {r['grad_max_abs_diff']:.1e} |")
         lines.append("")
     lines += ["## Claims, per plan point", "",
               "| card | plan | measured <= budget | plan | fastest fitting fixed | knob at equal or lower peak |", "|---|---|---|---|---|---|"]
     for v in record["verdicts"]:
-        fixed = "none fits" if v["fixed_ratio"] is None else f"{v['fastest_fitting_fixed']} {_ratio(v['fixed_ratio'])}"
-        knob = "none at or below" if v["knob_ratio"] is None else f"{v['fastest_knob_at_or_below']} {_ratio(v['knob_ratio'])} ({_mib(v['knob_peak_bytes'])} MiB)"
+        fixed = "none fits" if v["fixed_ratio"] is None else f"{v['fastest_fitting_fixed']} {_ratio(v['fixed_ratio'], v.get('fixed_range'))}"
+        knob = ("none at or below" if v["knob_ratio"] is None else
+                f"{v['fastest_knob_at_or_below']} {_ratio(v['knob_ratio'], v.get('knob_range'))} ({_mib(v['knob_peak_bytes'])} MiB)")
         lines.append(f"| {v['card']} | {v['config']} | {'yes' if v['fits'] else 'NO'} ({_mib(v['peak_bytes'])} of {_mib(v['budget_bytes'])}) | "
-                     f"{_ratio(v['time_ratio'])} | {fixed} | {knob} |")
+                     f"{_ratio(v['time_ratio'], v.get('ratio_range'))} ({v.get('judged_by', 'time_ratio')}) | {fixed} | {knob} |")
     lines += ["", "<!-- measured tables above, written by the script; discussion below, by hand -->", ""]
     md = out.with_suffix(".md")
     previous = md.read_text() if md.exists() else ""
