@@ -1,0 +1,490 @@
+"""A memory-budget plan that ``torch.compile`` consumes: per block, which op outputs to save (``MUST_SAVE``) and
+which to recompute (``PREFER_RECOMPUTE``), handed to a per-block compiled ``checkpoint`` as torch documents
+(``torch.compile(block)`` around ``checkpoint(block.forward, context_fn=partial(create_selective_checkpoint_contexts,
+policy))``), rather than whole-block options that race compile's own partitioner.
+
+How a plan is made (``plan_compiled``):
+
+1. **Ops, on fake tensors.** One forward of the model under ``FakeTensorMode`` (CPU device, so the CPU kernels'
+   ops are the ones recorded; nothing is allocated) records every aten op each block runs: the bytes of the
+   storages it creates, its matmul FLOPs (``torch.utils.flop_counter``'s formulas, the CPU flash kernel's from
+   ``activation.flops``), its pointwise output elements, which earlier ops of the block made its inputs, and
+   whether autograd saves its output for the backward (a ``saved_tensors_hooks`` pack hook). An op is a
+   *candidate* to save when autograd saves its output and it is neither a view (no storage of its own), nor
+   in-place, nor random (never saved, so a replay draws what the forward drew, as ``activation.policy``).
+2. **Save sets, exactly.** For a save set ``S`` the backward must rebuild every saved-for-backward output not in
+   ``S``, and with it every op on the way from the block's inputs or ``S`` (the closure over the recorded data
+   flow: compile's partitioner recomputes only what the backward reads). Its cost is the FLOPs of those ops plus
+   their pointwise elements at the project's fixed weight (``costs.pointwise_weight_for``); its bytes are the
+   outputs of ``S``. Every subset of the candidates is scored (at most ``MAX_EXACT_CANDIDATES``: 2^n subsets; past
+   that a greedy order, stated in ``BlockMenu.exact``) and the Pareto front of (bytes, cost) is the block's menu.
+3. **Blocks, against the step's peak.** Each menu entry is a block option whose kept bytes and reach are the
+   ``full`` option's (the step's segments, measured or simulated by a ``CostSource``: ``model.PlanCosts``) plus the
+   entry's bytes; ``none`` (no checkpoint: the partitioner's own min-cut) keeps eager's no-checkpointing bytes.
+   The eager planner's exact solver (``solver.solve``, via ``BudgetPlanner``) then picks one entry per block: the
+   least recomputation whose predicted whole-step peak fits the budget (a size, a fraction, ``"min + N%"``). The
+   prediction does not subtract what a saved output spares the recomputation, and it holds compiled as long as
+   the partitioner saves no more than eager autograd would for ``none`` and ``S`` plus the block's inputs for a
+   policy, and Inductor's backward of a block holds no more at once than eager's: measured, not assumed. It held
+   at every point of ``reports/compile-plan-sweep.md`` (tiny, llama-tiny at 4 x 256, within 0.02 MiB); on a
+   width-32 GPT, where activations do not dominate, the compiled backward went 13% over it
+   (``tests/activation/test_compile_policy.py``, a strict xfail). Compile's ``none`` keeps less than eager's
+   (llama-tiny: 82.4 vs 93.0 MiB), which this prices at eager's bytes (issue 33 item 4 reads the partitioner's
+   saved set).
+
+Where this differs from torch's own tools, and why:
+
+- ``torch._functorch.config.activation_memory_budget`` (partitioners.``choose_saved_values_set``) is a fraction
+  of one compiled graph's activation estimate, between saving only its inputs (0) and the min-cut's saved set (1),
+  solved as a knapsack over the nodes the min-cut had banned from recomputation, each priced by
+  ``activation_memory_budget_runtime_estimator`` (``"flops"``: ``FlopCounterMode`` FLOPs, at least 1, so a
+  pointwise op is free to recompute), then the min-cut again with the chosen nodes allowed. Under per-block
+  compile the fraction is per block graph and says nothing about the step's peak (weights, gradients, optimizer
+  state, the head's logits). Here the budget is bytes of the whole step's peak, and a recomputed pointwise op is
+  priced by memory traffic (on a CPU an element costs what 128 float32 FLOPs do), not at one FLOP.
+- ``torch.distributed._tools.sac_estimator.SACEstimator`` records per-op memory and runtime the same way (a
+  dispatch mode under ``FakeTensorMode``), but counts every op's output as memory a save keeps and prices a
+  recomputation additively per op, in a greedy order of memory saved per second (roofline or benchmarked
+  runtimes, CUDA-oriented). Here only outputs autograd saves are candidates (an op whose output the backward
+  never reads frees nothing when recomputed) and a save set's cost is the closure of what must be rebuilt, so
+  saving an output also spares the ops beneath it.
+- ``torch.distributed._tools.sac_ilp`` solves per module with a MILP (``pulp``, not a dependency here) whose
+  memory budget is a fraction of that module's op memory, and across modules a MILP over discard ratios read off a
+  piecewise-linear fit of the greedy trade-off curve. Here the per-block menu is exact enumeration and the
+  across-block choice the same exact Pareto walk as the eager ``budget`` strategy: no solver dependency, no fit,
+  and the same costs give the same plan on every run.
+
+Blocks under different policies compile to different graphs (Dynamo guards the policy, a constant): a plan
+with ``k`` distinct entries compiles ``k`` block graphs (``CompilePlan.distinct_policies``). Plans are per
+(batch, seq); a shape the plan was not made for needs its own plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+from pytest_flashckpt.activation.budget.costs import pointwise_weight_for
+from pytest_flashckpt.activation.budget.model import CostSource, PlanCosts
+from pytest_flashckpt.activation.budget.planner import BudgetPlanner, ShapePlan
+from pytest_flashckpt.activation.flops import CPU_FLASH_FORMULAS
+from pytest_flashckpt.activation.options import FULL, NONE
+from pytest_flashckpt.config.budget import BudgetSpec
+from pytest_flashckpt.models.anatomy import get_blocks
+
+MAX_EXACT_CANDIDATES = 16  # 2^16 save sets scored per distinct block: well under a second; beyond, a greedy order
+_FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_FLASH_FORMULAS.items()}}
+RANDOM = "draws random numbers (never saved: a replay draws what the forward drew)"
+StepFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# ---- 1. the ops of each block, recorded on fake tensors ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One storage-making aten op of a block's forward. ``key`` is how a policy finds it again: the overload's
+    name and its occurrence among that overload's calls in the block (``("aten.addmm.default", 2)``: the third
+    ``addmm``), which is what the selective-checkpoint policy can count, compiled or eager."""
+
+    key: tuple[str, int]
+    bytes: int  # bytes of the storages it creates (all its outputs)
+    flops: int  # matmul FLOPs (PyTorch's formulas)
+    pointwise: int  # output elements of a pointwise op (0 otherwise)
+    parents: tuple[int, ...]  # indices (in BlockOps.ops) of the block's ops that made its inputs
+    saved_for_backward: bool  # autograd keeps (a view of) one of its outputs for the backward
+    why_not: str = ""  # why it is not a candidate to save ("" if it is one)
+
+    @property
+    def candidate(self) -> bool:
+        return self.saved_for_backward and not self.why_not
+
+    @property
+    def label(self) -> str:
+        name, occurrence = self.key
+        return f"{name.removeprefix('aten.').removesuffix('.default')}#{occurrence}"
+
+
+@dataclass(frozen=True)
+class BlockOps:
+    """The storage-making ops of one block's forward, in order (views are folded into the op that made the storage)."""
+
+    ops: tuple[OpRecord, ...]
+
+    @property
+    def candidates(self) -> tuple[int, ...]:
+        return tuple(i for i, op in enumerate(self.ops) if op.candidate)
+
+    def signature(self) -> tuple:
+        """Equal for blocks whose ops are the same (scored once)."""
+        return tuple((op.key, op.bytes, op.flops, op.pointwise, op.parents, op.saved_for_backward, op.why_not) for op in self.ops)
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+def _draws_random_numbers(func, args, kwargs) -> bool:
+    """Tagged ``nondeterministic_seeded``, except an attention kernel with ``dropout_p`` 0 (as ``SACEstimator``
+    reads it: the tag is the overload's, dropout is the call's)."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.name == "dropout_p":
+            value = (kwargs or {}).get("dropout_p", args[position] if position < len(args) else argument.default_value)
+            return value != 0
+    return True
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records the ops of the block that is running (``block`` set by the blocks' hooks; None between blocks)."""
+
+    def __init__(self, n_blocks: int) -> None:
+        super().__init__()
+        self.block: int | None = None
+        self.ops: list[list[dict]] = [[] for _ in range(n_blocks)]
+        self.producer: list[dict[int, int]] = [{} for _ in range(n_blocks)]  # storage -> op index, per block
+        self.saved: list[set[int]] = [set() for _ in range(n_blocks)]  # storages autograd saved, per block
+        self.counts: list[Counter] = [Counter() for _ in range(n_blocks)]
+        self._alive: list = []  # keeps recorded storages alive, so their keys are never reused
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.block is None:
+            return out
+        i = self.block
+        name = str(func)
+        occurrence = self.counts[i][name]
+        self.counts[i][name] += 1
+        flat_in = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        flat_out = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        known = self.producer[i]
+        new = {}
+        for t in flat_out:
+            key = _storage_key(t)
+            if key not in known and key not in new and key not in {_storage_key(a) for a in flat_in}:
+                new[key] = t.untyped_storage().nbytes()
+                self._alive.append(t)
+        if not new:  # a view or an in-place op: it makes no storage, its outputs belong to the op that made them
+            if func._schema.is_mutable:
+                # an in-place op changes a storage: the op that made it cannot be saved alone (and a random fill,
+                # dropout's bernoulli_, makes it random)
+                why = RANDOM if _draws_random_numbers(func, args, kwargs) else f"written in place by {name}"
+                for t in flat_out:
+                    made_by = known.get(_storage_key(t))
+                    if made_by is not None and self.ops[i][made_by]["why_not"] != RANDOM:
+                        self.ops[i][made_by]["why_not"] = why
+            return out
+        formula = _FLOP_FORMULAS.get(func.overloadpacket)
+        why_not = ""
+        if _draws_random_numbers(func, args, kwargs):
+            why_not = RANDOM
+        first = flat_out[0] if flat_out else None
+        record = {
+            "key": (name, occurrence),
+            "bytes": sum(new.values()),
+            "flops": formula(*args, **(kwargs or {}), out_val=out) if formula is not None else 0,
+            "pointwise": first.numel() if torch.Tag.pointwise in func.tags and first is not None else 0,
+            "parents": tuple(sorted({known[_storage_key(a)] for a in flat_in if _storage_key(a) in known})),
+            "why_not": why_not,
+        }
+        index = len(self.ops[i])
+        self.ops[i].append(record)
+        for key in new:
+            known[key] = index
+        return out
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.block is not None:
+            self.saved[self.block].add(_storage_key(tensor))
+        return tensor
+
+    def block_ops(self, i: int) -> BlockOps:
+        saved_ops = {self.producer[i][key] for key in self.saved[i] if key in self.producer[i]}
+        return BlockOps(tuple(OpRecord(saved_for_backward=j in saved_ops, **record) for j, record in enumerate(self.ops[i])))
+
+
+def _default_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return model(tokens, targets)
+
+
+def record_block_ops(
+    model: nn.Module, batch_size: int, seq_len: int, blocks: Iterable[nn.Module] | None = None, step: StepFn | None = None,
+) -> list[BlockOps]:
+    """Each block's ops at (batch, seq), from one forward of ``model`` on fake tensors (its parameters and buffers
+    read as fakes of themselves: the model is not touched). ``step(model, tokens, targets) -> loss`` says how the
+    model is called (default ``model(tokens, targets)``, the project's models)."""
+    blocks = list(blocks if blocks is not None else get_blocks(model))
+    recorder = _OpRecorder(len(blocks))
+    hooks = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
+    handles = []
+    for i, block in enumerate(blocks):
+
+        def enter(_module, _args, i=i) -> None:
+            recorder.block = i
+
+        def leave(_module, _args, _output) -> None:
+            recorder.block = None
+
+        handles += [block.register_forward_pre_hook(enter), block.register_forward_hook(leave)]
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            state = {name: fake.from_tensor(t) for name, t in itertools.chain(model.named_parameters(), model.named_buffers())}
+            for name, p in model.named_parameters():
+                state[name].requires_grad_(p.requires_grad)
+            tokens = torch.zeros((batch_size, seq_len), dtype=torch.long)
+            with recorder, hooks, torch.enable_grad():
+                (step or _default_step)(_Stateless(model, state), tokens, tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [recorder.block_ops(i) for i in range(len(blocks))]
+
+
+class _Stateless(nn.Module):
+    """``model`` called with ``state`` in place of its parameters and buffers (``torch.func.functional_call``), so a
+    step that calls ``model(tokens, targets)`` runs it on fake tensors."""
+
+    def __init__(self, model: nn.Module, state: dict) -> None:
+        super().__init__()
+        self.__dict__["wrapped"], self.__dict__["state"] = model, state
+
+    def forward(self, *args, **kwargs):
+        return torch.func.functional_call(self.wrapped, self.state, args, kwargs)
+
+
+# ---- 2. one block's save sets: the Pareto front of (bytes kept, recomputation) ----------------------------------
+
+@dataclass(frozen=True)
+class SavePolicy:
+    """The ops a checkpointed block saves (``MUST_SAVE``), by ``OpRecord.key``; every other op is recomputed
+    (``PREFER_RECOMPUTE``). Hashable and constant, so Dynamo guards it as a constant (one graph per policy)."""
+
+    saved: frozenset[tuple[str, int]]
+
+    @property
+    def name(self) -> str:
+        """``full`` when nothing is saved; ``save_ops(addmm#0+gelu#0)`` otherwise (how plans and reports show it)."""
+        if not self.saved:
+            return "full"
+        labels = sorted(f"{n.removeprefix('aten.').removesuffix('.default')}#{k}" for n, k in self.saved)
+        return "save_ops(" + "+".join(labels) + ")"
+
+
+@dataclass(frozen=True)
+class MenuEntry:
+    """One save set on a block's Pareto front: the policy, the bytes it keeps, what the backward recomputes."""
+
+    policy: SavePolicy
+    bytes: int
+    flops: int
+    pointwise: int
+    cost: float  # flops + pointwise x the pointwise weight
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+
+@dataclass(frozen=True)
+class BlockMenu:
+    entries: tuple[MenuEntry, ...]  # by bytes, ascending; the first saves nothing (full)
+    exact: bool  # every subset of the candidates was scored (False: the greedy order, past MAX_EXACT_CANDIDATES)
+
+
+def _rebuilt(ops: tuple[OpRecord, ...], saved: set[int]) -> list[int]:
+    """Indices of the ops the backward recomputes when ``saved`` is kept: every saved-for-backward op not kept,
+    and each op on the way to it from the block's inputs or a kept op."""
+    need = {j for j, op in enumerate(ops) if op.saved_for_backward and j not in saved}
+    for j in range(len(ops) - 1, -1, -1):  # parents come earlier: one backward walk closes the set
+        if j in need:
+            need.update(p for p in ops[j].parents if p not in saved)
+    return sorted(need)
+
+
+def _entry(block: BlockOps, saved: Iterable[int], pointwise_weight: float) -> MenuEntry:
+    saved = set(saved)
+    rebuilt = _rebuilt(block.ops, saved)
+    flops = sum(block.ops[j].flops for j in rebuilt)
+    pointwise = sum(block.ops[j].pointwise for j in rebuilt)
+    return MenuEntry(SavePolicy(frozenset(block.ops[j].key for j in saved)), sum(block.ops[j].bytes for j in saved),
+                     flops, pointwise, flops + pointwise_weight * pointwise)
+
+
+def block_menu(block: BlockOps, pointwise_weight: float) -> BlockMenu:
+    """The Pareto front of (bytes kept, recompute cost) over save sets of the block's candidates; ties keep the
+    set with the fewest ops, then the earliest ones, so the same ops give the same menu on every run."""
+    candidates = block.candidates
+    exact = len(candidates) <= MAX_EXACT_CANDIDATES
+    if exact:
+        subsets = (c for r in range(len(candidates) + 1) for c in itertools.combinations(candidates, r))
+    else:  # greedy: add candidates in order of recompute cost spared per byte kept, one prefix per menu entry
+        empty = _entry(block, (), pointwise_weight)
+        spared = {j: empty.cost - _entry(block, (j,), pointwise_weight).cost for j in candidates}
+        order = sorted(candidates, key=lambda j: (-spared[j] / max(block.ops[j].bytes, 1), j))
+        subsets = (tuple(order[:r]) for r in range(len(order) + 1))
+    scored = sorted((_entry(block, s, pointwise_weight) for s in subsets), key=lambda e: (e.bytes, e.cost, len(e.policy.saved)))
+    front, best = [], float("inf")
+    for entry in scored:
+        if entry.cost < best:
+            front.append(entry)
+            best = entry.cost
+    return BlockMenu(tuple(front), exact)
+
+
+# ---- 3. the plan: one menu entry (or none) per block, against the step's peak -----------------------------------
+
+class PolicyCosts:
+    """``CostSource`` whose options are ``none`` and each block's menu entries, so the eager planner's solver and
+    ``BudgetPlanner`` (budget parsing, the minimum, the refusal message) plan compiled blocks. ``source`` supplies
+    the step's segments with ``none`` and ``full`` (``SimulatedCosts(..., options=(NONE, FULL))`` or
+    ``MeasuredCosts``); an entry keeps ``full``'s bytes plus its own, and reaches ``full``'s reach plus its own."""
+
+    def __init__(self, model: nn.Module, source: CostSource, blocks=None, step: StepFn | None = None,
+                 pointwise_weight: float | None = None) -> None:
+        self.model, self.source, self.blocks, self.step = model, source, blocks, step
+        param = next(model.parameters())
+        self.pointwise_weight = pointwise_weight if pointwise_weight is not None else pointwise_weight_for(param.device.type, param.dtype)
+        self.menus: dict[tuple[int, int], list[BlockMenu]] = {}
+
+    def costs(self, batch_size: int, seq_len: int) -> PlanCosts:
+        base = self.source.costs(batch_size, seq_len)
+        missing = [o.name for o in (NONE, FULL) if o not in base.options]
+        if missing:
+            raise ValueError(f"compile plan: the cost source has no {' / '.join(missing)} option; pass one that measures "
+                             "none and full (SimulatedCosts(..., options=(NONE, FULL)) or MeasuredCosts)")
+        menus = self.menu(batch_size, seq_len)
+        if len(menus) != base.n_blocks:
+            raise ValueError(f"compile plan: the cost source has {base.n_blocks} blocks, the model {len(menus)}")
+        width = max(len(m.entries) for m in menus)
+        none, full = base.option_index(NONE), base.option_index(FULL)
+        # a block with a shorter menu repeats its last entry (more bytes, never chosen over an equal cheaper one)
+        entries = [[m.entries[min(k, len(m.entries) - 1)] for k in range(width)] for m in menus]
+        options = (NONE, *(_MenuOption(k) for k in range(width)))
+        return PlanCosts(
+            batch_size, seq_len, options,
+            kept=[[base.kept[i][none]] + [base.kept[i][full] + e.bytes for e in entries[i]] for i in range(base.n_blocks)],
+            reach=[[base.reach[i][none]] + [base.reach[i][full] + e.bytes for e in entries[i]] for i in range(base.n_blocks)],
+            flops=[[0] + [e.flops for e in entries[i]] for i in range(base.n_blocks)],
+            pointwise=[[0] + [e.pointwise for e in entries[i]] for i in range(base.n_blocks)],
+            before=base.before, pointwise_weight=self.pointwise_weight, source=base.source, seconds=base.seconds,
+            notes=base.notes,
+        )
+
+    def menu(self, batch_size: int, seq_len: int) -> list[BlockMenu]:
+        key = (batch_size, seq_len)
+        if key not in self.menus:
+            scored: dict[tuple, BlockMenu] = {}
+            menus = []
+            for ops in record_block_ops(self.model, batch_size, seq_len, self.blocks, self.step):
+                signature = ops.signature()
+                if signature not in scored:
+                    scored[signature] = block_menu(ops, self.pointwise_weight)
+                menus.append(scored[signature])
+            self.menus[key] = menus
+        return self.menus[key]
+
+
+@dataclass(frozen=True)
+class _MenuOption:
+    """Menu entry ``index`` of every block, as an option of ``PlanCosts`` (its name is the block's own entry's,
+    read through ``CompilePlan``)."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"menu#{self.index}"
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """Per block: the ``SavePolicy`` its compiled checkpoint runs, or None (no checkpoint: compile's partitioner
+    alone); the shape's ``ShapePlan`` (budget, predicted peak, minimum, no-checkpointing peak) and whether every
+    menu was exact."""
+
+    policies: tuple[SavePolicy | None, ...]
+    shape_plan: ShapePlan
+    exact_menus: bool
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple("none" if p is None else p.name for p in self.policies)
+
+    @property
+    def distinct_policies(self) -> int:
+        return len(set(self.policies))
+
+    def describe(self) -> str:
+        s = self.shape_plan
+        return (f"b{s.batch_size}xs{s.seq_len}: {'; '.join(f'block {i} {n}' for i, n in enumerate(self.names))} "
+                f"(predicted peak {s.plan.predicted_peak / 2**20:,.1f} MiB of budget {s.budget_bytes / 2**20:,.1f} MiB; "
+                f"min {s.min_peak / 2**20:,.1f}, none {s.none_peak / 2**20:,.1f} MiB; +{s.plan.flops / 1e9:.3f} GFLOP recomputed)")
+
+
+def plan_compiled(
+    model: nn.Module, budget: str | int | float, shape: tuple[int, int], source: CostSource, *, blocks=None,
+    step: StepFn | None = None, pointwise_weight: float | None = None, where: str = "activation.budget",
+) -> CompilePlan:
+    """The compiled plan of ``model`` at ``shape`` = (batch, seq) for ``budget`` (``config.budget.BudgetSpec``: a
+    size, a fraction of the no-checkpointing peak, ``"min"`` or ``"min + 30%"``; whole-step peak bytes, as the
+    ``budget`` strategy's). ``source`` measures or simulates the step's ``none`` and ``full`` segments. A budget
+    below the smallest achievable peak is ``BudgetTooSmall``, naming ``where``, the minimum and the shape."""
+    policy_costs = PolicyCosts(model, source, blocks, step, pointwise_weight)
+    planner = BudgetPlanner(BudgetSpec.parse(budget), policy_costs, where)
+    shape_plan = planner.plan(*shape)
+    menus = policy_costs.menu(*shape)
+    policies = []
+    for menu, option in zip(menus, shape_plan.block_options()):
+        if option == NONE:
+            policies.append(None)
+        else:
+            policies.append(menu.entries[min(option.index, len(menu.entries) - 1)].policy)
+    return CompilePlan(tuple(policies), shape_plan, all(m.exact for m in menus))
+
+
+# ---- the policy torch runs, and per-block compile around it -----------------------------------------------------
+
+def _decide(policy: SavePolicy, counts: Counter, ctx, func, *args, **kwargs) -> CheckpointPolicy:
+    """The selective-checkpoint policy: count the overload's calls (forward and recomputation apart) and save the
+    ones the plan names."""
+    name = str(func)
+    mode = (ctx.is_recompute, name)
+    occurrence = counts[mode]
+    counts[mode] += 1
+    return CheckpointPolicy.MUST_SAVE if (name, occurrence) in policy.saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def policy_contexts(policy: SavePolicy):
+    """``context_fn`` of a checkpoint under ``policy``: fresh call counts per checkpointed call (torch calls it once
+    per call, and once per trace when compiling). Used as ``functools.partial(policy_contexts, policy)``: Dynamo
+    traces a module-level function or a partial of one as ``context_fn``, not a lambda or a closure."""
+    return create_selective_checkpoint_contexts(functools.partial(_decide, policy, Counter()))
+
+
+def compile_blocks(model: nn.Module, policies: Iterable[SavePolicy | None], blocks=None, **compile_options) -> None:
+    """Each block compiled (``nn.Module.compile``, torchtitan's per-block way) with its checkpoint inside the
+    compiled region: ``checkpoint(forward, context_fn=partial(policy_contexts, policy))``, or no checkpoint for
+    None. ``compile_options`` go to ``torch.compile`` (mode, fullgraph, ...)."""
+    blocks = list(blocks if blocks is not None else get_blocks(model))
+    policies = list(policies)
+    if len(policies) != len(blocks):
+        raise ValueError(f"compile_blocks: {len(policies)} policies for {len(blocks)} blocks")
+    for block, policy in zip(blocks, policies):
+        if policy is not None:
+            context_fn = functools.partial(policy_contexts, policy)
+
+            def forward(*args, inner=block.forward, context_fn=context_fn, **kwargs):
+                return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+            block.forward = forward
+        block.compile(**compile_options)
