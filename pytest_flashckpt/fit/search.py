@@ -82,20 +82,23 @@ class GpuCountResult:
         return min(simulated, key=lambda r: r.memory.peak_bytes) if simulated else None
 
 
-def search(request: FitRequest, simulate: Callable[..., dict] = simulate_rank,
+def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
            progress: Callable[[str], None] | None = None) -> list[GpuCountResult]:
-    """The ranked fitting layouts per GPU count of ``request`` (see the module doc)."""
+    """The ranked fitting layouts per GPU count of ``request`` (see the module doc); ``simulate``: the rank
+    simulation (None: ``simulate.fake_ranks.simulate_rank``; a test hands a stand-in)."""
     card = request.card
-    memory = RankMemoryModel(card, request.seq_len, simulate)
+    memory = RankMemoryModel(card, request.seq_len, simulate or simulate_rank)
     times = StepTimeModel(card, request.seq_len, request.device, request.mfu)
     parameters = card.num_params()
-    results = []
-    for gpus in request.gpus:
-        found = GpuCountResult(gpus)
-        candidates = enumerate_candidates(
+    enumerated = {  # every GPU count's request checked before anything simulates
+        gpus: enumerate_candidates(
             card, gpus, seq_len=request.seq_len, global_batch_tokens=request.global_batch_tokens,
             gpus_per_node=request.device.gpus_per_node, strategies=request.strategies, precisions=request.precisions,
             tp=request.tp, max_microbatch=request.max_microbatch, hsdp=request.hsdp, k=request.k)
+        for gpus in request.gpus}
+    results = []
+    for gpus, candidates in enumerated.items():
+        found = GpuCountResult(gpus)
         found.enumerated = len(candidates)
         bounds = {c: state_lower_bound(parameters, c) for c in candidates}
         survivors = [c for c in candidates if bounds[c] <= request.usable_bytes]
