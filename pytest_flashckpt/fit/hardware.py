@@ -4,7 +4,8 @@ bandwidth, its NVLink bandwidth inside a node and its InfiniBand bandwidth betwe
 Bandwidths are per GPU and per direction (a ring collective's bound: every GPU sends and receives at once), in
 bytes/s. NVIDIA prints NVLink as the bidirectional total per GPU (900 GB/s on Hopper, 600 GB/s on A100), so half is
 stored; the network figure is the one ConnectX adapter per GPU of the DGX/HGX systems (400 Gb/s NDR on Hopper, 200
-Gb/s HDR on A100), in bytes. The dense bf16 peak is the project's datasheet table (``throughput/device_peaks.yaml``,
+Gb/s HDR on A100), in bytes. A collective's latency (a base per call, one per ring hop) is NCCL's own
+tuning model's. The dense bf16 peak is the project's datasheet table (``throughput/device_peaks.yaml``,
 read by ``throughput.peaks``), so one figure has one source.
 
 Any field can be replaced from the command line (``--peak-tflops``, ``--nvlink-gbps``, ...) or from a YAML file
@@ -23,6 +24,12 @@ from pytest_flashckpt.config.errors import InputError
 from pytest_flashckpt.throughput.peaks import lookup
 
 GB = 10**9
+# NVIDIA/nccl src/graph/tuning.cc, the ring / Simple protocol column: baseLat 8.4 us per collective, hwLat 3.4 us
+# per NVLink hop and 14 us per network hop (NCCL's own model of a collective's latency, what it picks algorithms by)
+NCCL_SOURCE = "NVIDIA/nccl src/graph/tuning.cc (baseLat, hwLat: ring, Simple protocol)"
+NCCL_RING_BASE_LATENCY_S = 8.4e-6
+NCCL_NVLINK_HOP_LATENCY_S = 3.4e-6
+NCCL_NETWORK_HOP_LATENCY_S = 14e-6
 
 
 @dataclass(frozen=True)
@@ -38,11 +45,18 @@ class Device:
     network_bytes_per_s: float  # per GPU, per direction, between nodes (InfiniBand / RoCE)
     gpus_per_node: int
     sources: tuple[str, ...]
+    # a ring collective's latency: a base per call plus one per hop (NCCL's own tuning model, ring / Simple protocol)
+    collective_latency_s: float = NCCL_RING_BASE_LATENCY_S
+    nvlink_hop_latency_s: float = NCCL_NVLINK_HOP_LATENCY_S
+    network_hop_latency_s: float = NCCL_NETWORK_HOP_LATENCY_S
 
     def link_bytes_per_s(self, group_span_gpus: int) -> float:
         """The per-GPU bandwidth of a ring over ``group_span_gpus`` consecutive GPUs: NVLink when the ring stays
         inside one node, the network adapter once it crosses nodes (the slowest link bounds a ring)."""
         return self.nvlink_bytes_per_s if group_span_gpus <= self.gpus_per_node else self.network_bytes_per_s
+
+    def hop_latency_s(self, group_span_gpus: int) -> float:
+        return self.nvlink_hop_latency_s if group_span_gpus <= self.gpus_per_node else self.network_hop_latency_s
 
 
 def _bf16_peak(device_name: str) -> float:

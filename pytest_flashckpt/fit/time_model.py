@@ -12,10 +12,11 @@ Per microbatch on one rank (``B`` sequences of ``T`` tokens, width ``C``):
   2 all-gathers and 2 reduce-scatters of the ``B x T x C`` activations in the forward (sequence parallel around
   attention and the MLP), as many in the backward, and the forward's again for a block the plan replays whole (the
   all-gathers alone for a selective replay, which saves the matmul outputs and re-runs the rest), plus the
-  embedding's and the head's; each a ring over ``tp`` GPUs: ``(tp-1)/tp x bytes / link``.
+  embedding's and the head's; each a ring over ``tp`` GPUs: ``(tp-1)/tp x bytes / link`` plus its latency (a base
+  per call and one per hop, ``fit.hardware``).
 - **FSDP**: every block's parameters all-gathered in the forward and again in the backward (once with
-  ``reshard_after_forward=False``), the gradients reduce-scattered (float32 under mixed precision), each a ring over
-  ``dp_shard``; HSDP adds an all-reduce of the gradient shard over the replicas. FSDP2 prefetches and overlaps
+  ``reshard_after_forward=False``), the gradients reduce-scattered (float32 under mixed precision), one call per
+  block, each a ring over ``dp_shard``; HSDP adds an all-reduce of the gradient shard over the replicas. FSDP2 prefetches and overlaps
   them with compute, so only what exceeds the microbatch's compute is exposed.
 - **optimizer**: AdamW reads the parameter, gradient and both moments and writes three of them: ``7 x`` the local
   state dtype's bytes per local parameter at HBM bandwidth.
@@ -60,10 +61,14 @@ class StepTime:
     mfu: float  # model FLOPs / (step time x GPUs x peak): comparable with torchtitan's MFU
 
 
-def ring_s(nbytes: float, ranks: int, link_bytes_per_s: float) -> float:
-    """A ring all-gather or reduce-scatter of ``nbytes`` (the whole tensor) over ``ranks``: each rank moves
-    ``(ranks - 1) / ranks`` of it through its link."""
-    return 0.0 if ranks <= 1 else (ranks - 1) / ranks * nbytes / link_bytes_per_s
+def ring_s(nbytes: float, ranks: int, link_bytes_per_s: float, hop_latency_s: float = 0.0, base_latency_s: float = 0.0,
+           calls: int = 1) -> float:
+    """``calls`` ring all-gathers or reduce-scatters of ``nbytes`` in all (whole tensors) over ``ranks``: each rank
+    moves ``(ranks - 1) / ranks`` of the bytes through its link, and each call pays a base latency and one per hop
+    (``ranks - 1`` hops)."""
+    if ranks <= 1:
+        return 0.0
+    return calls * (base_latency_s + (ranks - 1) * hop_latency_s) + (ranks - 1) / ranks * nbytes / link_bytes_per_s
 
 
 def pipeline_bubble_fraction(pp: int, microbatches: int, virtual_stages: int = 1) -> float:
@@ -109,15 +114,23 @@ class StepTimeModel:
         n_blocks = card.num_blocks
         replays, selective = replay_counts(c, n_blocks)
         activation = c.microbatch * T * card.n_embd * COMPUTE_BYTES / c.cp
-        tp = tp_collectives(n_blocks // c.pp, replays // c.pp, selective // c.pp) * ring_s(activation, c.tp, device.link_bytes_per_s(c.tp))
+        n_tp = tp_collectives(n_blocks // c.pp, replays // c.pp, selective // c.pp)
+        tp = ring_s(n_tp * activation, c.tp, device.link_bytes_per_s(c.tp), device.hop_latency_s(c.tp),
+                    device.collective_latency_s, calls=n_tp)
         local_params = card.num_params() / (c.tp * c.pp)
         gathers = 2 if c.reshard_after_forward else 1
         shard_span = c.dp_shard * c.tp
-        fsdp = (gathers * ring_s(local_params * COMPUTE_BYTES, c.dp_shard, device.link_bytes_per_s(shard_span))
-                + ring_s(local_params * GRADIENT_BYTES[c.precision], c.dp_shard, device.link_bytes_per_s(shard_span)))
+        groups = n_blocks // c.pp + 1  # FSDP2 gathers and reduces one block (and the root's rest) per call
+
+        def dp_ring(nbytes: float, ranks: int, span: int, calls: int) -> float:
+            return ring_s(nbytes, ranks, device.link_bytes_per_s(span), device.hop_latency_s(span),
+                          device.collective_latency_s, calls=calls)
+
+        fsdp = (dp_ring(gathers * local_params * COMPUTE_BYTES, c.dp_shard, shard_span, gathers * groups)
+                + dp_ring(local_params * GRADIENT_BYTES[c.precision], c.dp_shard, shard_span, groups))
         if c.dp_replicate > 1:  # all-reduce = reduce-scatter + all-gather of the gradient shard across replicas
             shard = local_params / c.dp_shard * GRADIENT_BYTES[c.precision]
-            fsdp += 2 * ring_s(shard, c.dp_replicate, device.link_bytes_per_s(shard_span * c.dp_replicate))
+            fsdp += dp_ring(2 * shard, c.dp_replicate, shard_span * c.dp_replicate, 2 * groups)
         exposed = max(0.0, fsdp - compute)
         bubble = pipeline_bubble_fraction(c.pp, c.accumulation)
         optimizer = ADAMW_TOUCHES * local_params / c.dp_shard * OPTIMIZER_STATE_BYTES[c.precision] / device.hbm_bytes_per_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -46,6 +47,8 @@ def test_devices_are_overridden_from_the_command_line_and_from_a_yaml_file(tmp_p
 def test_ring_and_bubble_formulas() -> None:
     assert ring_s(8e9, 1, 1e9) == 0.0
     assert ring_s(8e9, 4, 1e9) == pytest.approx(6.0)  # (4-1)/4 of 8 GB at 1 GB/s
+    assert ring_s(0, 4, 1e9, hop_latency_s=1e-6, base_latency_s=2e-6, calls=3) == pytest.approx(3 * (2e-6 + 3 * 1e-6))
+    assert H100.hop_latency_s(8) < H100.hop_latency_s(16)  # NVLink hop, then a network hop
     assert pipeline_bubble_fraction(1, 8) == 0.0
     assert pipeline_bubble_fraction(4, 8) == pytest.approx(3 / 8)
     assert pipeline_bubble_fraction(4, 8, virtual_stages=2) == pytest.approx(3 / 16)
@@ -73,7 +76,9 @@ def test_fsdp_is_exposed_only_beyond_compute_and_reshard_after_forward_gathers_t
     assert t.fsdp_exposed_s == pytest.approx(t.fsdp_s - t.compute_s) and t.fsdp_exposed_s > 0
     once = model.step(Candidate(**{**vars(c), "reshard_after_forward": False}))
     assert once.fsdp_s < t.fsdp_s
-    fast = StepTimeModel(CARD, 128, choose_device("h100-sxm", nvlink_gbps=1e9)).step(c)
+    no_latency = dataclasses.replace(choose_device("h100-sxm", nvlink_gbps=1e9), collective_latency_s=0.0,
+                                     nvlink_hop_latency_s=0.0)
+    fast = StepTimeModel(CARD, 128, no_latency).step(c)
     assert fast.fsdp_exposed_s == 0.0  # hidden under compute
 
 
