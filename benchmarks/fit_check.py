@@ -112,8 +112,16 @@ def render(record: dict, gloo: list[dict], published: list[dict], command: str) 
                      f"{r['predicted_s'] / r['measured_s']:.2f} | {r['compute_s'] * 1e3:.1f} / {r['tp_s'] * 1e3:.1f} / "
                      f"{r['fsdp_exposed_s'] * 1e3:.1f} ms |")
     same = measured == predicted
+    spans = {r["layout"]: (min(record["step_s"][k]), max(record["step_s"][k]))
+             for r, k in zip(gloo, (f"{dp}x{tp}" for dp, tp in LAYOUTS))}
+    overlapping = [f"{a} and {b}" for a, b in zip(measured, measured[1:]) if spans[a][1] >= spans[b][0]]
+    ratios = [r["predicted_s"] / r["measured_s"] for r in gloo]
     lines += ["", f"Measured order (fastest first): {', '.join(measured)}. Model's order: {', '.join(predicted)}. "
-              f"{'The same order.' if same else 'Not the same order.'}",
+              f"{'The same order.' if same else 'Not the same order.'} "
+              + (f"The round-to-round ranges of {'; '.join(overlapping)} overlap: that part of the measured order is "
+                 "within this machine's noise. " if overlapping else "No two layouts' round-to-round ranges overlap. ")
+              + f"Predicted / measured: {min(ratios):.2f} to {max(ratios):.2f}: the model's absolute time misses most "
+              "of this CPU step (below).",
               "Per-round samples (s): `" + json.dumps(record["step_s"]) + "`.", "",
               "What the model leaves out on CPU: the step's non-matmul ops (norms, rotary, softmax, AdamW's per-tensor "
               "loop), Python and dispatcher overhead per op (large at this size: it scales with the number of ops, "

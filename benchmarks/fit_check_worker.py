@@ -21,8 +21,8 @@ from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import tensor_parallel as tp
 from pytest_flashckpt.models.cards import load_card
 
-CARD = {"n_layer": 4, "n_embd": 256, "n_head": 8, "n_kv_head": 4, "intermediate_size": 688, "vocab_size": 2048}
-GLOBAL_BATCH, SEQ, STRATEGY, STEPS = 8, 128, "none", 2
+CARD = {"n_layer": 2, "n_embd": 512, "n_head": 8, "n_kv_head": 4, "intermediate_size": 1376, "vocab_size": 2048}
+GLOBAL_BATCH, SEQ, STRATEGY, STEPS = 8, 256, "none", 2
 LAYOUTS = ((4, 1), (2, 2), (1, 4))
 
 

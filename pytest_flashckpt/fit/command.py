@@ -148,7 +148,7 @@ TABLE_HEADER = ("| # | GPUs | layout | microbatch x accum | strategy | precision
 
 def row(i: int, r, usable: int) -> str:
     c, t, m, k = r.candidate, r.time, r.memory, r.checkpoint
-    peak = "—" if m is None else f"{gib(m.peak_bytes)} ({m.source})"
+    peak = "—" if m is None else f"{gib(m.peak_bytes)}, headroom {gib(usable - m.peak_bytes)} ({m.source})"
     return (f"| {i} | {c.gpus} | {c.describe()} | {c.microbatch} x {c.accumulation} | {c.describe_strategy()} | {c.precision} "
             f"| {'yes' if c.reshard_after_forward else 'no'} | {peak} | {_duration(t.step_s)} ({_duration(t.compute_s)} / "
             f"{_duration(t.tp_s)} / {_duration(t.fsdp_exposed_s)}) | {t.tokens_per_s_per_gpu:,.0f} | {t.mfu:.1%} | {gib(k.bytes_per_rank)} | "
