@@ -108,3 +108,30 @@ def test_the_command_on_the_real_simulated_rank_writes_a_loadable_scenario(tmp_p
     (loaded,) = load_suite(str(scenario)).scenarios
     assert loaded.simulate.world_size == 2 and loaded.seq_len == 32
     assert "data_parallel_shard_degree = 2" in titan.read_text(encoding="utf-8")
+
+
+def test_pipeline_and_context_parallel_have_no_memory_source_yet() -> None:
+    from pytest_flashckpt.fit.candidates import Candidate
+    from pytest_flashckpt.fit.memory import RankMemoryModel, unknown_axis
+
+    flat = Candidate(gpus=4, dp_shard=2, tp=2, microbatch=1, accumulation=1, strategy="none", precision="mixed")
+    assert unknown_axis(flat) is None and unknown_axis(Candidate(**{**vars(flat), "dp_replicate": 2})) is None
+    staged = Candidate(**{**vars(flat), "pp": 2})
+    assert "pp 2: not searched yet (its simulation, simulate/pipeline.py" in unknown_axis(staged)
+    assert "cp 2: not searched yet" in unknown_axis(Candidate(**{**vars(flat), "cp": 2}))
+    with pytest.raises(ValueError, match="pp 2: not searched yet"):
+        RankMemoryModel(CARD, 256, stand_in([])).memory(staged)
+
+
+def test_hsdp_replicas_share_the_shard_groups_simulation_and_add_an_all_reduce() -> None:
+    from pytest_flashckpt.fit.candidates import Candidate
+    from pytest_flashckpt.fit.memory import RankMemoryModel
+    from pytest_flashckpt.fit.time_model import StepTimeModel
+
+    calls: list = []
+    memory = RankMemoryModel(CARD, 256, stand_in(calls))
+    fsdp = Candidate(gpus=8, dp_shard=8, tp=1, microbatch=1, accumulation=1, strategy="none", precision="mixed")
+    hsdp = Candidate(**{**vars(fsdp), "gpus": 32, "dp_replicate": 4})
+    assert memory.memory(fsdp) == memory.memory(hsdp) and len(calls) == 1
+    times = StepTimeModel(CARD, 256, DEVICES["h100-sxm"])
+    assert times.step(hsdp).fsdp_s > times.step(fsdp).fsdp_s
