@@ -59,10 +59,11 @@ def add_parser(sub) -> None:
     p.add_argument("--precision", default="mixed", choices=(*PRECISIONS, "both"),
                    help="pure bf16, mixed (bf16 compute, float32 master weights and AdamW state, FSDP2's "
                         "MixedPrecisionPolicy), or both (default mixed)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"activation strategies to search (default {','.join(STRATEGIES)})")
+    p.add_argument("--strategies", help=f"activation strategies to search, comma-separated (default: a torchtitan TOML's "
+                   f"[activation_checkpoint] mode, else {','.join(STRATEGIES)})")
     p.add_argument("--k", type=int, default=2, help="every_k: checkpoint blocks 0, k, 2k, ... (default 2)")
-    p.add_argument("--tp", help="tensor-parallel degrees to search, comma-separated (default: every divisor of a node "
-                   "that divides the heads)")
+    p.add_argument("--tp", help="tensor-parallel degrees to search, comma-separated (default: a torchtitan TOML's "
+                   "tensor_parallel_degree, else every divisor of a node that divides the heads)")
     p.add_argument("--max-microbatch", type=int, default=16, help="largest microbatch per data-parallel rank (default 16)")
     p.add_argument("--no-hsdp", action="store_true", help="do not search HSDP replicas (dp_replicate)")
     p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="fraction of the device's bf16 peak the step's matmuls "
@@ -89,12 +90,13 @@ def _checked_options(args: argparse.Namespace) -> None:
         raise InputError(f"--margin {args.margin}: a fraction of device memory in [0, 1), e.g. 0.1")
     if not 0 < args.mfu <= 1:
         raise InputError(f"--mfu {args.mfu}: a fraction of the peak in (0, 1], e.g. 0.5")
-    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown or not strategies:
-        raise InputError(f"--strategies {args.strategies!r}: fit searches {', '.join(STRATEGIES)} (the budget planner "
-                         "has no closed-form FLOPs and is planned per input: run flashckpt simulate --budget on the chosen layout)")
-    args.strategies = strategies
+    if args.strategies is not None:
+        strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+        if not strategies or any(s not in STRATEGIES for s in strategies):
+            raise InputError(f"--strategies {args.strategies!r}: fit searches {', '.join(STRATEGIES)} (the budget "
+                             "planner has no closed-form FLOPs and is planned per input: run flashckpt simulate "
+                             "--budget on the chosen layout)")
+        args.strategies = strategies
     for path, suffix, option in ((args.write_scenario, (".yaml", ".yml"), "--write-scenario"), (args.write_torchtitan, (".toml",), "--write-torchtitan")):
         if path is None:
             continue
@@ -116,7 +118,9 @@ def request_from(args: argparse.Namespace):
     seq = args.seq or settings.get("seq_len", 8192)
     tokens = args.global_batch_tokens or settings.get("global_batch_tokens", 1048576)
     gpus = _int_list("--gpus", args.gpus) if args.gpus else (settings["gpus"],) if "gpus" in settings else (8,)
-    tp = _int_list("--tp", args.tp) if args.tp else None
+    tp = _int_list("--tp", args.tp) if args.tp else (settings["tp"],) if "tp" in settings else None
+    strategies = args.strategies or ((settings["strategy"],) if "strategy" in settings else STRATEGIES)
+    k = settings.get("k", args.k) if args.strategies is None else args.k
     try:
         memory = parse_device_memory(args.device_memory) if args.device_memory else device.memory_bytes
     except ValueError as exc:
@@ -126,9 +130,9 @@ def request_from(args: argparse.Namespace):
     if block is not None and seq > block:
         raise InputError(f"--seq {seq}: longer than model card {model.card.name!r}'s block_size {block}; use a shorter "
                          "sequence or a card with a longer context")
-    return model, FitRequest(model.card, seq, tokens, gpus, device, memory, strategies=args.strategies,
+    return model, FitRequest(model.card, seq, tokens, gpus, device, memory, strategies=strategies,
                              precisions=precisions, tp=tp, max_microbatch=args.max_microbatch, hsdp=not args.no_hsdp,
-                             k=args.k, margin=args.margin, mfu=args.mfu, storage_gbps=args.storage_gbps,
+                             k=k, margin=args.margin, mfu=args.mfu, storage_gbps=args.storage_gbps,
                              mtbf_hours=args.mtbf_hours, top=args.top, max_simulations=args.max_simulations)
 
 

@@ -135,3 +135,21 @@ def test_hsdp_replicas_share_the_shard_groups_simulation_and_add_an_all_reduce()
     assert memory.memory(fsdp) == memory.memory(hsdp) and len(calls) == 1
     times = StepTimeModel(CARD, 256, DEVICES["h100-sxm"])
     assert times.step(hsdp).fsdp_s > times.step(fsdp).fsdp_s
+
+
+def test_a_torchtitan_toml_gives_the_defaults_the_command_line_leaves_unset(tmp_path) -> None:
+    from argparse import Namespace
+
+    from pytest_flashckpt.cli import build_parser
+    from pytest_flashckpt.fit.command import request_from
+
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 4096\nlocal_batch_size = 2\n'
+                    '[parallelism]\ndata_parallel_shard_degree = 4\ntensor_parallel_degree = 2\n'
+                    '[activation_checkpoint]\nmode = "full"\n', encoding="utf-8")
+    args: Namespace = build_parser().parse_args(["fit", "--model", str(path)])
+    _, req = request_from(args)
+    assert (req.seq_len, req.global_batch_tokens, req.gpus, req.tp, req.strategies) == (4096, 2 * 4 * 4096, (8,), (2,), ("full",))
+    args = build_parser().parse_args(["fit", "--model", str(path), "--seq", "2048", "--strategies", "none", "--gpus", "16"])
+    _, req = request_from(args)
+    assert (req.seq_len, req.gpus, req.strategies) == (2048, (16,), ("none",))
