@@ -3,6 +3,7 @@ search takes on this machine.
 
     python benchmarks/fit_layouts.py                 # every case whose card exists, writes reports/fit-<case>.md
     python benchmarks/fit_layouts.py --only llama3-70b --print   # prints the report (writes nothing)
+    python benchmarks/fit_layouts.py --only llama3-70b-64gpu     # the short run: 64 GPUs, full AC, 2 simulations
 
 Each case is one fresh process running the ``flashckpt fit`` command (``python -m pytest_flashckpt.cli fit ...``)
 with a timeout; its wall time includes the torch import and every rank simulation (the real engine under fake
@@ -28,12 +29,18 @@ COMMON = ["--seq", "8192", "--device", "h100-sxm", "--device-memory", "80GiB", "
 CASES = {
     "llama3-70b": ["--model", "llama3-70b", "--global-batch-tokens", "1048576", "--gpus", "8,16,64", *COMMON],
     "llama3.1-405b": ["--model", "llama3.1-405b", "--global-batch-tokens", "2097152", "--gpus", "64,128", *COMMON],
+    # one GPU count, one strategy, two simulations: the short run for a loaded machine
+    "llama3-70b-64gpu": ["--model", "llama3-70b", "--global-batch-tokens", "1048576", "--gpus", "64", "--seq", "8192",
+                         "--device", "h100-sxm", "--device-memory", "80GiB", "--strategies", "full", "--top", "1",
+                         "--max-simulations", "2"],
 }
+DEFAULT_CASES = ("llama3-70b", "llama3.1-405b")
 TIMEOUT_S = 3600
 
 
-def card_exists(name: str) -> bool:
-    return (ROOT / "models" / f"{name}.yaml").is_file()
+def card_exists(case: str) -> bool:
+    card = CASES[case][CASES[case].index("--model") + 1]
+    return (ROOT / "models" / f"{card}.yaml").is_file()
 
 
 def run_case(name: str) -> str:
@@ -41,18 +48,22 @@ def run_case(name: str) -> str:
     command = "flashckpt fit " + shlex.join(CASES[name])
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        status, output = f"exit status {done.returncode}", (done.stdout + done.stderr).rstrip()
+    except subprocess.TimeoutExpired as exc:  # what it printed so far is still the answer's progress
+        status = f"stopped after the {TIMEOUT_S} s timeout"
+        output = "\n".join(part.decode() if isinstance(part, bytes) else part for part in (exc.stdout, exc.stderr) if part)
     wall = time.perf_counter() - started
     import torch
 
-    output = (done.stdout + done.stderr).rstrip()
     return "\n".join([
         f"# flashckpt fit: {name} (issue 32 item 5)", "",
         f"Produced by `python benchmarks/fit_layouts.py --only {name}` on {platform.node()} ({os.cpu_count()} cores, "
         f"shared), torch {torch.__version__}; load average (1 min) before / after: {load_before:.2f} / "
         f"{os.getloadavg()[0]:.2f}.", "",
-        f"Command: `{command}`; exit status {done.returncode}; wall time {wall:.0f} s (torch import and every rank "
+        f"Command: `{command}`; {status}; wall time {wall:.0f} s (torch import and every rank "
         "simulation included).", "",
         "Its output (progress lines, then the table of fitting layouts and the per-GPU-count summary):", "",
         "```text", output, "```", "",
@@ -66,9 +77,9 @@ def main() -> None:
     parser.add_argument("--only", action="append", choices=tuple(CASES))
     parser.add_argument("--print", action="store_true", help="print the report instead of writing it")
     args = parser.parse_args()
-    for name in args.only or CASES:
+    for name in args.only or DEFAULT_CASES:
         if not card_exists(name):
-            print(f"{name}: no model card models/{name}.yaml on this checkout; skipped")
+            print(f"{name}: its model card is not in models/ on this checkout; skipped")
             continue
         text = run_case(name)
         if args.print:
