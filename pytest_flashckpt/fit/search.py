@@ -100,7 +100,9 @@ def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
     for gpus, candidates in enumerated.items():
         found = GpuCountResult(gpus)
         found.enumerated = len(candidates)
-        bounds = {c: state_lower_bound(parameters, c) for c in candidates}
+        # exact state bytes, plus the unsharded blocks a rank keeps without reshard_after_forward (fit.memory)
+        bounds = {c: state_lower_bound(parameters, c) + (0 if c.reshard_after_forward else memory.unsharded_blocks(c))
+                  for c in candidates}
         survivors = [c for c in candidates if bounds[c] <= request.usable_bytes]
         found.pruned_by_state = len(candidates) - len(survivors)
         if not survivors:

@@ -153,3 +153,11 @@ def test_a_torchtitan_toml_gives_the_defaults_the_command_line_leaves_unset(tmp_
     args = build_parser().parse_args(["fit", "--model", str(path), "--seq", "2048", "--strategies", "none", "--gpus", "16"])
     _, req = request_from(args)
     assert (req.seq_len, req.gpus, req.strategies) == (2048, (16,), ("none",))
+
+
+def test_the_unsharded_blocks_of_no_reshard_are_part_of_the_exact_prune() -> None:
+    calls: list = []
+    (found,) = search(request(device_memory=TIGHT, margin=0.0, max_simulations=50, top=50), simulate=stand_in(calls))
+    tried = [r.candidate for r in found.fitting + found.not_fitting]
+    assert tried and all(c.reshard_after_forward for c in tried)  # without it, the blocks alone exceed TIGHT
+    assert found.pruned_by_state > 0
