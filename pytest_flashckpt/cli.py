@@ -9,6 +9,7 @@ look at or export checkpoints.
     flashckpt inspect CKPT
     flashckpt export CKPT OUT.safetensors
     flashckpt simulate --model gpt3-2.7b --seq 2048 --batch 8 --dtype bf16 --strategy full --device-memory 80GiB
+    flashckpt fit --model llama3-70b --seq 8192 --global-batch-tokens 1048576 --gpus 8,16,64 --device-memory 80GiB
     flashckpt pool-baseline RUN1/results.json RUN2/results.json [--out baselines] [--replace]
     flashckpt ab --a main --b HEAD|--b-path . [--suite ab] [--suite-from a|here] [--rounds 6]
     flashckpt history DIR [--metric NAME ...]
@@ -39,6 +40,7 @@ from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
 from pytest_flashckpt.core.claims import CLAIMS
 from pytest_flashckpt.core.files import atomic_write_text
 from pytest_flashckpt.core.result import SCHEMA_VERSION, RunRecord
+from pytest_flashckpt.fit.command import add_parser as add_fit_parser
 from pytest_flashckpt.config.record_file import read_record
 from pytest_flashckpt.history.command import add_parser as add_history_parser
 from pytest_flashckpt.report import write_report
@@ -188,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_results_parsers(sub)
     _add_checkpoint_parsers(sub)
     add_simulate_parser(sub)
+    add_fit_parser(sub)
     add_pool_baseline_parser(sub)
     add_ab_parser(sub)
     add_history_parser(sub)

@@ -1,0 +1,139 @@
+"""The layouts ``flashckpt fit`` considers for one GPU count, and the cheap exact facts that rule some out.
+
+A candidate is a point of: data parallel (``dp_shard`` FSDP ranks, times ``dp_replicate`` HSDP replicas) x tensor
+parallel ``tp`` (dividing the query and key/value heads, at most one node's GPUs: TP's collectives are on the
+critical path, so they stay on NVLink) x the microbatch per data-parallel rank and gradient accumulation (global
+batch tokens = dp x microbatch x seq x accumulation) x FSDP2's ``reshard_after_forward`` x activation strategy x
+precision. ``pp`` and ``cp`` are fields already (the memory and time models take them, ``fit.memory``,
+``fit.time_model``), but only 1 is enumerated: their simulations are not on this branch yet.
+
+The first prune is exact and needs no simulation: the training state a rank must hold (parameters, gradients, the
+two AdamW moments), with the parameters split evenly over ``dp_shard x tp`` ranks, is a lower bound of its peak
+(FSDP2 pads shards and TP replicates the norms, which only adds); a layout whose state alone exceeds the usable
+memory cannot fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_flashckpt.config.errors import InputError
+
+# bytes per parameter of (parameter, gradient, AdamW exp_avg + exp_avg_sq): pure bf16 holds all four in bf16; mixed
+# holds float32 master weights, float32 gradients (FSDP2's reduce_dtype) and float32 moments
+STATE_BYTES_PER_PARAM = {"pure": 2 + 2 + 2 * 2, "mixed": 4 + 4 + 2 * 4}
+# bytes per parameter a DCP checkpoint stores (parameters and both moments, no gradients)
+SAVED_BYTES_PER_PARAM = {"pure": 2 + 2 * 2, "mixed": 4 + 2 * 4}
+COMPUTE_BYTES = 2  # bf16: what FSDP2 all-gathers (MixedPrecisionPolicy param_dtype, or the bf16 parameters of pure)
+STRATEGIES = ("none", "selective_op", "every_k", "full")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout of ``gpus`` GPUs (see the module doc); ``microbatch`` sequences per data-parallel rank per
+    forward, ``accumulation`` forwards per optimizer step."""
+
+    gpus: int
+    dp_shard: int
+    tp: int
+    microbatch: int
+    accumulation: int
+    strategy: str
+    precision: str
+    reshard_after_forward: bool = True
+    dp_replicate: int = 1
+    pp: int = 1
+    cp: int = 1
+    k: int = 2
+
+    @property
+    def dp(self) -> int:
+        return self.dp_shard * self.dp_replicate
+
+    def describe(self) -> str:
+        parts = [f"hsdp {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else f"fsdp {self.dp_shard}"]
+        parts += [f"{axis} {getattr(self, axis)}" for axis in ("tp", "pp", "cp") if getattr(self, axis) > 1]
+        return " x ".join(parts)
+
+    def describe_strategy(self) -> str:
+        return f"every_k (k={self.k})" if self.strategy == "every_k" else self.strategy
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_degrees(card, gpus: int, gpus_per_node: int, requested: tuple[int, ...] | None = None) -> list[int]:
+    """The TP degrees of ``gpus``: dividing the GPU count and both head counts, at most a node. A requested degree
+    the heads or the node cannot take is an ``InputError`` naming it."""
+    heads = {"n_head": card.n_head, "n_kv_head": getattr(card, "n_kv_head", card.n_head)}
+    for tp in requested or ():
+        for key, count in heads.items():
+            if count % tp:
+                raise InputError(f"--tp {tp}: model card {card.name!r} has {key} {count}, not divisible by {tp}; "
+                                 f"choose a tp that divides {count} (a rank holds whole heads)")
+        if tp > gpus_per_node:
+            raise InputError(f"--tp {tp}: more than the {gpus_per_node} GPUs of a node (tensor parallel's collectives "
+                             "are on the critical path: they stay on NVLink); choose tp <= --gpus-per-node")
+    options = requested or tuple(divisors(gpus_per_node))
+    return [tp for tp in options if gpus % tp == 0 and tp <= gpus_per_node and all(c % tp == 0 for c in heads.values())]
+
+
+def sequences_per_step(global_batch_tokens: int, seq_len: int) -> int:
+    if global_batch_tokens % seq_len:
+        raise InputError(f"--global-batch-tokens {global_batch_tokens} is not a multiple of --seq {seq_len}: a step "
+                         f"trains whole sequences; use a multiple, e.g. {max(1, global_batch_tokens // seq_len) * seq_len}")
+    return global_batch_tokens // seq_len
+
+
+def enumerate_candidates(
+    card,
+    gpus: int,
+    *,
+    seq_len: int,
+    global_batch_tokens: int,
+    gpus_per_node: int,
+    strategies: tuple[str, ...] = STRATEGIES,
+    precisions: tuple[str, ...] = ("mixed",),
+    tp: tuple[int, ...] | None = None,
+    max_microbatch: int = 16,
+    hsdp: bool = True,
+    k: int = 2,
+) -> list[Candidate]:
+    """Every candidate of ``gpus`` GPUs (see the module doc). An ``InputError`` when none exists: no TP degree
+    divides the GPUs and heads, or the batch cannot be split into whole sequences per data-parallel rank."""
+    sequences = sequences_per_step(global_batch_tokens, seq_len)
+    degrees = tp_degrees(card, gpus, gpus_per_node, tp)
+    if not degrees:
+        raise InputError(f"--gpus {gpus}: no tensor-parallel degree divides both {gpus} GPUs and model card "
+                         f"{card.name!r}'s heads (n_head {card.n_head}, n_kv_head {getattr(card, 'n_kv_head', card.n_head)}) "
+                         f"within a node of {gpus_per_node}; use a GPU count that is a multiple of one")
+    found: list[Candidate] = []
+    for t in degrees:
+        dp = gpus // t
+        if sequences % dp:
+            continue
+        per_rank = sequences // dp
+        for replicate in divisors(dp) if hsdp else [1]:
+            shard = dp // replicate
+            if replicate > 1 and (shard * t) % gpus_per_node:
+                continue  # HSDP shards over whole nodes (replicas across nodes), as torchtitan lays it out
+            for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
+                for strategy in strategies:
+                    for precision in precisions:
+                        for reshard in (True, False) if shard > 1 else (True,):
+                            found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision, reshard,
+                                                   replicate, k=k))
+    if not found:
+        smallest_dp = gpus // max(degrees)
+        raise InputError(
+            f"--gpus {gpus}: the global batch of {sequences} sequences ({global_batch_tokens} tokens / seq {seq_len}) "
+            f"cannot be split: every data-parallel rank needs whole sequences and the fewest data-parallel ranks here "
+            f"are {smallest_dp} (tp {max(degrees)}); use a batch of a multiple of {smallest_dp} sequences or fewer GPUs")
+    return found
+
+
+def state_lower_bound(parameters: int, candidate: Candidate) -> int:
+    """The bytes of training state a rank of ``candidate`` holds at least (see the module doc)."""
+    shards = candidate.dp_shard * candidate.tp * candidate.pp
+    return -(-parameters // shards) * STATE_BYTES_PER_PARAM[candidate.precision]

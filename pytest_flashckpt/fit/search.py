@@ -1,0 +1,135 @@
+"""The search: per GPU count, every candidate (``fit.candidates``), pruned by its exact state bytes, ranked by the
+step-time model (``fit.time_model``), then simulated in that order (``fit.memory``) until ``top`` fit or
+``max_simulations`` distinct simulations have run; the fastest that fits is chosen.
+
+Simulating in time order spends the simulations where the answer is decided: a slower layout is only simulated
+once every faster one has been found not to fit (or ``top`` already fit). The usable memory is the device's less
+``margin`` (a fraction, default ``fit.assumptions.DEFAULT_MARGIN``) for what the simulation does not count: the CUDA context,
+NCCL's and cuBLAS's workspaces, the caching allocator's rounding and fragmentation. That margin is an assumption:
+the GPU suite has not measured it yet (issue 32 item 8 does); the output states it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pytest_flashckpt.fit.assumptions import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_STORAGE_GBPS
+from pytest_flashckpt.fit.candidates import STRATEGIES, Candidate, enumerate_candidates, state_lower_bound
+from pytest_flashckpt.fit.checkpoint_cost import CheckpointCost, checkpoint_cost
+from pytest_flashckpt.fit.hardware import Device
+from pytest_flashckpt.fit.memory import RankMemory, RankMemoryModel
+from pytest_flashckpt.fit.time_model import StepTime, StepTimeModel
+from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+
+
+@dataclass(frozen=True)
+class FitRequest:
+    card: object
+    seq_len: int
+    global_batch_tokens: int
+    gpus: tuple[int, ...]
+    device: Device
+    device_memory: int
+    strategies: tuple[str, ...] = STRATEGIES
+    precisions: tuple[str, ...] = ("mixed",)
+    tp: tuple[int, ...] | None = None
+    max_microbatch: int = 16
+    hsdp: bool = True
+    k: int = 2
+    margin: float = DEFAULT_MARGIN
+    mfu: float = DEFAULT_MFU
+    storage_gbps: float = DEFAULT_STORAGE_GBPS
+    mtbf_hours: float | None = None
+    top: int = 5
+    max_simulations: int = 12
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.device_memory * (1 - self.margin))
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A candidate with its predicted time, its memory (None: not simulated) and its checkpoint cost."""
+
+    candidate: Candidate
+    time: StepTime
+    memory: RankMemory | None
+    checkpoint: CheckpointCost
+    refused: str = ""  # why the simulation could not run it
+
+    def fits(self, usable: int) -> bool:
+        return self.memory is not None and self.memory.peak_bytes <= usable
+
+
+@dataclass
+class GpuCountResult:
+    gpus: int
+    enumerated: int = 0
+    pruned_by_state: int = 0
+    simulations: int = 0
+    fitting: list[Ranked] = field(default_factory=list)
+    not_fitting: list[Ranked] = field(default_factory=list)  # simulated, over the usable memory (or refused)
+    closest_state: tuple[Candidate, int] | None = None  # the smallest state lower bound when every one was pruned
+
+    @property
+    def chosen(self) -> Ranked | None:
+        return self.fitting[0] if self.fitting else None
+
+    def closest(self) -> Ranked | None:
+        simulated = [r for r in self.not_fitting if r.memory is not None]
+        return min(simulated, key=lambda r: r.memory.peak_bytes) if simulated else None
+
+
+def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
+           progress: Callable[[str], None] | None = None) -> list[GpuCountResult]:
+    """The ranked fitting layouts per GPU count of ``request`` (see the module doc); ``simulate``: the rank
+    simulation (None: ``simulate.fake_ranks.simulate_rank``; a test hands a stand-in)."""
+    card = request.card
+    memory = RankMemoryModel(card, request.seq_len, simulate or simulate_rank)
+    times = StepTimeModel(card, request.seq_len, request.device, request.mfu)
+    parameters = card.num_params()
+    enumerated = {  # every GPU count's request checked before anything simulates
+        gpus: enumerate_candidates(
+            card, gpus, seq_len=request.seq_len, global_batch_tokens=request.global_batch_tokens,
+            gpus_per_node=request.device.gpus_per_node, strategies=request.strategies, precisions=request.precisions,
+            tp=request.tp, max_microbatch=request.max_microbatch, hsdp=request.hsdp, k=request.k)
+        for gpus in request.gpus}
+    results = []
+    for gpus, candidates in enumerated.items():
+        found = GpuCountResult(gpus)
+        found.enumerated = len(candidates)
+        # exact state bytes, plus the unsharded blocks a rank keeps without reshard_after_forward (fit.memory)
+        bounds = {c: state_lower_bound(parameters, c) + (0 if c.reshard_after_forward else memory.unsharded_blocks(c))
+                  for c in candidates}
+        survivors = [c for c in candidates if bounds[c] <= request.usable_bytes]
+        found.pruned_by_state = len(candidates) - len(survivors)
+        if not survivors:
+            found.closest_state = min(bounds.items(), key=lambda item: item[1])
+        ranked = sorted(((times.step(c), c) for c in survivors), key=lambda pair: pair[0].step_s)
+        for time, c in ranked:
+            if len(found.fitting) >= request.top:
+                break
+            if not memory.is_cached(c):
+                if found.simulations >= request.max_simulations:
+                    break
+                found.simulations += 1
+                if progress is not None:
+                    progress(f"{gpus} GPUs: simulating {c.describe()}, microbatch {c.microbatch}, {c.describe_strategy()}, "
+                             f"{c.precision} ({found.simulations}/{request.max_simulations})")
+            try:
+                rank = memory.memory(c)
+            except ValueError as exc:  # a layout the engine refuses (e.g. TP of a fused q/k/v projection)
+                found.not_fitting.append(Ranked(c, time, None, _cost(request, parameters, c, None), str(exc).splitlines()[0]))
+                continue
+            entry = Ranked(c, time, rank, _cost(request, parameters, c, rank))
+            (found.fitting if entry.fits(request.usable_bytes) else found.not_fitting).append(entry)
+        results.append(found)
+    return results
+
+
+def _cost(request: FitRequest, parameters: int, c: Candidate, rank: RankMemory | None) -> CheckpointCost:
+    return checkpoint_cost(parameters, c, request.device.gpus_per_node,
+                           state_bytes=None if rank is None else rank.state_bytes,
+                           storage_gbps=request.storage_gbps, mtbf_hours=request.mtbf_hours)

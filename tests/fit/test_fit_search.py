@@ -1,0 +1,163 @@
+"""The search: exact prune, simulations in time order and cached by their inputs, top / budget, closest miss; and
+the command's one-line errors. A stand-in simulation keeps these fast; one test runs the real simulated rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_flashckpt.cli import main
+from pytest_flashckpt.config.model_card import load_card
+from pytest_flashckpt.config.suites import load_suite
+from pytest_flashckpt.fit import search as search_module
+from pytest_flashckpt.fit.hardware import DEVICES
+from pytest_flashckpt.fit.search import FitRequest, search
+
+CARD = load_card("llama-tiny")
+MiB = 2**20
+
+
+def stand_in(calls: list):
+    """A rank whose state is the even split and whose activations grow with the rank's tokens (no torch run)."""
+    def simulate(card, layout, *, batch_size, seq_len, strategy, k, dtype, precision):
+        calls.append((layout.dp_shard, layout.tp, batch_size, strategy, precision))
+        state = card.num_params() * 12 // (layout.dp_shard * layout.tp)
+        grads = card.num_params() * 4 // (layout.dp_shard * layout.tp)
+        activations = batch_size // layout.dp_shard * seq_len * card.n_embd * 40 // layout.tp // (4 if strategy == "full" else 1)
+        return {"peak_bytes": state + grads + activations, "fwd_bwd_start_bytes": state,
+                "fwd_bwd_peak_bytes": state + activations, "optimizer_start_bytes": state + grads,
+                "optimizer_peak_bytes": state + grads}
+    return simulate
+
+
+def request(**changes) -> FitRequest:
+    base = dict(card=CARD, seq_len=256, global_batch_tokens=256 * 16, gpus=(4,), device=DEVICES["h100-sxm"],
+                device_memory=40 * MiB, top=3, max_simulations=20)
+    return FitRequest(**{**base, **changes})
+
+
+def test_simulations_follow_the_time_ranking_are_cached_and_stop_at_top() -> None:
+    calls: list = []
+    (found,) = search(request(), simulate=stand_in(calls))
+    assert len(found.fitting) == 3 and found.simulations == len(calls) == len(set(calls))
+    tried = found.fitting + found.not_fitting
+    assert all(r.memory.peak_bytes <= request().usable_bytes for r in found.fitting)
+    steps = [r.time.step_s for r in sorted(tried, key=lambda r: r.time.step_s)]
+    assert max(r.time.step_s for r in found.fitting) <= steps[-1]
+    assert [r.time.step_s for r in found.fitting] == sorted(r.time.step_s for r in found.fitting)
+
+
+def test_accumulation_adds_the_gradients_and_no_reshard_adds_the_unsharded_blocks() -> None:
+    calls: list = []
+    (found,) = search(request(top=50, max_simulations=50, device_memory=10**12), simulate=stand_in(calls))
+    for r in found.fitting:
+        c, m = r.candidate, r.memory
+        assert m.added["accumulated gradients"] == (m.gradient_bytes if c.accumulation > 1 else 0)
+        assert (m.added["unsharded block parameters"] > 0) == (not c.reshard_after_forward)
+        assert ("modelled" in m.source) == any(m.added.values())
+
+
+def test_the_state_prune_runs_no_simulation_and_names_the_closest(capsys) -> None:
+    calls: list = []
+    (found,) = search(request(device_memory=MiB), simulate=stand_in(calls))
+    assert calls == [] and found.pruned_by_state == found.enumerated and found.closest_state is not None
+
+
+TIGHT = -(-CARD.num_params() // 4) * 16 + 4096  # above the training state of 4 shards, below any step's peak
+
+
+def test_the_simulation_budget_is_kept() -> None:
+    calls: list = []
+    (found,) = search(request(device_memory=TIGHT, margin=0.0, max_simulations=2), simulate=stand_in(calls))
+    assert len(calls) == 2 and not found.fitting and found.closest() is not None
+
+
+def _fit(*args: str) -> list[str]:
+    return ["fit", "--model", "llama-tiny", "--seq", "256", "--global-batch-tokens", str(256 * 16), *args]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "4", "--tp", "4"], "--tp 4: model card 'llama-tiny' has n_head 6, not divisible by 4"),
+    (["--gpus", "4,64"], "--gpus 64: the global batch of 16 sequences"),  # refused before 4 GPUs simulate
+    (["--gpus", "4", "--device", "tpu"], "--device tpu: unknown device"),
+    (["--gpus", "4", "--device-memory", "1MiB"], "no layout fits 4 GPUs: even the training state alone exceeds"),
+    (["--gpus", "4", "--strategies", "budget"], "--strategies 'budget': fit searches none, selective_op, every_k, full"),
+    (["--gpus", "4", "--write-scenario", "x.txt"], "--write-scenario x.txt: name a .yaml file"),
+    (["--gpus", "4", "--seq", "4096"], "--seq 4096: longer than model card 'llama-tiny'"),
+])
+def test_impossible_requests_are_one_line_errors_with_exit_status_2(args, message, capsys) -> None:
+    assert main(_fit(*args)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_no_layout_fits_names_the_closest_and_by_how_much(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(search_module, "simulate_rank", stand_in([]))
+    assert main(_fit("--gpus", "4", "--device-memory", str(TIGHT), "--margin", "0", "--max-simulations", "3")) == 2
+    err = capsys.readouterr().err
+    assert "no layout fits 4 GPUs: closest " in err and "per rank, short by " in err
+
+
+def test_the_command_on_the_real_simulated_rank_writes_a_loadable_scenario(tmp_path, capsys) -> None:
+    scenario, titan = tmp_path / "chosen.yaml", tmp_path / "chosen.toml"
+    assert main(["fit", "--model", "llama-tiny", "--seq", "32", "--global-batch-tokens", str(32 * 4), "--gpus", "2",
+                 "--tp", "1", "--strategies", "full", "--top", "1", "--max-simulations", "1", "--device-memory", "64MiB",
+                 "--write-scenario", str(scenario), "--write-torchtitan", str(titan)]) == 0
+    out = capsys.readouterr().out
+    assert "margin of 10%" in out and "not measured yet" in out and "pp) and context parallel (cp) are not searched" in out
+    assert "| 1 | 2 | " in out and "(simulated" in out
+    (loaded,) = load_suite(str(scenario)).scenarios
+    assert loaded.simulate.world_size == 2 and loaded.seq_len == 32
+    assert "data_parallel_shard_degree = 2" in titan.read_text(encoding="utf-8")
+
+
+def test_pipeline_and_context_parallel_have_no_memory_source_yet() -> None:
+    from pytest_flashckpt.fit.candidates import Candidate
+    from pytest_flashckpt.fit.memory import RankMemoryModel, unknown_axis
+
+    flat = Candidate(gpus=4, dp_shard=2, tp=2, microbatch=1, accumulation=1, strategy="none", precision="mixed")
+    assert unknown_axis(flat) is None and unknown_axis(Candidate(**{**vars(flat), "dp_replicate": 2})) is None
+    staged = Candidate(**{**vars(flat), "pp": 2})
+    assert "pp 2: not searched yet (its simulation, simulate/pipeline.py" in unknown_axis(staged)
+    assert "cp 2: not searched yet" in unknown_axis(Candidate(**{**vars(flat), "cp": 2}))
+    with pytest.raises(ValueError, match="pp 2: not searched yet"):
+        RankMemoryModel(CARD, 256, stand_in([])).memory(staged)
+
+
+def test_hsdp_replicas_share_the_shard_groups_simulation_and_add_an_all_reduce() -> None:
+    from pytest_flashckpt.fit.candidates import Candidate
+    from pytest_flashckpt.fit.memory import RankMemoryModel
+    from pytest_flashckpt.fit.time_model import StepTimeModel
+
+    calls: list = []
+    memory = RankMemoryModel(CARD, 256, stand_in(calls))
+    fsdp = Candidate(gpus=8, dp_shard=8, tp=1, microbatch=1, accumulation=1, strategy="none", precision="mixed")
+    hsdp = Candidate(**{**vars(fsdp), "gpus": 32, "dp_replicate": 4})
+    assert memory.memory(fsdp) == memory.memory(hsdp) and len(calls) == 1
+    times = StepTimeModel(CARD, 256, DEVICES["h100-sxm"])
+    assert times.step(hsdp).fsdp_s > times.step(fsdp).fsdp_s
+
+
+def test_a_torchtitan_toml_gives_the_defaults_the_command_line_leaves_unset(tmp_path) -> None:
+    from argparse import Namespace
+
+    from pytest_flashckpt.cli import build_parser
+    from pytest_flashckpt.fit.command import request_from
+
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 4096\nlocal_batch_size = 2\n'
+                    '[parallelism]\ndata_parallel_shard_degree = 4\ntensor_parallel_degree = 2\n'
+                    '[activation_checkpoint]\nmode = "full"\n', encoding="utf-8")
+    args: Namespace = build_parser().parse_args(["fit", "--model", str(path)])
+    _, req = request_from(args)
+    assert (req.seq_len, req.global_batch_tokens, req.gpus, req.tp, req.strategies) == (4096, 2 * 4 * 4096, (8,), (2,), ("full",))
+    args = build_parser().parse_args(["fit", "--model", str(path), "--seq", "2048", "--strategies", "none", "--gpus", "16"])
+    _, req = request_from(args)
+    assert (req.seq_len, req.gpus, req.strategies) == (2048, (16,), ("none",))
+
+
+def test_the_unsharded_blocks_of_no_reshard_are_part_of_the_exact_prune() -> None:
+    calls: list = []
+    (found,) = search(request(device_memory=TIGHT, margin=0.0, max_simulations=50, top=50), simulate=stand_in(calls))
+    tried = [r.candidate for r in found.fitting + found.not_fitting]
+    assert tried and all(c.reshard_after_forward for c in tried)  # without it, the blocks alone exceed TIGHT
+    assert found.pruned_by_state > 0
