@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -91,6 +92,7 @@ def compile_model(model: nn.Module, config: CompileConfig, backend: Callable | N
 
     A strategy's role hooks are taken off the compiled blocks: Dynamo cannot trace their ``ContextVar``, and under
     compile the policy reads a matmul's role from the traced node instead (``activation.policy.traced_role``)."""
+    import_inductor()  # before torch.compile imports it, under its one warning filter (probes.compiled)
     options = {"fullgraph": config.fullgraph, "dynamic": config.dynamic}
     options.update({"backend": backend} if backend is not None else {"mode": config.mode})
     blocks = get_blocks(model, get_anatomy(model))
@@ -120,6 +122,24 @@ def _compile_under_budget(compile_fx: Callable, budget: float, graph, example_in
         return compile_fx(graph, example_inputs)
 
 
+NON_LEAF_GRAD = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+def torch_hidden_warning(step: Callable[[], object]) -> Callable[[], object]:
+    """``step`` with the one warning torch means to hide while Dynamo traces a non-leaf input (a block's hidden
+    states): ``builder.safe_has_grad`` hides it through ``warnings.showwarning``, which a warnings-as-errors filter
+    (pytest's ``filterwarnings = error``) never reaches, so a per-block compile would fail at its first trace (and at
+    any recompile). Only that message is ignored, only during ``step``; any other warning still reaches the caller."""
+
+    @functools.wraps(step)
+    def quiet() -> object:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=NON_LEAF_GRAD, category=UserWarning)
+            return step()
+
+    return quiet
+
+
 def _dynamo_counts() -> tuple[int, int, dict[str, int]]:
     """(graphs compiled, frames compiled, graph-break reasons -> count) since the last reset."""
     from torch._dynamo.utils import counters
@@ -132,6 +152,7 @@ def compiled_side(trainer: Trainer, scenario: Scenario, warmup: int, backend: Ca
     """``trainer``'s model compiled and warmed up (``warmup`` steps, at least one), outside any dispatch mode.
     Raises ``NotCompiled`` when the warm-up compiled nothing or broke a graph."""
     regions = compile_model(trainer.model, scenario.compile, backend)
+    trainer.train_step = torch_hidden_warning(trainer.train_step)  # type: ignore[method-assign]
     graphs_before, frames_before, _ = _dynamo_counts()
     on_phase("compile (first step)")
     start = time.perf_counter()
