@@ -95,6 +95,10 @@ class CompileConfig:
         if strategy == "offload":
             raise NotBuiltYet("compile.scope with activation.strategy offload is not built yet (offload's saved-tensor "
                               "hooks are measured eager only); drop compile or pick another strategy")
+        if strategy == "budget":
+            raise NotBuiltYet("compile.scope with activation.strategy budget is not built yet (the planner's switchable "
+                              "blocks break the compiled graph; a planner that emits a policy for compile is issue 33 "
+                              "item 3); use compile_budget, or drop compile")
 
 
 RESERVED_AXES: dict[str, type] = {"layout": LayoutMesh, "compile": CompileConfig}

@@ -148,9 +148,11 @@ def _dynamo_counts() -> tuple[int, int, dict[str, int]]:
 
 
 def compiled_side(trainer: Trainer, scenario: Scenario, warmup: int, backend: Callable | None = None,
-                  on_phase: Callable[[str], None] = lambda _text: None) -> CompiledSide:
+                  on_phase: Callable[[str], None] = lambda _text: None, first: bool = True) -> CompiledSide:
     """``trainer``'s model compiled and warmed up (``warmup`` steps, at least one), outside any dispatch mode.
-    Raises ``NotCompiled`` when the warm-up compiled nothing or broke a graph."""
+    Raises ``NotCompiled`` when the warm-up broke a graph, when the first side compiled after a reset (``first``)
+    compiled nothing, or when the last warm-up step ran other than the expected compiled regions (a later side
+    may reuse graphs compiled for an earlier one: the blocks every_k leaves plain are the reference's blocks)."""
     regions = compile_model(trainer.model, scenario.compile, backend)
     trainer.train_step = torch_hidden_warning(trainer.train_step)  # type: ignore[method-assign]
     graphs_before, frames_before, _ = _dynamo_counts()
@@ -161,14 +163,16 @@ def compiled_side(trainer: Trainer, scenario: Scenario, warmup: int, backend: Ca
     for _ in range(max(warmup, 1) - 1):
         trainer.train_step()
     graphs, frames, breaks = _dynamo_counts()
-    if graphs == graphs_before or frames == frames_before:
+    if first and (graphs == graphs_before or frames == frames_before):
         raise NotCompiled(f"{scenario.name}: the warm-up compiled no graph (Dynamo skipped every frame: a dispatch mode "
                           "active, or a frame marked skip); nothing would be measured compiled")
     if breaks:
         reason = next(iter(breaks)).strip().splitlines()[0]
         raise NotCompiled(f"{scenario.name}: {sum(breaks.values())} graph break(s) in the compiled step, the code "
                           f"between the pieces runs eager (first: {reason}); TORCH_LOGS=graph_breaks says where")
-    return CompiledSide(trainer, regions, compile_time_s)
+    side = CompiledSide(trainer, regions, compile_time_s)
+    check_regions(side, read_step(trainer.train_step), scenario.name)  # one more warm-up step, its regions counted
+    return side
 
 
 def read_step(step: Callable[[], object]) -> StepReading:
@@ -186,6 +190,16 @@ def read_step(step: Callable[[], object]) -> StepReading:
     return StepReading(peak, sum(e.name.startswith(COMPILED_REGION) for e in events))
 
 
+def check_regions(side: CompiledSide, reading: StepReading, name: str) -> StepReading:
+    """``reading`` if its step ran the side's compiled regions; ``NotCompiled`` for fewer (a compiled frame ran
+    eager) or more (a graph break split a frame)."""
+    if reading.compiled_regions != side.regions_per_step:
+        why = "a compiled frame ran eager" if reading.compiled_regions < side.regions_per_step else "a graph break split a frame"
+        raise NotCompiled(f"{name}: one step ran {reading.compiled_regions} compiled region(s), expected "
+                          f"{side.regions_per_step}: {why} (TORCH_LOGS=graph_breaks,recompiles says where)")
+    return reading
+
+
 def state_bytes(trainer: Trainer) -> int:
     """Bytes of the training state alive between steps (each storage once)."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in resident_tensors(trainer.state_tensors())}
@@ -196,11 +210,7 @@ def peak_of(side: CompiledSide, name: str, ctx: RunContext) -> Measurements:
     """``peak_bytes`` and ``state_bytes`` of one compiled step and the regions it ran (``NotCompiled`` for fewer
     than expected: a frame ran eager; more: a graph broke). On a GPU the run's allocator probe reads the peak (no
     dispatch mode: ``cuda`` or ``nvml``), after the region check on a step of its own."""
-    reading = read_step(side.trainer.train_step)
-    if reading.compiled_regions != side.regions_per_step:
-        why = "a compiled frame ran eager" if reading.compiled_regions < side.regions_per_step else "a graph break split a frame"
-        raise NotCompiled(f"{name}: one step ran {reading.compiled_regions} compiled region(s), expected "
-                          f"{side.regions_per_step}: {why} (TORCH_LOGS=graph_breaks,recompiles says where)")
+    reading = check_regions(side, read_step(side.trainer.train_step), name)
     out = Measurements()
     if ctx.device.type == "cpu":
         start = state_bytes(side.trainer)
@@ -231,7 +241,7 @@ def measure_compiled(scenario: Scenario, ctx: RunContext, result: Result, build:
     if not scenario.is_reference:
         ctx.phase("reference: build and compile")
         reference = compiled_side(build(scenario.reference()), scenario.reference(), scenario.warmup,
-                                  on_phase=lambda text: ctx.phase(f"reference {text}"))
+                                  on_phase=lambda text: ctx.phase(f"reference {text}"), first=False)
         result.record("reference_compile_time_s", reference.compile_time_s)
     graphs_after_warmup = _dynamo_counts()[0]
     if ctx.device.type == "cpu":

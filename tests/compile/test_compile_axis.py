@@ -50,6 +50,7 @@ def test_built_values_are_accepted_and_enter_the_fingerprint(axis):
     ({"compile": {"scope": "block"}, "world_size": 2}, ["world_size 2", "not built yet"]),
     ({"compile": {"scope": "block"}, "checkpoint": {"strategy": "sync"}}, ["checkpoint pass", "not built yet"]),
     ({"compile": {"scope": "block"}, "activation": {"strategy": "offload"}}, ["offload", "not built yet"]),
+    ({"compile": {"scope": "block"}, "activation": {"strategy": "budget", "budget": 0.6}}, ["budget", "not built yet", "compile_budget"]),
     ({"activation": {"strategy": "compile_budget", "budget": 0.5}}, ["compile_budget", "set compile.scope"]),
     ({"compile": {"scope": "model"}, "activation": {"strategy": "compile_budget"}}, ["activation.budget", "[0, 1]"]),
     ({"compile": {"scope": "model"}, "activation": {"strategy": "compile_budget", "budget": "min"}}, ["activation.budget", "[0, 1]"]),
