@@ -25,14 +25,17 @@ every mask is the same bit for bit.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from functools import lru_cache
 
+import torch
+import torch.fx.traceback as fx_traceback
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from pytest_flashckpt.activation import ops
 from pytest_flashckpt.activation.options import ROLE_GROUP, BlockOption
-from pytest_flashckpt.models.anatomy import current_role
+from pytest_flashckpt.models.anatomy import BlockAnatomy, current_role
 
 
 class UnlabelledMatmul(ValueError):
@@ -53,8 +56,9 @@ class OpMatches:
         self.seen.clear()
 
     def check(self, names: tuple[str, ...]) -> None:
-        """Raise if none of ``names`` ran in the last forward (the list would save nothing)."""
-        if self.matched:
+        """Raise if none of ``names`` ran in the last forward (the list would save nothing). A forward that never
+        asked the policy (``seen`` empty) ran compiled code, where the policy was asked while tracing: checked then."""
+        if self.matched or not self.seen:
             return
         ran = ", ".join(sorted(self.seen)) or "(no ops)"
         raise RuntimeError(
@@ -72,12 +76,14 @@ def listed_ops(names: tuple[str, ...]) -> dict:
 class RolePolicy:
     """The policy of one checkpointed forward of the block ``where`` under ``option`` (see the module docstring)."""
 
-    def __init__(self, option: BlockOption, where: str = "block", matches: OpMatches | None = None) -> None:
+    def __init__(self, option: BlockOption, where: str = "block", matches: OpMatches | None = None,
+                 block: BlockAnatomy | None = None) -> None:
         if not option.reads_roles:
             raise ValueError(f"block option {option.name!r} saves nothing selectively; it has no role policy")
         self.option = option
         self.where = where
         self.matches = matches
+        self.block = block  # the block's anatomy: the role of a traced matmul under torch.compile (traced_role)
         self.listed = listed_ops(option.ops) if option.kind == "by_op" else {}
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
@@ -104,6 +110,8 @@ class RolePolicy:
         if not ops.is_linear(func):
             return None
         role = current_role()
+        if role is None and self.block is not None and torch.compiler.is_compiling():
+            role = traced_role(self.block)
         if role is None and self.option.strict:
             raise UnlabelledMatmul(
                 f"{self.where} ran {func} outside every projection of its anatomy: a matmul module without a role "
@@ -113,6 +121,22 @@ class RolePolicy:
         return role
 
 
-def contexts(option: BlockOption, where: str = "block", matches: OpMatches | None = None):
+def contexts(option: BlockOption, where: str = "block", matches: OpMatches | None = None,
+             block: BlockAnatomy | None = None):
     """``checkpoint(context_fn=...)``'s contexts for one checkpointed forward of block ``where`` under ``option``."""
-    return create_selective_checkpoint_contexts(RolePolicy(option, where, matches))
+    return create_selective_checkpoint_contexts(RolePolicy(option, where, matches, block))
+
+
+def traced_role(block: BlockAnatomy) -> str | None:
+    """The role of the module running the op being traced now, under ``torch.compile``: there the policy is asked
+    while AOTAutograd traces the checkpointed region (once per compile, not per step), the role hooks do not run
+    (Dynamo cannot trace their ``ContextVar``), and the node being traced carries the module path Dynamo recorded
+    (``nn_module_stack``: ``L['self'].forward.__self__.attn.c_proj``); its longest tail that the block's anatomy
+    names is the role. None outside a trace or outside every role module."""
+    meta = fx_traceback.get_current_meta()
+    stack = meta.get("nn_module_stack") if meta else None
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    parts = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path).split(".")
+    return next((role for i in range(len(parts)) if (role := block.role_of(".".join(parts[i:]))) is not None), None)

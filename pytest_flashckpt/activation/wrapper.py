@@ -25,6 +25,7 @@ offloaded block's input still leaves the device.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from torch.utils._pytree import tree_leaves
@@ -36,7 +37,10 @@ from torch.utils.checkpoint import checkpoint
 from pytest_flashckpt.activation.blocks import block_names, resolve_blocks
 from pytest_flashckpt.activation.options import NONE, BlockOption
 from pytest_flashckpt.activation.policy import OpMatches, contexts
-from pytest_flashckpt.models.anatomy import ModelAnatomy, role_hooks
+from pytest_flashckpt.models.anatomy import BlockAnatomy, ModelAnatomy, RoleHooks, role_hooks
+
+
+COMPILED_WHERE = "a compiled block"  # how the policy's errors name a block traced by torch.compile
 
 
 def save_on_host():
@@ -49,13 +53,16 @@ class BlockForward:
     ``where`` names the block in errors; ``matches`` counts a ``by_op`` option's listed ops (``OpMatches``)."""
 
     def __init__(self, forward: Callable, option: BlockOption = NONE, where: str = "block",
-                 offload_context: Callable = save_on_host, matches: OpMatches | None = None, pin_inputs: bool = False) -> None:
+                 offload_context: Callable = save_on_host, matches: OpMatches | None = None, pin_inputs: bool = False,
+                 block: BlockAnatomy | None = None) -> None:
         self.forward = forward
         self.option = option
         self.where = where
         self.offload_context = offload_context
         self.matches = matches
         self.pin_inputs = pin_inputs
+        self.block = block  # the block's anatomy, for the policy's roles under torch.compile (policy.traced_role)
+        self.role_hooks: RoleHooks | None = None  # set by install_block_forwards; compiled, taken off (docs/compile.md)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         output = self._run(*args, **kwargs)
@@ -73,9 +80,13 @@ class BlockForward:
                 return self.forward(*args, **kwargs)
         if kind == "full":
             return checkpoint(self.forward, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
-        option, where, matches = self.option, self.where, self.matches
+        # a functools.partial of a module-level function, not a lambda: Dynamo traces a checkpoint inside a compiled
+        # region only with a plain function or a partial as its context_fn, and guards on the partial's arguments,
+        # so compiled blocks share one graph only when those are the same for every block: no block name there
+        # (docs/compile.md)
+        where = COMPILED_WHERE if torch.compiler.is_compiling() else self.where
         return checkpoint(self.forward, *args, use_reentrant=False, preserve_rng_state=True,
-                          context_fn=lambda: contexts(option, where, matches), **kwargs)
+                          context_fn=functools.partial(contexts, self.option, where, self.matches, self.block), **kwargs)
 
     def __repr__(self) -> str:
         return f"BlockForward({self.option.name})"
@@ -112,11 +123,12 @@ def install_block_forwards(
         raise RuntimeError("an activation strategy is already applied to this model; build a fresh model instead")
     forwards = []
     for block, option, where in zip(blocks, options, block_names(model, blocks)):
-        forward = BlockForward(block.forward, option, where, matches=matches, pin_inputs=switchable)
+        forward = BlockForward(block.forward, option, where, matches=matches, pin_inputs=switchable,
+                               block=anatomy.block if isinstance(anatomy, ModelAnatomy) else anatomy)
         block.forward = forward
         forwards.append(forward)
         if anatomy is not None and (switchable or option.reads_roles):
-            role_hooks(block, anatomy)
+            forward.role_hooks = role_hooks(block, anatomy)
     return forwards
 
 

@@ -1,5 +1,5 @@
 """Scenario axes reserved for the features the next issues add: the layout mesh (issue 32) and torch.compile
-(issue 33). (The norm, optimizer and loss implementations are built: ``step_impl``, ``config.step_impl``; the MoE
+(issue 33, built for its measured values: ``CompileConfig``). (The norm, optimizer and loss implementations are built: ``step_impl``, ``config.step_impl``; the MoE
 routing assumption is the MoE card's ``routing``, ``config.cards.moe``.)
 
 Each is a small typed dataclass whose defaults mean "what runs today" (FSDP over every rank, eager). A suite may write them already (``layout: {tp: 1}`` is
@@ -49,14 +49,56 @@ class LayoutMesh:
 
 @dataclass(frozen=True)
 class CompileConfig:
-    """``torch.compile`` around the step (issue 33): none (eager, today), each block, or the whole model."""
+    """``torch.compile`` around the step (issue 33, docs/compile.md): none (eager, today), each transformer block
+    (``block``: torchtitan's way, the activation strategy's wrapper inside the compiled block), or the whole model
+    (``model``). ``mode`` and ``fullgraph`` are ``torch.compile``'s; ``dynamic`` too (None: torch's default, which
+    marks a dimension dynamic when a second shape is seen; each compiled scenario compiles its own model, so rows
+    of different sequence lengths never recompile one another's graphs).
+
+    Built: ``mode: default``; the other modes (CUDA graphs, autotuning) are refused until measured."""
 
     scope: Literal["none", "block", "model"] = "none"
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     fullgraph: bool = False
+    dynamic: bool | None = None
+
+    BUILT_MODES = ("default",)
 
     def __post_init__(self) -> None:
-        _refuse_beyond_today(self, "compile", "issue 33", "torch.compile as a scenario axis")
+        if self.mode not in self.BUILT_MODES:
+            raise NotBuiltYet(f"compile.mode: {self.mode!r} is not built yet (issue 33 measures "
+                              f"{', '.join(self.BUILT_MODES)}); drop compile.mode or set it to 'default'")
+        if self.scope == "none":
+            extra = [f.name for f in dataclasses.fields(self) if f.name != "scope" and getattr(self, f.name) != f.default]
+            if extra:
+                raise ValueError(f"compile.{extra[0]} is set but compile.scope is 'none' (eager); set compile.scope "
+                                 f"to block or model, or drop compile.{extra[0]}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.scope != "none"
+
+    def check_scenario(self, strategy: str, measure: tuple[str, ...], world_size: int) -> None:
+        """ValueError for what a compiled scenario cannot be (or a compile-only strategy without compile), naming
+        the key and the fix; called by ``Scenario`` once its strategies and passes are resolved."""
+        if not self.enabled:
+            if strategy == "compile_budget":
+                raise ValueError("activation.strategy compile_budget is torch.compile's activation_memory_budget: "
+                                 "set compile.scope to block or model")
+            return
+        if world_size > 1:
+            raise NotBuiltYet(f"compile.scope: {self.scope!r} with world_size {world_size} is not built yet "
+                              "(compiled steps are measured in one process); drop compile or set world_size: 1")
+        if "checkpoint" in measure:
+            raise NotBuiltYet("compile.scope with a checkpoint pass is not built yet (issue 33 measures the compiled "
+                              "step: memory, timing, flops); drop the checkpoint settings or compile")
+        if strategy == "offload":
+            raise NotBuiltYet("compile.scope with activation.strategy offload is not built yet (offload's saved-tensor "
+                              "hooks are measured eager only); drop compile or pick another strategy")
+        if strategy == "budget":
+            raise NotBuiltYet("compile.scope with activation.strategy budget is not built yet (the planner's switchable "
+                              "blocks break the compiled graph; a planner that emits a policy for compile is issue 33 "
+                              "item 3); use compile_budget, or drop compile")
 
 
 RESERVED_AXES: dict[str, type] = {"layout": LayoutMesh, "compile": CompileConfig}

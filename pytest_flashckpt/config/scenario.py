@@ -62,6 +62,7 @@ class ActivationConfig:
     save_ops: tuple[str, ...] | None = None  # selective_op: aten overloads whose outputs are saved (None = matmuls + attention)
     # budget: the step's peak to fit, per input shape: a size ("6 GiB", bytes), a fraction in (0, 1] of the
     # no-checkpointing peak (0.6), "min" (the smallest achievable peak) or "min + 30%" (of the way to no checkpointing)
+    # compile_budget: torch.compile's activation_memory_budget, a fraction in [0, 1]
     budget: int | float | str | None = None
 
     ALIASES = {"gradient_checkpointing": ("strategy", lambda on: {"strategy": "full" if _flag(on) else "none"})}
@@ -78,6 +79,10 @@ class ActivationConfig:
             from pytest_flashckpt.config.budget import BudgetSpec
 
             BudgetSpec.parse(self.budget)  # ValueError naming activation.budget
+        elif self.strategy == "compile_budget":  # torch's activation_memory_budget: a fraction of its own estimate
+            if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not 0 <= self.budget <= 1:
+                raise ValueError(f"activation.budget for strategy compile_budget is torch.compile's activation_memory_budget, "
+                                 f"a fraction in [0, 1] (1: torch's default, 0: recompute all it can), got {self.budget!r}")
         elif self.budget is not None:
             raise ValueError(
                 f"activation.budget is set but activation.strategy is {self.strategy!r}; set strategy: budget or drop budget"
@@ -244,6 +249,7 @@ class Scenario:
         if self.world_size > 1:
             self._check_ranks()
         self._check_measure()
+        self.compile.check_scenario(self.activation.strategy, self.measure, self.world_size)  # config.axes
 
     def _check_sizes(self) -> None:
         for key in ("batch_size", "seq_len", "rounds", "steps"):

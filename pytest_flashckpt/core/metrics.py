@@ -198,6 +198,11 @@ _NUMBERS = (
     Metric("budget_recompute_flops", "FLOP", "info", "matmul FLOPs the plan recomputes", fmt="gflop"),
     Metric("budget_plan_seconds", "s", "info", "wall time of planning: costs for the shape plus the solve", fmt="ms"),
     Metric("budget_costs_seconds", "s", "info", "wall time of the plan's costs (simulated steps)", fmt="ms"),
+    # a compiled scenario (runner/compiled.py, docs/compile.md): compile apart from the step, graphs after warm-up
+    Metric("compile_time_s", "s", "time", "wall time of the first compiled step: Dynamo tracing and Inductor compiling forward and backward, plus that one step (apart from step_time_s; not gated)", fmt="ms"),
+    Metric("reference_compile_time_s", "s", "info", "the compiled reference's compile_time_s", fmt="ms"),
+    Metric("recompiles", "count", "info", "graphs Dynamo compiled after the warm-up (memory and timing passes): flagged in the report", fmt="count"),
+    Metric("compiled_regions", "count", "info", "calls of compiled code in the measured step (one per compiled block, or one for the model)", fmt="count"),
     # throughput (pytest_flashckpt/throughput): how close the step is to the machine's limit; reported, never gated
     # (a strategy's MFU over its reference's is 1 / overhead, gated as overhead; absolute rates are time-like)
     Metric("tokens_per_s", "tokens/s", "info", "tokens of one step / median step time", worse="lower", fmt="tokens_rate"),
@@ -228,6 +233,8 @@ _LABELS = (
     _label("nvml_memory_api", "the NVML memory call the nvml probe read (v2: used excludes reserved; v1)"),
     # the budget strategy (simulate.costs)
     _label("budget_plan", "the budget strategy's plan: option per block, predicted peak, solve time"),
+    # a compiled scenario (runner/compiled.py)
+    _label("peak_memory_source", "where a compiled step's peak_bytes were read (the allocator's events: the cpu probe would run it eager)"),
     # throughput (pytest_flashckpt/throughput)
     _label("peak_source", "the datasheet peak's product, precision and source document"),
     _label("mfu_absent", "why there is no datasheet MFU (a CPU, an unknown device, a precision the datasheet lacks)"),

@@ -99,6 +99,11 @@ for _spec in (
                            "meta device does not model; measure it on a GPU"),
     ActivationStrategySpec("budget", "per input shape, the plan with the least recomputation whose measured peak "
                            "fits activation.budget", f"{_PLANS}:planned_for_budget", takes_budget=True),
+    ActivationStrategySpec("compile_budget", "torch.compile's own knob: its partitioner keeps saved activations within "
+                           "activation.budget, a fraction of its estimate (activation_memory_budget; compiled scenarios only)",
+                           f"{_PLANS}:keep_every_block",
+                           not_simulated="compile_budget is torch.compile's partitioner deciding what to recompute, which the "
+                           "eager step on the meta device does not model (not simulated yet); measure it with compile.scope set"),
 ):
     register_activation_strategy(_spec)
 

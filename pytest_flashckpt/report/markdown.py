@@ -14,6 +14,7 @@ from pytest_flashckpt.report.activation import activation_section
 from pytest_flashckpt.report.article import article_table, single_claim
 from pytest_flashckpt.report.attention import attention_section
 from pytest_flashckpt.report.checkpoint_io import checkpoint_section
+from pytest_flashckpt.report.compiled import compiled_section
 from pytest_flashckpt.report.distributed import distributed_section
 from pytest_flashckpt.report.header import header
 from pytest_flashckpt.report.plots import Plot, write_plots
@@ -39,6 +40,7 @@ def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
         article_table(record),
         single_claim(record),
         activation_section(results) + _plot(plots, "pareto"),
+        compiled_section(results),  # empty (left out) without compiled rows
         attention_section(results) + _plot(plots, "attention"),
         throughput_section(results) + _plot(plots, "throughput"),
         checkpoint_section(results) + _plot(plots, "saves"),
@@ -47,7 +49,7 @@ def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
         regression_section(record.comparison),
         scenarios_section(results),
     ]
-    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
+    return "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
 
 
 def write_report(record: RunRecord, out_dir: Path) -> Path:

@@ -32,10 +32,17 @@ def precision(r: Result) -> str:
 
 
 def describe_activation(r: Result) -> str:
-    """``every_k (k=2)``, ``full``, ``selective_op``... as a reader wants to see it."""
+    """``every_k (k=2)``, ``full``, ``selective_op``... as a reader wants to see it; a compiled row says how
+    (``full, compiled per block``, ``compile_budget 0.5, compiled model``), so tables and the Pareto plot keep it
+    apart from its eager twin."""
     strategy = activation_strategy(r)
     if strategy == "every_k":
-        return f"every_k (k={r.config.activation.k})"
+        strategy = f"every_k (k={r.config.activation.k})"
+    elif strategy == "compile_budget":
+        strategy = f"compile_budget {r.config.activation.budget:g}"
+    scope = getattr(r.config, "compile", None)
+    if scope is not None and scope.enabled:  # report.compiled
+        strategy += ", compiled per block" if scope.scope == "block" else ", compiled model"
     return strategy
 
 

@@ -25,6 +25,7 @@ from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.runner.compiled import check_can_compile, measure_compiled
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.outcome import recorded
 from pytest_flashckpt.runner.passes import peak_pass, timing_pass
@@ -91,6 +92,9 @@ def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer
 
 def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> None:
     if scenario.activation.strategy == "none":
+        return
+    if scenario.activation.strategy == "compile_budget":  # compile's partitioner decides (runner.compiled.budget_backend)
+        result.notes.append(f"activation: torch.compile's activation_memory_budget {scenario.activation.budget}")
         return
     from pytest_flashckpt.activation import StrategyUnavailable, apply_ac
 
@@ -181,6 +185,9 @@ class _Reference:
 def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     """The passes the scenario's ``measure`` names, in order, each against the one reference."""
     result.backend = resolve_backend(scenario.attention, ctx.device, DTYPES[scenario.dtype])
+    if scenario.compile.enabled:
+        _measure_compiled(scenario, ctx, result)
+        return
     trainer = _prepared_trainer(scenario, ctx, result)
     reference = None if scenario.is_reference else _reference_of(scenario, ctx, result.backend)
     shared = _shared_in_run(scenario, ctx, result)
@@ -195,6 +202,31 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
         _flops_and_throughput(scenario, ctx, result, trainer, reference)
     if "checkpoint" in scenario.measure:
         _checkpoint_pass(scenario, ctx, trainer, result, reference)
+
+
+def _measure_compiled(scenario: Scenario, ctx: RunContext, result: Result) -> None:
+    """A compiled scenario (``runner.compiled``: memory from the allocator's events, timing against the reference
+    compiled the same way). The kernel and the FLOPs are read from eager twins (same model and strategy, never
+    compiled): both passes run under a dispatch mode, which would make a compiled model run eager. Their FLOPs are
+    the eager plan's; ``compile_budget``'s recomputation is its partitioner's, not counted (``—``)."""
+    check_can_compile(ctx)  # before anything is built
+    backend = result.backend or "sdpa"
+
+    def build(which: Scenario, notes: Result | None = None) -> Trainer:
+        trainer = _build_trainer(which, ctx, backend)
+        _apply_activation(trainer, which, notes or Result(which.suite, which.name, "measured", which))
+        return trainer
+
+    twin = build(scenario)
+    with OpNameRecorder() as recorder:
+        twin.train_step()
+    result.kernel = detect_kernel(recorder.op_names, backend)
+    measure_compiled(scenario, ctx, result, lambda which: build(which, result if which is scenario else None))
+    if ("flops" in scenario.measure or "timing" in scenario.measure) and scenario.activation.strategy != "compile_budget":
+        reference = None if scenario.is_reference else _Reference(scenario.reference(), build(scenario.reference()))
+        _flops_and_throughput(scenario, ctx, result, twin, reference)
+    elif scenario.activation.strategy == "compile_budget":
+        result.notes.append("compile_budget: FLOPs and throughput not counted (the partitioner's recomputation is not an eager plan)")
 
 
 def _prepared_trainer(scenario: Scenario, ctx: RunContext, result: Result) -> Trainer:

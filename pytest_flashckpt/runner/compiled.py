@@ -1,0 +1,269 @@
+"""A compiled scenario (``compile.scope`` block or model) measured in this process: the compiled step and its
+compiled reference, side by side (docs/compile.md).
+
+Why not the passes of an eager scenario: the exact ``cpu`` probe is a ``TorchDispatchMode``, and Dynamo runs a
+frame eager while one is active and keeps skipping it afterwards (``reports/spike-compile-measure.md``), so one
+step under the probe would turn the whole scenario into an eager measurement, silently. Here:
+
+- ``torch._dynamo.reset()`` first: every compiled scenario compiles its own model, so no row reuses or recompiles
+  another row's graphs (rows of other sequence lengths included) and no code object nears Dynamo's recompile
+  limit (past it Dynamo runs the frame eager);
+- the strategy's model and the reference's (no checkpointing, compiled the same way) are compiled and warmed up
+  outside any dispatch mode; the first step's wall time is ``compile_time_s``, recorded apart from ``step_time_s``;
+- the warm-up must have compiled something, with no graph break (a break runs the code between the pieces eager);
+- each side's peak is read from one step under ``torch.profiler``'s memory events (the allocator's view, which
+  sees Inductor's buffers), and that step must have run the expected compiled regions (one per block, or one for
+  the model): fewer means a frame ran eager, which is an error, never a row;
+- the timing pass interleaves the two compiled steps; graphs compiled after the warm-up (memory and timing
+  passes) are counted as ``recompiles``, noted and flagged in the report.
+
+``compile_budget`` (torch's ``activation_memory_budget``) compiles the strategy's model with a backend of its own
+that runs Inductor under that budget: the budget is no Dynamo guard, so with Inductor itself the reference (same
+code, same guards) would reuse the strategy's graphs, or the strategy the reference's.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from torch._C._profiler import _EventType
+
+from pytest_flashckpt.activation.wrapper import BlockForward
+from pytest_flashckpt.config.axes import CompileConfig
+from pytest_flashckpt.config.scenario import Scenario
+from pytest_flashckpt.core.metrics import Measurements
+from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
+from pytest_flashckpt.probes.allocator import _walk
+from pytest_flashckpt.probes.compiled import COMPILED_REGION, import_inductor, missing_compiler
+from pytest_flashckpt.runner.context import RunContext, SkipScenario
+from pytest_flashckpt.runner.passes import peak_pass, resident_tensors, timing_pass
+from pytest_flashckpt.training import Trainer
+
+PEAK_SOURCE_CPU = "allocator events (torch.profiler profile_memory) of one compiled step"
+
+
+class NotCompiled(RuntimeError):
+    """A scenario meant to run compiled ran (partly) eager: an error, never a row."""
+
+
+@dataclass(frozen=True)
+class CompiledSide:
+    """One compiled trainer (the scenario's or its reference's) and what its compile and warm-up showed."""
+
+    trainer: Trainer
+    regions_per_step: int  # compiled regions one step must run (blocks, or 1 for the model)
+    compile_time_s: float  # wall time of the first step: tracing and compiling forward and backward, plus one step
+
+
+@dataclass(frozen=True)
+class StepReading:
+    added_peak_bytes: int
+    compiled_regions: int
+
+
+def skip_reason() -> str | None:
+    """Why compiled scenarios cannot run here (no C++ compiler for Inductor), or None."""
+    import_inductor()
+    return missing_compiler()
+
+
+def check_can_compile(ctx: RunContext) -> None:
+    """``SkipScenario`` with the reason where a compiled scenario cannot be measured here: no C++ compiler for
+    Inductor (README promises only python3 and pip), or on a GPU a probe that is a dispatch mode."""
+    reason = skip_reason()
+    if reason is not None:
+        raise SkipScenario(reason)
+    if ctx.device.type != "cpu" and ctx.probe not in ("cuda", "nvml"):
+        raise SkipScenario(f"a compiled step on {ctx.device.type} is measured by the allocator (probe cuda or nvml); "
+                           f"the {ctx.probe} probe would run it eager")
+
+
+def compile_model(model: nn.Module, config: CompileConfig, backend: Callable | None = None) -> int:
+    """``model`` compiled in place (``nn.Module.compile``: parameter names stay the model's own) by ``config``:
+    each block of its anatomy (the activation strategy's wrapper, installed first, runs inside the compiled block:
+    torchtitan's order) or the whole model. Returns the compiled regions one step runs.
+
+    A strategy's role hooks are taken off the compiled blocks: Dynamo cannot trace their ``ContextVar``, and under
+    compile the policy reads a matmul's role from the traced node instead (``activation.policy.traced_role``)."""
+    import_inductor()  # before torch.compile imports it, under its one warning filter (probes.compiled)
+    options = {"fullgraph": config.fullgraph, "dynamic": config.dynamic}
+    options.update({"backend": backend} if backend is not None else {"mode": config.mode})
+    blocks = get_blocks(model, get_anatomy(model))
+    for block in blocks:
+        forward = block.__dict__.get("forward")
+        if isinstance(forward, BlockForward) and forward.role_hooks is not None:
+            forward.role_hooks.remove()
+            forward.role_hooks = None
+    if config.scope == "model":
+        model.compile(**options)
+        return 1
+    for block in blocks:
+        block.compile(**options)
+    return len(blocks)
+
+
+def budget_backend(budget: float) -> Callable:
+    """Inductor with torch's ``activation_memory_budget`` set while it partitions the joint graph (a backend object
+    of its own: Dynamo guards on the backend, not on the budget)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return functools.partial(_compile_under_budget, compile_fx, float(budget))
+
+
+def _compile_under_budget(compile_fx: Callable, budget: float, graph, example_inputs):
+    with torch._functorch.config.patch(activation_memory_budget=budget):
+        return compile_fx(graph, example_inputs)
+
+
+NON_LEAF_GRAD = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+def torch_hidden_warning(step: Callable[[], object]) -> Callable[[], object]:
+    """``step`` with the one warning torch means to hide while Dynamo traces a non-leaf input (a block's hidden
+    states): ``builder.safe_has_grad`` hides it through ``warnings.showwarning``, which a warnings-as-errors filter
+    (pytest's ``filterwarnings = error``) never reaches, so a per-block compile would fail at its first trace (and at
+    any recompile). Only that message is ignored, only during ``step``; any other warning still reaches the caller."""
+
+    @functools.wraps(step)
+    def quiet() -> object:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=NON_LEAF_GRAD, category=UserWarning)
+            return step()
+
+    return quiet
+
+
+def _dynamo_counts() -> tuple[int, int, dict[str, int]]:
+    """(graphs compiled, frames compiled, graph-break reasons -> count) since the last reset."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], counters["frames"]["ok"], dict(counters["graph_break"])
+
+
+def compiled_side(trainer: Trainer, scenario: Scenario, warmup: int, backend: Callable | None = None,
+                  on_phase: Callable[[str], None] = lambda _text: None, first: bool = True) -> CompiledSide:
+    """``trainer``'s model compiled and warmed up (``warmup`` steps, at least one), outside any dispatch mode.
+    Raises ``NotCompiled`` when the warm-up broke a graph, when the first side compiled after a reset (``first``)
+    compiled nothing, or when the last warm-up step ran other than the expected compiled regions (a later side
+    may reuse graphs compiled for an earlier one: the blocks every_k leaves plain are the reference's blocks)."""
+    regions = compile_model(trainer.model, scenario.compile, backend)
+    trainer.train_step = torch_hidden_warning(trainer.train_step)  # type: ignore[method-assign]
+    graphs_before, frames_before, _ = _dynamo_counts()
+    on_phase("compile (first step)")
+    start = time.perf_counter()
+    trainer.train_step()
+    compile_time_s = time.perf_counter() - start
+    for _ in range(max(warmup, 1) - 1):
+        trainer.train_step()
+    graphs, frames, breaks = _dynamo_counts()
+    if first and (graphs == graphs_before or frames == frames_before):
+        raise NotCompiled(f"{scenario.name}: the warm-up compiled no graph (Dynamo skipped every frame: a dispatch mode "
+                          "active, or a frame marked skip); nothing would be measured compiled")
+    if breaks:
+        reason = next(iter(breaks)).strip().splitlines()[0]
+        raise NotCompiled(f"{scenario.name}: {sum(breaks.values())} graph break(s) in the compiled step, the code "
+                          f"between the pieces runs eager (first: {reason}); TORCH_LOGS=graph_breaks says where")
+    side = CompiledSide(trainer, regions, compile_time_s)
+    check_regions(side, read_step(trainer.train_step), scenario.name)  # one more warm-up step, its regions counted
+    return side
+
+
+def read_step(step: Callable[[], object]) -> StepReading:
+    """One call of ``step`` under ``torch.profiler``'s memory events: the CPU allocator's most bytes at once over
+    what it had at the start, and the compiled regions that ran ("Torch-Compiled Region" events)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
+    allocations = sorted((e for e in events if e.tag == _EventType.Allocation and str(e.extra_fields.device) == "cpu"),
+                         key=lambda e: e.start_time_ns)
+    peak = 0
+    if allocations:
+        first = allocations[0].extra_fields
+        peak = max(e.extra_fields.total_allocated for e in allocations) - (first.total_allocated - first.alloc_size)
+    return StepReading(peak, sum(e.name.startswith(COMPILED_REGION) for e in events))
+
+
+def check_regions(side: CompiledSide, reading: StepReading, name: str) -> StepReading:
+    """``reading`` if its step ran the side's compiled regions; ``NotCompiled`` for fewer (a compiled frame ran
+    eager) or more (a graph break split a frame)."""
+    if reading.compiled_regions != side.regions_per_step:
+        why = "a compiled frame ran eager" if reading.compiled_regions < side.regions_per_step else "a graph break split a frame"
+        raise NotCompiled(f"{name}: one step ran {reading.compiled_regions} compiled region(s), expected "
+                          f"{side.regions_per_step}: {why} (TORCH_LOGS=graph_breaks,recompiles says where)")
+    return reading
+
+
+def state_bytes(trainer: Trainer) -> int:
+    """Bytes of the training state alive between steps (each storage once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in resident_tensors(trainer.state_tensors())}
+    return sum(storages.values())
+
+
+def peak_of(side: CompiledSide, name: str, ctx: RunContext) -> Measurements:
+    """``peak_bytes`` and ``state_bytes`` of one compiled step and the regions it ran (``NotCompiled`` for fewer
+    than expected: a frame ran eager; more: a graph broke). On a GPU the run's allocator probe reads the peak (no
+    dispatch mode: ``cuda`` or ``nvml``), after the region check on a step of its own."""
+    reading = check_regions(side, read_step(side.trainer.train_step), name)
+    out = Measurements()
+    if ctx.device.type == "cpu":
+        start = state_bytes(side.trainer)
+        out.record("peak_bytes", start + reading.added_peak_bytes)
+        out.record("state_bytes", start)
+    else:
+        gpu = peak_pass(side.trainer.train_step, side.trainer.state_tensors(), ctx.probe, ctx.device)
+        out.record("peak_bytes", gpu.peak_bytes)
+        out.record("state_bytes", gpu.start_bytes)
+    out.record("compiled_regions", reading.compiled_regions)
+    return out
+
+
+def measure_compiled(scenario: Scenario, ctx: RunContext, result: Result, build: Callable[[Scenario], Trainer]) -> Trainer:
+    """The memory and timing passes of a compiled scenario against its compiled reference (module docstring);
+    ``build(scenario)`` makes a trainer with the scenario's activation strategy applied, not warmed up. Returns the
+    compiled trainer. Skips with the reason where it cannot compile (``check_can_compile``)."""
+    check_can_compile(ctx)
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    backend = budget_backend(scenario.activation.budget) if scenario.activation.strategy == "compile_budget" else None  # type: ignore[arg-type]
+    ctx.phase("build and compile")
+    side = compiled_side(build(scenario), scenario, scenario.warmup, backend, ctx.phase)
+    result.record("compile_time_s", side.compile_time_s)
+    reference = None
+    if not scenario.is_reference:
+        ctx.phase("reference: build and compile")
+        reference = compiled_side(build(scenario.reference()), scenario.reference(), scenario.warmup,
+                                  on_phase=lambda text: ctx.phase(f"reference {text}"), first=False)
+        result.record("reference_compile_time_s", reference.compile_time_s)
+    graphs_after_warmup = _dynamo_counts()[0]
+    if ctx.device.type == "cpu":
+        result.probe = "allocator"  # not the exact probe: judged with the memory tolerance (core.metrics, "memory")
+        result.record("peak_memory_source", PEAK_SOURCE_CPU)
+    if "memory" in scenario.measure:
+        ctx.phase("memory pass (allocator events)")
+        result.absorb(peak_of(side, scenario.name, ctx))
+        if reference is not None:
+            ref = peak_of(reference, f"{scenario.name}.reference", ctx)
+            result.record("reference_peak_bytes", ref["peak_bytes"])
+            result.record("memory_saving", 1.0 - result.metrics["peak_bytes"] / ref["peak_bytes"])  # type: ignore[operator]
+    if "timing" in scenario.measure:
+        timing = timing_pass(side.trainer.train_step, None if reference is None else reference.trainer.train_step,
+                             scenario.rounds, scenario.steps, ctx.device,
+                             on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"))
+        result.absorb(timing.measurements())
+    recompiles = _dynamo_counts()[0] - graphs_after_warmup
+    result.record("recompiles", recompiles)
+    if recompiles:
+        result.notes.append(f"compile: {recompiles} graph(s) compiled after the warm-up (recompiles): its peak and "
+                            "times include compiling; TORCH_LOGS=recompiles names the changing guard")
+    result.notes.append(f"compile: scope {scenario.compile.scope}, {side.regions_per_step} compiled region(s) per step, "
+                        f"first step {side.compile_time_s:.1f} s")
+    return side.trainer
