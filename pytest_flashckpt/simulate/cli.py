@@ -48,6 +48,11 @@ def add_parser(sub) -> None:
     p.add_argument("--target", default="cuda", choices=("cuda", "cpu"), help="device the prediction is for (default cuda)")
     p.add_argument("--world-size", type=int, default=1, help="ranks: rank 0's peak, simulated by the real engine (fully_shard, parallelize_module) under fake mode (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of --world-size (FSDP over the rest; simulate.layouts) (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages of --world-size (FSDP over the rest): stage 0's peak from torch's pipelining schedule under fake mode, simulate.stage_layouts (default 1)")
+    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b"), help="--pp: the pipeline schedule (default 1f1b)")
+    p.add_argument("--microbatches", type=int, default=1, help="--pp: microbatches per step of a data-parallel rank (default 1)")
+    p.add_argument("--stages-per-rank", type=int, default=1, help="--pp with interleaved_1f1b: stages each rank holds (default 1)")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks sharing the sequence (= --world-size): one rank with torch's ring attention, modelled (default 1)")
     p.add_argument("--device-memory", metavar="SIZE", help="device memory, e.g. 80GiB or '40 GB'")
     p.add_argument("--norm", choices=tuple(NORMS), help="RMSNorm: plain (Hugging Face) or fused (nn.RMSNorm, torchtitan); llama cards (default: the card's)")
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS), help="optimizer implementation (default adamw: foreach on CUDA)")
@@ -75,6 +80,10 @@ def chosen_strategy(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     modelled = None
+    if args.pp != 1 or args.cp != 1:  # a pipeline stage or a context-parallel rank (heavy imports, so here)
+        from pytest_flashckpt.simulate.stage_layouts import run_stage_layout
+
+        return run_stage_layout(args)
     if args.tp != 1 or args.world_size > 1:  # a layout: the real engine under fake mode (heavy imports, so here)
         from pytest_flashckpt.simulate.layouts import engine_cannot_run, run_layout
 

@@ -1,0 +1,103 @@
+"""``flashckpt simulate ... --pp P`` and ``... --cp C``: a pipeline stage's or a context-parallel rank's peak, for
+the command line.
+
+    flashckpt simulate --model llama3-8b --seq 4096 --batch 8 --strategy full --world-size 4 --pp 4 --microbatches 8
+    flashckpt simulate --model llama3-8b --seq 131072 --batch 1 --strategy full --world-size 8 --cp 8
+
+``--pp``: rank 0 (the first stage, which holds the most in-flight microbatches) of a ``pp x dp_shard`` layout, run by
+torch's ``torch.distributed.pipelining`` schedule under fake mode (``simulate.pipeline``). ``--cp``: one rank of
+``cp`` ranks sharing the sequence, the meta step at ``seq / cp`` tokens with torch's ring attention
+(``simulate.context_parallel``), labelled "modelled" until the GPU suite measures it. Every input is checked
+before anything is built (``config.layout``); an error is one line naming the option and the fix. Combining pp or
+cp with tp, or cp with FSDP ranks, is refused (not built yet: docs/layouts.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pytest_flashckpt.config.errors import InputError
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
+from pytest_flashckpt.simulate.layouts import LAYOUT_STRATEGIES, engine_cannot_run
+from pytest_flashckpt.simulate.workload import dtype_name
+
+
+def _where(args: argparse.Namespace) -> str:
+    axes = [f"--world-size {args.world_size}"] + [f"--{a} {getattr(args, a)}" for a in ("tp", "pp", "cp") if getattr(args, a) != 1]
+    return " ".join(axes)
+
+
+def check_args(args: argparse.Namespace):
+    """The card, layout and dtype the options ask for, or an ``InputError`` naming the option (nothing is built)."""
+    from pytest_flashckpt.models.cards import load_card
+
+    refusal = engine_cannot_run(args)
+    if refusal is not None:
+        raise InputError(f"{_where(args)}: {refusal}")
+    if args.pp != 1 and args.cp != 1:
+        raise InputError(f"{_where(args)}: pipeline and context parallel together are not built yet; choose --pp or --cp")
+    if args.tp != 1:
+        raise InputError(f"{_where(args)}: tensor parallel inside pipeline stages or with context parallel is not built "
+                         "yet; use --tp 1 with --pp or --cp")
+    try:
+        layout = Layout.for_world(args.world_size, pp=args.pp, cp=args.cp)
+        if args.cp != 1 and layout.dp_shard != 1:
+            raise ValueError(f"context parallel is simulated alone: --world-size must equal --cp ({args.cp})")
+        card = load_card(args.model)
+        layout.check_batch(args.batch)
+        dtype = dtype_name(args.dtype)
+    except FileNotFoundError as exc:
+        raise InputError(f"--model {args.model}: {exc}") from None
+    except ValueError as exc:
+        raise InputError(f"{_where(args)}: {exc}") from None
+    if args.precision == "mixed" and dtype != "bfloat16":
+        raise InputError(f"--precision mixed computes in bf16 over fp32 master weights; --dtype {args.dtype} has no mixed form")
+    if args.seq > card.block_size:
+        raise InputError(f"--seq {args.seq} exceeds block_size {card.block_size} of model card {card.name!r}; use a shorter --seq")
+    return card, layout, dtype
+
+
+def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple[dict, str]:
+    import torch
+
+    if layout.pp != 1:
+        from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
+
+        schedule = PipelineSchedule(args.schedule, args.microbatches, args.stages_per_rank)
+        schedule.check(layout, batch_size=args.batch, n_blocks=card.n_layer)
+        record = simulate_pipeline_rank(card, layout, schedule, batch_size=args.batch, seq_len=args.seq,
+                                        strategy=args.strategy, k=args.k, dtype=getattr(torch, dtype),
+                                        precision=args.precision)
+        what = (f"stage 0 of {layout.pp} ({args.schedule}, {args.microbatches} microbatches), simulated by torch's "
+                "pipelining schedule + fully_shard under FakeTensorMode")
+        return record, what
+    if args.precision != "pure":
+        raise InputError(f"{_where(args)}: --precision {args.precision} is not simulated with context parallel yet; use pure")
+    from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank
+
+    record = simulate_cp_rank(card, layout, batch_size=args.batch, seq_len=args.seq, dtype=dtype, strategy=args.strategy, k=args.k)
+    what = (f"one of {layout.cp} ranks at {record['seq_per_rank']} tokens with torch's ring attention "
+            f"(modelled: ring adds {gib(record['ring_extra_bytes'])} over local attention)")
+    return record, what
+
+
+def run_stage_layout(args: argparse.Namespace) -> int:
+    card, layout, dtype = check_args(args)
+    if args.strategy not in LAYOUT_STRATEGIES:
+        raise InputError(f"--strategy {args.strategy}: use one of {', '.join(LAYOUT_STRATEGIES)} with --pp or --cp")
+    device_bytes = None if args.device_memory is None else parse_device_memory(args.device_memory)
+    try:
+        record, what = _record(args, card, layout, dtype)
+    except ValueError as exc:
+        raise InputError(f"{_where(args)}: {exc}") from None
+    peak = record["peak_bytes"]
+    print(f"{card.name}, {dtype} {args.precision}, batch {args.batch} x seq {args.seq}, strategy {args.strategy}, "
+          f"layout {layout.describe()} ({layout.world_size} ranks)")
+    print(f"per-rank peak: {gib(peak)} ({peak} bytes), {what}")
+    if device_bytes is None:
+        for label, size in REPORT_DEVICES:
+            print(f"  on {label}: {verdict(peak, size)}")
+        return 0
+    print(f"device memory {args.device_memory} ({gib(device_bytes)}): {verdict(peak, device_bytes)}")
+    return 0 if peak <= device_bytes else 1

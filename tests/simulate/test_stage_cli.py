@@ -1,0 +1,56 @@
+"""``flashckpt simulate --pp / --cp``: a pipeline stage's and a context-parallel rank's peak on the command line,
+the same bytes as the simulation functions the gloo tests check (simulate.pipeline, simulate.context_parallel)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from pytest_flashckpt.cli import main
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+from pytest_flashckpt.models.cards import load_card
+from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
+
+
+def _peak(out: str) -> int:
+    return int(re.search(r"per-rank peak: .* \((\d+) bytes\)", out).group(1))
+
+
+def test_pp_prints_stage_zero_of_the_real_schedule(capsys) -> None:
+    argv = ["simulate", "--model", "llama-tiny", "--seq", "64", "--batch", "4", "--dtype", "fp32", "--strategy", "full",
+            "--world-size", "2", "--pp", "2", "--microbatches", "2", "--device-memory", "1GiB"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stage 0 of 2 (1f1b, 2 microbatches)" in out and "layout dp_shard 1 x tp 1 x pp 2" in out
+    record = simulate_pipeline_rank(load_card("llama-tiny"), Layout(pp=2), PipelineSchedule("1f1b", 2), batch_size=4,
+                                    seq_len=64, strategy="full", dtype=torch.float32)
+    assert _peak(out) == record["peak_bytes"]
+    assert main([*argv[:-1], "1KiB"]) == 1  # control: the same stage does not fit a tiny device
+
+
+def test_cp_prints_a_modelled_ring_rank(capsys) -> None:
+    argv = ["simulate", "--model", "llama-tiny", "--seq", "256", "--batch", "1", "--strategy", "full", "--world-size", "2", "--cp", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "one of 2 ranks at 128 tokens with torch's ring attention (modelled" in out and _peak(out) > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--world-size", "2", "--pp", "2", "--cp", "2"], "pipeline and context parallel together are not built yet"),
+        (["--world-size", "4", "--pp", "2", "--tp", "2"], "tensor parallel inside pipeline stages"),
+        (["--world-size", "4", "--pp", "8"], "world size 4 is not divisible by tp 1 x pp 8 x cp 1 = 8"),
+        (["--world-size", "2", "--pp", "2", "--microbatches", "3"], "microbatch"),
+        (["--world-size", "4", "--cp", "2"], "--world-size must equal --cp (2)"),
+        (["--world-size", "2", "--cp", "2", "--seq", "130"], "--cp 2"),
+        (["--world-size", "2", "--pp", "2", "--budget", "0.5"], "--strategy budget is not simulated by the engine yet"),
+    ],
+)
+def test_bad_stage_requests_exit_2_naming_the_option(argv, message, capsys) -> None:
+    assert main(["simulate", "--model", "llama-tiny", "--seq", "128", "--batch", "4", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not torch.distributed.is_initialized()
