@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--seq", "8192", "--device", "h100-sxm", "--device-memory", "80GiB", "--precision", "both",
-          "--strategies", "full,selective_op", "--top", "2", "--max-simulations", "3"]
+          "--strategies", "full,selective_op", "--top", "2", "--max-simulations", "12"]
 CASES = {
     "llama3-70b": ["--model", "llama3-70b", "--global-batch-tokens", "1048576", "--gpus", "8,16,64", *COMMON],
     "llama3.1-405b": ["--model", "llama3.1-405b", "--global-batch-tokens", "2097152", "--gpus", "64,128", *COMMON],

@@ -180,7 +180,7 @@ def describe(request, model, results) -> list[str]:
     lines.append("")
     for found in results:
         line = (f"{found.gpus} GPUs: {found.enumerated} layouts, {found.pruned_by_state} ruled out by their state bytes, "
-                f"{found.simulations} simulated, {len(found.fitting)} fit")
+                f"{found.pruned_by_dominance} by a simulated one holding no more, {found.simulations} simulated, {len(found.fitting)} fit")
         if not found.fitting:
             line += f"; none fits: {closest_text(found, request.usable_bytes)}"
         lines.append(line)

@@ -2,6 +2,11 @@
 step-time model (``fit.time_model``), then simulated in that order (``fit.memory``) until ``top`` fit or
 ``max_simulations`` distinct simulations have run; the fastest that fits is chosen.
 
+A candidate that holds at least what a simulated one that did not fit holds (``holds_at_least``: the same rank,
+strategy and precision, no smaller microbatch, no resharding where that one resharded, accumulated gradients where
+that one had none) is ruled out without a simulation: its peak cannot be lower. Otherwise the search would spend
+its simulations on microbatch after microbatch of one strategy that never fits.
+
 Simulating in time order spends the simulations where the answer is decided: a slower layout is only simulated
 once every faster one has been found not to fit (or ``top`` already fit). The usable memory is the device's less
 ``margin`` (a fraction, default ``fit.assumptions.DEFAULT_MARGIN``) for what the simulation does not count: the CUDA context,
@@ -68,6 +73,7 @@ class GpuCountResult:
     gpus: int
     enumerated: int = 0
     pruned_by_state: int = 0
+    pruned_by_dominance: int = 0  # ruled out by a simulated candidate that did not fit and holds no more (holds_at_least)
     simulations: int = 0
     fitting: list[Ranked] = field(default_factory=list)
     not_fitting: list[Ranked] = field(default_factory=list)  # simulated, over the usable memory (or refused)
@@ -80,6 +86,17 @@ class GpuCountResult:
     def closest(self) -> Ranked | None:
         simulated = [r for r in self.not_fitting if r.memory is not None]
         return min(simulated, key=lambda r: r.memory.peak_bytes) if simulated else None
+
+
+def holds_at_least(c: Candidate, over: Candidate) -> bool:
+    """True when rank memory of ``c`` is at least that of ``over`` (see the module doc): every axis of the rank the
+    same, and each difference one that only adds (a larger microbatch, FSDP2 keeping the gathered blocks, gradients
+    accumulated over microbatches). HSDP replicas add nothing to a rank (``fit.memory``)."""
+    same_rank = (c.dp_shard, c.tp, c.pp, c.cp, c.strategy, c.k, c.precision) == (
+        over.dp_shard, over.tp, over.pp, over.cp, over.strategy, over.k, over.precision)
+    return (same_rank and c.microbatch >= over.microbatch
+            and (over.reshard_after_forward or not c.reshard_after_forward)
+            and (c.accumulation > 1 or over.accumulation == 1))
 
 
 def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
@@ -111,6 +128,9 @@ def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
         for time, c in ranked:
             if len(found.fitting) >= request.top:
                 break
+            if any(holds_at_least(c, r.candidate) for r in found.not_fitting if r.memory is not None):
+                found.pruned_by_dominance += 1
+                continue
             if not memory.is_cached(c):
                 if found.simulations >= request.max_simulations:
                     break
