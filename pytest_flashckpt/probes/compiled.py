@@ -15,9 +15,10 @@ step that recompiled. ``missing_compiler`` is the cheap check that lets a compil
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch._C._profiler import _EventType
@@ -107,3 +108,20 @@ def measure_compiled_step(step: Callable[[], object], expected_regions: int = 1)
         raise NotCompiled(f"the step ran {reading.compiled_regions} compiled region(s), expected {expected_regions}: "
                           f"{why} (TORCH_LOGS=graph_breaks,recompiles says where)")
     return reading
+
+
+NON_LEAF_GRAD = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+@contextlib.contextmanager
+def dynamos_hidden_warnings() -> Iterator[None]:
+    """Keep hidden, under warnings-as-errors, the one warning torch means to hide while Dynamo traces a checkpointed
+    block. Dynamo reads ``.grad`` of every tensor it wraps (``torch._dynamo.variables.builder.safe_has_grad``), which
+    warns for a non-leaf (a block's hidden states, a checkpoint's inputs), and hides that warning by swapping
+    ``warnings.showwarning``; an ``error`` filter (pytest's ``filterwarnings = error``, ``python -W error``) raises it
+    before that hook is reached, so every per-block compile would fail at its first trace. Exactly that message is
+    ignored, only inside the block; any other warning still reaches the caller. Used by the compiled runner
+    (``runner.compiled``) and the compiled simulator (``simulate.compiled``)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=NON_LEAF_GRAD, category=UserWarning)
+        yield

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,7 +40,7 @@ from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
 from pytest_flashckpt.probes.allocator import _walk
-from pytest_flashckpt.probes.compiled import COMPILED_REGION, import_inductor, missing_compiler
+from pytest_flashckpt.probes.compiled import COMPILED_REGION, dynamos_hidden_warnings, import_inductor, missing_compiler
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.passes import peak_pass, resident_tensors, timing_pass
 from pytest_flashckpt.training import Trainer
@@ -122,19 +121,13 @@ def _compile_under_budget(compile_fx: Callable, budget: float, graph, example_in
         return compile_fx(graph, example_inputs)
 
 
-NON_LEAF_GRAD = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
-
-
 def torch_hidden_warning(step: Callable[[], object]) -> Callable[[], object]:
-    """``step`` with the one warning torch means to hide while Dynamo traces a non-leaf input (a block's hidden
-    states): ``builder.safe_has_grad`` hides it through ``warnings.showwarning``, which a warnings-as-errors filter
-    (pytest's ``filterwarnings = error``) never reaches, so a per-block compile would fail at its first trace (and at
-    any recompile). Only that message is ignored, only during ``step``; any other warning still reaches the caller."""
+    """``step`` under ``probes.compiled.dynamos_hidden_warnings``: the one warning Dynamo hides itself
+    while tracing a non-leaf input stays hidden under warnings-as-errors (at the first trace and any recompile)."""
 
     @functools.wraps(step)
     def quiet() -> object:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=NON_LEAF_GRAD, category=UserWarning)
+        with dynamos_hidden_warnings():
             return step()
 
     return quiet

@@ -37,7 +37,6 @@ import ast
 import contextlib
 import time
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -51,7 +50,7 @@ from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.models.families import family_of
-from pytest_flashckpt.probes.compiled import import_inductor, missing_compiler
+from pytest_flashckpt.probes.compiled import dynamos_hidden_warnings, import_inductor, missing_compiler
 from pytest_flashckpt.simulate.probe import AttributedStorages
 from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 from pytest_flashckpt.training import Trainer
@@ -172,18 +171,6 @@ def _patched(owner, name: str, value) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, original)
-
-
-@contextlib.contextmanager
-def dynamos_hidden_warnings() -> Iterator[None]:
-    """Ignore, while compiling, the one warning Dynamo itself means to hide: it reads ``.grad`` of every tensor it
-    wraps (``safe_has_grad``), which warns for a non-leaf (a block's input, a checkpoint's), and hides that warning
-    by replacing ``warnings.showwarning``; an ``error`` filter (pytest's ``filterwarnings = error``) raises it before
-    that hook is reached. Any other warning still reaches the caller."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf Tensor",
-                                category=UserWarning)
-        yield
 
 
 class CompiledStepProbe(AttributedStorages):
