@@ -76,6 +76,7 @@ def _option_flag(name: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from pytest_flashckpt.runner.cards import CardShelf
     from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite  # imports torch
 
     def lookup(spec):
@@ -85,8 +86,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options = Options.from_lookup(args.suite, lookup)
     except OptionError as exc:
         raise InputError(str(exc)) from None
+    cards = CardShelf()  # each model card read once: the preflight and the run
     try:
-        suite = load_checked_suite(args.suite)
+        suite = load_checked_suite(args.suite, cards)
     except ConfigError as exc:  # a problem with no file is the option's: an unknown suite name
         raise InputError(str(exc if exc.where else exc.within("--suite"))) from None
     heartbeat = Heartbeat()
@@ -101,7 +103,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if failure:
             print("  " + failure.replace("\n", "\n  "), flush=True)
 
-    run = SuiteRun(suite, options, progress=progress)
+    run = SuiteRun(suite, options, progress=progress, cards=cards)
     try:
         check_run(run, command_flag)  # outputs, device, probe, baseline file, memory, disk: before anything runs
     except ConfigError as exc:

@@ -14,6 +14,7 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.fingerprint import workload_key
 from pytest_flashckpt.core.registry import default_probe_name
 from pytest_flashckpt.config.injection import Injection
+from pytest_flashckpt.runner.cards import CardShelf
 
 
 class SkipScenario(Exception):
@@ -52,15 +53,17 @@ class RunContext:
     inject: Injection | None = None  # a known regression on purpose, to check the gate can fail (config/injection.py)
     # told the phase a scenario is in ("memory pass", "timing round 3/5", "save 2/6"): front ends print a heartbeat
     on_phase: Callable[[str], None] | None = None
+    cards: CardShelf = dataclasses.field(default_factory=CardShelf)  # the run's model cards, each read once
     _profile: tuple[dict[str, Any], str] | None = None
 
     @classmethod
     def resolve(
-        cls, device: str = "auto", probe: str = "auto", workdir: str | Path | None = None, inject: str = ""
+        cls, device: str = "auto", probe: str = "auto", workdir: str | Path | None = None, inject: str = "",
+        cards: CardShelf | None = None,
     ) -> "RunContext":
         dev = resolve_device(device)
         return cls(device=dev, probe=resolve_probe(probe, dev), workdir=Path(workdir) if workdir else None,
-                   inject=Injection.parse(inject))
+                   inject=Injection.parse(inject), cards=cards if cards is not None else CardShelf())
 
     def phase(self, text: str) -> None:
         """Say which phase the running scenario is in (a no-op unless a front end listens)."""

@@ -23,7 +23,7 @@ from pytest_flashckpt.config.step_impl import StepImpl, card_with_norm
 from pytest_flashckpt.core.files import work_folder
 from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
-from pytest_flashckpt.models.cards import build_model, load_card
+from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.outcome import recorded
@@ -76,8 +76,7 @@ def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer
         except HFUnavailable as exc:  # the optional extra is not installed: skipped, with the install line
             raise SkipScenario(str(exc)) from None
         return Trainer.create(model, scenario.batch_size, scenario.seq_len, seed=scenario.seed)
-    overrides = {} if scenario.model.dropout is None else {"dropout": scenario.model.dropout}
-    card = card_with_norm(load_card(scenario.card, **overrides), scenario.step_impl.norm)  # seq_len vs block_size: preflight() and GPT.forward check it
+    card = card_with_norm(ctx.cards.card(scenario.card, scenario.model.dropout), scenario.step_impl.norm)  # seq_len vs block_size: preflight() and GPT.forward check it
     if ctx.device.type == "cpu" and not card.allocate_on_cpu:
         raise SkipScenario(
             f"model card {card.name!r} ({card.num_params() / 1e9:.1f}B parameters) is only built on the meta device "

@@ -36,3 +36,47 @@ def test_the_reference_and_the_estimate_are_computed_once(monkeypatch, tmp_path)
     assert {"memory_saving", "flop_ratio", "analytic_memory_saving"} <= set(result.metrics)  # the passes that use them ran
     assert calls["reference"] == 1
     assert sorted(calls["estimate"]) == ["every_k", "none"]  # the strategy's once, the reference's once
+
+
+CARD_SUITE = """\
+name: cards
+defaults: {{model: {card}, batch_size: 1, seq_len: 32, rounds: 1, attention: eager, measure: [memory]}}
+scenarios:
+  - name: every-k
+    activation: {{strategy: every_k, k: 1}}
+"""
+
+
+def test_a_suite_run_reads_each_model_card_once(monkeypatch, tmp_path) -> None:
+    """The preflight at load, the run's resource check and the trainer's build (the scenario's and its
+    reference's) all take the card from the run's shelf: its file is read and validated once."""
+    from pytest_flashckpt.config import model_card
+    from pytest_flashckpt.config.run_options import Options
+    from pytest_flashckpt.runner.preflight import check_run
+    from pytest_flashckpt.runner.cards import CardShelf
+    from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
+
+    card = tmp_path / "micro.yaml"
+    card.write_text(MICRO_CARD, encoding="utf-8")
+    (tmp_path / "cards.yaml").write_text(CARD_SUITE.format(card=card), encoding="utf-8")
+    reads: list[str] = []
+    load_yaml = model_card.load_yaml
+
+    def counted(path, *args, **kwargs):
+        reads.append(str(path))
+        return load_yaml(path, *args, **kwargs)
+
+    monkeypatch.setattr(model_card, "load_yaml", counted)
+    shelf = CardShelf()
+    suite = load_checked_suite(str(tmp_path / "cards.yaml"), shelf)
+    run = SuiteRun(suite, Options(suite="cards.yaml", device="cpu", report="out", no_compare=True), tmp_path, cards=shelf)
+    check_run(run)
+    outcome = run.step(suite.scenarios[0])
+    assert outcome.result.status == "measured", outcome.result.reason
+    assert "memory_saving" in outcome.result.metrics  # the reference was built too
+    assert reads.count(str(card)) == 1, reads
+    # control: without the shared shelf the preflight and the run read it again
+    reads.clear()
+    load_checked_suite(str(tmp_path / "cards.yaml"))
+    SuiteRun(suite, Options(suite="cards.yaml", device="cpu", report="out", no_compare=True), tmp_path).step(suite.scenarios[0])
+    assert reads.count(str(card)) == 2, reads
