@@ -38,6 +38,7 @@ from pytest_flashckpt.config.preflight import check_output_folder
 from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
 from pytest_flashckpt.core.claims import CLAIMS
 from pytest_flashckpt.core.files import atomic_write_text
+from pytest_flashckpt.runner.threads import prefer_passive_openmp
 from pytest_flashckpt.core.result import SCHEMA_VERSION, RunRecord
 from pytest_flashckpt.config.record_file import read_record
 from pytest_flashckpt.history.command import add_parser as add_history_parser
@@ -76,6 +77,7 @@ def _option_flag(name: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    prefer_passive_openmp()  # before torch is imported (runner/threads.py)
     from pytest_flashckpt.runner.cards import CardShelf
     from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite  # imports torch
 
