@@ -233,7 +233,9 @@ def _memory_pass(scenario: Scenario, ctx: RunContext, result: Result, trainer: T
     ctx.phase("memory pass")
     result.absorb(shared("memory pass", lambda: _peak(trainer, ctx.probe, ctx.device)))
     if reference is not None:
-        ref = ctx.cached("memory", reference.scenario, lambda: _peak(reference.trainer, ctx.probe, ctx.device))
+        ref = ctx.cached("memory pass", reference.scenario,  # the kind (and value) a reference scenario's own pass has
+                         lambda: (f"{reference.scenario.suite}::{reference.scenario.name}",
+                                 _peak(reference.trainer, ctx.probe, ctx.device)))[1]
         result.record("reference_peak_bytes", ref["peak_bytes"])
         result.record("memory_saving", 1.0 - result.metrics["peak_bytes"] / ref["peak_bytes"])  # type: ignore[operator]
     result.absorb(_analytic(scenario, trainer, ctx.device))
@@ -245,7 +247,7 @@ def _flops_and_throughput(scenario: Scenario, ctx: RunContext, result: Result, t
     from pytest_flashckpt.activation.flops import count_step
 
     ctx.phase("FLOP count")
-    own = count_step(trainer)
+    own = ctx.cached("flop count", scenario, lambda: count_step(trainer))  # a reference scenario's is its reference's
     ref = None if reference is None else ctx.cached("flop count", reference.scenario, lambda: count_step(reference.trainer))
     if "flops" in scenario.measure:
         result.record("step_flops", own.matmul_flops)

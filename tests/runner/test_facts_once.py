@@ -80,3 +80,36 @@ def test_a_suite_run_reads_each_model_card_once(monkeypatch, tmp_path) -> None:
     load_checked_suite(str(tmp_path / "cards.yaml"))
     SuiteRun(suite, Options(suite="cards.yaml", device="cpu", report="out", no_compare=True), tmp_path).step(suite.scenarios[0])
     assert reads.count(str(card)) == 2, reads
+
+
+def test_a_workloads_reference_is_measured_once_whatever_its_steps(monkeypatch, tmp_path) -> None:
+    """A reference scenario's own memory pass and FLOP count are its workload's reference's, also for a scenario
+    timed at other steps per round (the article's rows at 1, the activation suite's at 2): one each per workload."""
+    import dataclasses
+
+    from pytest_flashckpt.activation import flops
+    from pytest_flashckpt.runner import run
+
+    counts = {"peak": 0, "flops": 0}
+    peak_pass, count_step = run.peak_pass, flops.count_step
+
+    def counted_peak(*args, **kwargs):
+        counts["peak"] += 1
+        return peak_pass(*args, **kwargs)
+
+    def counted_flops(*args, **kwargs):
+        counts["flops"] += 1
+        return count_step(*args, **kwargs)
+
+    monkeypatch.setattr(run, "peak_pass", counted_peak)
+    monkeypatch.setattr(flops, "count_step", counted_flops)
+    (tmp_path / "micro.yaml").write_text(MICRO_CARD, encoding="utf-8")
+    plain = Scenario("none", model=str(tmp_path / "micro.yaml"), batch_size=1, seq_len=32, rounds=1, attention="eager",
+                     activation=ActivationConfig("none", k=2), measure=("memory", "flops"))
+    every_k = dataclasses.replace(plain, name="every-k", steps=2, activation=ActivationConfig("every_k", k=1))
+    ctx = RunContext(torch.device("cpu"), "cpu")
+    first, second = run_scenario(plain, ctx), run_scenario(every_k, ctx)
+    assert first.status == second.status == "measured", (first.reason, second.reason)
+    assert second.metrics["reference_peak_bytes"] == first.metrics["peak_bytes"]
+    assert second.metrics["reference_step_flops"] == first.metrics["step_flops"]
+    assert counts == {"peak": 2, "flops": 2}  # none's (= the reference's) and every_k's; the reference not again
