@@ -113,3 +113,45 @@ def test_a_workloads_reference_is_measured_once_whatever_its_steps(monkeypatch, 
     assert second.metrics["reference_peak_bytes"] == first.metrics["peak_bytes"]
     assert second.metrics["reference_step_flops"] == first.metrics["step_flops"]
     assert counts == {"peak": 2, "flops": 2}  # none's (= the reference's) and every_k's; the reference not again
+
+
+def test_a_suite_run_reads_its_baseline_and_words_each_verdict_and_the_comparison_once(monkeypatch, tmp_path) -> None:
+    """Over a checked run with a stored baseline (check_run, every step, finish, the end summary, failed()): the
+    baseline file is read once, each scenario's verdict word computed once, the run's comparison built once."""
+    from fake_runner import FakeRunner
+
+    from pytest_flashckpt.baselines import gate as gate_module
+    from pytest_flashckpt.baselines.store import Baseline
+    from pytest_flashckpt.config.run_options import Options
+    from pytest_flashckpt.runner import suite as suite_module
+    from pytest_flashckpt.runner.preflight import check_run
+    from pytest_flashckpt.runner.summary import end_summary
+
+    (tmp_path / "once.yaml").write_text(
+        "name: once\ndefaults: {model: tiny, batch_size: 1, seq_len: 32, rounds: 2, attention: eager}\n"
+        "scenarios:\n  - name: reference\n  - name: every-k\n    activation: {strategy: every_k, k: 1}\n", encoding="utf-8")
+    options = Options(suite="once.yaml", device="cpu", report="out")
+    first = suite_module.SuiteRun(suite_module.load_checked_suite(str(tmp_path / "once.yaml")),
+                                  Options(suite="once.yaml", device="cpu", report="out", save_baseline=True), tmp_path,
+                                  runner=FakeRunner())
+    first.run_all()  # stores the baseline the counted run is judged against
+    counts = {"read": 0, "verdict": 0, "comparison": 0}
+    read, verdict, comparison = Baseline.read, suite_module.scenario_verdict, gate_module.Gate.comparison
+
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(Baseline, "read", staticmethod(counting("read", read)))
+    monkeypatch.setattr(suite_module, "scenario_verdict", counting("verdict", verdict))
+    monkeypatch.setattr(gate_module.Gate, "comparison", counting("comparison", comparison))
+    run = suite_module.SuiteRun(suite_module.load_checked_suite(str(tmp_path / "once.yaml")), options, tmp_path,
+                                runner=FakeRunner())
+    check_run(run)
+    outputs = run.run_all()
+    end_summary(run, outputs)
+    assert not run.failed() and run.gate().status == "compared"
+    assert [run.verdict(r) for r in run.results] == [run.verdicts[r.id] for r in run.results]
+    assert counts == {"read": 1, "verdict": 2, "comparison": 1}
