@@ -2,6 +2,7 @@
 
     python benchmarks/time_test_run.py --runs 2 --one-process --suite
     python benchmarks/time_test_run.py --runs 1 --suite --load 1    # the slower host of issue 31
+    python benchmarks/time_test_run.py --runs 1 --suite --load 1 --omp-wait-policy libgomp-default  # before issue 31
 
 Runs plain ``pytest`` (README's test command: pytest-xdist workers, one per core, see tests/conftest.py) ``--runs``
 times in this checkout; with ``--one-process`` also ``pytest -n 0`` once, and with ``--suite`` README's first
@@ -60,12 +61,12 @@ def busy_cores(count: int) -> Iterator[None]:
             spinner.join()
 
 
-def _run(args: list[str], label: list[str], load: int) -> dict:
+def _run(args: list[str], label: list[str], load: int, env: dict[str, str]) -> dict:
     load_before = os.getloadavg()[0]
     with busy_cores(load):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = proc.stdout + proc.stderr
@@ -99,16 +100,25 @@ def main() -> None:
     parser.add_argument("--suite", action="store_true", help="also run README's first command, pytest --flashckpt-suite, once")
     parser.add_argument("--load", type=int, default=0, metavar="N",
                         help="N busy processes beside every run (1 on 2 cores: the 1.5x slower host of issue 31)")
+    parser.add_argument("--omp-wait-policy", choices=("as-set", "libgomp-default"), default="as-set",
+                        help="as-set (default): this environment's OMP_WAIT_POLICY, else the PASSIVE the suite and the "
+                        "tests set (pytest_flashckpt/runner/threads.py); libgomp-default: libgomp's own spinning, "
+                        "for a before/after comparison (an unknown value, which libgomp reads as its default and "
+                        "names on stderr)")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "test-run-time.md")
     args = parser.parse_args()
     if args.runs < 0 or args.load < 0:
         parser.error(f"--runs and --load must be 0 or more, got --runs {args.runs} --load {args.load}")
-    runs = [_run([], [], args.load) for _ in range(args.runs)]
+    env = dict(os.environ)
+    if args.omp_wait_policy == "libgomp-default":
+        env["OMP_WAIT_POLICY"] = "libgomp-default"
+    policy = env.get("OMP_WAIT_POLICY", "PASSIVE (set by the suite and tests/conftest.py)")
+    runs = [_run([], [], args.load, env) for _ in range(args.runs)]
     if args.one_process:
-        runs.append(_run(["-n", "0"], ["-n", "0"], args.load))
+        runs.append(_run(["-n", "0"], ["-n", "0"], args.load, env))
     if args.suite:
         with tempfile.TemporaryDirectory(prefix="flashckpt-suite-timing-") as report:
-            runs.append(_run(["--flashckpt-suite", f"--flashckpt-report={report}"], ["--flashckpt-suite"], args.load))
+            runs.append(_run(["--flashckpt-suite", f"--flashckpt-report={report}"], ["--flashckpt-suite"], args.load, env))
     if not runs:
         parser.error("nothing to time: give --runs 1 or more, --one-process or --suite")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -122,6 +132,7 @@ def main() -> None:
         f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, commit {_commit()}.",
         f"Machine: {cores} cores ({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
         f"torch {torch.__version__}. CPU time is pytest's and every process it waited for (user + sys).{beside}",
+        f"OpenMP wait policy: {policy}.",
         "",
         "| command | workers | wall (s) | wall | CPU (s) | load before / after | exit | outcome |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",

@@ -39,6 +39,7 @@ from pytest_flashckpt.config.preflight import check_output_folder
 from pytest_flashckpt.config.run_options import OPTIONS, OptionError, Options
 from pytest_flashckpt.core.claims import CLAIMS
 from pytest_flashckpt.core.files import atomic_write_text
+from pytest_flashckpt.runner.threads import prefer_passive_openmp
 from pytest_flashckpt.core.result import SCHEMA_VERSION, RunRecord
 from pytest_flashckpt.fit.command import add_parser as add_fit_parser
 from pytest_flashckpt.config.record_file import read_record
@@ -78,6 +79,8 @@ def _option_flag(name: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    prefer_passive_openmp()  # before torch is imported (runner/threads.py)
+    from pytest_flashckpt.runner.cards import CardShelf
     from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite  # imports torch
 
     def lookup(spec):
@@ -87,8 +90,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options = Options.from_lookup(args.suite, lookup)
     except OptionError as exc:
         raise InputError(str(exc)) from None
+    cards = CardShelf()  # each model card read once: the preflight and the run
     try:
-        suite = load_checked_suite(args.suite)
+        suite = load_checked_suite(args.suite, cards)
     except ConfigError as exc:  # a problem with no file is the option's: an unknown suite name
         raise InputError(str(exc if exc.where else exc.within("--suite"))) from None
     heartbeat = Heartbeat()
@@ -103,7 +107,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if failure:
             print("  " + failure.replace("\n", "\n  "), flush=True)
 
-    run = SuiteRun(suite, options, progress=progress)
+    run = SuiteRun(suite, options, progress=progress, cards=cards)
     try:
         check_run(run, command_flag)  # outputs, device, probe, baseline file, memory, disk: before anything runs
     except ConfigError as exc:

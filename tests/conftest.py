@@ -6,8 +6,14 @@ import os
 import sys
 
 import pytest
-import torch
-from hypothesis import HealthCheck, settings
+
+from pytest_flashckpt.runner.threads import prefer_passive_openmp
+
+# before torch is imported: OpenMP threads of this process and its xdist workers wait passively (runner/threads.py)
+OPENMP_PASSIVE = prefer_passive_openmp()
+
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 from fake_runner import FakeRunner  # a plain module of tests/, as fresh_python
 

@@ -16,10 +16,10 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.step_impl import card_with_norm, check_simulated
 
 
-def preflight(scenario: Scenario, where: str | None = None) -> None:
+def preflight(scenario: Scenario, where: str | None = None, load: Callable[..., Any] = load_card) -> None:
     """Static checks before anything runs (model card readable, sequence fits, strategy fits the model); raises
     ConfigError naming ``where`` (the suite file the scenario came from; its suite's name when not given), the
-    scenario, the key and the fix."""
+    scenario, the key and the fix. ``load`` reads a card (a run's ``runner.cards.CardShelf.load``: once per run)."""
     where = where if where is not None else f"suite {scenario.suite!r}"
 
     def bad(key: str, problem: str, fix: str = "") -> ConfigError:
@@ -28,13 +28,13 @@ def preflight(scenario: Scenario, where: str | None = None) -> None:
     if getattr(scenario.model, "hf", None) is not None:  # a Hugging Face config, not a card
         return _preflight_hf(scenario, bad)
     try:
-        card = load_card(scenario.card)
+        card = load(scenario.card)
     except ConfigError as exc:
         raise exc.within(where, scenario.name, "model.card") from None
     dropout = scenario.model.dropout  # type: ignore[union-attr]
     if dropout is not None:  # the scenario's override of the card's dropout: the bad value is the scenario's
         try:
-            load_card(scenario.card, dropout=dropout)
+            load(scenario.card, dropout=dropout)
         except ConfigError as exc:
             raise bad("model.dropout", exc.problem.removeprefix("dropout "), exc.fix) from None
     if scenario.seq_len > card.max_seq_len:
@@ -141,7 +141,8 @@ class ModelShape:
 
 
 def check_resources(scenarios, origin, host_bytes: int | None, free_disk: int | None, work_folder: str,
-                    on_cpu: bool, shape_of: Callable[[Scenario], Any] | None = None) -> None:
+                    on_cpu: bool, shape_of: Callable[[Scenario], Any] | None = None,
+                    load: Callable[..., Any] = load_card) -> None:
     """Refuse a scenario whose predicted host memory exceeds ``host_bytes`` (CPU runs of cards built on a CPU) and
     a suite whose checkpoints need more than ``free_disk`` in ``work_folder``. ``origin(scenario)`` names the file
     a scenario came from; ``shape_of(scenario)`` gives a Hugging Face scenario's ``ModelShape`` (None: not
@@ -153,7 +154,7 @@ def check_resources(scenarios, origin, host_bytes: int | None, free_disk: int | 
             if card is None:
                 continue
         else:
-            card = load_card(scenario.card)
+            card = load(scenario.card)
         # simulated scenarios build nothing; a card too big for a CPU is skipped by the run with its reason
         if on_cpu and host_bytes and not scenario.simulate.enabled and card.allocate_on_cpu:
             need = predicted_host_bytes(scenario, card)

@@ -12,12 +12,20 @@ import pytest
 from pytest_flashckpt.plugin.marker_budgets import SPECS, BudgetError, parse_budgets, violations
 from pytest_flashckpt.plugin.fixture import flashckpt  # noqa: F401  (the fixture, registered with the plugin)
 from pytest_flashckpt.plugin.options import add_options, options_from_config
+from pytest_flashckpt.runner.threads import prefer_passive_openmp
 
 MARKER = "flashckpt"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """A suite run's OpenMP threads wait passively (``runner.threads``): set before the project's conftest files
+    (which may import torch) are loaded, the earliest hook an installed plugin gets."""
+    if getattr(early_config.known_args_namespace, "flashckpt_suite", None) is not None:
+        prefer_passive_openmp()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -32,6 +32,7 @@ from pytest_flashckpt.config.suites import AUTO_SUITE, default_suite_for
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.plugin.benchmark_bridge import BenchmarkBridge
 from pytest_flashckpt.report.terminal import Heartbeat, scenario_line
+from pytest_flashckpt.runner.cards import CardShelf
 from pytest_flashckpt.runner.preflight import check_run
 from pytest_flashckpt.runner.suite import ScenarioOutcome, SuiteRun, interrupts_as_keyboard_interrupt, load_checked_suite
 from pytest_flashckpt.runner.summary import end_summary
@@ -104,11 +105,12 @@ def _keep_scenarios_on_one_xdist_worker(config: pytest.Config) -> None:
 class SuiteSession:
     """The pytest face of a ``SuiteRun``: it adds test items, pytest-benchmark and the terminal summary."""
 
-    def __init__(self, config: pytest.Config, options: Options, suite) -> None:
+    def __init__(self, config: pytest.Config, options: Options, suite, cards: CardShelf | None = None) -> None:
         self.config = config
         self.options = options
         self.suite = suite
-        self.run_state = SuiteRun(suite, options, root=Path(config.invocation_params.dir), progress=self._on_phase)
+        self.run_state = SuiteRun(suite, options, root=Path(config.invocation_params.dir), progress=self._on_phase,
+                                  cards=cards)
         self.xdist_worker = hasattr(config, "workerinput")  # a pytest-xdist worker: measures, the controller writes
         self._heartbeat = Heartbeat()
         self._running: str | None = None  # the node id of the scenario item running (None: another test)
@@ -150,11 +152,12 @@ class SuiteSession:
                 f"--flashckpt-suite took {suite_arg!r} as the suite; write --flashckpt-suite=NAME (or put paths first)"
             )
         _keep_scenarios_on_one_xdist_worker(config)
+        cards = CardShelf()  # the suite's model cards, read once for the preflight and the run
         try:
-            suite = load_checked_suite(suite_arg)
+            suite = load_checked_suite(suite_arg, cards)
         except ConfigError as exc:  # a problem with no file is the option's: an unknown suite name
             raise pytest.UsageError(f"flashckpt: {exc if exc.where else exc.within('--flashckpt-suite')}") from None
-        session = cls(config, options, suite)
+        session = cls(config, options, suite, cards)
         if not session.xdist_worker:  # the controller (or the only process) checks; workers trust it
             try:
                 check_run(session.run_state)  # outputs, device, probe, baseline file, memory, disk: before any run

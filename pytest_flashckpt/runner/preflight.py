@@ -70,7 +70,8 @@ def check_run(run, flag: Flag = pytest_flag) -> None:
     _tidy(run, work)
     existing = work if work.exists() else next(p for p in work.parents if p.exists())
     check_resources(run.suite.scenarios, run.suite.origin, host_memory_bytes(), shutil.disk_usage(existing).free,
-                    run.shown(work), on_cpu=ctx.device.type == "cpu", shape_of=lambda s: hf_shape(s, run.suite.origin(s)))
+                    run.shown(work), on_cpu=ctx.device.type == "cpu", shape_of=lambda s: hf_shape(s, run.suite.origin(s)),
+                    load=run.cards.load)
 
 
 def hf_shape(scenario, where: str) -> ModelShape | None:

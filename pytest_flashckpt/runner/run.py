@@ -23,7 +23,7 @@ from pytest_flashckpt.config.step_impl import StepImpl, card_with_norm
 from pytest_flashckpt.core.files import work_folder
 from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
-from pytest_flashckpt.models.cards import build_model, load_card
+from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.runner.compiled import check_can_compile, measure_compiled
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
@@ -77,8 +77,7 @@ def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer
         except HFUnavailable as exc:  # the optional extra is not installed: skipped, with the install line
             raise SkipScenario(str(exc)) from None
         return Trainer.create(model, scenario.batch_size, scenario.seq_len, seed=scenario.seed)
-    overrides = {} if scenario.model.dropout is None else {"dropout": scenario.model.dropout}
-    card = card_with_norm(load_card(scenario.card, **overrides), scenario.step_impl.norm)  # seq_len vs block_size: preflight() and GPT.forward check it
+    card = card_with_norm(ctx.cards.card(scenario.card, scenario.model.dropout), scenario.step_impl.norm)  # seq_len vs block_size: preflight() and GPT.forward check it
     if ctx.device.type == "cpu" and not card.allocate_on_cpu:
         raise SkipScenario(
             f"model card {card.name!r} ({card.num_params() / 1e9:.1f}B parameters) is only built on the meta device "
@@ -266,7 +265,9 @@ def _memory_pass(scenario: Scenario, ctx: RunContext, result: Result, trainer: T
     ctx.phase("memory pass")
     result.absorb(shared("memory pass", lambda: _peak(trainer, ctx.probe, ctx.device)))
     if reference is not None:
-        ref = ctx.cached("memory", reference.scenario, lambda: _peak(reference.trainer, ctx.probe, ctx.device))
+        ref = ctx.cached("memory pass", reference.scenario,  # the kind (and value) a reference scenario's own pass has
+                         lambda: (f"{reference.scenario.suite}::{reference.scenario.name}",
+                                 _peak(reference.trainer, ctx.probe, ctx.device)))[1]
         result.record("reference_peak_bytes", ref["peak_bytes"])
         result.record("memory_saving", 1.0 - result.metrics["peak_bytes"] / ref["peak_bytes"])  # type: ignore[operator]
     result.absorb(_analytic(scenario, trainer, ctx.device))
@@ -278,7 +279,7 @@ def _flops_and_throughput(scenario: Scenario, ctx: RunContext, result: Result, t
     from pytest_flashckpt.activation.flops import count_step
 
     ctx.phase("FLOP count")
-    own = count_step(trainer)
+    own = ctx.cached("flop count", scenario, lambda: count_step(trainer))  # a reference scenario's is its reference's
     ref = None if reference is None else ctx.cached("flop count", reference.scenario, lambda: count_step(reference.trainer))
     if "flops" in scenario.measure:
         result.record("step_flops", own.matmul_flops)

@@ -38,10 +38,10 @@ from pytest_flashckpt.core.result import Result, RunRecord
 from pytest_flashckpt.report.folder import make_report_folder, write_run_folder
 from pytest_flashckpt.report.regression import append_step_summary
 from pytest_flashckpt.report.terminal import scenario_verdict
+from pytest_flashckpt.runner.cards import CardShelf
 from pytest_flashckpt.runner.context import RunContext
 from pytest_flashckpt.runner.profile import git_commit
 from pytest_flashckpt.runner.runners import ScenarioRunner, runner_for
-from pytest_flashckpt.config.record_file import result_from_dict
 
 
 Progress = Callable[[Scenario, str], None]  # (scenario, phase: "memory pass", "timing round 3/5", "save 2/6")
@@ -78,21 +78,25 @@ class RunOutputs:
     step_summary: Path | None = None
 
 
-def load_checked_suite(name_or_path: str) -> Suite:
-    """Load a suite and preflight every scenario (model cards read, sequences fit): ConfigError before anything runs."""
+def load_checked_suite(name_or_path: str, cards: CardShelf | None = None) -> Suite:
+    """Load a suite and preflight every scenario (model cards read, sequences fit): ConfigError before anything runs.
+    The cards are read into ``cards`` (hand the same shelf to ``SuiteRun``: each card is then read once per run)."""
     suite = load_suite(name_or_path)
+    shelf = cards if cards is not None else CardShelf()
     for scenario in suite.scenarios:
-        preflight(scenario, suite.origin(scenario))
+        preflight(scenario, suite.origin(scenario), load=shelf.load)
     return suite
 
 
 class SuiteRun:
     """The state of one suite run; ``root`` is the folder relative paths (report, baselines) are resolved from;
-    ``runner``, when given, measures every scenario (a test's fake), else each scenario's own (``runner_for``)."""
+    ``runner``, when given, measures every scenario (a test's fake), else each scenario's own (``runner_for``);
+    ``cards``: the shelf ``load_checked_suite`` read the suite's model cards into (each card read once per run)."""
 
     def __init__(self, suite: Suite, options: Options, root: Path | None = None, runner: ScenarioRunner | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, cards: CardShelf | None = None) -> None:
         self.suite = suite
+        self.cards = cards if cards is not None else CardShelf()
         self.options = options
         self.root = Path(root) if root is not None else Path.cwd()
         self.progress = progress  # told (scenario, phase) as a scenario goes: front ends print a heartbeat
@@ -115,7 +119,7 @@ class SuiteRun:
     def context(self) -> RunContext:
         if self._ctx is None:
             o = self.options
-            self._ctx = RunContext.resolve(o.device, o.probe, o.workdir or None, o.inject)
+            self._ctx = RunContext.resolve(o.device, o.probe, o.workdir or None, o.inject, cards=self.cards)
             self._ctx.dtypes = tuple(s.dtype for s in self.suite.scenarios)
         return self._ctx
 

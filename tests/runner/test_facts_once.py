@@ -36,3 +36,122 @@ def test_the_reference_and_the_estimate_are_computed_once(monkeypatch, tmp_path)
     assert {"memory_saving", "flop_ratio", "analytic_memory_saving"} <= set(result.metrics)  # the passes that use them ran
     assert calls["reference"] == 1
     assert sorted(calls["estimate"]) == ["every_k", "none"]  # the strategy's once, the reference's once
+
+
+CARD_SUITE = """\
+name: cards
+defaults: {{model: {card}, batch_size: 1, seq_len: 32, rounds: 1, attention: eager, measure: [memory]}}
+scenarios:
+  - name: every-k
+    activation: {{strategy: every_k, k: 1}}
+"""
+
+
+def test_a_suite_run_reads_each_model_card_once(monkeypatch, tmp_path) -> None:
+    """The preflight at load, the run's resource check and the trainer's build (the scenario's and its
+    reference's) all take the card from the run's shelf: its file is read and validated once."""
+    from pytest_flashckpt.config import model_card
+    from pytest_flashckpt.config.run_options import Options
+    from pytest_flashckpt.runner.preflight import check_run
+    from pytest_flashckpt.runner.cards import CardShelf
+    from pytest_flashckpt.runner.suite import SuiteRun, load_checked_suite
+
+    card = tmp_path / "micro.yaml"
+    card.write_text(MICRO_CARD, encoding="utf-8")
+    (tmp_path / "cards.yaml").write_text(CARD_SUITE.format(card=card), encoding="utf-8")
+    reads: list[str] = []
+    load_yaml = model_card.load_yaml
+
+    def counted(path, *args, **kwargs):
+        reads.append(str(path))
+        return load_yaml(path, *args, **kwargs)
+
+    monkeypatch.setattr(model_card, "load_yaml", counted)
+    shelf = CardShelf()
+    suite = load_checked_suite(str(tmp_path / "cards.yaml"), shelf)
+    run = SuiteRun(suite, Options(suite="cards.yaml", device="cpu", report="out", no_compare=True), tmp_path, cards=shelf)
+    check_run(run)
+    outcome = run.step(suite.scenarios[0])
+    assert outcome.result.status == "measured", outcome.result.reason
+    assert "memory_saving" in outcome.result.metrics  # the reference was built too
+    assert reads.count(str(card)) == 1, reads
+    # control: without the shared shelf the preflight and the run read it again
+    reads.clear()
+    load_checked_suite(str(tmp_path / "cards.yaml"))
+    SuiteRun(suite, Options(suite="cards.yaml", device="cpu", report="out", no_compare=True), tmp_path).step(suite.scenarios[0])
+    assert reads.count(str(card)) == 2, reads
+
+
+def test_a_workloads_reference_is_measured_once_whatever_its_steps(monkeypatch, tmp_path) -> None:
+    """A reference scenario's own memory pass and FLOP count are its workload's reference's, also for a scenario
+    timed at other steps per round (the article's rows at 1, the activation suite's at 2): one each per workload."""
+    import dataclasses
+
+    from pytest_flashckpt.activation import flops
+    from pytest_flashckpt.runner import run
+
+    counts = {"peak": 0, "flops": 0}
+    peak_pass, count_step = run.peak_pass, flops.count_step
+
+    def counted_peak(*args, **kwargs):
+        counts["peak"] += 1
+        return peak_pass(*args, **kwargs)
+
+    def counted_flops(*args, **kwargs):
+        counts["flops"] += 1
+        return count_step(*args, **kwargs)
+
+    monkeypatch.setattr(run, "peak_pass", counted_peak)
+    monkeypatch.setattr(flops, "count_step", counted_flops)
+    (tmp_path / "micro.yaml").write_text(MICRO_CARD, encoding="utf-8")
+    plain = Scenario("none", model=str(tmp_path / "micro.yaml"), batch_size=1, seq_len=32, rounds=1, attention="eager",
+                     activation=ActivationConfig("none", k=2), measure=("memory", "flops"))
+    every_k = dataclasses.replace(plain, name="every-k", steps=2, activation=ActivationConfig("every_k", k=1))
+    ctx = RunContext(torch.device("cpu"), "cpu")
+    first, second = run_scenario(plain, ctx), run_scenario(every_k, ctx)
+    assert first.status == second.status == "measured", (first.reason, second.reason)
+    assert second.metrics["reference_peak_bytes"] == first.metrics["peak_bytes"]
+    assert second.metrics["reference_step_flops"] == first.metrics["step_flops"]
+    assert counts == {"peak": 2, "flops": 2}  # none's (= the reference's) and every_k's; the reference not again
+
+
+def test_a_suite_run_reads_its_baseline_and_words_each_verdict_and_the_comparison_once(monkeypatch, tmp_path) -> None:
+    """Over a checked run with a stored baseline (check_run, every step, finish, the end summary, failed()): the
+    baseline file is read once, each scenario's verdict word computed once, the run's comparison built once."""
+    from fake_runner import FakeRunner
+
+    from pytest_flashckpt.baselines import gate as gate_module
+    from pytest_flashckpt.baselines.store import Baseline
+    from pytest_flashckpt.config.run_options import Options
+    from pytest_flashckpt.runner import suite as suite_module
+    from pytest_flashckpt.runner.preflight import check_run
+    from pytest_flashckpt.runner.summary import end_summary
+
+    (tmp_path / "once.yaml").write_text(
+        "name: once\ndefaults: {model: tiny, batch_size: 1, seq_len: 32, rounds: 2, attention: eager}\n"
+        "scenarios:\n  - name: reference\n  - name: every-k\n    activation: {strategy: every_k, k: 1}\n", encoding="utf-8")
+    options = Options(suite="once.yaml", device="cpu", report="out")
+    first = suite_module.SuiteRun(suite_module.load_checked_suite(str(tmp_path / "once.yaml")),
+                                  Options(suite="once.yaml", device="cpu", report="out", save_baseline=True), tmp_path,
+                                  runner=FakeRunner())
+    first.run_all()  # stores the baseline the counted run is judged against
+    counts = {"read": 0, "verdict": 0, "comparison": 0}
+    read, verdict, comparison = Baseline.read, suite_module.scenario_verdict, gate_module.Gate.comparison
+
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(Baseline, "read", staticmethod(counting("read", read)))
+    monkeypatch.setattr(suite_module, "scenario_verdict", counting("verdict", verdict))
+    monkeypatch.setattr(gate_module.Gate, "comparison", counting("comparison", comparison))
+    run = suite_module.SuiteRun(suite_module.load_checked_suite(str(tmp_path / "once.yaml")), options, tmp_path,
+                                runner=FakeRunner())
+    check_run(run)
+    outputs = run.run_all()
+    end_summary(run, outputs)
+    assert not run.failed() and run.gate().status == "compared"
+    assert [run.verdict(r) for r in run.results] == [run.verdicts[r.id] for r in run.results]
+    assert counts == {"read": 1, "verdict": 2, "comparison": 1}
