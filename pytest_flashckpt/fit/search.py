@@ -7,7 +7,13 @@ strategy and precision, no smaller microbatch, no resharding where that one resh
 that one had none) is ruled out without a simulation: its peak cannot be lower. Otherwise the search would spend
 its simulations on microbatch after microbatch of one strategy that never fits.
 
-Simulating in time order spends the simulations where the answer is decided: a slower layout is only simulated
+The simulation budget is shared over the activation strategies (each gets an even share of what is left, in the
+order of its fastest candidate; a share a strategy does not use passes on): in time order alone, the strategy the
+time model favours (selective_op recomputes least) took every simulation on Llama-3-70B, each over the device, and
+the search said "no layout fits" without trying full checkpointing. Within a strategy, candidates are simulated in
+time order; the fitting layouts of every strategy are then ranked by time together.
+
+Within a strategy, simulating in time order spends the simulations where the answer is decided: a slower layout is only simulated
 once every faster one has been found not to fit (or ``top`` already fit). The usable memory is the device's less
 ``margin`` (a fraction, default ``fit.assumptions.DEFAULT_MARGIN``) for what the simulation does not count: the CUDA context,
 NCCL's and cuBLAS's workspaces, the caching allocator's rounding and fragmentation. That margin is an assumption:
@@ -125,28 +131,48 @@ def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
         if not survivors:
             found.closest_state = min(bounds.items(), key=lambda item: item[1])
         ranked = sorted(((times.step(c), c) for c in survivors), key=lambda pair: pair[0].step_s)
-        for time, c in ranked:
-            if len(found.fitting) >= request.top:
-                break
-            if any(holds_at_least(c, r.candidate) for r in found.not_fitting if r.memory is not None):
-                found.pruned_by_dominance += 1
-                continue
-            if not memory.is_cached(c):
-                if found.simulations >= request.max_simulations:
-                    break
-                found.simulations += 1
-                if progress is not None:
-                    progress(f"{gpus} GPUs: simulating {c.describe()}, microbatch {c.microbatch}, {c.describe_strategy()}, "
-                             f"{c.precision} ({found.simulations}/{request.max_simulations})")
-            try:
-                rank = memory.memory(c)
-            except ValueError as exc:  # a layout the engine refuses (e.g. TP of a fused q/k/v projection)
-                found.not_fitting.append(Ranked(c, time, None, _cost(request, parameters, c, None), str(exc).splitlines()[0]))
-                continue
-            entry = Ranked(c, time, rank, _cost(request, parameters, c, rank))
-            (found.fitting if entry.fits(request.usable_bytes) else found.not_fitting).append(entry)
+        by_strategy: dict[tuple[str, int], list] = {}
+        for pair in ranked:  # each strategy's candidates fastest first; strategies in the order of their fastest
+            by_strategy.setdefault((pair[1].strategy, pair[1].k), []).append(pair)
+        left = len(by_strategy)
+        for pairs in by_strategy.values():
+            share = (request.max_simulations - found.simulations) // left
+            left -= 1
+            _search_strategy(request, memory, parameters, found, pairs, found.simulations + share, progress)
+        found.fitting = sorted(found.fitting, key=lambda r: r.time.step_s)[:request.top]
         results.append(found)
     return results
+
+
+def _search_strategy(request: FitRequest, memory: RankMemoryModel, parameters: int, found: GpuCountResult,
+                     ranked: list, until: int, progress: Callable[[str], None] | None) -> None:
+    """One strategy's candidates, fastest first, simulated until ``top`` of them fit or the simulation count of
+    ``found`` reaches ``until`` (this strategy's share of the budget: see the module doc)."""
+    gpus, fitting = found.gpus, 0
+    for time, c in ranked:
+        if fitting >= request.top:
+            break
+        if any(holds_at_least(c, r.candidate) for r in found.not_fitting if r.memory is not None):
+            found.pruned_by_dominance += 1
+            continue
+        if not memory.is_cached(c):
+            if found.simulations >= until:
+                break
+            found.simulations += 1
+            if progress is not None:
+                progress(f"{gpus} GPUs: simulating {c.describe()}, microbatch {c.microbatch}, {c.describe_strategy()}, "
+                         f"{c.precision} ({found.simulations}/{request.max_simulations})")
+        try:
+            rank = memory.memory(c)
+        except ValueError as exc:  # a layout the engine refuses (e.g. TP of a fused q/k/v projection)
+            found.not_fitting.append(Ranked(c, time, None, _cost(request, parameters, c, None), str(exc).splitlines()[0]))
+            continue
+        entry = Ranked(c, time, rank, _cost(request, parameters, c, rank))
+        if entry.fits(request.usable_bytes):
+            found.fitting.append(entry)
+            fitting += 1
+        else:
+            found.not_fitting.append(entry)
 
 
 def _cost(request: FitRequest, parameters: int, c: Candidate, rank: RankMemory | None) -> CheckpointCost:

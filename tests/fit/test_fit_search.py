@@ -67,10 +67,43 @@ def test_the_state_prune_runs_no_simulation_and_names_the_closest(capsys) -> Non
 TIGHT = -(-CARD.num_params() // 4) * 16 + 4096  # above the training state of 4 shards, below any step's peak
 
 
+def never_fits(calls: list):
+    """The stand-in rank with a forward+backward peak over any device (each step holds TIGHT more)."""
+    simulate = stand_in(calls)
+
+    def over(*args, **kwargs):
+        record = simulate(*args, **kwargs)
+        return {**record, "fwd_bwd_peak_bytes": record["fwd_bwd_peak_bytes"] + TIGHT, "peak_bytes": record["peak_bytes"] + TIGHT}
+    return over
+
+
 def test_the_simulation_budget_is_kept() -> None:
     calls: list = []
-    (found,) = search(request(device_memory=TIGHT, margin=0.0, max_simulations=2), simulate=stand_in(calls))
-    assert len(calls) == 2 and not found.fitting and found.closest() is not None
+    (found,) = search(request(device_memory=TIGHT, margin=0.0, max_simulations=2), simulate=never_fits(calls))
+    assert len(calls) == found.simulations == 2 and not found.fitting and found.closest() is not None
+
+
+def test_the_budget_is_shared_over_the_strategies_so_a_slower_one_that_fits_is_found(monkeypatch) -> None:
+    """The time model favours the strategies that recompute least; with the whole budget spent in time order the
+    search could miss the one that fits (full checkpointing, for Llama-3-70B). Each strategy gets its share."""
+    calls: list = []
+    fits_only_full, over = stand_in(calls), never_fits(calls)
+
+    def simulate(card, layout, **kw):
+        return fits_only_full(card, layout, **kw) if kw["strategy"] == "full" else over(card, layout, **kw)
+
+    class RecomputeIsSlow:  # every candidate of a strategy faster than any of the next one's, large microbatches first
+        def __init__(self, *args) -> None:
+            pass
+
+        def step(self, c):
+            return SimpleNamespace(step_s=("none", "selective_op", "full").index(c.strategy) * 100 + c.tp - c.microbatch / 100)
+
+    monkeypatch.setattr(search_module, "StepTimeModel", RecomputeIsSlow)
+    req = request(device_memory=TIGHT, margin=0.0, max_simulations=3, strategies=("none", "selective_op", "full"))
+    (found,) = search(req, simulate=simulate)
+    assert {call[3] for call in calls} == {"none", "selective_op", "full"} and found.simulations == 3
+    assert found.chosen is not None and found.chosen.candidate.strategy == "full"
 
 
 def _fit(*args: str) -> list[str]:
@@ -93,7 +126,7 @@ def test_impossible_requests_are_one_line_errors_with_exit_status_2(args, messag
 
 
 def test_no_layout_fits_names_the_closest_and_by_how_much(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(search_module, "simulate_rank", stand_in([]))
+    monkeypatch.setattr(search_module, "simulate_rank", never_fits([]))
     assert main(_fit("--gpus", "4", "--device-memory", str(TIGHT), "--margin", "0", "--max-simulations", "3")) == 2
     err = capsys.readouterr().err
     assert "no layout fits 4 GPUs: closest " in err and "per rank, short by " in err
