@@ -75,6 +75,22 @@ def _unique_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def allocator_step(step: Callable[[], object]) -> tuple[int, int]:
+    """One call of ``step`` under ``torch.profiler``'s memory events: (the CPU allocator's most bytes at once over
+    what it held at the start, the compiled regions that ran: "Torch-Compiled Region" events). No check: callers
+    decide what a reading must show (``measure_compiled_step``, ``runner.compiled``)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
+    allocations = sorted((e for e in events if e.tag == _EventType.Allocation and str(e.extra_fields.device) == "cpu"),
+                         key=lambda e: e.start_time_ns)
+    peak = 0
+    if allocations:
+        first = allocations[0].extra_fields
+        peak = max(e.extra_fields.total_allocated for e in allocations) - (first.total_allocated - first.alloc_size)
+    return peak, sum(e.name.startswith(COMPILED_REGION) for e in events)
+
+
 def measure_compiled_step(step: Callable[[], object], expected_regions: int = 1) -> CompiledStepReading:
     """Run ``step`` (already warmed up: compiled, optimizer state made) once under the profiler's memory events.
 
@@ -90,16 +106,8 @@ def measure_compiled_step(step: Callable[[], object], expected_regions: int = 1)
             "Dynamo runs the step eager and skips its frames from then on; measure it with measure_compiled_step alone"
         )
     graphs = _unique_graphs()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
-    allocations = sorted((e for e in events if e.tag == _EventType.Allocation and str(e.extra_fields.device) == "cpu"),
-                         key=lambda e: e.start_time_ns)
-    peak = 0
-    if allocations:
-        first = allocations[0].extra_fields
-        peak = max(e.extra_fields.total_allocated for e in allocations) - (first.total_allocated - first.alloc_size)
-    reading = CompiledStepReading(peak, sum(e.name.startswith(COMPILED_REGION) for e in events), _unique_graphs() - graphs)
+    peak, regions = allocator_step(step)
+    reading = CompiledStepReading(peak, regions, _unique_graphs() - graphs)
     if reading.new_graphs:
         raise NotCompiled(f"the step compiled {reading.new_graphs} new graph(s) after its warm-up (a recompile); "
                           "its peak and time include compiling: find the changing guard with TORCH_LOGS=recompiles")

@@ -31,7 +31,6 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-from torch._C._profiler import _EventType
 
 from pytest_flashckpt.activation.wrapper import BlockForward
 from pytest_flashckpt.config.axes import CompileConfig
@@ -39,8 +38,7 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
-from pytest_flashckpt.probes.allocator import _walk
-from pytest_flashckpt.probes.compiled import COMPILED_REGION, dynamos_hidden_warnings, import_inductor, missing_compiler
+from pytest_flashckpt.probes.compiled import allocator_step, dynamos_hidden_warnings, import_inductor, missing_compiler
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.passes import peak_pass, resident_tensors, timing_pass
 from pytest_flashckpt.training import Trainer
@@ -171,16 +169,7 @@ def compiled_side(trainer: Trainer, scenario: Scenario, warmup: int, backend: Ca
 def read_step(step: Callable[[], object]) -> StepReading:
     """One call of ``step`` under ``torch.profiler``'s memory events: the CPU allocator's most bytes at once over
     what it had at the start, and the compiled regions that ran ("Torch-Compiled Region" events)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
-    allocations = sorted((e for e in events if e.tag == _EventType.Allocation and str(e.extra_fields.device) == "cpu"),
-                         key=lambda e: e.start_time_ns)
-    peak = 0
-    if allocations:
-        first = allocations[0].extra_fields
-        peak = max(e.extra_fields.total_allocated for e in allocations) - (first.total_allocated - first.alloc_size)
-    return StepReading(peak, sum(e.name.startswith(COMPILED_REGION) for e in events))
+    return StepReading(*allocator_step(step))
 
 
 def check_regions(side: CompiledSide, reading: StepReading, name: str) -> StepReading:
