@@ -1,4 +1,4 @@
-"""tools/exact_diff.py: the check behind "the default suite's exact metrics unchanged to the byte"."""
+"""benchmarks/exact_metrics_equal.py: the check behind "the default suite's exact metrics unchanged to the byte"."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ SAMPLE = ROOT / "reports" / "sample" / "results.json"
 
 
 def _run(old: Path, new: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tools" / "exact_diff.py"), str(old), str(new)],
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "exact_metrics_equal.py"), str(old), str(new)],
                           capture_output=True, text=True, cwd=ROOT)
 
 
