@@ -77,6 +77,7 @@ class _SaveLoop:
 def run_checkpoint_pass(
     trainer: Trainer, config: SaveConfig, workdir: Path, probe_name: str = "cpu", peak_bytes: int | None = None,
     stall_increase: float = 0.0, on_phase: Callable[[str], None] | None = None,
+    limits: tuple[float, float] | None = None,
 ) -> Measurements:
     """Train ``trainer`` and save it ``config.saves`` times with ``config``'s strategy under ``workdir/checkpoints``,
     then load the newest checkpoint back into ``trainer`` and check it bit for bit against the state it saved.
@@ -88,12 +89,14 @@ def run_checkpoint_pass(
     ``mem_basis: peak``, ``peak_bytes`` is the scenario's measured peak step memory (``_peak_gauge``).
     The trainer ends in the state of the last save. Raises ``CheckpointError`` if the round trip is not exact.
     ``on_phase`` is told each phase ("time lost", "save 2/6", "load check") for progress lines.
+    ``limits`` is this machine's (raw write MB/s, copy GB/s) when the caller measured them once for its run on the
+    same disk and device (``machine_limits``); measured here otherwise.
     """
     say = on_phase or (lambda text: None)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     state_device = next(trainer.model.parameters()).device
-    raw_write, copy_gbps = write_bandwidth_MBps(workdir), copy_bandwidth_GBps(device=state_device)
+    raw_write, copy_gbps = limits if limits is not None else machine_limits(workdir, state_device)
     lost = None
     if config.time_lost_rounds > 0:
         say("time lost per save")
@@ -111,6 +114,12 @@ def run_checkpoint_pass(
     if lost is not None:
         out.absorb(lost)
     return out
+
+
+def machine_limits(folder: Path, device: torch.device) -> tuple[float, float]:
+    """This machine's raw write bandwidth with fsync in ``folder`` (MB/s) and the copy bandwidth from ``device``
+    (GB/s): the limits ``_record_limits`` reads a save against."""
+    return write_bandwidth_MBps(folder), copy_bandwidth_GBps(device=device)
 
 
 def _save_loop(

@@ -311,14 +311,28 @@ def _throughput(scenario: Scenario, ctx: RunContext, step_time_s: float, referen
                               peak, measured, reference_step_time_s)
 
 
+def _machine_limits(ctx: RunContext, folder: Path, device: torch.device) -> tuple[float, float]:
+    """The disk's raw write and the memory copy bandwidth (``checkpoint.measure.machine_limits``), measured once
+    per run and device: every checkpoint pass of a run saves under the same work folder, so one reading serves
+    them all (each pass measured them itself before: ~1 s of writing 64 MB per pass on a slow disk). Both are
+    ``info`` metrics, never gated."""
+    from pytest_flashckpt.checkpoint.measure import machine_limits
+
+    key = f"machine limits {device}"
+    if key not in ctx.cache:
+        ctx.cache[key] = machine_limits(folder, device)
+    return ctx.cache[key]
+
+
 def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result, reference: _Reference | None) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
 
     with work_folder(ctx.workdir, "ckpt") as root:  # locked while it lives: a killed run's is removed by the next run
         peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
+        limits = _machine_limits(ctx, root, next(trainer.model.parameters()).device)
         measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak,
-                                       stall_increase=stall, on_phase=ctx.phase)
+                                       stall_increase=stall, on_phase=ctx.phase, limits=limits)
         result.absorb(measured)
         from pytest_flashckpt.checkpoint.bandwidth import against_limits
 
@@ -331,7 +345,7 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
                 ref_trainer = reference.trainer if reference is not None else _reference_trainer(ref_scenario, ctx, result.backend or "sdpa")
                 ctx.phase("reference save (sync)")
                 return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe,
-                                           on_phase=lambda text: ctx.phase(f"reference {text}"))
+                                           on_phase=lambda text: ctx.phase(f"reference {text}"), limits=limits)
 
             ref = ctx.cached("checkpoint", ref_scenario, reference_save)
             metrics = result.metrics

@@ -155,3 +155,51 @@ def test_a_suite_run_reads_its_baseline_and_words_each_verdict_and_the_compariso
     assert not run.failed() and run.gate().status == "compared"
     assert [run.verdict(r) for r in run.results] == [run.verdicts[r.id] for r in run.results]
     assert counts == {"read": 1, "verdict": 2, "comparison": 1}
+
+
+SAVE_SUITE = """\
+name: saves
+defaults: {{model: {card}, batch_size: 1, seq_len: 32, rounds: 1, attention: eager, measure: [checkpoint],
+           checkpoint: {{strategy: sync, saves: 1, time_lost_rounds: 0}}}}
+scenarios:
+  - name: save-sync
+  - name: save-selective
+    checkpoint: {{strategy: selective}}
+"""
+
+
+def test_the_machines_save_limits_are_measured_once_per_run(monkeypatch, tmp_path) -> None:
+    """The disk's raw write and the memory copy bandwidth (info metrics every save row reads against) are measured
+    once per run, not by each checkpoint pass (the scenario's and its reference's); every row records the same
+    reading. Control: ``run_checkpoint_pass`` without the run's limits measures them itself."""
+    from pytest_flashckpt.checkpoint import bandwidth, measure
+    from pytest_flashckpt.config.suites import load_suite
+
+    calls = {"write": 0}
+    real = bandwidth.write_bandwidth_MBps
+
+    def counted(folder, *args, **kwargs):
+        calls["write"] += 1
+        return real(folder, megabytes=8)
+
+    monkeypatch.setattr(measure, "write_bandwidth_MBps", counted)
+    card = tmp_path / "micro.yaml"
+    card.write_text(MICRO_CARD, encoding="utf-8")
+    suite_file = tmp_path / "saves.yaml"
+    suite_file.write_text(SAVE_SUITE.format(card=card), encoding="utf-8")
+    (tmp_path / "work").mkdir()
+    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path / "work")
+    results = [run_scenario(s, ctx) for s in load_suite(str(suite_file)).scenarios]
+    assert [r.status for r in results] == ["measured", "measured"], [r.reason for r in results]
+    assert calls["write"] == 1  # two scenarios, a reference save: three passes, one reading
+    assert len({r.metrics["raw_write_MBps"] for r in results}) == 1
+
+    from pytest_flashckpt.checkpoint import run_checkpoint_pass
+    from pytest_flashckpt.config.scenario import SaveConfig
+    from pytest_flashckpt.models.cards import build_model
+    from pytest_flashckpt.training import Trainer
+
+    trainer = Trainer.create(build_model(ctx.cards.card(str(card), 0.0), "eager", torch.device("cpu"), torch.float32),
+                             1, 32)
+    run_checkpoint_pass(trainer, SaveConfig(strategy="sync", saves=1, time_lost_rounds=0), tmp_path / "alone", "")
+    assert calls["write"] == 2  # the control: a pass given no limits measures them
