@@ -29,7 +29,7 @@ def analytic(r: Result) -> str:
 def _row(r: Result, notes: Footnotes) -> list[str]:
     head = [f"`{r.id}`", select.card(r), select.describe_activation(r), select.precision(r)]
     if r.status != "measured":
-        return [*head, notes.skipped(r.status, r.reason), str(r.config.seq_len), *[MISSING] * 6]
+        return [*head, notes.skipped(r.status, r.reason), str(r.config.seq_len)]  # table() fills the rest
     m = r.metrics
     num = lambda k: m.get(k) if isinstance(m.get(k), (int, float)) else None  # noqa: E731
     return [

@@ -9,8 +9,14 @@ from pytest_flashckpt.report.format import MISSING
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:
-    """A GitHub markdown table; cells are already formatted strings (no number re-parsing)."""
-    clean = [[cell if cell not in (None, "") else MISSING for cell in row] for row in rows]
+    """A GitHub markdown table; cells are already formatted strings (no number re-parsing). A row shorter than the
+    headers ends in em dashes (a skipped scenario's row names what it has; a column added to a section's headers
+    needs no count of dashes kept in step); a longer one is an error naming it."""
+    for row in rows:
+        if len(row) > len(headers):
+            raise ValueError(f"a table row has {len(row)} cells for {len(headers)} headers ({', '.join(headers)}): {row}")
+    clean = [[cell if cell not in (None, "") else MISSING for cell in row] + [MISSING] * (len(headers) - len(row))
+             for row in rows]
     return tabulate(clean, headers=headers, tablefmt="github", disable_numparse=True)
 
 

@@ -139,18 +139,6 @@ def test_sections_without_data_say_so_in_one_line() -> None:
     assert "No scenario ran" in text
 
 
-def test_the_committed_sample_renders_the_committed_report_byte_for_byte(tmp_path) -> None:
-    """reports/sample/results.json renders the report committed beside it: fails when the report's rendering
-    changed and the sample was not regenerated."""
-    from pathlib import Path
-
-    from pytest_flashckpt.report import write_report
-
-    sample = Path(__file__).resolve().parents[2] / "reports" / "sample" / "results.json"
-    committed = (sample.parent / "flashckpt-report.md").read_text(encoding="utf-8")
-    assert write_report(read_record(sample), tmp_path / "report").read_text(encoding="utf-8") == committed
-
-
 def test_a_record_in_the_old_shape_renders_as_it_does_rewritten_in_the_new(tmp_path) -> None:
     """tests/data/results-old-shape.json (five scenarios of the sample as committed before the typed measurements:
     per-save samples as ``<metric>_samples``, the gate's notes inside the comparison's message) loads into the typed
