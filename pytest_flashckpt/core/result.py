@@ -110,6 +110,9 @@ class RunRecord:
     notes: list[str] = field(default_factory=list)  # conditions of the run a reader must know (parallel xdist workers)
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: a partial run (its finished scenarios), never a baseline
     wall_time_s: float | None = None  # the suite run's wall time, start to finish (None in files of schema 1)
+    # the suite run's CPU time (user + system, this process and the children it waited for: torchrun ranks, Inductor's
+    # compile workers), start to finish; None in files written before it was recorded
+    cpu_time_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}

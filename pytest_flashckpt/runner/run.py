@@ -25,6 +25,7 @@ from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.report.compiled import NOT_SIMULATED
 from pytest_flashckpt.runner.compiled import check_can_compile, measure_compiled
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.outcome import recorded
@@ -226,6 +227,29 @@ def _measure_compiled(scenario: Scenario, ctx: RunContext, result: Result) -> No
         _flops_and_throughput(scenario, ctx, result, twin, reference)
     elif scenario.activation.strategy == "compile_budget":
         result.notes.append("compile_budget: FLOPs and throughput not counted (the partitioner's recomputation is not an eager plan)")
+    if "memory" in scenario.measure and result.metrics.get("peak_bytes") is not None:
+        _simulate_compiled(scenario, ctx, result)
+
+
+def _simulate_compiled(scenario: Scenario, ctx: RunContext, result: Result) -> None:
+    """The compiled-step simulator (``simulate.compiled``: torch's own Dynamo, partitioner and Inductor plan, on fake
+    tensors) beside the measured allocator peak of the same row: ``compiled_simulated_peak_bytes`` (the simulated
+    training state plus the step's simulated peak over it), or a note saying why this row is not simulated
+    (``report.compiled.NOT_SIMULATED``), which the report shows in the row."""
+    from pytest_flashckpt.simulate.compiled import simulate_compiled_step, unsupported_reason
+
+    reason = unsupported_reason(scenario, ctx.device.type)
+    if reason is not None:
+        result.notes.append(NOT_SIMULATED + reason)
+        return
+    ctx.phase("compiled-step simulation (fake tensors)")
+    activation = scenario.activation
+    card = card_with_norm(ctx.cards.card(scenario.card, scenario.model.dropout), scenario.step_impl.norm)
+    sim = simulate_compiled_step(card, scenario.batch_size, scenario.seq_len, activation.strategy,
+                                 scenario.compile.scope, scenario.dtype, seed=scenario.seed, k=activation.k,
+                                 budget=activation.budget if activation.strategy == "compile_budget" else None)  # type: ignore[arg-type]
+    result.record("compiled_simulated_peak_bytes", sim["state_bytes"] + sim["peak_bytes"])
+    result.record("compiled_simulate_seconds", sim["seconds"])
 
 
 def _prepared_trainer(scenario: Scenario, ctx: RunContext, result: Result) -> Trainer:
