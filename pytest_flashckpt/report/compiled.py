@@ -4,8 +4,13 @@ scenario ran, so an eager report reads as before."""
 
 from __future__ import annotations
 
-from pytest_flashckpt.core.result import Result
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_flashckpt.core.result import Result, RunRecord
 from pytest_flashckpt.report import select
+from pytest_flashckpt.report.header import wall_time_text
 from pytest_flashckpt.report.format import MISSING, metric, mib, pct, spread
 from pytest_flashckpt.report.tables import Footnotes, table
 
@@ -16,6 +21,42 @@ HEADERS = ["scenario", "model", "strategy", "seq", "peak memory", "simulated pea
 RECOMPILED = "**{n} (flagged)**"
 NOT_SIMULATED = "compiled simulation: not simulated: "  # a row's note (runner.run), shown as the row's footnote
 SIM_BOUND = 0.05  # issue 33: simulated within 5% of the allocator's peak, a bound fixed before measuring
+
+
+@dataclass(frozen=True)
+class Included:
+    """Another run whose compiled rows a report shows (``RunRecord.included``): its record, or why it could not be
+    read, and the path of its report relative to the report that includes it."""
+
+    path: str  # as recorded: relative to the including run's results file
+    report_link: str
+    record: RunRecord | None = None
+    error: str | None = None
+
+
+def read_included(paths: list[str], base: Path, out_dir: Path) -> list[Included]:
+    """Each of ``paths`` (relative to ``base``) read; one that cannot be read (moved, deleted) is kept with the reason,
+    so a re-rendered report says so instead of failing. Links are relative to ``out_dir``, where the report goes."""
+    from pytest_flashckpt.config.record_file import read_record
+
+    out = []
+    for path in paths:
+        file = (base / path).resolve()
+        link = os.path.relpath(file.parent / "flashckpt-report.md", Path(out_dir).resolve())
+        try:
+            out.append(Included(path, link, record=read_record(file)))
+        except ValueError as exc:
+            out.append(Included(path, link, error=str(exc)))
+    return out
+
+
+def _included_line(inc: Included) -> str:
+    if inc.record is None:
+        return f"- `{inc.path}`: not read ({inc.error})"
+    r = inc.record
+    measured = len([x for x in compiled_results(r.results) if x.status == "measured"])
+    return (f"- suite `{r.suite}` ([{inc.report_link}]({inc.report_link})): {measured} compiled row(s) measured, profile "
+            f"`{r.profile_id}`, run {r.created}, commit `{r.commit or 'unknown'}`{wall_time_text(r.wall_time_s, r.cpu_time_s)}")
 
 
 def compiled_results(results: list[Result]) -> list[Result]:
@@ -54,16 +95,23 @@ def _simulated(r: Result, notes: Footnotes) -> list[str]:
     return [f"not simulated {notes.mark(why)}" if why else MISSING, MISSING]
 
 
-def compiled_section(results: list[Result]) -> list[str]:
-    chosen = compiled_results(results)
-    if not chosen:
+def compiled_section(results: list[Result], included: list[Included] | None = None) -> list[str]:
+    """The section over this run's compiled rows and those of the ``included`` runs (after this run's), with a line
+    per included run saying where its rows come from."""
+    included = included or []
+    chosen = compiled_results(results) + [r for inc in included if inc.record for r in compiled_results(inc.record.results)]
+    if not chosen and not included:
         return []
     notes = Footnotes()
     rows = [_row(r, notes) for r in chosen]
     sources = sorted({str(r.metrics["peak_memory_source"]) for r in chosen if r.metrics.get("peak_memory_source")})
+    origin = []
+    if included:
+        origin = ["Rows from other runs, included by `--flashckpt-include` (measured there, shown here as they were, "
+                  "not gated by this run's baseline):", "", *(_included_line(inc) for inc in included), ""]
     return [
-        "## Compiled steps (torch.compile)", "",
-        table(rows, HEADERS), *notes.lines(), "",
+        "## Compiled steps (torch.compile)", "", *origin,
+        table(rows, HEADERS) if rows else "_No compiled row could be read._", *notes.lines(), "",
         "Each row and its reference (no checkpointing) are compiled the same way in this run, so memory saving and "
         "overhead compare compiled with compiled. Compile = wall time of the first step (Dynamo and Inductor, forward "
         "and backward), apart from the step time. A recompile after the warm-up is flagged: that row's peak and times "

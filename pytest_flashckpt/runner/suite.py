@@ -293,6 +293,7 @@ class SuiteRun:
             interrupted=self.interrupted,
             wall_time_s=time.monotonic() - self._started_clock,
             cpu_time_s=cpu_seconds() - self._started_cpu,
+            included=[os.path.relpath(self.root / path, self.report_dir) for path in self.options.include],
         )
 
     def finish(self) -> RunOutputs:

@@ -29,7 +29,7 @@ def test_a_suite_run_records_its_wall_time_and_its_typed_scenarios(tmp_path: Pat
     run = SuiteRun(suite, Options(suite="rec.yaml", device="cpu", report="out"), tmp_path, runner=FakeRunner())
     outputs = run.run_all()
     stored = json.loads(outputs.results_path.read_text())
-    assert stored["schema_version"] == 2 and stored["wall_time_s"] > 0 and stored["cpu_time_s"] > 0
+    assert stored["schema_version"] == 2 and stored["wall_time_s"] > 0 and stored["cpu_time_s"] >= 0  # os.times ticks: 0 for a fast fake run
     assert ", wall time " in outputs.report_path.read_text() and ", CPU time " in outputs.report_path.read_text()
     again = read_record(outputs.results_path)
     assert [r.config for r in again.results] == list(suite.scenarios)  # written once, parsed back equal
