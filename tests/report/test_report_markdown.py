@@ -141,14 +141,23 @@ def test_sections_without_data_say_so_in_one_line() -> None:
 
 def test_the_committed_sample_renders_the_committed_report_byte_for_byte(tmp_path) -> None:
     """reports/sample/results.json renders the report committed beside it: fails when the report's rendering
-    changed and the sample was not regenerated."""
+    changed and the sample was not regenerated. The runs it includes (``--flashckpt-include``: the compiled
+    suite's) are copied to the same places beside the rendered copy, so their links read as committed."""
+    import os
+    import shutil
     from pathlib import Path
 
     from pytest_flashckpt.report import write_report
 
     sample = Path(__file__).resolve().parents[2] / "reports" / "sample" / "results.json"
     committed = (sample.parent / "flashckpt-report.md").read_text(encoding="utf-8")
-    assert write_report(read_record(sample), tmp_path / "report").read_text(encoding="utf-8") == committed
+    record = read_record(sample)
+    out = tmp_path / "reports" / "sample"
+    for path in record.included:
+        target = Path(os.path.normpath(out / path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(sample.parent / path, target)
+    assert write_report(record, out).read_text(encoding="utf-8") == committed
 
 
 def test_a_record_in_the_old_shape_renders_as_it_does_rewritten_in_the_new(tmp_path) -> None:
