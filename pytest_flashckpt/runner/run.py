@@ -96,6 +96,9 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
     if scenario.activation.strategy == "compile_budget":  # compile's partitioner decides (runner.compiled.budget_backend)
         result.notes.append(f"activation: torch.compile's activation_memory_budget {scenario.activation.budget}")
         return
+    if scenario.activation.strategy == "budget" and scenario.compile.enabled:
+        _plan_compiled(trainer, scenario, result)
+        return
     from pytest_flashckpt.activation import StrategyUnavailable, apply_ac
 
     source = None
@@ -114,6 +117,29 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
     except StrategyUnavailable as exc:
         raise SkipScenario(str(exc)) from None
     result.notes.append(f"activation: {applied.describe()}")
+
+
+def _plan_compiled(trainer: Trainer, scenario: Scenario, result: Result) -> None:
+    """``budget`` on compiled blocks: the plan is one selective-checkpoint policy per block
+    (``activation.budget.compile_policy.plan_compiled``: must-save / prefer-recompute per op, priced on the step's
+    peak), which each compiled block's checkpoint runs, rather than the eager planner's switchable blocks."""
+    from pytest_flashckpt.activation.budget.compile_policy import install_policy_forwards, plan_compiled
+    from pytest_flashckpt.activation.options import FULL, NONE
+    from pytest_flashckpt.simulate.costs import SimulatedCosts
+
+    model = trainer.model
+    if scenario.model.hf is not None or next(model.parameters()).device.type != "cpu" or getattr(model, "backend", None) != "sdpa":
+        raise SkipScenario("a compiled budget plan is built for a model card's model with sdpa on a CPU (its step's "
+                           "none and full costs simulated from the card); use compile_budget here, or budget eager")
+    source = SimulatedCosts(model.config, next(model.parameters()).dtype, "sdpa", "cpu", options=(NONE, FULL))
+    plan = plan_compiled(model, scenario.activation.budget, (scenario.batch_size, scenario.seq_len), source)  # type: ignore[arg-type]
+    install_policy_forwards(model, plan.policies)
+    s = plan.shape_plan
+    for key, value in (("budget_bytes", s.budget_bytes), ("budget_predicted_peak_bytes", s.plan.predicted_peak),
+                       ("budget_min_peak_bytes", s.min_peak), ("budget_none_peak_bytes", s.none_peak)):
+        result.record(key, value)
+    result.notes.append(f"activation: compiled budget plan (per-block selective-checkpoint policies) {plan.describe()}"
+                        + ("" if plan.exact_menus else "; a block's menu was greedy, not exact"))
 
 
 def _reference_trainer(reference: Scenario, ctx: RunContext, backend: str) -> Trainer:
