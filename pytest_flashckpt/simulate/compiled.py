@@ -59,7 +59,8 @@ from pytest_flashckpt.training import Trainer
 SCOPES = ("block", "model")  # torchtitan's per-transformer-block compile, or the whole model as one region
 # activation strategies whose wrapper Dynamo traces inside a compiled region (selective_op's policy reads a matmul's
 # role from the traced node), and torch's own activation_memory_budget (compile_budget: the partitioner decides)
-STRATEGIES = ("none", "full", "every_k", "selective_op", "compile_budget")
+# and the budget planner's compiled plan (budget: its per-block selective-checkpoint policies, passed as ``policies``)
+STRATEGIES = ("none", "full", "every_k", "selective_op", "compile_budget", "budget")
 # how a region's inside is counted: "inductor", the wrapper Inductor generates (its fusion, buffers and frees);
 # "fx", the alternative it is measured against: every op of the partitioned graphs run one by one (FX liveness),
 # Dynamo's aot_eager_decomp_partition backend (Inductor's decompositions and min-cut partitioner, no Inductor)
@@ -266,6 +267,7 @@ def simulate_compiled_step(
     plan: str = "inductor",
     k: int = 2,
     budget: float | None = None,
+    policies: tuple | None = None,
 ) -> dict:
     """One warmed-up training step of ``card`` compiled per ``scope`` with activation ``strategy``, on fake CPU
     tensors: bytes added over the training state at the step's peak (``peak_bytes``), at the forward + backward
@@ -276,7 +278,9 @@ def simulate_compiled_step(
     ``fx`` counts the regions by FX liveness instead (``PLANS``; no ``regions`` rows), the alternative measured in
     ``reports/compiled-sim-vs-measured.md``. ``k`` is every_k's; ``budget`` compile_budget's
     ``activation_memory_budget`` (set while the regions compile). ``state_bytes``: the training state the step
-    starts from (parameters, gradients, AdamW state), so ``state_bytes + peak_bytes`` is the step's whole peak."""
+    starts from (parameters, gradients, AdamW state), so ``state_bytes + peak_bytes`` is the step's whole peak.
+    ``policies``: budget's, the compiled plan's per-block ``SavePolicy`` (or None: no checkpoint), installed as the
+    measured step installs them (``compile_policy.install_policy_forwards``)."""
     started = time.perf_counter()
     config = load_card(card) if isinstance(card, str) else card
     name = dtype_name(dtype)
@@ -285,6 +289,9 @@ def simulate_compiled_step(
         raise ValueError(f"unknown compile scope {scope!r}; valid: {', '.join(SCOPES)}")
     if strategy not in STRATEGIES:
         raise ValueError(f"activation strategy {strategy!r} is not simulated compiled; valid: {', '.join(STRATEGIES)}")
+    if (strategy == "budget") != (policies is not None):
+        raise ValueError("policies (the compiled plan's, compile_policy.plan_compiled) are budget's and required by it; "
+                         f"got strategy {strategy!r} with {'no ' if policies is None else ''}policies")
     if (strategy == "compile_budget") != (budget is not None):
         raise ValueError("budget (torch's activation_memory_budget) is compile_budget's and required by it; "
                          f"got strategy {strategy!r} with budget {budget!r}")
@@ -304,7 +311,11 @@ def simulate_compiled_step(
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             plans = stack.enter_context(inductor_plans() if plan == "inductor" else contextlib.nullcontext(_Plans()))
             model = _fake_model(config, getattr(torch, name), seed)
-            if strategy not in ("none", "compile_budget"):
+            if strategy == "budget":
+                from pytest_flashckpt.activation.budget.compile_policy import install_policy_forwards
+
+                install_policy_forwards(model, policies)  # type: ignore[arg-type]
+            elif strategy not in ("none", "compile_budget"):
                 apply_ac(model, ActivationConfig(strategy=strategy, k=k))
             backend = "inductor" if plan == "inductor" else "aot_eager_decomp_partition"
             trainer = Trainer.create(compile_scope(model, scope, backend), batch, seq, seed=seed)

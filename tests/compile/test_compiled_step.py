@@ -109,4 +109,5 @@ def test_a_compiled_budget_plan_holds_its_budget_on_compiled_blocks(fresh_dynamo
     assert m["compiled_regions"] == 3 and m["recompiles"] == 0
     assert m["peak_bytes"] <= m["budget_bytes"] < m["reference_peak_bytes"]
     assert any(n.startswith("activation: compiled budget plan") for n in result.notes)
-    assert any("not simulated: activation strategy budget" in n for n in result.notes)
+    # its simulation runs the same plan's policies: within the 5% bound of the measured peak
+    assert abs(m["compiled_simulated_peak_bytes"] - m["peak_bytes"]) <= 0.05 * m["peak_bytes"]
