@@ -127,7 +127,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         check_output_folder("--out", out)
     except ConfigError as exc:
         raise InputError(str(exc)) from None
-    path = write_report(record, out)
+    path = write_report(record, out, base=Path(args.results).resolve().parent)
     print(path)
     return 0
 

@@ -132,6 +132,18 @@ def install_block_forwards(
     return forwards
 
 
+def drop_role_hooks(blocks: list[nn.Module]) -> None:
+    """Take a strategy's role hooks off ``blocks`` that are about to be compiled: Dynamo cannot trace their
+    ``ContextVar``, and under compile the policy reads a matmul's role from the traced node instead
+    (``activation.policy.traced_role``). The measured compiled step (``runner.compiled``) and the compiled-step
+    simulator (``simulate.compiled``) both call this, so both compile the same blocks."""
+    for block in blocks:
+        forward = block.__dict__.get("forward")
+        if isinstance(forward, BlockForward) and forward.role_hooks is not None:
+            forward.role_hooks.remove()
+            forward.role_hooks = None
+
+
 def switchable_forwards(model: nn.Module, blocks: list[nn.Module] | None = None) -> list[BlockForward]:
     """``none`` on every block of ``model`` (its anatomy's, each checked, unless ``blocks`` is given), switchable:
     role hooks on every block with an anatomy. What a cost source measures each option on, and what the budget

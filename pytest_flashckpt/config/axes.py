@@ -95,10 +95,10 @@ class CompileConfig:
         if strategy == "offload":
             raise NotBuiltYet("compile.scope with activation.strategy offload is not built yet (offload's saved-tensor "
                               "hooks are measured eager only); drop compile or pick another strategy")
-        if strategy == "budget":
-            raise NotBuiltYet("compile.scope with activation.strategy budget is not built yet (the planner's switchable "
-                              "blocks break the compiled graph; a planner that emits a policy for compile is issue 33 "
-                              "item 3); use compile_budget, or drop compile")
+        if strategy == "budget" and self.scope != "block":
+            raise NotBuiltYet(f"compile.scope {self.scope!r} with activation.strategy budget is not built yet (the "
+                              "compiled plan is one selective-checkpoint policy per block, "
+                              "activation.budget.compile_policy); set compile.scope to block, or use compile_budget")
 
 
 RESERVED_AXES: dict[str, type] = {"layout": LayoutMesh, "compile": CompileConfig}

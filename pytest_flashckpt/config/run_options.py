@@ -62,6 +62,20 @@ def _injection(text: str) -> str:
     return text
 
 
+def _includes(text: str) -> tuple[str, ...]:
+    """Comma-separated results files of other suite runs, each read now (a missing or bad file fails the run before
+    it measures anything, naming the file)."""
+    from pytest_flashckpt.config.record_file import read_record
+
+    paths = tuple(p.strip() for p in text.split(",") if p.strip())
+    for path in paths:
+        record = read_record(path)  # ValueError naming the file
+        if not any(getattr(r.config, "compile", None) is not None and r.config.compile.enabled for r in record.results):
+            raise ValueError(f"{path} (suite {record.suite}) holds no compiled scenario, which is what a report "
+                             "includes from another run; name a compiled suite's results.json (reports/compiled/results.json)")
+    return paths
+
+
 def _device(text: str) -> str:
     if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
         return text
@@ -82,6 +96,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
         choices=("auto", *PROBE_NAMES),
     ),
     OptionSpec("flashckpt-report", "folder for results.json and the markdown report (relative to the invocation folder)", DEFAULT_REPORT_DIR),
+    OptionSpec(
+        "flashckpt-include",
+        "results.json files of other suite runs (comma-separated, relative to the invocation folder) whose compiled "
+        "rows this run's report shows, with each run's suite, commit and times; they are not gated by this run "
+        "(the sample includes reports/compiled/results.json)",
+        (), _includes,
+    ),
     OptionSpec("flashckpt-rounds", "override every scenario's interleaved timing rounds (0 = as the suite says)", 0, _non_negative_int),
     OptionSpec("flashckpt-saves", "override every checkpoint scenario's saves (0 = as the suite says); baselines use more", 0, _non_negative_int),
     OptionSpec("flashckpt-workdir", "folder for temporary checkpoints (default: the system temp folder)", ""),
@@ -120,6 +141,7 @@ class Options:
     device: str = "auto"
     probe: str = "auto"
     report: str = DEFAULT_REPORT_DIR
+    include: tuple[str, ...] = ()
     rounds: int = 0
     saves: int = 0
     workdir: str = ""

@@ -202,6 +202,8 @@ _NUMBERS = (
     Metric("compile_time_s", "s", "time", "wall time of the first compiled step: Dynamo tracing and Inductor compiling forward and backward, plus that one step (apart from step_time_s; not gated)", fmt="ms"),
     Metric("reference_compile_time_s", "s", "info", "the compiled reference's compile_time_s", fmt="ms"),
     Metric("recompiles", "count", "info", "graphs Dynamo compiled after the warm-up (memory and timing passes): flagged in the report", fmt="count"),
+    Metric("compiled_simulated_peak_bytes", "B", "info", "the same compiled step simulated on fake tensors (simulate.compiled: Inductor's plan, no kernel run): training state plus the step's peak over it, beside the measured peak_bytes", fmt="mib"),
+    Metric("compiled_simulate_seconds", "s", "info", "wall time of the compiled-step simulation", fmt="ms"),
     Metric("compiled_regions", "count", "info", "calls of compiled code in the measured step (one per compiled block, or one for the model)", fmt="count"),
     # throughput (pytest_flashckpt/throughput): how close the step is to the machine's limit; reported, never gated
     # (a strategy's MFU over its reference's is 1 / overhead, gated as overhead; absolute rates are time-like)

@@ -110,10 +110,16 @@ class RunRecord:
     notes: list[str] = field(default_factory=list)  # conditions of the run a reader must know (parallel xdist workers)
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: a partial run (its finished scenarios), never a baseline
     wall_time_s: float | None = None  # the suite run's wall time, start to finish (None in files of schema 1)
+    # the suite run's CPU time (user + system, this process and the children it waited for: torchrun ranks, Inductor's
+    # compile workers), start to finish; None in files written before it was recorded
+    cpu_time_s: float | None = None
+    # results files of other runs whose compiled rows this run's report shows (--flashckpt-include), each relative to
+    # this run's results file's folder; never gated with this run
+    included: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data.update(results=[r.to_dict() for r in self.results], notes=list(self.notes),
+        data.update(results=[r.to_dict() for r in self.results], notes=list(self.notes), included=list(self.included),
                     comparison=None if self.comparison is None else self.comparison.to_dict())
         return data
 

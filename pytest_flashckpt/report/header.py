@@ -27,12 +27,17 @@ def rounds_line(record: RunRecord) -> str:
     return f"{rounds[0]}-{rounds[-1]} interleaved timing rounds per scenario"
 
 
-def wall_time_text(seconds: float | None) -> str:
-    """``, wall time 4 min 21 s`` (the suite run start to finish), or nothing for a file that did not record it."""
-    if seconds is None:
-        return ""
+def duration(seconds: float) -> str:
     minutes, rest = divmod(round(seconds), 60)
-    return f", wall time {minutes} min {rest} s" if minutes else f", wall time {seconds:.1f} s"
+    return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
+
+
+def wall_time_text(seconds: float | None, cpu_seconds: float | None = None) -> str:
+    """``, wall time 4 min 21 s, CPU time 3 min 2 s`` (the suite run start to finish), or nothing for a file that
+    did not record them."""
+    wall = "" if seconds is None else f", wall time {duration(seconds)}"
+    cpu = "" if cpu_seconds is None else f", CPU time {duration(cpu_seconds)} (this process and its children)"
+    return wall + cpu
 
 
 def status_line(record: RunRecord) -> str:
@@ -58,6 +63,6 @@ def header(record: RunRecord) -> list[str]:
         f"- **memory probe** {probe}",
         f"- **timing**: {rounds_line(record)}; ratios are medians of per-round strategy / reference step times",
         *throughput_header(record),
-        f"- **run** {record.created}, commit `{record.commit or 'unknown'}`{wall_time_text(record.wall_time_s)}",
+        f"- **run** {record.created}, commit `{record.commit or 'unknown'}`{wall_time_text(record.wall_time_s, record.cpu_time_s)}",
         *(f"- **note**: {note}" for note in record.notes),
     ]

@@ -14,7 +14,7 @@ from pytest_flashckpt.report.activation import activation_section
 from pytest_flashckpt.report.article import article_table, single_claim
 from pytest_flashckpt.report.attention import attention_section
 from pytest_flashckpt.report.checkpoint_io import checkpoint_section
-from pytest_flashckpt.report.compiled import compiled_section
+from pytest_flashckpt.report.compiled import Included, compiled_section, read_included
 from pytest_flashckpt.report.distributed import distributed_section
 from pytest_flashckpt.report.header import header
 from pytest_flashckpt.report.plots import Plot, write_plots
@@ -33,14 +33,15 @@ def _plot(plots: dict[str, Plot] | None, key: str) -> list[str]:
     return ["", plots[key].markdown()]
 
 
-def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
+def render(record: RunRecord, plots: dict[str, Plot] | None = None, included: list[Included] | None = None) -> str:
+    """The report's text; ``included``: the other runs ``record.included`` names, read (``read_included``)."""
     results = record.results
     sections = [
         header(record),
         article_table(record),
         single_claim(record),
         activation_section(results) + _plot(plots, "pareto"),
-        compiled_section(results),  # empty (left out) without compiled rows
+        compiled_section(results, included or []),  # empty (left out) without compiled rows, own or included
         attention_section(results) + _plot(plots, "attention"),
         throughput_section(results) + _plot(plots, "throughput"),
         checkpoint_section(results) + _plot(plots, "saves"),
@@ -52,11 +53,13 @@ def render(record: RunRecord, plots: dict[str, Plot] | None = None) -> str:
     return "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
 
 
-def write_report(record: RunRecord, out_dir: Path) -> Path:
-    """Write ``flashckpt-report.md`` and its PNGs into ``out_dir`` (atomically: a reader never sees half a file)."""
+def write_report(record: RunRecord, out_dir: Path, base: Path | None = None) -> Path:
+    """Write ``flashckpt-report.md`` and its PNGs into ``out_dir`` (atomically: a reader never sees half a file).
+    ``base``: the folder ``record.included`` is relative to (its results file's; default ``out_dir``)."""
     out_dir = Path(out_dir)
+    included = read_included(record.included, Path(base) if base is not None else out_dir, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(record, out_dir)
     path = out_dir / REPORT_NAME
-    atomic_write_text(path, render(record, plots))
+    atomic_write_text(path, render(record, plots, included))
     return path

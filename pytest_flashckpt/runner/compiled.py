@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from pytest_flashckpt.activation.wrapper import BlockForward
+from pytest_flashckpt.activation.wrapper import drop_role_hooks
 from pytest_flashckpt.config.axes import CompileConfig
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.core.metrics import Measurements
@@ -93,11 +93,7 @@ def compile_model(model: nn.Module, config: CompileConfig, backend: Callable | N
     options = {"fullgraph": config.fullgraph, "dynamic": config.dynamic}
     options.update({"backend": backend} if backend is not None else {"mode": config.mode})
     blocks = get_blocks(model, get_anatomy(model))
-    for block in blocks:
-        forward = block.__dict__.get("forward")
-        if isinstance(forward, BlockForward) and forward.role_hooks is not None:
-            forward.role_hooks.remove()
-            forward.role_hooks = None
+    drop_role_hooks(blocks)
     if config.scope == "model":
         model.compile(**options)
         return 1

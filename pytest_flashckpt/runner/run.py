@@ -25,6 +25,7 @@ from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.report.compiled import NOT_SIMULATED
 from pytest_flashckpt.runner.compiled import check_can_compile, measure_compiled
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.outcome import recorded
@@ -89,12 +90,16 @@ def _build_trainer(scenario: Scenario, ctx: RunContext, backend: str) -> Trainer
                           autocast=DTYPES[scenario.dtype] if mixed else None, impl=scenario.step_impl)
 
 
-def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> None:
+def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result):
+    """The scenario's activation strategy on ``trainer``'s model; returns the compiled plan for ``budget`` on
+    compiled blocks (``_plan_compiled``), else None."""
     if scenario.activation.strategy == "none":
-        return
+        return None
     if scenario.activation.strategy == "compile_budget":  # compile's partitioner decides (runner.compiled.budget_backend)
         result.notes.append(f"activation: torch.compile's activation_memory_budget {scenario.activation.budget}")
-        return
+        return None
+    if scenario.activation.strategy == "budget" and scenario.compile.enabled:
+        return _plan_compiled(trainer, scenario, result)
     from pytest_flashckpt.activation import StrategyUnavailable, apply_ac
 
     source = None
@@ -113,6 +118,31 @@ def _apply_activation(trainer: Trainer, scenario: Scenario, result: Result) -> N
     except StrategyUnavailable as exc:
         raise SkipScenario(str(exc)) from None
     result.notes.append(f"activation: {applied.describe()}")
+    return None
+
+
+def _plan_compiled(trainer: Trainer, scenario: Scenario, result: Result):
+    """``budget`` on compiled blocks: the plan is one selective-checkpoint policy per block
+    (``activation.budget.compile_policy.plan_compiled``: must-save / prefer-recompute per op, priced on the step's
+    peak), which each compiled block's checkpoint runs, rather than the eager planner's switchable blocks."""
+    from pytest_flashckpt.activation.budget.compile_policy import install_policy_forwards, plan_compiled
+    from pytest_flashckpt.activation.options import FULL, NONE
+    from pytest_flashckpt.simulate.costs import SimulatedCosts
+
+    model = trainer.model
+    if scenario.model.hf is not None or next(model.parameters()).device.type != "cpu" or getattr(model, "backend", None) != "sdpa":
+        raise SkipScenario("a compiled budget plan is built for a model card's model with sdpa on a CPU (its step's "
+                           "none and full costs simulated from the card); use compile_budget here, or budget eager")
+    source = SimulatedCosts(model.config, next(model.parameters()).dtype, "sdpa", "cpu", options=(NONE, FULL))
+    plan = plan_compiled(model, scenario.activation.budget, (scenario.batch_size, scenario.seq_len), source)  # type: ignore[arg-type]
+    install_policy_forwards(model, plan.policies)
+    s = plan.shape_plan
+    for key, value in (("budget_bytes", s.budget_bytes), ("budget_predicted_peak_bytes", s.plan.predicted_peak),
+                       ("budget_min_peak_bytes", s.min_peak), ("budget_none_peak_bytes", s.none_peak)):
+        result.record(key, value)
+    result.notes.append(f"activation: compiled budget plan (per-block selective-checkpoint policies) {plan.describe()}"
+                        + ("" if plan.exact_menus else "; a block's menu was greedy, not exact"))
+    return plan
 
 
 def _reference_trainer(reference: Scenario, ctx: RunContext, backend: str) -> Trainer:
@@ -210,10 +240,13 @@ def _measure_compiled(scenario: Scenario, ctx: RunContext, result: Result) -> No
     the eager plan's; ``compile_budget``'s recomputation is its partitioner's, not counted (``—``)."""
     check_can_compile(ctx)  # before anything is built
     backend = result.backend or "sdpa"
+    plans: dict = {}  # the compiled budget plan the measured model runs, for its simulation
 
     def build(which: Scenario, notes: Result | None = None) -> Trainer:
         trainer = _build_trainer(which, ctx, backend)
-        _apply_activation(trainer, which, notes or Result(which.suite, which.name, "measured", which))
+        plan = _apply_activation(trainer, which, notes or Result(which.suite, which.name, "measured", which))
+        if notes is result and plan is not None:
+            plans["measured"] = plan
         return trainer
 
     twin = build(scenario)
@@ -226,6 +259,31 @@ def _measure_compiled(scenario: Scenario, ctx: RunContext, result: Result) -> No
         _flops_and_throughput(scenario, ctx, result, twin, reference)
     elif scenario.activation.strategy == "compile_budget":
         result.notes.append("compile_budget: FLOPs and throughput not counted (the partitioner's recomputation is not an eager plan)")
+    if "memory" in scenario.measure and result.metrics.get("peak_bytes") is not None:
+        plan = plans.get("measured")
+        _simulate_compiled(scenario, ctx, result, None if plan is None else plan.policies)
+
+
+def _simulate_compiled(scenario: Scenario, ctx: RunContext, result: Result, policies: tuple | None = None) -> None:
+    """The compiled-step simulator (``simulate.compiled``: torch's own Dynamo, partitioner and Inductor plan, on fake
+    tensors) beside the measured allocator peak of the same row: ``compiled_simulated_peak_bytes`` (the simulated
+    training state plus the step's simulated peak over it), or a note saying why this row is not simulated
+    (``report.compiled.NOT_SIMULATED``), which the report shows in the row."""
+    from pytest_flashckpt.simulate.compiled import simulate_compiled_step, unsupported_reason
+
+    reason = unsupported_reason(scenario, ctx.device.type)
+    if reason is not None:
+        result.notes.append(NOT_SIMULATED + reason)
+        return
+    ctx.phase("compiled-step simulation (fake tensors)")
+    activation = scenario.activation
+    card = card_with_norm(ctx.cards.card(scenario.card, scenario.model.dropout), scenario.step_impl.norm)
+    sim = simulate_compiled_step(card, scenario.batch_size, scenario.seq_len, activation.strategy,
+                                 scenario.compile.scope, scenario.dtype, seed=scenario.seed, k=activation.k,
+                                 budget=activation.budget if activation.strategy == "compile_budget" else None,  # type: ignore[arg-type]
+                                 policies=policies)
+    result.record("compiled_simulated_peak_bytes", sim["state_bytes"] + sim["peak_bytes"])
+    result.record("compiled_simulate_seconds", sim["seconds"])
 
 
 def _prepared_trainer(scenario: Scenario, ctx: RunContext, result: Result) -> Trainer:

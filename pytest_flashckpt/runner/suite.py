@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -78,6 +79,12 @@ class RunOutputs:
     step_summary: Path | None = None
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for (``os.times``)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def load_checked_suite(name_or_path: str, cards: CardShelf | None = None) -> Suite:
     """Load a suite and preflight every scenario (model cards read, sequences fit): ConfigError before anything runs.
     The cards are read into ``cards`` (hand the same shelf to ``SuiteRun``: each card is then read once per run)."""
@@ -105,6 +112,7 @@ class SuiteRun:
         self.notes: list[str] = []  # conditions of the run the report's header states (e.g. parallel xdist workers)
         self.started = datetime.now(timezone.utc)
         self._started_clock = time.monotonic()  # the run's wall time (RunRecord.wall_time_s) is measured from here
+        self._started_cpu = cpu_seconds()  # and its CPU time (RunRecord.cpu_time_s)
         self._runner = runner
         self._ctx: RunContext | None = None
         self._gate: Gate | None = None  # made at the first judgement (needs the profile, hence torch)
@@ -284,6 +292,8 @@ class SuiteRun:
             notes=list(self.notes),
             interrupted=self.interrupted,
             wall_time_s=time.monotonic() - self._started_clock,
+            cpu_time_s=cpu_seconds() - self._started_cpu,
+            included=[os.path.relpath(self.root / path, self.report_dir) for path in self.options.include],
         )
 
     def finish(self) -> RunOutputs:

@@ -45,6 +45,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from pytest_flashckpt.activation import apply_ac
+from pytest_flashckpt.activation.wrapper import drop_role_hooks
 from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
@@ -56,7 +57,10 @@ from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 from pytest_flashckpt.training import Trainer
 
 SCOPES = ("block", "model")  # torchtitan's per-transformer-block compile, or the whole model as one region
-STRATEGIES = ("none", "full")  # activation strategies whose wrapper Dynamo traces inside a compiled region
+# activation strategies whose wrapper Dynamo traces inside a compiled region (selective_op's policy reads a matmul's
+# role from the traced node), and torch's own activation_memory_budget (compile_budget: the partitioner decides)
+# and the budget planner's compiled plan (budget: its per-block selective-checkpoint policies, passed as ``policies``)
+STRATEGIES = ("none", "full", "every_k", "selective_op", "compile_budget", "budget")
 # how a region's inside is counted: "inductor", the wrapper Inductor generates (its fusion, buffers and frees);
 # "fx", the alternative it is measured against: every op of the partitioned graphs run one by one (FX liveness),
 # Dynamo's aot_eager_decomp_partition backend (Inductor's decompositions and min-cut partitioner, no Inductor)
@@ -188,14 +192,38 @@ class CompiledStepProbe(AttributedStorages):
 
 def compile_scope(model: torch.nn.Module, scope: str, backend: str = "inductor") -> torch.nn.Module:
     """``model`` compiled per transformer block (each block's call, an ``apply_ac`` wrapper included, as torchtitan
-    does) or as a whole; returns what the trainer calls."""
+    does) or as a whole; returns what the trainer calls. A strategy's role hooks are taken off first, as the
+    measured compiled step does (``activation.wrapper.drop_role_hooks``)."""
+    blocks = get_blocks(model, get_anatomy(model))
+    drop_role_hooks(blocks)
     if scope == "block":
-        for block in get_blocks(model, get_anatomy(model)):
+        for block in blocks:
             block.compile(backend=backend)
         return model
     if scope == "model":
         return torch.compile(model, backend=backend)
     raise ValueError(f"unknown compile scope {scope!r}; valid: {', '.join(SCOPES)}")
+
+
+def unsupported_reason(scenario, device: str = "cpu") -> str | None:
+    """Why a compiled scenario (``config.scenario.Scenario``) is not simulated by ``simulate_compiled_step``, or
+    None: what the simulator builds is a model card's model with the plain step, sdpa on fake CPU tensors."""
+    if device != "cpu":
+        return f"the simulator plans Inductor's CPU code; this row ran on {device}"
+    if scenario.activation.strategy not in STRATEGIES:
+        return (f"activation strategy {scenario.activation.strategy} is not simulated compiled "
+                f"(simulated: {', '.join(STRATEGIES)})")
+    if scenario.model.hf is not None:
+        return "a Hugging Face model is not simulated compiled (the simulator builds a model card's model)"
+    if scenario.precision != "pure":
+        return f"precision {scenario.precision} (autocast) is not simulated compiled"
+    if scenario.activation.save_ops is not None:
+        return "selective_op with its own save_ops is not simulated compiled (the simulator runs the default policy)"
+    if scenario.attention not in ("sdpa", "auto"):
+        return f"attention {scenario.attention} is not simulated compiled (the simulator builds sdpa)"
+    if scenario.step_impl.optimizer != "adamw" or scenario.step_impl.loss != "plain":
+        return "a step other than AdamW with the plain loss is not simulated compiled"
+    return None
 
 
 def _fake_model(config: ModelCard, dtype: torch.dtype, seed: int) -> torch.nn.Module:
@@ -237,6 +265,9 @@ def simulate_compiled_step(
     dtype: str | torch.dtype = "float32",
     seed: int = 0,
     plan: str = "inductor",
+    k: int = 2,
+    budget: float | None = None,
+    policies: tuple | None = None,
 ) -> dict:
     """One warmed-up training step of ``card`` compiled per ``scope`` with activation ``strategy``, on fake CPU
     tensors: bytes added over the training state at the step's peak (``peak_bytes``), at the forward + backward
@@ -245,7 +276,11 @@ def simulate_compiled_step(
     inputs and, for a backward, the partitioner's saved set (``saved_bytes``: inputs that are not tangents;
     ``saved_activation_bytes``: those not forward inputs, i.e. made inside the region); wall times. ``plan``
     ``fx`` counts the regions by FX liveness instead (``PLANS``; no ``regions`` rows), the alternative measured in
-    ``reports/compiled-sim-vs-measured.md``."""
+    ``reports/compiled-sim-vs-measured.md``. ``k`` is every_k's; ``budget`` compile_budget's
+    ``activation_memory_budget`` (set while the regions compile). ``state_bytes``: the training state the step
+    starts from (parameters, gradients, AdamW state), so ``state_bytes + peak_bytes`` is the step's whole peak.
+    ``policies``: budget's, the compiled plan's per-block ``SavePolicy`` (or None: no checkpoint), installed as the
+    measured step installs them (``compile_policy.install_policy_forwards``)."""
     started = time.perf_counter()
     config = load_card(card) if isinstance(card, str) else card
     name = dtype_name(dtype)
@@ -254,6 +289,12 @@ def simulate_compiled_step(
         raise ValueError(f"unknown compile scope {scope!r}; valid: {', '.join(SCOPES)}")
     if strategy not in STRATEGIES:
         raise ValueError(f"activation strategy {strategy!r} is not simulated compiled; valid: {', '.join(STRATEGIES)}")
+    if (strategy == "budget") != (policies is not None):
+        raise ValueError("policies (the compiled plan's, compile_policy.plan_compiled) are budget's and required by it; "
+                         f"got strategy {strategy!r} with {'no ' if policies is None else ''}policies")
+    if (strategy == "compile_budget") != (budget is not None):
+        raise ValueError("budget (torch's activation_memory_budget) is compile_budget's and required by it; "
+                         f"got strategy {strategy!r} with budget {budget!r}")
     if plan not in PLANS:
         raise ValueError(f"unknown region plan {plan!r}; valid: {', '.join(PLANS)}")
     import_inductor()
@@ -264,10 +305,18 @@ def simulate_compiled_step(
     try:
         # allow_non_fake_inputs: a checkpoint recomputing a random op inside a region runs it under the real CPU RNG
         # state torch.get_rng_state() returns (run_with_rng_state), as the real step does
-        with FakeTensorMode(allow_non_fake_inputs=True), (inductor_plans() if plan == "inductor" else contextlib.nullcontext(_Plans())) as plans:
+        with contextlib.ExitStack() as stack:
+            if budget is not None:  # what the measured step's budget backend sets while Inductor partitions
+                stack.enter_context(torch._functorch.config.patch(activation_memory_budget=float(budget)))
+            stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            plans = stack.enter_context(inductor_plans() if plan == "inductor" else contextlib.nullcontext(_Plans()))
             model = _fake_model(config, getattr(torch, name), seed)
-            if strategy != "none":
-                apply_ac(model, ActivationConfig(strategy=strategy))
+            if strategy == "budget":
+                from pytest_flashckpt.activation.budget.compile_policy import install_policy_forwards
+
+                install_policy_forwards(model, policies)  # type: ignore[arg-type]
+            elif strategy not in ("none", "compile_budget"):
+                apply_ac(model, ActivationConfig(strategy=strategy, k=k))
             backend = "inductor" if plan == "inductor" else "aot_eager_decomp_partition"
             trainer = Trainer.create(compile_scope(model, scope, backend), batch, seq, seed=seed)
             with dynamos_hidden_warnings():
@@ -287,7 +336,7 @@ def simulate_compiled_step(
         torch._dynamo.reset()  # no compiled fake model stays in Dynamo's caches, whatever happened
     return {
         "card": config.name, "batch": batch, "seq": seq, "strategy": strategy, "scope": scope, "dtype": name, "plan": plan,
-        "peak_bytes": probe.peak_bytes - start, "fwd_bwd_peak_bytes": seen["fwd_bwd_peak"] - start,
+        "state_bytes": start, "peak_bytes": probe.peak_bytes - start, "fwd_bwd_peak_bytes": seen["fwd_bwd_peak"] - start,
         "forward_kept_bytes": seen["forward"] - start,
         "regions": [_region_row(r) for r in plans.regions],
         "compile_s": compiled - started, "seconds": time.perf_counter() - started,

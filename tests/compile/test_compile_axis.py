@@ -43,6 +43,13 @@ def test_built_values_are_accepted_and_enter_the_fingerprint(axis):
     assert compiled_.reference().compile == compiled_.compile  # the reference is compiled the same way
 
 
+def test_budget_on_compiled_blocks_is_the_compiled_plan_and_accepted():
+    compiled_ = scenario(compile={"scope": "block"}, activation={"strategy": "budget", "budget": "min + 50%"})
+    assert compiled_.compile.enabled and compiled_.activation.strategy == "budget"
+    with pytest.raises(ConfigError, match="not built yet"):  # control: per model it is refused
+        scenario(compile={"scope": "model"}, activation={"strategy": "budget", "budget": "min + 50%"})
+
+
 @pytest.mark.parametrize("raw, words", [
     ({"compile": {"scope": "block", "mode": "max-autotune"}}, ["compile.mode", "not built yet", "'default'"]),
     ({"compile": {"fullgraph": True}}, ["compile.fullgraph", "compile.scope is 'none'"]),
@@ -50,7 +57,7 @@ def test_built_values_are_accepted_and_enter_the_fingerprint(axis):
     ({"compile": {"scope": "block"}, "world_size": 2}, ["world_size 2", "not built yet"]),
     ({"compile": {"scope": "block"}, "checkpoint": {"strategy": "sync"}}, ["checkpoint pass", "not built yet"]),
     ({"compile": {"scope": "block"}, "activation": {"strategy": "offload"}}, ["offload", "not built yet"]),
-    ({"compile": {"scope": "block"}, "activation": {"strategy": "budget", "budget": 0.6}}, ["budget", "not built yet", "compile_budget"]),
+    ({"compile": {"scope": "model"}, "activation": {"strategy": "budget", "budget": 0.6}}, ["'model' with activation.strategy budget", "not built yet", "compile.scope to block"]),
     ({"activation": {"strategy": "compile_budget", "budget": 0.5}}, ["compile_budget", "set compile.scope"]),
     ({"compile": {"scope": "model"}, "activation": {"strategy": "compile_budget"}}, ["activation.budget", "[0, 1]"]),
     ({"compile": {"scope": "model"}, "activation": {"strategy": "compile_budget", "budget": "min"}}, ["activation.budget", "[0, 1]"]),

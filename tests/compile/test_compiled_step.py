@@ -90,3 +90,24 @@ def test_a_compiled_scenario_measures_against_its_compiled_reference(fresh_dynam
     assert m["compile_time_s"] > 0 and m["reference_compile_time_s"] > 0 and m["recompiles"] == 0
     assert m["compiled_regions"] == 3 and m["reference_peak_bytes"] > m["peak_bytes"] > m["state_bytes"] > 0
     assert 0 < m["memory_saving"] < 1 and m["step_time_s"] > 0 and m["overhead"] > 0
+    # the compiled-step simulator beside it (simulate.compiled), within the 5% bound; control: the bound tells the
+    # strategy from its reference (a simulation of the wrong step would be outside it)
+    sim, ref = m["compiled_simulated_peak_bytes"], m["reference_peak_bytes"]
+    assert abs(sim - m["peak_bytes"]) <= 0.05 * m["peak_bytes"] and abs(sim - ref) > 0.05 * ref
+
+
+def test_a_compiled_budget_plan_holds_its_budget_on_compiled_blocks(fresh_dynamo):
+    """``budget`` on compiled blocks runs the compiled plan (one selective-checkpoint policy per block,
+    activation.budget.compile_policy): the measured compiled peak is within the plan's budget, which the
+    reference's peak is not (control: the budget binds)."""
+    scenario = build(Scenario, {"name": "compiled-budget", "model": "llama-tiny", "attention": "sdpa", "batch_size": 2,
+                                "seq_len": 128, "rounds": 1, "activation": {"strategy": "budget", "budget": "min + 50%"},
+                                "compile": {"scope": "block"}, "measure": ["memory", "timing"]}, "t.yaml")
+    result = run_scenario(scenario, RunContext.resolve("cpu", "auto"))
+    assert result.status == "measured", (result.reason, result.notes)
+    m = result.metrics
+    assert m["compiled_regions"] == 3 and m["recompiles"] == 0
+    assert m["peak_bytes"] <= m["budget_bytes"] < m["reference_peak_bytes"]
+    assert any(n.startswith("activation: compiled budget plan") for n in result.notes)
+    # its simulation runs the same plan's policies: within the 5% bound of the measured peak
+    assert abs(m["compiled_simulated_peak_bytes"] - m["peak_bytes"]) <= 0.05 * m["peak_bytes"]

@@ -39,8 +39,18 @@ def _with_io_column(monkeypatch, metric: str) -> None:
 
 
 def test_the_committed_sample_renders_the_committed_report(sample, tmp_path) -> None:
+    """The runs the sample includes (``--flashckpt-include``: the compiled suite's) are copied to the same places
+    beside the rendered copy, so their links read as committed."""
+    import os
+    import shutil
+
     record, _, committed = sample
-    problem, _ = sample_problem(write_report(record, tmp_path).read_text(encoding="utf-8"), committed)
+    out = tmp_path / "reports" / "sample"
+    for path in record.included:
+        target = Path(os.path.normpath(out / path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SAMPLE / path, target)
+    problem, _ = sample_problem(write_report(record, out).read_text(encoding="utf-8"), committed)
     assert problem is None, problem
 
 

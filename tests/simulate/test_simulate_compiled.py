@@ -55,7 +55,10 @@ def test_kernel_names_are_the_async_compiled_ones():
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"scope": "layer"}, "unknown compile scope 'layer'; valid: block, model"),
-    ({"strategy": "selective_op"}, "activation strategy 'selective_op' is not simulated compiled; valid: none, full"),
+    ({"strategy": "offload"}, "activation strategy 'offload' is not simulated compiled; valid: none, full, every_k, selective_op, compile_budget, budget"),
+    ({"strategy": "budget"}, "policies .* required by it; got strategy 'budget' with no policies"),
+    ({"strategy": "compile_budget"}, "budget .* required by it; got strategy 'compile_budget' with budget None"),
+    ({"strategy": "full", "budget": 0.5}, "got strategy 'full' with budget 0.5"),
     ({"seq": 10**6}, "sequence"),
     ({"plan": "liveness"}, "unknown region plan 'liveness'; valid: inductor, fx"),
 ])

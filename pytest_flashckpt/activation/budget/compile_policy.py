@@ -471,14 +471,14 @@ def policy_contexts(policy: SavePolicy):
     return create_selective_checkpoint_contexts(functools.partial(_decide, policy, Counter()))
 
 
-def compile_blocks(model: nn.Module, policies: Iterable[SavePolicy | None], blocks=None, **compile_options) -> None:
-    """Each block compiled (``nn.Module.compile``, torchtitan's per-block way) with its checkpoint inside the
-    compiled region: ``checkpoint(forward, context_fn=partial(policy_contexts, policy))``, or no checkpoint for
-    None. ``compile_options`` go to ``torch.compile`` (mode, fullgraph, ...)."""
+def install_policy_forwards(model: nn.Module, policies: Iterable[SavePolicy | None], blocks=None) -> list[nn.Module]:
+    """Each block's forward run as ``checkpoint(forward, context_fn=partial(policy_contexts, policy))``, or left
+    as it is for None; nothing compiled yet (``compile_blocks``, or a compiled scenario's ``runner.compiled``,
+    compiles each block around it). Returns the blocks."""
     blocks = list(blocks if blocks is not None else get_blocks(model))
     policies = list(policies)
     if len(policies) != len(blocks):
-        raise ValueError(f"compile_blocks: {len(policies)} policies for {len(blocks)} blocks")
+        raise ValueError(f"compile plan: {len(policies)} policies for {len(blocks)} blocks")
     for block, policy in zip(blocks, policies):
         if policy is not None:
             context_fn = functools.partial(policy_contexts, policy)
@@ -487,4 +487,12 @@ def compile_blocks(model: nn.Module, policies: Iterable[SavePolicy | None], bloc
                 return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
             block.forward = forward
+    return blocks
+
+
+def compile_blocks(model: nn.Module, policies: Iterable[SavePolicy | None], blocks=None, **compile_options) -> None:
+    """Each block compiled (``nn.Module.compile``, torchtitan's per-block way) with its checkpoint inside the
+    compiled region (``install_policy_forwards``). ``compile_options`` go to ``torch.compile`` (mode, fullgraph,
+    ...)."""
+    for block in install_policy_forwards(model, policies, blocks):
         block.compile(**compile_options)
