@@ -23,7 +23,8 @@ from pathlib import Path
 from pytest_flashckpt.baselines.entry import BaselineEntry
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario, not_comparable
-from pytest_flashckpt.config.fingerprint import changed_keys, fingerprint, fingerprinted
+from pytest_flashckpt.baselines.fingerprints import fingerprint, fingerprinted
+from pytest_flashckpt.config.fingerprint import changed_keys
 from pytest_flashckpt.core.comparison import VERDICT_ORDER, Comparison, RegressionVerdict, VerdictNote
 from pytest_flashckpt.core.files import shown_path
 from pytest_flashckpt.core.numbers import raw as fmt, relative_change as fmt_change

@@ -35,7 +35,7 @@ from typing import Any
 
 from pytest_flashckpt.baselines.entry import BaselineEntry, EntryProblem
 from pytest_flashckpt.baselines.regression_verdicts import GUARDED, SAMPLED, samples_of
-from pytest_flashckpt.config.fingerprint import fingerprint, fingerprinted
+from pytest_flashckpt.baselines.fingerprints import fingerprint, fingerprinted
 from pytest_flashckpt.config.upgrade import BASELINE_SCHEMA, UnsupportedSchema, upgrade
 from pytest_flashckpt.core.files import UnsafeName, atomic_write, atomic_write_text, locked, remove_stale_temp, safe_name
 from pytest_flashckpt.core.numbers import num

@@ -13,6 +13,10 @@ number's expected value:
 - the reserved axes at today's values (``config.axes``), and the axes added since fingerprints exist
   (``step_impl``) at their defaults: a new axis changes no stored fingerprint until a scenario sets it.
 
+Defaults a scenario leaves unset but another layer resolves at run time (``selective_op``'s save list and recompute
+roles live in ``activation/``, which this layer cannot import) come in as ``resolved``: flat keys the caller adds
+(``baselines.fingerprints``), so a default changed there changes the fingerprint too.
+
 The flat form (``fingerprinted``: ``{"activation.k": 2, ...}``) is stored beside the hash, so the gate names the
 keys that changed (``changed_keys``).
 """
@@ -33,13 +37,14 @@ LEFT_OUT = (*LABELS, *SAMPLE_COUNTS, *PASSES)
 ADDED_AXES = ("step_impl",)  # axes added after fingerprints: left out while at their defaults
 
 
-def fingerprinted(scenario: Scenario) -> dict[str, Any]:
-    """The configuration the fingerprint hashes, flat (dotted keys, sorted), JSON-able."""
+def fingerprinted(scenario: Scenario, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The configuration the fingerprint hashes, flat (dotted keys, sorted), JSON-able; ``resolved``: defaults
+    resolved outside this layer, as flat keys (none by default)."""
     plain = scenario.to_plain()
     for name in (*RESERVED_AXES, *ADDED_AXES):
         if is_today(getattr(scenario, name)):
             plain.pop(name)
-    flat = _flatten(plain)
+    flat = {**_flatten(plain), **(resolved or {})}
     return {key: flat[key] for key in sorted(flat) if key not in LEFT_OUT}
 
 
@@ -53,9 +58,9 @@ def workload_key(scenario: Scenario, with_save: bool = True) -> str:
     return digest({k: v for k, v in flat.items() if k not in dropped and (with_save or not k.startswith("save."))})
 
 
-def fingerprint(scenario: Scenario) -> str:
-    """``sha256:`` and the first 16 hex digits of the hash of ``fingerprinted(scenario)``."""
-    return digest(fingerprinted(scenario))
+def fingerprint(scenario: Scenario, resolved: dict[str, Any] | None = None) -> str:
+    """``sha256:`` and the first 16 hex digits of the hash of ``fingerprinted(scenario, resolved)``."""
+    return digest(fingerprinted(scenario, resolved))
 
 
 def digest(flat: dict[str, Any]) -> str:

@@ -111,3 +111,42 @@ def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_rec
     assert sorted((v.scenario, v.metric, v.verdict) for v in rows) == recorded
     unfingerprinted = {sid for sid, entry in gate.baseline.scenarios.items() if entry.fingerprint is None}
     assert gate.without_fingerprint == [r.id for r in record.results if r.id in unfingerprinted and r.status == "measured"]
+
+
+def test_every_fingerprint_stored_in_a_committed_baseline_matches_the_suite_today():
+    """Each committed baseline's fingerprinted entries are today's scenarios: an unintended change of a
+    fingerprint (a new field, a resolved default) would turn a whole baseline "not comparable". Control: the
+    selective_op entries stop matching once its default changes (next test)."""
+    from pytest_flashckpt.baselines.fingerprints import fingerprint as full_fingerprint
+    from pytest_flashckpt.config.suites import load_suite
+
+    today = {f"{s.suite}::{s.name}": s for s in load_suite("default").scenarios}
+    checked = 0
+    for path in sorted((ROOT / "baselines").glob("cpu-*.json")):
+        for scenario_id, entry in json.loads(path.read_text(encoding="utf-8"))["scenarios"].items():
+            if entry.get("fingerprint") is None or scenario_id not in today:
+                continue
+            assert entry["fingerprint"] == full_fingerprint(today[scenario_id]), (path.name, scenario_id)
+            checked += 1
+    assert checked >= 30  # the default suite's measured scenarios of at least one fingerprinted baseline
+
+
+def test_a_changed_selective_op_default_is_not_comparable(tmp_path, monkeypatch):
+    """selective_op without save_ops runs activation's default: a new default under the same scenario name reads
+    "not comparable" with the key named (before, a changed default left the fingerprint alone and the gate said
+    "regressed"). A scenario that lists its save_ops, and every other strategy, keep their fingerprint."""
+    from pytest_flashckpt.baselines import fingerprints
+
+    default = dataclasses.replace(SCENARIO, activation=ActivationConfig("selective_op"))
+    listed = dataclasses.replace(SCENARIO, activation=ActivationConfig("selective_op", save_ops=("aten.mm.default",)))
+    cases = {"default": default, "listed": listed, "every_k": SCENARIO}
+    before = {label: fingerprints.fingerprint(s) for label, s in cases.items()}
+    gate = _gate(tmp_path, _result(default, 1.2))
+    assert [r.verdict for r in gate.judge(_result(default, 1.2))] != ["not comparable"]  # today's default: compared
+    monkeypatch.setattr(fingerprints, "DEFAULT_RECOMPUTE_ROLES", ("down",))
+    after = {label: fingerprints.fingerprint(s) for label, s in cases.items()}
+    assert after["default"] != before["default"]
+    assert after["listed"] == before["listed"] and after["every_k"] == before["every_k"]
+    rows = gate.judge(_result(default, 1.5))
+    assert [r.verdict for r in rows] == ["not comparable"]
+    assert 'activation.default_recompute: "(absent)" -> ["down"]' in rows[0].reason
