@@ -4,9 +4,13 @@
 real engine under fake mode (``simulate.fake_ranks.simulate_rank``: torch's ``fully_shard`` and
 ``parallelize_module`` on a fake process group, the rank's live tensors phase by phase); ``dp_replicate`` (HSDP)
 adds nothing to a rank (a replica holds the same shards: the rank is the ``dp_shard x tp`` rank with the same
-microbatch); ``pp`` and ``cp`` have no source yet (their simulations, ``simulate/pipeline.py`` and
-``simulate/context_parallel.py``, are another change): a candidate with them is refused with that reason. When they
-land, their entry becomes the function that simulates a stage / a sequence shard.
+microbatch); ``pp`` is simulated by the same engine running torch's pipelining schedule
+(``simulate.pipeline.simulate_pipeline_rank``: the stage split, ``fully_shard`` per stage, the schedule's own
+in-flight microbatches and receive buffers), a deep card's stage read off the line through fewer blocks per stage.
+A pipeline candidate's peak is the larger of its first and its last pipeline rank's (the first stage holds the most
+in-flight microbatches under 1F1B and the embedding, the last the head, its logits and the loss; the stages between
+hold neither and fewer in flight, and are not simulated). ``cp`` has no source in the search yet: a candidate with
+it is refused with that reason.
 
 On top of the simulated step, two things the step does not contain are modelled and labelled so:
 
@@ -29,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from pytest_flashckpt.config.layout import Layout
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.fit.candidates import COMPUTE_BYTES, Candidate
 from pytest_flashckpt.simulate.fake_ranks import simulate_rank
 
@@ -40,11 +44,15 @@ class RankInputs:
 
     dp_shard: int
     tp: int
-    batch_size: int  # the data-parallel group's microbatch: microbatch x dp_shard
+    batch_size: int  # the data-parallel group's microbatch: microbatch x dp_shard (x the pipeline's microbatches)
     seq_len: int
     strategy: str
     k: int
     precision: str
+    pp: int = 1
+    schedule: str = "1f1b"
+    microbatches: int = 1  # the pipeline schedule's
+    stages_per_rank: int = 1
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ AXIS_SOURCES: dict[str, Callable[[Candidate], str | None]] = {
     "dp_shard": _simulated_axes,
     "tp": _simulated_axes,
     "dp_replicate": _simulated_axes,  # the dp_shard x tp rank itself
-    "pp": _not_yet("pp", "simulate/pipeline.py"),
+    "pp": _simulated_axes,  # simulate.pipeline: the first and the last pipeline rank
     "cp": _not_yet("cp", "simulate/context_parallel.py"),
 }
 
@@ -89,6 +97,18 @@ AXIS_SOURCES: dict[str, Callable[[Candidate], str | None]] = {
 def unknown_axis(candidate: Candidate) -> str | None:
     """Why no memory source covers ``candidate`` (None: every axis has one)."""
     return next((why for check in AXIS_SOURCES.values() if (why := check(candidate)) is not None), None)
+
+
+def _simulate_stages(card, layout: Layout, pipeline: PipelineSchedule, **kwargs) -> dict:
+    """The first and the last pipeline rank (``simulate.pipeline``), the one with the larger peak as the record;
+    ``ranks`` holds both ranks' peaks."""
+    from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
+
+    ranks = sorted({0, (layout.pp - 1) * layout.dp_shard})
+    records = [simulate_pipeline_rank(card, layout, pipeline, rank=rank, **kwargs) for rank in ranks]
+    record = max(records, key=lambda r: r["peak_bytes"])
+    return {**record, "ranks": {r["rank"]: r["peak_bytes"] for r in records},
+            **{key: sum(r[key] for r in records) for key in ("layout_s", "warm_step_s", "measured_step_s")}}
 
 
 def block_parameters(card) -> int:
@@ -100,15 +120,20 @@ def block_parameters(card) -> int:
 class RankMemoryModel:
     """Per-rank peaks of candidates of one card and sequence length, simulated once per distinct ``RankInputs``."""
 
-    def __init__(self, card, seq_len: int, simulate: Callable[..., dict] = simulate_rank) -> None:
+    def __init__(self, card, seq_len: int, simulate: Callable[..., dict] = simulate_rank,
+                 simulate_stage: Callable[..., dict] | None = None) -> None:
         self.card = card
         self.seq_len = seq_len
         self.simulate = simulate
+        self.simulate_stage = simulate_stage or _simulate_stages
         self.records: dict[RankInputs, dict] = {}
 
     def inputs(self, candidate: Candidate) -> RankInputs:
-        return RankInputs(candidate.dp_shard, candidate.tp, candidate.microbatch * candidate.dp_shard, self.seq_len,
-                          candidate.strategy, candidate.k, candidate.precision)
+        c = candidate
+        if c.pp == 1:
+            return RankInputs(c.dp_shard, c.tp, c.microbatch * c.dp_shard, self.seq_len, c.strategy, c.k, c.precision)
+        return RankInputs(c.dp_shard, c.tp, c.microbatch * c.accumulation * c.dp_shard, self.seq_len, c.strategy, c.k,
+                          c.precision, c.pp, c.schedule, c.accumulation, c.stages_per_rank)
 
     def is_cached(self, candidate: Candidate) -> bool:
         return self.inputs(candidate) in self.records
@@ -118,9 +143,17 @@ class RankMemoryModel:
         key = self.inputs(candidate)
         if key not in self.records:
             try:
-                self.records[key] = self.simulate(
-                    self.card, Layout(dp_shard=key.dp_shard, tp=key.tp), batch_size=key.batch_size,
-                    seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16, precision=key.precision)
+                if key.pp > 1:
+                    self.records[key] = self.simulate_stage(
+                        self.card, Layout(dp_shard=key.dp_shard, pp=key.pp),
+                        PipelineSchedule(key.schedule, key.microbatches, key.stages_per_rank), batch_size=key.batch_size,
+                        seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16,
+                        precision=key.precision)
+                else:
+                    self.records[key] = self.simulate(
+                        self.card, Layout(dp_shard=key.dp_shard, tp=key.tp), batch_size=key.batch_size,
+                        seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16,
+                        precision=key.precision)
             except ValueError as exc:
                 self.records[key] = {"refused": str(exc).splitlines()[0]}
         if "refused" in self.records[key]:
@@ -134,9 +167,11 @@ class RankMemoryModel:
         record = self.record(candidate)
         state = record["fwd_bwd_start_bytes"]
         gradients = record["optimizer_start_bytes"] - state
+        pipelined = candidate.pp > 1  # the schedule's microbatches and FSDP2's kept blocks are in the simulation
         added = {
-            "accumulated gradients": gradients if candidate.accumulation > 1 else 0,
-            "unsharded block parameters": self.unsharded_blocks(candidate) if not candidate.reshard_after_forward else 0,
+            "accumulated gradients": gradients if candidate.accumulation > 1 and not pipelined else 0,
+            "unsharded block parameters": (self.unsharded_blocks(candidate)
+                                           if not candidate.reshard_after_forward and not pipelined else 0),
         }
         fwd_bwd = record["fwd_bwd_peak_bytes"] + sum(added.values())
         return RankMemory(max(fwd_bwd, record["optimizer_peak_bytes"]), record["peak_bytes"], state, gradients,

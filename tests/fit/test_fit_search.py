@@ -135,27 +135,27 @@ def test_no_layout_fits_names_the_closest_and_by_how_much(monkeypatch, capsys) -
 def test_the_command_on_the_real_simulated_rank_writes_a_loadable_scenario(tmp_path, capsys) -> None:
     scenario, titan = tmp_path / "chosen.yaml", tmp_path / "chosen.toml"
     assert main(["fit", "--model", "llama-tiny", "--seq", "32", "--global-batch-tokens", str(32 * 4), "--gpus", "2",
-                 "--tp", "1", "--strategies", "full", "--top", "1", "--max-simulations", "1", "--device-memory", "64MiB",
-                 "--write-scenario", str(scenario), "--write-torchtitan", str(titan)]) == 0
+                 "--tp", "1", "--pp", "1", "--strategies", "full", "--top", "1", "--max-simulations", "1",
+                 "--device-memory", "64MiB", "--write-scenario", str(scenario), "--write-torchtitan", str(titan)]) == 0
     out = capsys.readouterr().out
-    assert "margin of 10%" in out and "not measured yet" in out and "pp) and context parallel (cp) are not searched" in out
+    assert "margin of 10%" in out and "not measured yet" in out and "context parallel (cp) is not searched" in out
     assert "| 1 | 2 | " in out and "(simulated" in out
     (loaded,) = load_suite(str(scenario)).scenarios
     assert loaded.simulate.world_size == 2 and loaded.seq_len == 32
     assert "data_parallel_shard_degree = 2" in titan.read_text(encoding="utf-8")
 
 
-def test_pipeline_and_context_parallel_have_no_memory_source_yet() -> None:
+def test_context_parallel_has_no_memory_source_yet_and_pipelines_have_theirs() -> None:
     from pytest_flashckpt.fit.candidates import Candidate
     from pytest_flashckpt.fit.memory import RankMemoryModel, unknown_axis
 
     flat = Candidate(gpus=4, dp_shard=2, tp=2, microbatch=1, accumulation=1, strategy="none", precision="mixed")
     assert unknown_axis(flat) is None and unknown_axis(Candidate(**{**vars(flat), "dp_replicate": 2})) is None
-    staged = Candidate(**{**vars(flat), "pp": 2})
-    assert "pp 2: not searched yet (its simulation, simulate/pipeline.py" in unknown_axis(staged)
-    assert "cp 2: not searched yet" in unknown_axis(Candidate(**{**vars(flat), "cp": 2}))
-    with pytest.raises(ValueError, match="pp 2: not searched yet"):
-        RankMemoryModel(CARD, 256, stand_in([])).memory(staged)
+    assert unknown_axis(Candidate(**{**vars(flat), "pp": 2, "tp": 1})) is None
+    contexted = Candidate(**{**vars(flat), "cp": 2})
+    assert "cp 2: not searched yet" in unknown_axis(contexted)
+    with pytest.raises(ValueError, match="cp 2: not searched yet"):
+        RankMemoryModel(CARD, 256, stand_in([])).memory(contexted)
 
 
 def test_hsdp_replicas_share_the_shard_groups_simulation_and_add_an_all_reduce() -> None:
