@@ -9,7 +9,10 @@ precision x pipeline stages: ``pp`` ranks (``--pp``), each schedule (torch's ``S
 schedule's microbatch count (one schedule step per optimizer step: the microbatches are the pipeline's). Pipeline
 stages are composed with FSDP alone (``distributed.pipeline``: no tensor parallel, no HSDP inside stages yet) and
 FSDP2 keeps the gathered blocks over the microbatches (``reshard_after_forward`` false, torchtitan's default under
-pipelining). ``cp`` is a field the models take (``fit.memory``, ``fit.time_model``); only 1 is enumerated.
+pipelining) x context parallel: ``cp`` ranks sharing each sequence (``--cp``; by default searched from 32K tokens
+on), simulated alone as ``simulate.context_parallel`` does: no FSDP, TP or stages with it, so each cp group holds a
+whole replica of the state in pure bf16 (the ring simulation runs no mixed precision yet), and the groups are
+``dp_replicate`` data-parallel replicas (DDP). Only models whose whole state fits a GPU can take it.
 
 The first prune is exact and needs no simulation: the training state a rank must hold (parameters, gradients, the
 two AdamW moments), with the parameters split evenly over ``dp_shard x tp`` ranks, is a lower bound of its peak
@@ -34,6 +37,8 @@ STRATEGIES = ("none", "selective_op", "every_k", "full")
 PIPELINE_SCHEDULES = {"1f1b": 1, "interleaved_1f1b": 2, "gpipe": 1}  # schedule -> stages per rank searched
 DEFAULT_SCHEDULES = ("1f1b", "interleaved_1f1b")
 DEFAULT_PP = (1, 2, 4, 8, 16)
+DEFAULT_CP = (2, 4, 8)  # searched by default from LONG_SEQUENCE tokens on
+LONG_SEQUENCE = 32768
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class Candidate:
         return self.dp_shard * self.dp_replicate
 
     def describe(self) -> str:
+        if self.cp > 1 and self.dp_shard == 1:  # context parallel alone: replicas of a cp group
+            return " x ".join([f"ddp {self.dp_replicate}"] * (self.dp_replicate > 1) + [f"cp {self.cp}"])
         parts = [f"hsdp {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else f"fsdp {self.dp_shard}"]
         parts += [f"{axis} {getattr(self, axis)}" for axis in ("tp", "pp", "cp") if getattr(self, axis) > 1]
         if self.pp > 1:
@@ -136,6 +143,7 @@ def enumerate_candidates(
     k: int = 2,
     pp: tuple[int, ...] = (1,),
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES,
+    cp: tuple[int, ...] = (),
 ) -> list[Candidate]:
     """Every candidate of ``gpus`` GPUs (see the module doc). An ``InputError`` when none exists: no TP degree
     divides the GPUs and heads, or the batch cannot be split into whole sequences per data-parallel rank."""
@@ -170,6 +178,7 @@ def enumerate_candidates(
                                     found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision,
                                                            reshard, replicate, pp=p, k=k, schedule=schedule,
                                                            stages_per_rank=virtual))
+    found += _context_parallel(card, gpus, sequences, seq_len, cp, strategies, precisions, max_microbatch, k)
     if not found:
         smallest_dp = gpus // max(degrees) // max(pp)
         raise InputError(
@@ -177,6 +186,35 @@ def enumerate_candidates(
             f"cannot be split: every data-parallel rank needs whole sequences (and a pipeline at least a microbatch per "
             f"stage) and the fewest data-parallel ranks here are {smallest_dp} (tp {max(degrees)}, pp {max(pp)}); use a "
             f"batch of a multiple of {smallest_dp} sequences or fewer GPUs")
+    return found
+
+
+def cp_degrees(card, gpus: int, seq_len: int, requested: tuple[int, ...] | None = None) -> list[int]:
+    """The context-parallel degrees of ``gpus`` (above 1): dividing the GPU count, ``2 cp`` dividing the sequence
+    (torch's load-balanced ring, ``config.layout``); ``requested`` each checked, an ``InputError`` naming the fix;
+    by default ``DEFAULT_CP`` from ``LONG_SEQUENCE`` tokens on, none below."""
+    for c in requested or ():
+        if c > 1 and gpus % c:
+            raise InputError(f"--cp {c}: does not divide --gpus {gpus}; choose a degree that divides every GPU count")
+        if c > 1 and seq_len % (2 * c):
+            raise InputError(f"--cp {c}: --seq {seq_len} is not divisible by 2 x cp = {2 * c} (torch's load-balanced "
+                             f"ring gives each rank two chunks); use a multiple of {2 * c}")
+    options = requested or (DEFAULT_CP if seq_len >= LONG_SEQUENCE else ())
+    return [c for c in options if c > 1 and gpus % c == 0 and seq_len % (2 * c) == 0]
+
+
+def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[int, ...], strategies, precisions,
+                      max_microbatch: int, k: int) -> list[Candidate]:
+    """The cp candidates (see the module doc): ``gpus / cp`` replicas of a cp group, pure precision."""
+    found = []
+    for c in cp:
+        replicas = gpus // c
+        if gpus % c or sequences % replicas or "pure" not in precisions:
+            continue
+        per_rank = sequences // replicas
+        for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
+            for strategy in strategies:
+                found.append(Candidate(gpus, 1, 1, mb, per_rank // mb, strategy, "pure", True, replicas, cp=c, k=k))
     return found
 
 

@@ -57,6 +57,7 @@ class FitRequest:
     max_simulations: int = 12
     pp: tuple[int, ...] = (1,)  # pipeline degrees searched (fit.candidates.pp_degrees)
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    cp: tuple[int, ...] = ()  # context-parallel degrees above 1 searched (fit.candidates.cp_degrees)
 
     @property
     def usable_bytes(self) -> int:
@@ -113,12 +114,14 @@ def holds_at_least(c: Candidate, over: Candidate) -> bool:
 
 def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
            progress: Callable[[str], None] | None = None,
-           simulate_stage: Callable[..., dict] | None = None) -> list[GpuCountResult]:
+           simulate_stage: Callable[..., dict] | None = None,
+           simulate_context: Callable[..., dict] | None = None) -> list[GpuCountResult]:
     """The ranked fitting layouts per GPU count of ``request`` (see the module doc); ``simulate``: the rank
     simulation (None: ``simulate.fake_ranks.simulate_rank``; a test hands a stand-in), ``simulate_stage`` the
-    pipeline ranks' (None: ``fit.memory``'s first and last rank of ``simulate.pipeline``)."""
+    pipeline ranks' (None: ``fit.memory``'s first and last rank of ``simulate.pipeline``), ``simulate_context`` a cp
+    rank's (None: ``simulate.context_parallel.simulate_cp_rank``)."""
     card = request.card
-    memory = RankMemoryModel(card, request.seq_len, simulate or simulate_rank, simulate_stage)
+    memory = RankMemoryModel(card, request.seq_len, simulate or simulate_rank, simulate_stage, simulate_context)
     times = StepTimeModel(card, request.seq_len, request.device, request.mfu)
     parameters = card.num_params()
     enumerated = {  # every GPU count's request checked before anything simulates
@@ -126,7 +129,7 @@ def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
             card, gpus, seq_len=request.seq_len, global_batch_tokens=request.global_batch_tokens,
             gpus_per_node=request.device.gpus_per_node, strategies=request.strategies, precisions=request.precisions,
             tp=request.tp, max_microbatch=request.max_microbatch, hsdp=request.hsdp, k=request.k, pp=request.pp,
-            schedules=request.schedules)
+            schedules=request.schedules, cp=tuple(c for c in request.cp if gpus % c == 0))
         for gpus in request.gpus}
     results = []
     for gpus, candidates in enumerated.items():

@@ -29,6 +29,13 @@ Per microbatch on one rank (``B`` sequences of ``T`` tokens, width ``C``):
   keeps the gathered blocks over the microbatches and reduce-scatters once (``distributed.pipeline``): its
   all-gathers and reduce-scatters are per step, overlapped with the step's compute.
 
+- **context parallel** (``cp > 1``, modelled as ``simulate.context_parallel`` runs torch's ring with its default
+  all-gather rotation): per block, the forward all-gathers the other ranks' keys and values, the backward
+  all-gathers them again and exchanges their float32 gradients (twice the bytes), a replayed block gathers once
+  more; on the critical path (torch's all-gather rotation does not overlap them), over the link the cp group spans
+  (cp inside the node after tp). Compute is divided by ``cp`` (each rank's share of the tokens: attention's
+  causal work is balanced by the load-balanced ring).
+
 A link is NVLink when the group's GPUs are in one node, the network adapter once it spans nodes (``fit.hardware``).
 Ranks are laid out torchtitan's way: ``tp`` innermost, then ``dp_shard``, then replicas.
 """
@@ -55,7 +62,7 @@ class StepTime:
     """Seconds of one optimizer step of a candidate, by part (see the module doc)."""
 
     compute_s: float
-    tp_s: float  # tensor parallel's collectives and a pipeline's sends: on the critical path
+    tp_s: float  # tensor parallel's collectives, a pipeline's sends and the context-parallel ring: the critical path
     fsdp_s: float  # total FSDP communication
     fsdp_exposed_s: float
     optimizer_s: float
@@ -125,7 +132,7 @@ class StepTimeModel:
                     device.collective_latency_s, calls=n_tp)
         local_params = card.num_params() / (c.tp * c.pp)
         gathers = 2 if c.reshard_after_forward else 1
-        shard_span = c.dp_shard * c.tp
+        shard_span = c.dp_shard * c.tp * c.cp  # (cp inside a replica: its ranks are consecutive)
         groups = n_blocks // c.pp + 1  # FSDP2 gathers and reduces one block (and the root's rest) per call
 
         def dp_ring(nbytes: float, ranks: int, span: int, calls: int) -> float:
@@ -138,6 +145,11 @@ class StepTimeModel:
             shard = local_params / c.dp_shard * GRADIENT_BYTES[c.precision]
             fsdp += dp_ring(2 * shard, c.dp_replicate, shard_span * c.dp_replicate, 2 * groups)
         optimizer = ADAMW_TOUCHES * local_params / c.dp_shard * OPTIMIZER_STATE_BYTES[c.precision] / device.hbm_bytes_per_s
+        if c.cp > 1:
+            kv = 2 * c.microbatch * T * card.n_kv_head * (card.n_embd // card.n_head) * COMPUTE_BYTES / c.cp
+            moves = (n_blocks * (1 + 1 + 2) + replays) // c.pp  # forward, backward, float32 K/V gradients, replays
+            tp += ring_s(moves * c.cp * kv, c.cp, device.link_bytes_per_s(c.cp * c.tp), device.hop_latency_s(c.cp * c.tp),
+                         device.collective_latency_s, calls=(3 * n_blocks + replays) // c.pp)
         if c.pp == 1:
             exposed = max(0.0, fsdp - compute)
             bubble = 0.0

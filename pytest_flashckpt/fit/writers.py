@@ -87,6 +87,9 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
             f"# layout: {{dp_shard: {c.dp_shard}, tp: {c.tp}}}  -- the chosen layout; this checkout's suite refuses "
             "the layout axis's value, so the scenario below simulates the FSDP rank of the data-parallel group\n")
         replicas = f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n" if c.dp_replicate > 1 else ""
+        if c.cp > 1:
+            replicas += (f"# context parallel: cp {c.cp} (modelled; the suite has no cp axis yet): the scenario below "
+                         "simulates one replica's step at the whole sequence on one rank\n")
         if c.pp > 1:
             replicas += (f"# pipeline: pp {c.pp}, schedule {c.schedule}, {c.stages_per_rank} stage(s) per rank, "
                          f"{c.accumulation} microbatches of {c.microbatch}  -- {note}\n")

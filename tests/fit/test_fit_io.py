@@ -100,7 +100,7 @@ def test_a_torchtitan_toml_is_mapped_where_it_can_be_and_refused_where_not(tmp_p
     assert (piped["pp"], piped["schedule"], piped["gpus"]) == (4, "interleaved_1f1b", 32)
     for bad, match in (
         (TITAN.replace('"70B"', '"debugmodel"'), r"\[model\] name 'llama3' flavor 'debugmodel' has no card here"),
-        (TITAN.replace("tensor_parallel_degree = 8", "context_parallel_degree = 4"), r"context_parallel_degree = 4: context parallel"),
+        (TITAN.replace("tensor_parallel_degree = 8", "context_parallel_degree = 4"), r"context_parallel_degree = 4 with data_parallel_shard_degree = 8: fit models context parallel alone"),
         (TITAN.replace("tensor_parallel_degree = 8", 'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "ZeroBubble"'),
          r"pipeline_parallel_schedule = 'ZeroBubble': fit simulates 1F1B"),
         (TITAN.replace('flavor = "70B"', 'flavor = "70B"\nconverters = ["float8"]'), r"converters \['float8'\]: float8"),

@@ -138,24 +138,26 @@ def test_the_command_on_the_real_simulated_rank_writes_a_loadable_scenario(tmp_p
                  "--tp", "1", "--pp", "1", "--strategies", "full", "--top", "1", "--max-simulations", "1",
                  "--device-memory", "64MiB", "--write-scenario", str(scenario), "--write-torchtitan", str(titan)]) == 0
     out = capsys.readouterr().out
-    assert "margin of 10%" in out and "not measured yet" in out and "context parallel (cp) is not searched" in out
+    assert "margin of 10%" in out and "not measured yet" in out and "cp none (modelled, alone, pure bf16)" in out
     assert "| 1 | 2 | " in out and "(simulated" in out
     (loaded,) = load_suite(str(scenario)).scenarios
     assert loaded.simulate.world_size == 2 and loaded.seq_len == 32
     assert "data_parallel_shard_degree = 2" in titan.read_text(encoding="utf-8")
 
 
-def test_context_parallel_has_no_memory_source_yet_and_pipelines_have_theirs() -> None:
+def test_every_layout_axis_has_a_memory_source_and_a_missing_one_is_refused(monkeypatch) -> None:
+    from pytest_flashckpt.fit import memory as memory_module
     from pytest_flashckpt.fit.candidates import Candidate
-    from pytest_flashckpt.fit.memory import RankMemoryModel, unknown_axis
+    from pytest_flashckpt.fit.memory import AXIS_SOURCES, RankMemoryModel, unknown_axis
 
     flat = Candidate(gpus=4, dp_shard=2, tp=2, microbatch=1, accumulation=1, strategy="none", precision="mixed")
-    assert unknown_axis(flat) is None and unknown_axis(Candidate(**{**vars(flat), "dp_replicate": 2})) is None
-    assert unknown_axis(Candidate(**{**vars(flat), "pp": 2, "tp": 1})) is None
-    contexted = Candidate(**{**vars(flat), "cp": 2})
-    assert "cp 2: not searched yet" in unknown_axis(contexted)
-    with pytest.raises(ValueError, match="cp 2: not searched yet"):
-        RankMemoryModel(CARD, 256, stand_in([])).memory(contexted)
+    assert set(AXIS_SOURCES) == {"dp_shard", "tp", "dp_replicate", "pp", "cp"}
+    for axis in ({}, {"dp_replicate": 2}, {"pp": 2, "tp": 1}, {"cp": 2, "tp": 1, "dp_shard": 1}):
+        assert unknown_axis(Candidate(**{**vars(flat), **axis})) is None
+    # control: an axis whose source refuses is named before anything simulates
+    monkeypatch.setitem(memory_module.AXIS_SOURCES, "cp", lambda c: f"cp {c.cp}: no source" if c.cp > 1 else None)
+    with pytest.raises(ValueError, match="cp 2: no source"):
+        RankMemoryModel(CARD, 256, lambda *a, **k: pytest.fail("simulated")).memory(Candidate(**{**vars(flat), "cp": 2}))
 
 
 def test_hsdp_replicas_share_the_shard_groups_simulation_and_add_an_all_reduce() -> None:
