@@ -364,18 +364,20 @@ def _torch_stages(schedule) -> list[PipelineStage]:
     return list(getattr(schedule, "_stages", None) or [schedule._stage])
 
 
-def memory_step(trainer: PipelineTrainer, device_type: str = "cpu") -> dict[str, int]:
+def memory_step(trainer: PipelineTrainer, device_type: str = "cpu",
+                probe_class: type[ShardedLiveTensorProbe] = ShardedLiveTensorProbe) -> dict[str, int]:
     """One pipeline step in the two windows of ``distributed.rank`` (the schedule's forward + backward over every
-    microbatch, then the optimizer), counted by the rank probe; the stage's receive buffers count from the start.
-    The same function measures a gloo rank and the simulated (fake) rank."""
+    microbatch, then the optimizer), counted by the rank probe (``probe_class``: the simulated rank passes the
+    resize-tracking one of ``simulate.rank_probe``, the same bytes, faster); the stage's receive buffers count from
+    the start. The same function measures a gloo rank and the simulated (fake) rank."""
     for stage in trainer.stages:
         stage.train()
     resident = [_local(t) for t in trainer.state_tensors()] + communication_buffers(trainer)
-    with ShardedLiveTensorProbe(device_type).track(resident=resident) as fwd_bwd:
+    with probe_class(device_type).track(resident=resident) as fwd_bwd:
         trainer.forward_backward()
     grads = [_local(p.grad) for p in trainer.parameters() if p.grad is not None]
     resident = [_local(t) for t in trainer.state_tensors()] + communication_buffers(trainer) + grads
-    with ShardedLiveTensorProbe(device_type).track(resident=resident) as opt:
+    with probe_class(device_type).track(resident=resident) as opt:
         trainer.optimizer_step()
     trainer.step += 1
     return {

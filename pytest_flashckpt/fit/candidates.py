@@ -4,8 +4,15 @@ A candidate is a point of: data parallel (``dp_shard`` FSDP ranks, times ``dp_re
 parallel ``tp`` (dividing the query and key/value heads, at most one node's GPUs: TP's collectives are on the
 critical path, so they stay on NVLink) x the microbatch per data-parallel rank and gradient accumulation (global
 batch tokens = dp x microbatch x seq x accumulation) x FSDP2's ``reshard_after_forward`` x activation strategy x
-precision. ``pp`` and ``cp`` are fields already (the memory and time models take them, ``fit.memory``,
-``fit.time_model``), but only 1 is enumerated: their simulations are not on this branch yet.
+precision x pipeline stages: ``pp`` ranks (``--pp``), each schedule (torch's ``Schedule1F1B``,
+``ScheduleInterleaved1F1B`` with 2 stages per rank, ``ScheduleGPipe`` on request), where ``accumulation`` is the
+schedule's microbatch count (one schedule step per optimizer step: the microbatches are the pipeline's). Pipeline
+stages are composed with FSDP alone (``distributed.pipeline``: no tensor parallel, no HSDP inside stages yet) and
+FSDP2 keeps the gathered blocks over the microbatches (``reshard_after_forward`` false, torchtitan's default under
+pipelining) x context parallel: ``cp`` ranks sharing each sequence (``--cp``; by default searched from 32K tokens
+on), simulated alone as ``simulate.context_parallel`` does: no FSDP, TP or stages with it, so each cp group holds a
+whole replica of the state in pure bf16 (the ring simulation runs no mixed precision yet), and the groups are
+``dp_replicate`` data-parallel replicas (DDP). Only models whose whole state fits a GPU can take it.
 
 The first prune is exact and needs no simulation: the training state a rank must hold (parameters, gradients, the
 two AdamW moments), with the parameters split evenly over ``dp_shard x tp`` ranks, is a lower bound of its peak
@@ -18,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_flashckpt.config.errors import InputError
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 
 # bytes per parameter of (parameter, gradient, AdamW exp_avg + exp_avg_sq): pure bf16 holds all four in bf16; mixed
 # holds float32 master weights, float32 gradients (FSDP2's reduce_dtype) and float32 moments
@@ -26,6 +34,11 @@ STATE_BYTES_PER_PARAM = {"pure": 2 + 2 + 2 * 2, "mixed": 4 + 4 + 2 * 4}
 SAVED_BYTES_PER_PARAM = {"pure": 2 + 2 * 2, "mixed": 4 + 2 * 4}
 COMPUTE_BYTES = 2  # bf16: what FSDP2 all-gathers (MixedPrecisionPolicy param_dtype, or the bf16 parameters of pure)
 STRATEGIES = ("none", "selective_op", "every_k", "full")
+PIPELINE_SCHEDULES = {"1f1b": 1, "interleaved_1f1b": 2, "gpipe": 1}  # schedule -> stages per rank searched
+DEFAULT_SCHEDULES = ("1f1b", "interleaved_1f1b")
+DEFAULT_PP = (1, 2, 4, 8, 16)
+DEFAULT_CP = (2, 4, 8)  # searched by default from LONG_SEQUENCE tokens on
+LONG_SEQUENCE = 32768
 
 
 @dataclass(frozen=True)
@@ -45,15 +58,25 @@ class Candidate:
     pp: int = 1
     cp: int = 1
     k: int = 2
+    schedule: str = "1f1b"  # pipeline schedule (pp > 1): gpipe, 1f1b, interleaved_1f1b
+    stages_per_rank: int = 1  # pipeline stages a rank holds (interleaved_1f1b: 2)
 
     @property
     def dp(self) -> int:
         return self.dp_shard * self.dp_replicate
 
     def describe(self) -> str:
+        if self.cp > 1 and self.dp_shard == 1:  # context parallel alone: replicas of a cp group
+            return " x ".join([f"ddp {self.dp_replicate}"] * (self.dp_replicate > 1) + [f"cp {self.cp}"])
         parts = [f"hsdp {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else f"fsdp {self.dp_shard}"]
         parts += [f"{axis} {getattr(self, axis)}" for axis in ("tp", "pp", "cp") if getattr(self, axis) > 1]
+        if self.pp > 1:
+            parts[-1 if self.cp == 1 else -2] += f" ({self.schedule}{'' if self.stages_per_rank == 1 else f', {self.stages_per_rank} stages per rank'})"
         return " x ".join(parts)
+
+    @property
+    def pipeline_stages(self) -> int:
+        return self.pp * self.stages_per_rank
 
     def describe_strategy(self) -> str:
         return f"every_k (k={self.k})" if self.strategy == "every_k" else self.strategy
@@ -86,6 +109,25 @@ def sequences_per_step(global_batch_tokens: int, seq_len: int) -> int:
     return global_batch_tokens // seq_len
 
 
+def pp_degrees(card, gpus: int, requested: tuple[int, ...] | None = None,
+               schedules: tuple[str, ...] = DEFAULT_SCHEDULES) -> list[int]:
+    """The pipeline degrees of ``gpus``: dividing the GPU count, at most one stage per block (``requested``: each
+    checked, an ``InputError`` naming the fix; default ``DEFAULT_PP``)."""
+    tied = getattr(card, "tie_word_embeddings", False)
+    for pp in requested or ():
+        if pp > 1 and tied:
+            raise InputError(f"--pp {pp}: model card {card.name!r} ties its head to the embedding, which the first and "
+                             "last stages cannot share; use an untied card or --pp 1")
+        fewest = pp * min(PIPELINE_SCHEDULES[s] for s in schedules)
+        if fewest > card.n_layer:
+            raise InputError(f"--pp {pp}: {fewest} stages for model card {card.name!r}'s {card.n_layer} blocks; use "
+                             f"--pp {card.n_layer} or fewer")
+        if gpus % pp:
+            raise InputError(f"--pp {pp}: does not divide --gpus {gpus}; choose a degree that divides every GPU count")
+    options = requested or tuple(p for p in DEFAULT_PP if p == 1 or not tied)
+    return [p for p in options if gpus % p == 0 and p <= card.n_layer]
+
+
 def enumerate_candidates(
     card,
     gpus: int,
@@ -99,6 +141,9 @@ def enumerate_candidates(
     max_microbatch: int = 16,
     hsdp: bool = True,
     k: int = 2,
+    pp: tuple[int, ...] = (1,),
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES,
+    cp: tuple[int, ...] = (),
 ) -> list[Candidate]:
     """Every candidate of ``gpus`` GPUs (see the module doc). An ``InputError`` when none exists: no TP degree
     divides the GPUs and heads, or the batch cannot be split into whole sequences per data-parallel rank."""
@@ -109,28 +154,78 @@ def enumerate_candidates(
                          f"{card.name!r}'s heads (n_head {card.n_head}, n_kv_head {getattr(card, 'n_kv_head', card.n_head)}) "
                          f"within a node of {gpus_per_node}; use a GPU count that is a multiple of one")
     found: list[Candidate] = []
-    for t in degrees:
-        dp = gpus // t
-        if sequences % dp:
-            continue
-        per_rank = sequences // dp
-        for replicate in divisors(dp) if hsdp else [1]:
-            shard = dp // replicate
-            if replicate > 1 and (shard * t) % gpus_per_node:
-                continue  # HSDP shards over whole nodes (replicas across nodes), as torchtitan lays it out
-            for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
-                for strategy in strategies:
-                    for precision in precisions:
-                        for reshard in (True, False) if shard > 1 else (True,):
-                            found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision, reshard,
-                                                   replicate, k=k))
+    for p in pp:
+        for t in degrees if p == 1 else [1] if 1 in degrees else []:  # TP inside stages: not built
+            if gpus % (t * p):
+                continue
+            dp = gpus // (t * p)
+            if sequences % dp:
+                continue
+            per_rank = sequences // dp
+            for replicate in divisors(dp) if hsdp and p == 1 else [1]:
+                shard = dp // replicate
+                if replicate > 1 and (shard * t) % gpus_per_node:
+                    continue  # HSDP shards over whole nodes (replicas across nodes), as torchtitan lays it out
+                for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
+                    for schedule in schedules if p > 1 else ("1f1b",):
+                        virtual = PIPELINE_SCHEDULES[schedule] if p > 1 else 1
+                        if p > 1 and not _schedulable(schedule, p, virtual, per_rank // mb, card.n_layer):
+                            continue
+                        for strategy in strategies:
+                            for precision in precisions:
+                                reshards = (False,) if p > 1 else (True, False) if shard > 1 else (True,)
+                                for reshard in reshards:
+                                    found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision,
+                                                           reshard, replicate, pp=p, k=k, schedule=schedule,
+                                                           stages_per_rank=virtual))
+    found += _context_parallel(card, gpus, sequences, seq_len, cp, strategies, precisions, max_microbatch, k)
     if not found:
-        smallest_dp = gpus // max(degrees)
+        smallest_dp = gpus // max(degrees) // max(pp)
         raise InputError(
             f"--gpus {gpus}: the global batch of {sequences} sequences ({global_batch_tokens} tokens / seq {seq_len}) "
-            f"cannot be split: every data-parallel rank needs whole sequences and the fewest data-parallel ranks here "
-            f"are {smallest_dp} (tp {max(degrees)}); use a batch of a multiple of {smallest_dp} sequences or fewer GPUs")
+            f"cannot be split: every data-parallel rank needs whole sequences (and a pipeline at least a microbatch per "
+            f"stage) and the fewest data-parallel ranks here are {smallest_dp} (tp {max(degrees)}, pp {max(pp)}); use a "
+            f"batch of a multiple of {smallest_dp} sequences or fewer GPUs")
     return found
+
+
+def cp_degrees(card, gpus: int, seq_len: int, requested: tuple[int, ...] | None = None) -> list[int]:
+    """The context-parallel degrees of ``gpus`` (above 1): dividing the GPU count, ``2 cp`` dividing the sequence
+    (torch's load-balanced ring, ``config.layout``); ``requested`` each checked, an ``InputError`` naming the fix;
+    by default ``DEFAULT_CP`` from ``LONG_SEQUENCE`` tokens on, none below."""
+    for c in requested or ():
+        if c > 1 and gpus % c:
+            raise InputError(f"--cp {c}: does not divide --gpus {gpus}; choose a degree that divides every GPU count")
+        if c > 1 and seq_len % (2 * c):
+            raise InputError(f"--cp {c}: --seq {seq_len} is not divisible by 2 x cp = {2 * c} (torch's load-balanced "
+                             f"ring gives each rank two chunks); use a multiple of {2 * c}")
+    options = requested or (DEFAULT_CP if seq_len >= LONG_SEQUENCE else ())
+    return [c for c in options if c > 1 and gpus % c == 0 and seq_len % (2 * c) == 0]
+
+
+def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[int, ...], strategies, precisions,
+                      max_microbatch: int, k: int) -> list[Candidate]:
+    """The cp candidates (see the module doc): ``gpus / cp`` replicas of a cp group, pure precision."""
+    found = []
+    for c in cp:
+        replicas = gpus // c
+        if gpus % c or sequences % replicas or "pure" not in precisions:
+            continue
+        per_rank = sequences // replicas
+        for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
+            for strategy in strategies:
+                found.append(Candidate(gpus, 1, 1, mb, per_rank // mb, strategy, "pure", True, replicas, cp=c, k=k))
+    return found
+
+
+def _schedulable(schedule: str, pp: int, virtual: int, microbatches: int, n_blocks: int) -> bool:
+    """What the simulation accepts (``config.layout.PipelineSchedule.check``, torch's schedules' rules): stages <=
+    blocks, 1F1B at least a microbatch per stage, interleaved in rounds of ``pp`` (or fewer than ``pp``)."""
+    try:
+        PipelineSchedule(schedule, microbatches, virtual).check(Layout(pp=pp), batch_size=microbatches, n_blocks=n_blocks)
+    except ValueError:
+        return False
+    return True
 
 
 def state_lower_bound(parameters: int, candidate: Candidate) -> int:

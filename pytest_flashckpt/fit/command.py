@@ -16,7 +16,7 @@ from pathlib import Path
 from pytest_flashckpt.config.errors import InputError
 from pytest_flashckpt.core.registry import PRECISIONS
 from pytest_flashckpt.fit.assumptions import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_STORAGE_GBPS
-from pytest_flashckpt.fit.candidates import STRATEGIES
+from pytest_flashckpt.fit.candidates import DEFAULT_SCHEDULES, PIPELINE_SCHEDULES, STRATEGIES
 from pytest_flashckpt.fit.checkpoint_cost import LLAMA3_GPU_HOURS_PER_INTERRUPTION
 from pytest_flashckpt.fit.hardware import DEFAULT_DEVICE, DEVICES, OVERRIDES, choose_device, load_hardware_file
 from pytest_flashckpt.simulate.devices import gib, parse_device_memory
@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
         "gradient accumulation x reshard_after_forward x activation strategy x precision), prune them by their exact "
         "state bytes, rank them by a step-time model of the device and its links, simulate the per-rank peak of the "
         "fastest with the real engine under fake mode until enough fit, and print them with their checkpoint cost. "
-        "Pipeline and context parallel are not searched yet. Exit status 0: a table; 2: bad input or nothing fits.")
+        "Pipeline stages (pp x schedule x microbatches) are searched with FSDP; context parallel is not searched yet. Exit status 0: a table; 2: bad input or nothing fits.")
     p.add_argument("--model", required=True, help="a model card name or path, a Hugging Face config.json (model_type "
                    "llama), or a torchtitan TOML ([model] name/flavor; its seq_len, batch and degrees are defaults)")
     p.add_argument("--seq", type=int, help="sequence length (default: the TOML's seq_len, else 8192)")
@@ -64,6 +64,15 @@ def add_parser(sub) -> None:
     p.add_argument("--k", type=int, default=2, help="every_k: checkpoint blocks 0, k, 2k, ... (default 2)")
     p.add_argument("--tp", help="tensor-parallel degrees to search, comma-separated (default: a torchtitan TOML's "
                    "tensor_parallel_degree, else every divisor of a node that divides the heads)")
+    p.add_argument("--pp", help="pipeline degrees to search, comma-separated (default: a torchtitan TOML's "
+                   "pipeline_parallel_degree, else 1,2,4,8,16 where they divide the GPUs and the blocks); 1 alone: no "
+                   "pipeline")
+    p.add_argument("--schedules", help=f"pipeline schedules to search: {', '.join(PIPELINE_SCHEDULES)} (default: a "
+                   f"torchtitan TOML's pipeline_parallel_schedule, else {','.join(DEFAULT_SCHEDULES)}; interleaved_1f1b "
+                   "holds 2 stages per rank)")
+    p.add_argument("--cp", help="context-parallel degrees to search, comma-separated (default: a torchtitan TOML's "
+                   "context_parallel_degree, else 2,4,8 from 32768 tokens on); modelled (torch's ring attention on "
+                   "meta), alone: a cp group holds a whole pure-bf16 replica")
     p.add_argument("--max-microbatch", type=int, default=16, help="largest microbatch per data-parallel rank (default 16)")
     p.add_argument("--no-hsdp", action="store_true", help="do not search HSDP replicas (dp_replicate)")
     p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="fraction of the device's bf16 peak the step's matmuls "
@@ -119,6 +128,15 @@ def request_from(args: argparse.Namespace):
     tokens = args.global_batch_tokens or settings.get("global_batch_tokens", 1048576)
     gpus = _int_list("--gpus", args.gpus) if args.gpus else (settings["gpus"],) if "gpus" in settings else (8,)
     tp = _int_list("--tp", args.tp) if args.tp else (settings["tp"],) if "tp" in settings else None
+    schedules = DEFAULT_SCHEDULES if "schedule" not in settings else (settings["schedule"],)
+    if args.schedules is not None:
+        schedules = tuple(part.strip() for part in args.schedules.split(",") if part.strip())
+        unknown = [name for name in schedules if name not in PIPELINE_SCHEDULES]
+        if not schedules or unknown:
+            raise InputError(f"--schedules {args.schedules!r}: fit simulates the pipeline schedules "
+                             f"{', '.join(PIPELINE_SCHEDULES)}; choose among them")
+    pp_requested = _int_list("--pp", args.pp) if args.pp else (settings["pp"],) if "pp" in settings else None
+    cp_requested = _int_list("--cp", args.cp) if args.cp else (settings["cp"],) if "cp" in settings else None
     strategies = args.strategies or ((settings["strategy"],) if "strategy" in settings else STRATEGIES)
     k = settings.get("k", args.k) if args.strategies is None else args.k
     try:
@@ -130,7 +148,15 @@ def request_from(args: argparse.Namespace):
     if block is not None and seq > block:
         raise InputError(f"--seq {seq}: longer than model card {model.card.name!r}'s block_size {block}; use a shorter "
                          "sequence or a card with a longer context")
-    return model, FitRequest(model.card, seq, tokens, gpus, device, memory, strategies=strategies,
+    from pytest_flashckpt.fit.candidates import cp_degrees, pp_degrees
+
+    pp = tuple(sorted({d for g in gpus for d in pp_degrees(model.card, g, pp_requested, schedules)})) or (1,)
+    cp = tuple(sorted({d for g in gpus for d in cp_degrees(model.card, g, seq, cp_requested)}))
+    if cp and "pure" not in precisions:
+        raise InputError(f"--cp {','.join(map(str, cp))}: a context-parallel rank is simulated in pure bf16 only (the "
+                         "ring simulation runs no mixed precision yet); add --precision pure or both, or --cp 1")
+    return model, FitRequest(model.card, seq, tokens, gpus, device, memory, strategies=strategies, pp=pp, cp=cp,
+                             schedules=schedules,
                              precisions=precisions, tp=tp, max_microbatch=args.max_microbatch, hsdp=not args.no_hsdp,
                              k=k, margin=args.margin, mfu=args.mfu, storage_gbps=args.storage_gbps,
                              mtbf_hours=args.mtbf_hours, top=args.top, max_simulations=args.max_simulations)
@@ -146,8 +172,8 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-TABLE_HEADER = ("| # | GPUs | layout | microbatch x accum | strategy | precision | reshard | per-rank peak | step (compute / TP / "
-                "FSDP exposed) | tokens/s/GPU | MFU | ckpt per rank | staging per node | save | save every |")
+TABLE_HEADER = ("| # | GPUs | layout | microbatch x accum | strategy | precision | reshard | per-rank peak | step (compute / TP, "
+                "PP, CP comms / FSDP exposed) | tokens/s/GPU | MFU | ckpt per rank | staging per node | save | save every |")
 
 
 def row(i: int, r, usable: int) -> str:
@@ -161,6 +187,7 @@ def row(i: int, r, usable: int) -> str:
 
 def describe(request, model, results) -> list[str]:
     d = request.device
+    schedules = f" ({', '.join(request.schedules)})" if max(request.pp) > 1 else ""
     lines = [
         f"{model.source}: seq {request.seq_len}, {request.global_batch_tokens:,} tokens per step, {d.name} "
         f"({d.peak_flops / 1e12:,.1f} TFLOP/s bf16 x mfu {request.mfu}, NVLink {d.nvlink_bytes_per_s / 1e9:.0f} GB/s, "
@@ -168,8 +195,10 @@ def describe(request, model, results) -> list[str]:
         f"usable memory per GPU: {gib(request.usable_bytes)} = {gib(request.device_memory)} less a margin of "
         f"{request.margin:.0%} for the CUDA context, NCCL/cuBLAS workspaces and allocator fragmentation (assumed: the "
         "GPU margin is not measured yet)",
-        "searched: FSDP / HSDP x tp x microbatch x reshard_after_forward x strategy x precision; pipeline (pp) and "
-        "context parallel (cp) are not searched yet",
+        f"searched: FSDP / HSDP x tp x pp {','.join(map(str, request.pp))}"
+        f"{schedules} x "
+        f"microbatch x reshard_after_forward x strategy x precision; cp {','.join(map(str, request.cp)) or 'none'} "
+        "(modelled, alone, pure bf16); a pipeline's peak is the larger of its first and last rank's",
         "", TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1),
     ]
     i = 0

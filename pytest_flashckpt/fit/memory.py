@@ -4,9 +4,15 @@
 real engine under fake mode (``simulate.fake_ranks.simulate_rank``: torch's ``fully_shard`` and
 ``parallelize_module`` on a fake process group, the rank's live tensors phase by phase); ``dp_replicate`` (HSDP)
 adds nothing to a rank (a replica holds the same shards: the rank is the ``dp_shard x tp`` rank with the same
-microbatch); ``pp`` and ``cp`` have no source yet (their simulations, ``simulate/pipeline.py`` and
-``simulate/context_parallel.py``, are another change): a candidate with them is refused with that reason. When they
-land, their entry becomes the function that simulates a stage / a sequence shard.
+microbatch); ``pp`` is simulated by the same engine running torch's pipelining schedule
+(``simulate.pipeline.simulate_pipeline_rank``: the stage split, ``fully_shard`` per stage, the schedule's own
+in-flight microbatches and receive buffers), a deep card's stage read off the line through fewer blocks per stage.
+A pipeline candidate's peak is the larger of its first and its last pipeline rank's (the first stage holds the most
+in-flight microbatches under 1F1B and the embedding, the last the head, its logits and the loss; the stages between
+hold neither and fewer in flight, and are not simulated). ``cp`` is **modelled**
+(``simulate.context_parallel.simulate_cp_rank``: the meta step at ``seq / cp`` tokens with torch's own ring
+attention, the CUDA flash op; labelled so in the table until the GPU suite measures a cp rank); a cp rank is simulated
+alone (no FSDP, TP or stages), in pure bf16.
 
 On top of the simulated step, two things the step does not contain are modelled and labelled so:
 
@@ -29,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from pytest_flashckpt.config.layout import Layout
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.fit.candidates import COMPUTE_BYTES, Candidate
 from pytest_flashckpt.simulate.fake_ranks import simulate_rank
 
@@ -40,11 +46,16 @@ class RankInputs:
 
     dp_shard: int
     tp: int
-    batch_size: int  # the data-parallel group's microbatch: microbatch x dp_shard
+    batch_size: int  # the data-parallel group's microbatch: microbatch x dp_shard (x the pipeline's microbatches)
     seq_len: int
     strategy: str
     k: int
     precision: str
+    pp: int = 1
+    schedule: str = "1f1b"
+    microbatches: int = 1  # the pipeline schedule's
+    stages_per_rank: int = 1
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -58,22 +69,15 @@ class RankMemory:
     gradient_bytes: int
     added: dict[str, int]  # modelled additions by name
     simulated_s: float
+    label: str = "simulated"  # how the rank's step is known: simulated by the engine, or modelled (context parallel)
 
     @property
     def source(self) -> str:
-        return "simulated" + "".join(f" + {name} (modelled)" for name, nbytes in self.added.items() if nbytes)
+        return self.label + "".join(f" + {name} (modelled)" for name, nbytes in self.added.items() if nbytes)
 
 
 def _simulated_axes(candidate: Candidate) -> str | None:
     return None
-
-
-def _not_yet(axis: str, module: str) -> Callable[[Candidate], str | None]:
-    def refuse(candidate: Candidate) -> str | None:
-        if getattr(candidate, axis) > 1:
-            return f"{axis} {getattr(candidate, axis)}: not searched yet (its simulation, {module}, is not on this branch)"
-        return None
-    return refuse
 
 
 # axis -> a check that returns why a candidate's memory cannot be known on that axis (None: known, see the doc)
@@ -81,14 +85,32 @@ AXIS_SOURCES: dict[str, Callable[[Candidate], str | None]] = {
     "dp_shard": _simulated_axes,
     "tp": _simulated_axes,
     "dp_replicate": _simulated_axes,  # the dp_shard x tp rank itself
-    "pp": _not_yet("pp", "simulate/pipeline.py"),
-    "cp": _not_yet("cp", "simulate/context_parallel.py"),
+    "pp": _simulated_axes,  # simulate.pipeline: the first and the last pipeline rank
+    "cp": _simulated_axes,  # modelled: simulate.context_parallel (the ring on meta), labelled in the table
 }
 
 
 def unknown_axis(candidate: Candidate) -> str | None:
     """Why no memory source covers ``candidate`` (None: every axis has one)."""
     return next((why for check in AXIS_SOURCES.values() if (why := check(candidate)) is not None), None)
+
+
+def _simulate_stages(card, layout: Layout, pipeline: PipelineSchedule, **kwargs) -> dict:
+    """The first and the last pipeline rank (``simulate.pipeline``), the one with the larger peak as the record;
+    ``ranks`` holds both ranks' peaks."""
+    from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
+
+    ranks = sorted({0, (layout.pp - 1) * layout.dp_shard})
+    records = [simulate_pipeline_rank(card, layout, pipeline, rank=rank, **kwargs) for rank in ranks]
+    record = max(records, key=lambda r: r["peak_bytes"])
+    return {**record, "ranks": {r["rank"]: r["peak_bytes"] for r in records},
+            **{key: sum(r[key] for r in records) for key in ("layout_s", "warm_step_s", "measured_step_s")}}
+
+
+def _simulate_context(card, layout: Layout, **kwargs) -> dict:
+    from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank
+
+    return simulate_cp_rank(card, layout, **kwargs)
 
 
 def block_parameters(card) -> int:
@@ -100,15 +122,24 @@ def block_parameters(card) -> int:
 class RankMemoryModel:
     """Per-rank peaks of candidates of one card and sequence length, simulated once per distinct ``RankInputs``."""
 
-    def __init__(self, card, seq_len: int, simulate: Callable[..., dict] = simulate_rank) -> None:
+    def __init__(self, card, seq_len: int, simulate: Callable[..., dict] = simulate_rank,
+                 simulate_stage: Callable[..., dict] | None = None,
+                 simulate_context: Callable[..., dict] | None = None) -> None:
         self.card = card
         self.seq_len = seq_len
         self.simulate = simulate
+        self.simulate_stage = simulate_stage or _simulate_stages
+        self.simulate_context = simulate_context or _simulate_context
         self.records: dict[RankInputs, dict] = {}
 
     def inputs(self, candidate: Candidate) -> RankInputs:
-        return RankInputs(candidate.dp_shard, candidate.tp, candidate.microbatch * candidate.dp_shard, self.seq_len,
-                          candidate.strategy, candidate.k, candidate.precision)
+        c = candidate
+        if c.cp > 1:
+            return RankInputs(1, 1, c.microbatch, self.seq_len, c.strategy, c.k, c.precision, cp=c.cp)
+        if c.pp == 1:
+            return RankInputs(c.dp_shard, c.tp, c.microbatch * c.dp_shard, self.seq_len, c.strategy, c.k, c.precision)
+        return RankInputs(c.dp_shard, c.tp, c.microbatch * c.accumulation * c.dp_shard, self.seq_len, c.strategy, c.k,
+                          c.precision, c.pp, c.schedule, c.accumulation, c.stages_per_rank)
 
     def is_cached(self, candidate: Candidate) -> bool:
         return self.inputs(candidate) in self.records
@@ -118,9 +149,21 @@ class RankMemoryModel:
         key = self.inputs(candidate)
         if key not in self.records:
             try:
-                self.records[key] = self.simulate(
-                    self.card, Layout(dp_shard=key.dp_shard, tp=key.tp), batch_size=key.batch_size,
-                    seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16, precision=key.precision)
+                if key.cp > 1:
+                    self.records[key] = self.simulate_context(
+                        self.card, Layout(cp=key.cp), batch_size=key.batch_size, seq_len=key.seq_len,
+                        dtype="bfloat16", strategy=key.strategy, k=key.k)
+                elif key.pp > 1:
+                    self.records[key] = self.simulate_stage(
+                        self.card, Layout(dp_shard=key.dp_shard, pp=key.pp),
+                        PipelineSchedule(key.schedule, key.microbatches, key.stages_per_rank), batch_size=key.batch_size,
+                        seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16,
+                        precision=key.precision)
+                else:
+                    self.records[key] = self.simulate(
+                        self.card, Layout(dp_shard=key.dp_shard, tp=key.tp), batch_size=key.batch_size,
+                        seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16,
+                        precision=key.precision)
             except ValueError as exc:
                 self.records[key] = {"refused": str(exc).splitlines()[0]}
         if "refused" in self.records[key]:
@@ -132,15 +175,29 @@ class RankMemoryModel:
         if why is not None:
             raise ValueError(why)
         record = self.record(candidate)
+        if candidate.cp > 1:
+            return self._context_memory(candidate, record)
         state = record["fwd_bwd_start_bytes"]
         gradients = record["optimizer_start_bytes"] - state
+        pipelined = candidate.pp > 1  # the schedule's microbatches and FSDP2's kept blocks are in the simulation
         added = {
-            "accumulated gradients": gradients if candidate.accumulation > 1 else 0,
-            "unsharded block parameters": self.unsharded_blocks(candidate) if not candidate.reshard_after_forward else 0,
+            "accumulated gradients": gradients if candidate.accumulation > 1 and not pipelined else 0,
+            "unsharded block parameters": (self.unsharded_blocks(candidate)
+                                           if not candidate.reshard_after_forward and not pipelined else 0),
         }
         fwd_bwd = record["fwd_bwd_peak_bytes"] + sum(added.values())
         return RankMemory(max(fwd_bwd, record["optimizer_peak_bytes"]), record["peak_bytes"], state, gradients,
                           added, sum(record.get(key, 0.0) for key in ("layout_s", "warm_step_s", "measured_step_s")))
+
+    def _context_memory(self, candidate: Candidate, record: dict) -> RankMemory:
+        """A cp rank (modelled, see the module doc): the meta step's peak with the ring; with accumulation, the whole
+        replica's bf16 gradients added unless the peak is in the optimizer step (where they already are)."""
+        gradients = self.card.num_params() * COMPUTE_BYTES
+        accumulated = gradients if candidate.accumulation > 1 and record["peak_phase"] != "optimizer" else 0
+        added = {"accumulated gradients": accumulated}
+        return RankMemory(record["peak_bytes"] + accumulated, record["peak_bytes"], record["start_bytes"], gradients,
+                          added, record.get("seconds", 0.0),
+                          label=f"modelled: torch's ring attention on meta, {record['seq_per_rank']} tokens per rank")
 
     def unsharded_blocks(self, candidate: Candidate) -> int:
         held = block_parameters(self.card) // (candidate.tp * candidate.pp)

@@ -5,7 +5,7 @@ global_batch_size``, ``[parallelism]`` degrees and ``[activation_checkpoint] mod
 A Hugging Face Llama config becomes the project's Llama card (``config.cards.llama.LlamaConfig``) key by key, so the
 FLOP closed form (``Family.flop_shape``) and the tensor-parallel plan apply to it as to a shipped card; other model
 types are refused (no closed-form FLOPs for them here). A torchtitan TOML is mapped where it can be and refused
-where it cannot (an unknown model/flavor, pipeline or context parallel degrees, float8 converters), one line naming
+where it cannot (an unknown model/flavor, context parallel with another degree, float8 converters), one line naming
 the file, the key and the fix.
 """
 
@@ -125,20 +125,34 @@ def read_torchtitan_toml(path: Path) -> ModelInput:
     if seq is not None:
         settings["seq_len"] = seq
     parallelism = _section(data, "parallelism", where)
-    for axis in ("pipeline_parallel_degree", "context_parallel_degree"):
-        if parallelism.get(axis, 1) != 1:
-            raise InputError(f"{where}: [parallelism] {axis} = {parallelism[axis]!r}: pipeline and context parallel "
-                             "layouts are not searched by fit yet; set it to 1 (fit searches dp_shard x tp and HSDP)")
     degrees = {key: parallelism.get(key, 1) for key in ("data_parallel_replicate_degree", "data_parallel_shard_degree",
-                                                        "tensor_parallel_degree")}
+                                                        "tensor_parallel_degree", "pipeline_parallel_degree",
+                                                        "context_parallel_degree")}
     for key, value in degrees.items():
         if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (value == -1 and key == "data_parallel_shard_degree")):
             raise InputError(f"{where}: [parallelism] {key} = {value!r}: expected a positive integer (-1 for the shard degree: the rest)")
     if degrees["tensor_parallel_degree"] > 1:
         settings["tp"] = degrees["tensor_parallel_degree"]
+    if degrees["context_parallel_degree"] > 1:
+        others = [key for key in ("data_parallel_shard_degree", "tensor_parallel_degree", "pipeline_parallel_degree")
+                  if degrees[key] != 1]
+        if others:
+            raise InputError(f"{where}: [parallelism] context_parallel_degree = {degrees['context_parallel_degree']} "
+                             f"with {', '.join(f'{key} = {degrees[key]}' for key in others)}: fit models context parallel "
+                             "alone (replicas of a cp group); set them to 1 or context_parallel_degree to 1")
+        settings["cp"] = degrees["context_parallel_degree"]
+    if degrees["pipeline_parallel_degree"] > 1:
+        settings["pp"] = degrees["pipeline_parallel_degree"]
+        schedule = parallelism.get("pipeline_parallel_schedule", "1F1B")
+        if schedule not in TORCHTITAN_SCHEDULES:
+            raise InputError(f"{where}: [parallelism] pipeline_parallel_schedule = {schedule!r}: fit simulates "
+                             f"{', '.join(TORCHTITAN_SCHEDULES)}; choose one of them")
+        settings["schedule"] = TORCHTITAN_SCHEDULES[schedule]
     dp_known = degrees["data_parallel_shard_degree"] != -1
     if dp_known:
-        settings["gpus"] = degrees["data_parallel_replicate_degree"] * degrees["data_parallel_shard_degree"] * degrees["tensor_parallel_degree"]
+        settings["gpus"] = (degrees["data_parallel_replicate_degree"] * degrees["data_parallel_shard_degree"]
+                            * degrees["tensor_parallel_degree"] * degrees["pipeline_parallel_degree"]
+                            * degrees["context_parallel_degree"])
     global_batch = _positive(training, "global_batch_size", "training", where)
     local_batch = _positive(training, "local_batch_size", "training", where) or _positive(training, "batch_size", "training", where)
     if global_batch is None and local_batch is not None and dp_known:
@@ -154,6 +168,9 @@ def read_torchtitan_toml(path: Path) -> ModelInput:
     if mode is not None:
         settings.update(_strategy_of(mode, ac.get("selective_ac_option", "op"), where))
     return ModelInput(card, f"torchtitan config {path} ({name}/{flavor})", settings)
+
+
+TORCHTITAN_SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b", "GPipe": "gpipe"}
 
 
 def _strategy_of(mode: object, option: object, where: str) -> dict:

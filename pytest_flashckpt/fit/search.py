@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pytest_flashckpt.fit.assumptions import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_STORAGE_GBPS
-from pytest_flashckpt.fit.candidates import STRATEGIES, Candidate, enumerate_candidates, state_lower_bound
+from pytest_flashckpt.fit.candidates import (DEFAULT_SCHEDULES, STRATEGIES, Candidate, enumerate_candidates,
+                                             state_lower_bound)
 from pytest_flashckpt.fit.checkpoint_cost import CheckpointCost, checkpoint_cost
 from pytest_flashckpt.fit.hardware import Device
 from pytest_flashckpt.fit.memory import RankMemory, RankMemoryModel
@@ -54,6 +55,9 @@ class FitRequest:
     mtbf_hours: float | None = None
     top: int = 5
     max_simulations: int = 12
+    pp: tuple[int, ...] = (1,)  # pipeline degrees searched (fit.candidates.pp_degrees)
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    cp: tuple[int, ...] = ()  # context-parallel degrees above 1 searched (fit.candidates.cp_degrees)
 
     @property
     def usable_bytes(self) -> int:
@@ -98,26 +102,34 @@ def holds_at_least(c: Candidate, over: Candidate) -> bool:
     """True when rank memory of ``c`` is at least that of ``over`` (see the module doc): every axis of the rank the
     same, and each difference one that only adds (a larger microbatch, FSDP2 keeping the gathered blocks, gradients
     accumulated over microbatches). HSDP replicas add nothing to a rank (``fit.memory``)."""
-    same_rank = (c.dp_shard, c.tp, c.pp, c.cp, c.strategy, c.k, c.precision) == (
-        over.dp_shard, over.tp, over.pp, over.cp, over.strategy, over.k, over.precision)
+    same_rank = (c.dp_shard, c.tp, c.pp, c.cp, c.strategy, c.k, c.precision, c.schedule, c.stages_per_rank) == (
+        over.dp_shard, over.tp, over.pp, over.cp, over.strategy, over.k, over.precision, over.schedule,
+        over.stages_per_rank)
+    if c.pp > 1:  # a pipeline's microbatches are in its simulation: only the same schedule at a larger microbatch
+        return same_rank and c.accumulation == over.accumulation and c.microbatch >= over.microbatch
     return (same_rank and c.microbatch >= over.microbatch
             and (over.reshard_after_forward or not c.reshard_after_forward)
             and (c.accumulation > 1 or over.accumulation == 1))
 
 
 def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
-           progress: Callable[[str], None] | None = None) -> list[GpuCountResult]:
+           progress: Callable[[str], None] | None = None,
+           simulate_stage: Callable[..., dict] | None = None,
+           simulate_context: Callable[..., dict] | None = None) -> list[GpuCountResult]:
     """The ranked fitting layouts per GPU count of ``request`` (see the module doc); ``simulate``: the rank
-    simulation (None: ``simulate.fake_ranks.simulate_rank``; a test hands a stand-in)."""
+    simulation (None: ``simulate.fake_ranks.simulate_rank``; a test hands a stand-in), ``simulate_stage`` the
+    pipeline ranks' (None: ``fit.memory``'s first and last rank of ``simulate.pipeline``), ``simulate_context`` a cp
+    rank's (None: ``simulate.context_parallel.simulate_cp_rank``)."""
     card = request.card
-    memory = RankMemoryModel(card, request.seq_len, simulate or simulate_rank)
+    memory = RankMemoryModel(card, request.seq_len, simulate or simulate_rank, simulate_stage, simulate_context)
     times = StepTimeModel(card, request.seq_len, request.device, request.mfu)
     parameters = card.num_params()
     enumerated = {  # every GPU count's request checked before anything simulates
         gpus: enumerate_candidates(
             card, gpus, seq_len=request.seq_len, global_batch_tokens=request.global_batch_tokens,
             gpus_per_node=request.device.gpus_per_node, strategies=request.strategies, precisions=request.precisions,
-            tp=request.tp, max_microbatch=request.max_microbatch, hsdp=request.hsdp, k=request.k)
+            tp=request.tp, max_microbatch=request.max_microbatch, hsdp=request.hsdp, k=request.k, pp=request.pp,
+            schedules=request.schedules, cp=tuple(c for c in request.cp if gpus % c == 0))
         for gpus in request.gpus}
     results = []
     for gpus, candidates in enumerated.items():

@@ -20,9 +20,21 @@ Per microbatch on one rank (``B`` sequences of ``T`` tokens, width ``C``):
   them with compute, so only what exceeds the microbatch's compute is exposed.
 - **optimizer**: AdamW reads the parameter, gradient and both moments and writes three of them: ``7 x`` the local
   state dtype's bytes per local parameter at HBM bandwidth.
-- **pipeline bubble**: ``(pp - 1) / (microbatches x virtual stages)`` of the pipelined time (1F1B; interleaved with
-  ``virtual`` stages per rank: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
-  Using Megatron-LM", section 2.2); 0 at ``pp = 1``, the only value searched today.
+- **pipeline stages** (``pp > 1``): a rank computes its ``1 / pp`` of the blocks for each of the schedule's
+  microbatches (the candidate's ``accumulation``); the bubble adds ``(pp - 1) / (microbatches x virtual stages)`` of
+  that time (1F1B and GPipe; interleaved with ``virtual`` stages per rank: Narayanan et al. 2021, "Efficient
+  Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", section 2.2); each microbatch sends its
+  activations to the next stage and receives their gradient back (``virtual`` times over for interleaving), on the
+  critical path, over the link the pipeline spans (``pp`` is the outermost mesh dimension). FSDP2 inside a stage
+  keeps the gathered blocks over the microbatches and reduce-scatters once (``distributed.pipeline``): its
+  all-gathers and reduce-scatters are per step, overlapped with the step's compute.
+
+- **context parallel** (``cp > 1``, modelled as ``simulate.context_parallel`` runs torch's ring with its default
+  all-gather rotation): per block, the forward all-gathers the other ranks' keys and values, the backward
+  all-gathers them again and exchanges their float32 gradients (twice the bytes), a replayed block gathers once
+  more; on the critical path (torch's all-gather rotation does not overlap them), over the link the cp group spans
+  (cp inside the node after tp). Compute is divided by ``cp`` (each rank's share of the tokens: attention's
+  causal work is balanced by the load-balanced ring).
 
 A link is NVLink when the group's GPUs are in one node, the network adapter once it spans nodes (``fit.hardware``).
 Ranks are laid out torchtitan's way: ``tp`` innermost, then ``dp_shard``, then replicas.
@@ -50,7 +62,7 @@ class StepTime:
     """Seconds of one optimizer step of a candidate, by part (see the module doc)."""
 
     compute_s: float
-    tp_s: float
+    tp_s: float  # tensor parallel's collectives, a pipeline's sends and the context-parallel ring: the critical path
     fsdp_s: float  # total FSDP communication
     fsdp_exposed_s: float
     optimizer_s: float
@@ -110,7 +122,8 @@ class StepTimeModel:
 
     def step(self, c: Candidate) -> StepTime:
         card, device, T = self.card, self.device, self.seq_len
-        compute = self.flops_per_sequence(c.strategy, c.k) * c.microbatch / (c.tp * c.cp) / (device.peak_flops * self.mfu)
+        compute = (self.flops_per_sequence(c.strategy, c.k) * c.microbatch / (c.tp * c.cp * c.pp)
+                   / (device.peak_flops * self.mfu))
         n_blocks = card.num_blocks
         replays, selective = replay_counts(c, n_blocks)
         activation = c.microbatch * T * card.n_embd * COMPUTE_BYTES / c.cp
@@ -119,7 +132,7 @@ class StepTimeModel:
                     device.collective_latency_s, calls=n_tp)
         local_params = card.num_params() / (c.tp * c.pp)
         gathers = 2 if c.reshard_after_forward else 1
-        shard_span = c.dp_shard * c.tp
+        shard_span = c.dp_shard * c.tp * c.cp  # (cp inside a replica: its ranks are consecutive)
         groups = n_blocks // c.pp + 1  # FSDP2 gathers and reduces one block (and the root's rest) per call
 
         def dp_ring(nbytes: float, ranks: int, span: int, calls: int) -> float:
@@ -131,10 +144,24 @@ class StepTimeModel:
         if c.dp_replicate > 1:  # all-reduce = reduce-scatter + all-gather of the gradient shard across replicas
             shard = local_params / c.dp_shard * GRADIENT_BYTES[c.precision]
             fsdp += dp_ring(2 * shard, c.dp_replicate, shard_span * c.dp_replicate, 2 * groups)
-        exposed = max(0.0, fsdp - compute)
-        bubble = pipeline_bubble_fraction(c.pp, c.accumulation)
         optimizer = ADAMW_TOUCHES * local_params / c.dp_shard * OPTIMIZER_STATE_BYTES[c.precision] / device.hbm_bytes_per_s
-        step = c.accumulation * (compute + tp + exposed) * (1 + bubble) + optimizer
+        if c.cp > 1:
+            kv = 2 * c.microbatch * T * card.n_kv_head * (card.n_embd // card.n_head) * COMPUTE_BYTES / c.cp
+            moves = (n_blocks * (1 + 1 + 2) + replays) // c.pp  # forward, backward, float32 K/V gradients, replays
+            tp += ring_s(moves * c.cp * kv, c.cp, device.link_bytes_per_s(c.cp * c.tp), device.hop_latency_s(c.cp * c.tp),
+                         device.collective_latency_s, calls=(3 * n_blocks + replays) // c.pp)
+        if c.pp == 1:
+            exposed = max(0.0, fsdp - compute)
+            bubble = 0.0
+            step = c.accumulation * (compute + tp + exposed) + optimizer
+        else:  # fsdp: once per step (gathered over the microbatches); exposed per microbatch for the table's columns
+            bubble = pipeline_bubble_fraction(c.pp, c.accumulation, c.stages_per_rank)
+            sends = 2 * c.stages_per_rank  # per microbatch: activations forward, their gradient back, per stage held
+            tp += sends * (device.collective_latency_s + device.hop_latency_s(c.gpus)
+                           + activation / device.link_bytes_per_s(c.gpus))  # on the critical path, as TP's
+            exposed = max(0.0, fsdp - c.accumulation * compute) / c.accumulation
+            fsdp /= c.accumulation
+            step = c.accumulation * (compute + tp) * (1 + bubble) + c.accumulation * exposed + optimizer
         tokens = c.dp * c.microbatch * c.accumulation * T
         model_flops = self.flops_per_sequence("none", c.k) * c.dp * c.microbatch * c.accumulation
         return StepTime(compute * c.accumulation, tp * c.accumulation, fsdp * c.accumulation, exposed * c.accumulation,

@@ -23,9 +23,10 @@ import yaml
 from pytest_flashckpt.config.errors import ConfigError, InputError
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.fit.candidates import Candidate
-from pytest_flashckpt.fit.model_input import TORCHTITAN_MODELS
+from pytest_flashckpt.fit.model_input import TORCHTITAN_MODELS, TORCHTITAN_SCHEDULES
 
 TORCHTITAN_FLAVORS = {card: model for model, card in TORCHTITAN_MODELS.items()}
+TORCHTITAN_SCHEDULE_NAMES = {ours: theirs for theirs, ours in TORCHTITAN_SCHEDULES.items()}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
         raise InputError(f"--write-scenario {path}: a suite file ends in .yaml; name it e.g. fit.yaml")
     header = f"# Written by flashckpt fit: {summary}\n"
     note = ""
+    if c.pp > 1:  # the suite has no pipeline axis: the scenario simulates the FSDP rank of the same microbatch
+        note = (f"the suite has no pipeline axis yet: pp {c.pp} ({c.schedule}, {c.accumulation} microbatches) is a "
+                "comment, the scenario simulates the FSDP rank of the data-parallel group at one microbatch")
     for with_layout in (True, False) if c.tp > 1 else (False,):  # FSDP alone is the scenario's today's layout
         suite = {"name": path.stem, "description": f"flashckpt fit's chosen layout: {summary}",
                  "scenarios": [scenario_entry(card_name, c, seq_len, with_layout=with_layout)]}
@@ -83,6 +87,12 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
             f"# layout: {{dp_shard: {c.dp_shard}, tp: {c.tp}}}  -- the chosen layout; this checkout's suite refuses "
             "the layout axis's value, so the scenario below simulates the FSDP rank of the data-parallel group\n")
         replicas = f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n" if c.dp_replicate > 1 else ""
+        if c.cp > 1:
+            replicas += (f"# context parallel: cp {c.cp} (modelled; the suite has no cp axis yet): the scenario below "
+                         "simulates one replica's step at the whole sequence on one rank\n")
+        if c.pp > 1:
+            replicas += (f"# pipeline: pp {c.pp}, schedule {c.schedule}, {c.stages_per_rank} stage(s) per rank, "
+                         f"{c.accumulation} microbatches of {c.microbatch}  -- {note}\n")
         try:
             _replace_checked(path, header + comment + replicas + yaml.safe_dump(suite, sort_keys=False), load_suite)
             return ScenarioFile(path, with_layout, note)
@@ -105,9 +115,11 @@ def torchtitan_toml(card_name: str, c: Candidate, seq_len: int, summary: str, sa
                   'name = "llama3"', f'flavor = "{card_name}"']
     else:
         lines += [f'name = "{model[0]}"', f'flavor = "{model[1]}"']
-    lines += ["", "[training]", f"seq_len = {seq_len}", f"local_batch_size = {c.microbatch}",
+    local = c.microbatch * (c.accumulation if c.pp > 1 else 1)  # a pipeline's microbatches are its local batch's
+    lines += ["", "[training]", f"seq_len = {seq_len}", f"local_batch_size = {local}",
               f"global_batch_size = {c.microbatch * c.accumulation * c.dp}",
-              f"# gradient accumulation: {c.accumulation} microbatches per step (global / (local x data-parallel degree))",
+              (f"# pipeline: {c.accumulation} microbatches of {c.microbatch} per step" if c.pp > 1 else
+               f"# gradient accumulation: {c.accumulation} microbatches per step (global / (local x data-parallel degree))"),
               'mixed_precision_param = "bfloat16"',
               f'mixed_precision_reduce = "{"float32" if c.precision == "mixed" else "bfloat16"}"']
     if c.precision == "pure":
@@ -115,6 +127,8 @@ def torchtitan_toml(card_name: str, c: Candidate, seq_len: int, summary: str, sa
     lines += ["", "[parallelism]", f"data_parallel_replicate_degree = {c.dp_replicate}",
               f"data_parallel_shard_degree = {c.dp_shard}", f"tensor_parallel_degree = {c.tp}",
               f"pipeline_parallel_degree = {c.pp}", f"context_parallel_degree = {c.cp}",
+              *([f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULE_NAMES[c.schedule]}"',
+                 f"pipeline_parallel_microbatch_size = {c.microbatch}"] if c.pp > 1 else []),
               f'fsdp_reshard_after_forward = "{"default" if c.reshard_after_forward else "never"}"',
               "", "[activation_checkpoint]"]
     if c.strategy in ("none", "full"):

@@ -29,17 +29,23 @@ def period(strategy: str, k: int) -> int:
     return k if strategy == "every_k" else 1
 
 
-def sample_depths(n_layer: int, strategy: str, k: int) -> list[int]:
+def sample_depths(n_layer: int, strategy: str, k: int, stages: int = 1, first: int = FIRST_DEPTH) -> list[int]:
     """The depths to simulate, shallowest first (up to ``MAX_SAMPLES``), each below ``n_layer`` and of its residue
-    modulo the plan's period; fewer than ``POINTS`` means: simulate the card whole."""
+    modulo the plan's period; fewer than ``POINTS`` means: simulate the card whole.
+
+    ``stages`` (pipeline stages, ``simulate.pipeline``): each step adds the plan's period of blocks to every stage and
+    keeps ``n_layer % stages`` (which stages hold one block more), so every stage's blocks and plan are those of the
+    card at ``b`` blocks per stage; ``first`` is then the fewest blocks per stage sampled."""
     step = period(strategy, k)
-    first = max(FIRST_DEPTH, 2 * step)  # (every_k, k 2: depths 3, 5, 7 bend where 5, 7, 9 hold; measured)
-    first += (n_layer - first) % step
-    depths = list(range(first, n_layer, step))[:MAX_SAMPLES]
+    per_stage, extra = divmod(n_layer, stages)
+    lowest = max(first, 2 * step if step > 1 else first)  # (every_k, k 2: depths 3, 5, 7 bend where 5, 7, 9 hold)
+    lowest += (per_stage - lowest) % step
+    depths = [stages * b + extra for b in range(lowest, per_stage, step)][:MAX_SAMPLES]
     return depths if len(depths) >= POINTS else []
 
 
-def line_through(records: Mapping[int, Mapping[str, int]], n_layer: int) -> dict[str, int] | None:
+def line_through(records: Mapping[int, Mapping[str, int]], n_layer: int,
+                 keys: tuple[str, ...] = LINEAR_KEYS) -> dict[str, int] | None:
     """The byte counts at depth ``n_layer`` on the line through the last ``POINTS`` records (depth -> record,
     equally spaced), or None when any byte count does not step by the same amount at every step."""
     depths = sorted(records)[-POINTS:]
@@ -49,7 +55,7 @@ def line_through(records: Mapping[int, Mapping[str, int]], n_layer: int) -> dict
     if any(b - a != spacing for a, b in zip(depths, depths[1:])) or (n_layer - depths[-1]) % spacing:
         return None
     out: dict[str, int] = {}
-    for key in LINEAR_KEYS:
+    for key in keys:
         values = [records[d][key] for d in depths]
         steps = {b - a for a, b in zip(values, values[1:])}
         if len(steps) != 1:

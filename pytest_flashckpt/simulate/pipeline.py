@@ -27,6 +27,8 @@ The rest of the schedule (sends, receives, forwards, backwards, the gradient sca
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import time
 
 import torch
@@ -40,7 +42,10 @@ from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import pipeline as pp
 from pytest_flashckpt.distributed.fsdp import mixed_precision_policy
-from pytest_flashckpt.simulate.fake_ranks import _build_fake, _eager_collectives, _real_meshes
+from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
+from pytest_flashckpt.simulate.fake_ranks import _build_fake, _eager_collectives, _extrapolated, _real_meshes, _sample_times
+from pytest_flashckpt.simulate.layer_extrapolation import POINTS, line_through, sample_depths
+from pytest_flashckpt.simulate.rank_probe import ResizeTrackingRankProbe
 
 
 @contextlib.contextmanager
@@ -86,6 +91,11 @@ def _works_hold_their_tensors():
         _schedules._batch_p2p = batch_p2p
 
 
+STAGE_KEYS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes",
+              "buffer_bytes")  # the byte counts of a stage's record read off the line (buffer_bytes: constant)
+FIRST_BLOCKS = 1  # the fewest blocks per stage sampled (tests/simulate/test_pipeline_extrapolation.py)
+
+
 def simulate_pipeline_rank(
     card,
     layout: Layout,
@@ -100,13 +110,47 @@ def simulate_pipeline_rank(
     rank: int = 0,
     seed: int = 0,
     backend: str = "sdpa",
+    extrapolate: bool = True,
+    probe_class: type[ShardedLiveTensorProbe] = ResizeTrackingRankProbe,
 ) -> dict:
     """Rank ``rank`` of a ``pp x dp_shard`` layout (rank ``r`` holds pipeline rank ``r // dp_shard``'s stages):
-    one warm step, then one step measured in the two windows of a real rank (``pipeline.memory_step``)."""
+    one warm step, then one step measured in the two windows of a real rank (``pipeline.memory_step``).
+
+    ``extrapolate`` (default): the card at a few smaller numbers of blocks per stage (every stage one block more
+    at each step, ``layer_extrapolation.sample_depths`` with ``stages``), its byte counts read off the line through
+    them when every count steps by the same bytes (``simulated_depths`` names the depths, ``sample_peaks`` their
+    peaks, ``extrapolated`` says whether the line held); else, or when the samples would run as many stage blocks as the card, the card
+    whole. ``probe_class``: the rank probe (``simulate.rank_probe``'s by default, the same bytes as
+    ``distributed.memory``'s, faster)."""
     if dist.is_initialized():
         raise RuntimeError("simulate_pipeline_rank needs a process without a process group (it starts the fake one)")
     layout.check_batch(batch_size)
     pipeline.check(layout, batch_size=batch_size, n_blocks=card.n_layer)
+    run = functools.partial(_simulate_stage_whole, layout=layout, pipeline=pipeline, batch_size=batch_size,
+                            seq_len=seq_len, strategy=strategy, k=k, dtype=dtype, precision=precision, rank=rank,
+                            seed=seed, backend=backend, probe_class=probe_class)
+    stages = layout.pp * pipeline.stages_per_rank
+    depths = sample_depths(card.n_layer, strategy, k, stages=stages, first=FIRST_BLOCKS) if extrapolate else []
+    if sum(depths[:POINTS]) >= card.n_layer:  # (stage blocks grow with the depth: the samples would cost more)
+        depths = []
+    records: dict[int, dict] = {}
+    for depth in depths:
+        records[depth] = run(dataclasses.replace(card, n_layer=depth))
+        line = line_through(records, card.n_layer, STAGE_KEYS)
+        if line is not None:
+            return {**_extrapolated(records, line, card.n_layer),
+                    "sample_peaks": {d: r["peak_bytes"] for d, r in records.items()}}
+    record = run(card)
+    if records:
+        record.update(_sample_times(records, "sample_"))
+    record.update(extrapolated=False, simulated_depths=[*records, card.n_layer])
+    return record
+
+
+def _simulate_stage_whole(card, *, layout: Layout, pipeline: PipelineSchedule, batch_size: int, seq_len: int,
+                          strategy: str, k: int, dtype: torch.dtype, precision: str, rank: int, seed: int, backend: str,
+                          probe_class: type[ShardedLiveTensorProbe]) -> dict:
+    """One fake process group, the card built and split, a warm step and the probed step."""
     started = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
@@ -122,11 +166,12 @@ def simulate_pipeline_rank(
             with _static_warmup(trainer.schedule), _works_hold_their_tensors():
                 trainer.train_step()
                 warm = time.perf_counter()
-                record = pp.memory_step(trainer)
+                record = pp.memory_step(trainer, probe_class=probe_class)
         done = time.perf_counter()
     finally:
         dist.destroy_process_group()
-    record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm)
+    record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
+                  n_layer=card.n_layer)
     return record
 
 
@@ -153,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--precision", default="pure", choices=("pure", "mixed"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-extrapolate", action="store_true", help="simulate the card whole (no depth extrapolation)")
+    parser.add_argument("--exact-probe", action="store_true", help="the gloo ranks' probe (distributed.memory)")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
     layout = Layout(dp_shard=args.dp_shard, pp=args.pp)
@@ -160,7 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     records = {
         rank: simulate_pipeline_rank(card, layout, pipeline, batch_size=args.batch, seq_len=args.seq,
                                      strategy=args.strategy, dtype=getattr(torch, args.dtype),
-                                     precision=args.precision, rank=int(rank), seed=args.seed)
+                                     precision=args.precision, rank=int(rank), seed=args.seed,
+                                     extrapolate=not args.no_extrapolate,
+                                     probe_class=ShardedLiveTensorProbe if args.exact_probe else ResizeTrackingRankProbe)
         for rank in args.ranks.split(",")
     }
     print(json.dumps(records))

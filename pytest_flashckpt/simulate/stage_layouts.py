@@ -5,7 +5,8 @@ the command line.
     flashckpt simulate --model llama3-8b --seq 131072 --batch 1 --strategy full --world-size 8 --cp 8
 
 ``--pp``: rank 0 (the first stage, which holds the most in-flight microbatches) of a ``pp x dp_shard`` layout, run by
-torch's ``torch.distributed.pipelining`` schedule under fake mode (``simulate.pipeline``). ``--cp``: one rank of
+torch's ``torch.distributed.pipelining`` schedule under fake mode (``simulate.pipeline``; a deep card's stage read off
+the line through fewer blocks per stage). ``--cp``: one rank of
 ``cp`` ranks sharing the sequence, the meta step at ``seq / cp`` tokens with torch's ring attention
 (``simulate.context_parallel``), labelled "modelled" until the GPU suite measures it. Every input is checked
 before anything is built (``config.layout``); an error is one line naming the option and the fix. Combining pp or
@@ -69,8 +70,11 @@ def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple
         record = simulate_pipeline_rank(card, layout, schedule, batch_size=args.batch, seq_len=args.seq,
                                         strategy=args.strategy, k=args.k, dtype=getattr(torch, dtype),
                                         precision=args.precision)
+        depths = record.get("simulated_depths", [])
+        how = (f"; depths {', '.join(map(str, depths))} simulated, the card's {card.n_layer} blocks read off their line"
+               if record.get("extrapolated") else "")
         what = (f"stage 0 of {layout.pp} ({args.schedule}, {args.microbatches} microbatches), simulated by torch's "
-                "pipelining schedule + fully_shard under FakeTensorMode")
+                f"pipelining schedule + fully_shard under FakeTensorMode{how}")
         return record, what
     if args.precision != "pure":
         raise InputError(f"{_where(args)}: --precision {args.precision} is not simulated with context parallel yet; use pure")

@@ -76,6 +76,17 @@ def test_the_torchtitan_toml_reads_back_as_the_same_layout(tmp_path) -> None:
                              "precision": "mixed", "strategy": "full"}
 
 
+def test_a_pipeline_layout_reads_back_from_its_torchtitan_toml(tmp_path) -> None:
+    staged = Candidate(gpus=64, dp_shard=8, tp=1, microbatch=1, accumulation=16, strategy="full", precision="mixed",
+                       reshard_after_forward=False, pp=8, schedule="interleaved_1f1b", stages_per_rank=2)
+    path = write_torchtitan(tmp_path / "pp.toml", torchtitan_toml("llama3-70b", staged, 8192, "test", 10))
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    assert data["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert data["parallelism"]["pipeline_parallel_microbatch_size"] == 1 and data["training"]["local_batch_size"] == 16
+    back = read_model(str(path)).settings
+    assert (back["pp"], back["schedule"], back["gpus"], back["global_batch_tokens"]) == (8, "interleaved_1f1b", 64, 128 * 8192)
+
+
 def test_a_torchtitan_toml_is_mapped_where_it_can_be_and_refused_where_not(tmp_path) -> None:
     path = tmp_path / "job.toml"
     path.write_text(TITAN, encoding="utf-8")
@@ -83,9 +94,15 @@ def test_a_torchtitan_toml_is_mapped_where_it_can_be_and_refused_where_not(tmp_p
     assert model.card.name == "llama3-70b"
     assert model.settings == {"seq_len": 8192, "tp": 8, "gpus": 64, "global_batch_tokens": 2 * 8 * 8192,
                               "precision": "mixed", "strategy": "every_k", "k": 2}
+    path.write_text(TITAN.replace("tensor_parallel_degree = 8", 'pipeline_parallel_degree = 4\n'
+                                  'pipeline_parallel_schedule = "Interleaved1F1B"'), encoding="utf-8")
+    piped = read_model(str(path)).settings
+    assert (piped["pp"], piped["schedule"], piped["gpus"]) == (4, "interleaved_1f1b", 32)
     for bad, match in (
         (TITAN.replace('"70B"', '"debugmodel"'), r"\[model\] name 'llama3' flavor 'debugmodel' has no card here"),
-        (TITAN.replace("tensor_parallel_degree = 8", "pipeline_parallel_degree = 4"), r"pipeline_parallel_degree = 4: pipeline and context parallel"),
+        (TITAN.replace("tensor_parallel_degree = 8", "context_parallel_degree = 4"), r"context_parallel_degree = 4 with data_parallel_shard_degree = 8: fit models context parallel alone"),
+        (TITAN.replace("tensor_parallel_degree = 8", 'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "ZeroBubble"'),
+         r"pipeline_parallel_schedule = 'ZeroBubble': fit simulates 1F1B"),
         (TITAN.replace('flavor = "70B"', 'flavor = "70B"\nconverters = ["float8"]'), r"converters \['float8'\]: float8"),
         (TITAN.replace('mode = "selective"', 'mode = "sometimes"'), r"mode = 'sometimes': expected one of none, full, selective"),
         ("[model\n", "not valid TOML"),

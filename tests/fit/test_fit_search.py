@@ -135,27 +135,29 @@ def test_no_layout_fits_names_the_closest_and_by_how_much(monkeypatch, capsys) -
 def test_the_command_on_the_real_simulated_rank_writes_a_loadable_scenario(tmp_path, capsys) -> None:
     scenario, titan = tmp_path / "chosen.yaml", tmp_path / "chosen.toml"
     assert main(["fit", "--model", "llama-tiny", "--seq", "32", "--global-batch-tokens", str(32 * 4), "--gpus", "2",
-                 "--tp", "1", "--strategies", "full", "--top", "1", "--max-simulations", "1", "--device-memory", "64MiB",
-                 "--write-scenario", str(scenario), "--write-torchtitan", str(titan)]) == 0
+                 "--tp", "1", "--pp", "1", "--strategies", "full", "--top", "1", "--max-simulations", "1",
+                 "--device-memory", "64MiB", "--write-scenario", str(scenario), "--write-torchtitan", str(titan)]) == 0
     out = capsys.readouterr().out
-    assert "margin of 10%" in out and "not measured yet" in out and "pp) and context parallel (cp) are not searched" in out
+    assert "margin of 10%" in out and "not measured yet" in out and "cp none (modelled, alone, pure bf16)" in out
     assert "| 1 | 2 | " in out and "(simulated" in out
     (loaded,) = load_suite(str(scenario)).scenarios
     assert loaded.simulate.world_size == 2 and loaded.seq_len == 32
     assert "data_parallel_shard_degree = 2" in titan.read_text(encoding="utf-8")
 
 
-def test_pipeline_and_context_parallel_have_no_memory_source_yet() -> None:
+def test_every_layout_axis_has_a_memory_source_and_a_missing_one_is_refused(monkeypatch) -> None:
+    from pytest_flashckpt.fit import memory as memory_module
     from pytest_flashckpt.fit.candidates import Candidate
-    from pytest_flashckpt.fit.memory import RankMemoryModel, unknown_axis
+    from pytest_flashckpt.fit.memory import AXIS_SOURCES, RankMemoryModel, unknown_axis
 
     flat = Candidate(gpus=4, dp_shard=2, tp=2, microbatch=1, accumulation=1, strategy="none", precision="mixed")
-    assert unknown_axis(flat) is None and unknown_axis(Candidate(**{**vars(flat), "dp_replicate": 2})) is None
-    staged = Candidate(**{**vars(flat), "pp": 2})
-    assert "pp 2: not searched yet (its simulation, simulate/pipeline.py" in unknown_axis(staged)
-    assert "cp 2: not searched yet" in unknown_axis(Candidate(**{**vars(flat), "cp": 2}))
-    with pytest.raises(ValueError, match="pp 2: not searched yet"):
-        RankMemoryModel(CARD, 256, stand_in([])).memory(staged)
+    assert set(AXIS_SOURCES) == {"dp_shard", "tp", "dp_replicate", "pp", "cp"}
+    for axis in ({}, {"dp_replicate": 2}, {"pp": 2, "tp": 1}, {"cp": 2, "tp": 1, "dp_shard": 1}):
+        assert unknown_axis(Candidate(**{**vars(flat), **axis})) is None
+    # control: an axis whose source refuses is named before anything simulates
+    monkeypatch.setitem(memory_module.AXIS_SOURCES, "cp", lambda c: f"cp {c.cp}: no source" if c.cp > 1 else None)
+    with pytest.raises(ValueError, match="cp 2: no source"):
+        RankMemoryModel(CARD, 256, lambda *a, **k: pytest.fail("simulated")).memory(Candidate(**{**vars(flat), "cp": 2}))
 
 
 def test_hsdp_replicas_share_the_shard_groups_simulation_and_add_an_all_reduce() -> None:

@@ -1,0 +1,105 @@
+"""How long a simulated pipeline stage takes, and what it answers, for Llama-3-70B and Llama-3.1-405B (issue 32 item 2
+and 6): the stage read off the depth line, the whole stage with the resize-tracking probe, and the whole stage with
+the exact probe the gloo ranks use (the route before this change), which must all hold the same bytes.
+
+    python benchmarks/pipeline_stages.py                 # every case, writes reports/pipeline-stages.md
+    python benchmarks/pipeline_stages.py --only 70b-pp8  # those cases, prints the table (writes nothing)
+
+Each way is one fresh process running ``python -m pytest_flashckpt.simulate.pipeline`` (the code behind
+``flashckpt simulate --pp`` and ``flashckpt fit``'s pipeline candidates: torch's pipelining schedule + fully_shard
+under FakeTensorMode, fake process group) with a timeout; the wall time includes the torch import, the CPU time is
+the child's (user + system). Bytes are rank 0's (the first stage) live tensors, bf16 compute over float32 master
+weights (mixed), full activation checkpointing, 1F1B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT = ROOT / "reports" / "pipeline-stages.md"
+# name -> (card, dp_shard, pp, microbatches, batch of the data-parallel group, seq, ways)
+CASES = {
+    "70b-pp8": ("llama3-70b", 8, 8, 8, 64, 8192, ("extrapolated", "whole", "whole-exact-probe")),
+    "70b-pp4": ("llama3-70b", 16, 4, 8, 128, 8192, ("extrapolated", "whole")),
+    "405b-pp8": ("llama3.1-405b", 8, 8, 8, 64, 8192, ("extrapolated", "whole")),
+}
+WAYS = {"extrapolated": [], "whole": ["--no-extrapolate"], "whole-exact-probe": ["--no-extrapolate", "--exact-probe"]}
+BYTES = ("peak_bytes", "fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
+TIMEOUT_S = 900
+
+
+def command(name: str, way: str) -> list[str]:
+    card, dp, pp, microbatches, batch, seq, _ = CASES[name]
+    return ["-m", "pytest_flashckpt.simulate.pipeline", card, "--dp-shard", str(dp), "--pp", str(pp), "--schedule",
+            "1f1b", "--microbatches", str(microbatches), "--batch", str(batch), "--seq", str(seq), "--strategy", "full",
+            "--dtype", "bfloat16", "--precision", "mixed", "--ranks", "0", *WAYS[way]]
+
+
+def run(name: str, way: str) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, *command(name, way)], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} {way}: exit status {done.returncode}\n{done.stderr[-2000:]}")
+    record = json.loads(done.stdout.strip().splitlines()[-1])["0"]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {**record, "wall_s": wall, "cpu_s": cpu}
+
+
+def table(results: dict[str, dict[str, dict]]) -> list[str]:
+    lines = ["| case | way | depths simulated | peak (B) | fwd+bwd start -> peak (B) | optimizer start -> peak (B) "
+             "| same bytes as whole | wall (s) | CPU (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, ways in results.items():
+        whole = ways.get("whole")
+        for way, r in ways.items():
+            same = "—" if whole is None or way == "whole" else (
+                "yes" if all(r[k] == whole[k] for k in BYTES) else "**no**")
+            lines.append(f"| {name} | {way} | {', '.join(map(str, r['simulated_depths']))} | {r['peak_bytes']:,} | "
+                         f"{r['fwd_bwd_start_bytes']:,} -> {r['fwd_bwd_peak_bytes']:,} | {r['optimizer_start_bytes']:,} "
+                         f"-> {r['optimizer_peak_bytes']:,} | {same} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", choices=tuple(CASES))
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    results = {name: {way: run(name, way) for way in CASES[name][6]} for name in args.only or CASES}
+    import torch
+
+    argv = " ".join(sys.argv[1:])
+    lines = [
+        "# Pipeline stages simulated: depth line, resize-tracking probe, exact probe (issue 32 items 2, 6)", "",
+        f"Produced by `python benchmarks/pipeline_stages.py{(' ' + argv) if argv else ''}` on {platform.node()} "
+        f"({os.cpu_count()} cores, shared), torch {torch.__version__}; load average (1 min) before / after: "
+        f"{load_before:.2f} / {os.getloadavg()[0]:.2f}.", "",
+        "Each row is one fresh process: `python " + " ".join(command(next(iter(results)), "extrapolated")) + "` for the "
+        "first case (see `benchmarks/pipeline_stages.py` for every case's options). Rank 0 (the first stage), 1F1B, "
+        "full activation checkpointing, mixed precision. `extrapolated`: the stage read off the line through 1, 2, 3 "
+        "blocks per stage (`simulate.pipeline`, the default); `whole`: every block of the stage, the resize-tracking "
+        "probe (`simulate.rank_probe`); `whole-exact-probe`: every block, the probe the gloo ranks use "
+        "(`distributed.memory`: the route before this change).", "",
+        *table(results), ""]
+    text = "\n".join(lines)
+    if args.only:
+        print(text)
+    else:
+        REPORT.write_text(text, encoding="utf-8")
+        print(REPORT)
+
+
+if __name__ == "__main__":
+    main()
