@@ -228,3 +228,30 @@ def test_a_candidate_holding_no_less_than_a_miss_is_not_simulated_and_the_answer
     assert plain.pruned_by_dominance == 0 and plain.simulations > pruned.simulations
     skipped = [r.candidate for r in plain.not_fitting if r.memory is not None and r.candidate not in misses]
     assert skipped and all(any(search_module.holds_at_least(c, m) for m in misses) for c in skipped)
+
+
+def _fits_only_at_tp2(calls: list):
+    """The stand-in rank, over any device at tp 1 (as 405B on 64 GPUs is below tp 4 or a pipeline; llama-tiny's
+    two KV heads allow tp 1 and 2)."""
+    simulate = stand_in(calls)
+
+    def at_tp4(card, layout, **kwargs):
+        out = simulate(card, layout, **kwargs)
+        return out if layout.tp >= 2 else {key: value + 10**12 for key, value in out.items()}
+    return at_tp4
+
+
+def test_a_miss_tries_its_ranks_least_holding_layout_next_so_the_budget_reaches_other_ranks(monkeypatch) -> None:
+    """After a miss the search simulates the least-holding members of that rank (smallest microbatch, resharded):
+    when they miss too, dominance prunes the rank and the budget moves to the next tp (3 simulations here, of 20 layouts). Control: without the jump
+    (time order alone) the same budget goes on microbatch after microbatch of the ranks that never fit."""
+    budget = dict(max_simulations=3, top=1, global_batch_tokens=256 * 64, strategies=("full",), precisions=("pure",))
+    calls: list = []
+    (found,) = search(request(**budget), simulate=_fits_only_at_tp2(calls))
+    assert [r.candidate.tp for r in found.fitting] == [2], [(c[1], c[2]) for c in calls]
+    assert found.pruned_by_dominance > 0
+
+    monkeypatch.setattr(search_module, "_least_holding", lambda pairs: [])
+    calls = []
+    (old,) = search(request(**budget), simulate=_fits_only_at_tp2(calls))
+    assert old.fitting == [] and {c[1] for c in calls} == {1}
