@@ -3,7 +3,7 @@ step-time model (``fit.time_model``), then simulated in that order (``fit.memory
 ``max_simulations`` distinct simulations have run; the fastest that fits is chosen.
 
 A candidate that holds at least what a simulated one that did not fit holds (``holds_at_least``: the same rank,
-strategy and precision, no smaller microbatch, no resharding where that one resharded, accumulated gradients where
+strategy, no less precise (mixed where it was pure), no smaller microbatch, no resharding where that one resharded, accumulated gradients where
 that one had none) is ruled out without a simulation: its peak cannot be lower. Otherwise the search would spend
 its simulations on microbatch after microbatch of one strategy that never fits.
 
@@ -98,13 +98,19 @@ class GpuCountResult:
         return min(simulated, key=lambda r: r.memory.peak_bytes) if simulated else None
 
 
+# mixed holds at least what pure bf16 holds at the same layout: fp32 master weights, gradients and moments
+# (fit.candidates.STATE_BYTES_PER_PARAM: 16 B against 8 B a parameter), an fp32 residual stream under autocast, and
+# the same bf16 all-gathers (MixedPrecisionPolicy's param_dtype)
+PRECISION_HOLDS = {"pure": 0, "mixed": 1}
+
+
 def holds_at_least(c: Candidate, over: Candidate) -> bool:
     """True when rank memory of ``c`` is at least that of ``over`` (see the module doc): every axis of the rank the
-    same, and each difference one that only adds (a larger microbatch, FSDP2 keeping the gathered blocks, gradients
+    same, and each difference one that only adds (mixed where that one is pure, a larger microbatch, FSDP2 keeping the gathered blocks, gradients
     accumulated over microbatches). HSDP replicas add nothing to a rank (``fit.memory``)."""
-    same_rank = (c.dp_shard, c.tp, c.pp, c.cp, c.strategy, c.k, c.precision, c.schedule, c.stages_per_rank) == (
-        over.dp_shard, over.tp, over.pp, over.cp, over.strategy, over.k, over.precision, over.schedule,
-        over.stages_per_rank)
+    same_rank = (c.dp_shard, c.tp, c.pp, c.cp, c.strategy, c.k, c.schedule, c.stages_per_rank) == (
+        over.dp_shard, over.tp, over.pp, over.cp, over.strategy, over.k, over.schedule, over.stages_per_rank)
+    same_rank = same_rank and PRECISION_HOLDS[c.precision] >= PRECISION_HOLDS[over.precision]
     if c.pp > 1:  # a pipeline's microbatches are in its simulation: only the same schedule at a larger microbatch
         return same_rank and c.accumulation == over.accumulation and c.microbatch >= over.microbatch
     return (same_rank and c.microbatch >= over.microbatch
@@ -195,8 +201,9 @@ def _search_strategy(request: FitRequest, memory: RankMemoryModel, parameters: i
 
 
 def _rank_group(c: Candidate) -> tuple:
-    """What a rank's memory is made of, but for the microbatch, accumulation and resharding (``holds_at_least``)."""
-    return (c.dp_shard, c.tp, c.pp, c.cp, c.strategy, c.k, c.precision, c.schedule, c.stages_per_rank)
+    """What a rank's memory is made of, but for the precision, microbatch, accumulation and resharding
+    (``holds_at_least``)."""
+    return (c.dp_shard, c.tp, c.pp, c.cp, c.strategy, c.k, c.schedule, c.stages_per_rank)
 
 
 def _least_holding(pairs: list) -> list:

@@ -255,3 +255,18 @@ def test_a_miss_tries_its_ranks_least_holding_layout_next_so_the_budget_reaches_
     calls = []
     (old,) = search(request(**budget), simulate=_fits_only_at_tp2(calls))
     assert old.fitting == [] and {c[1] for c in calls} == {1}
+
+
+def test_mixed_holds_at_least_pure_at_the_same_layout_and_not_the_reverse() -> None:
+    """A pure bf16 miss rules out mixed at the same layout (fp32 master state, 16 B against 8 B a parameter), never
+    the other way round."""
+    from dataclasses import replace
+
+    from pytest_flashckpt.fit.search import holds_at_least
+
+    calls: list = []
+    (found,) = search(request(top=50, max_simulations=50, device_memory=10**12), simulate=stand_in(calls))
+    pure = next(r.candidate for r in found.fitting if r.candidate.precision == "mixed")
+    pure = replace(pure, precision="pure")
+    mixed = replace(pure, precision="mixed")
+    assert holds_at_least(mixed, pure) and not holds_at_least(pure, mixed)
