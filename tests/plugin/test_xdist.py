@@ -31,9 +31,10 @@ def test_two_workers_lose_no_result_and_never_run_scenarios_side_by_side(pyteste
     suite = pytester.makefile(".yaml", par=SUITE)
     pytester.makeconftest(conftest_text())  # every worker measures through a FakeRunner
     pytester.makepyfile(test_other="def test_a():\n    pass\n\ndef test_b():\n    pass\n")
-    result = pytester.runpytest("test_other.py", f"--flashckpt-suite={suite}", "--flashckpt-device=cpu",
-                                "-p", "no:benchmark", "-p", "no:hypothesispytest", "-n", "2", "-v")  # 3 processes: no
-    # hypothesis plugin (it imports hypothesis at each one's end; nothing here uses it)
+    # the controller in this process (torch is imported already), its two workers fresh ones; no hypothesis plugin
+    # (it imports hypothesis at each worker's end; nothing here uses it)
+    result = pytester.runpytest_inprocess("test_other.py", f"--flashckpt-suite={suite}", "--flashckpt-device=cpu",
+                                          "-p", "no:benchmark", "-p", "no:hypothesispytest", "-n", "2", "-v")
     result.assert_outcomes(passed=5)
     workers = {m.group(2): m.group(1) for m in re.finditer(r"\[(gw\d+)\].*? PASSED (par::\S+?)(@\S+)?\s", result.stdout.str())}
     assert set(workers) == {"par::reference", "par::full", "par::every2"}, result.stdout.str()

@@ -1,7 +1,8 @@
-"""Subprocess for test_fsdp: the real FSDP2 ``fully_shard`` layout of a model card on meta, rank 0 of N, with a
-fake process group (nothing is communicated), for each N given, one after the other in this one interpreter (a
-fresh model and a fresh process group each: nothing of one layout is left for the next). Prints JSON on one line:
-N -> parameter name -> [full shape, local shard storage bytes, local shard bytes]."""
+"""For test_simulate_fsdp (which calls ``layout`` in its own process; also runs as a script): the real FSDP2
+``fully_shard`` layout of a model card on meta, rank 0 of N, with a fake process group (nothing is communicated),
+for each N given, one after the other in this one interpreter (a fresh model and a fresh process group each:
+nothing of one layout is left for the next). Prints JSON on one line: N -> parameter name -> [full shape, local
+shard storage bytes, local shard bytes]."""
 
 import json
 import sys

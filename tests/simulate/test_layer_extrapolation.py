@@ -1,7 +1,9 @@
 """The simulated rank read off the line through shallower depths (``simulate.layer_extrapolation``) equals the whole
 card's simulation to the byte, and the resize-tracking rank probe (``simulate.rank_probe``) reads what the gloo
-ranks' probe (``distributed.memory``) reads. The fake ranks run in fresh interpreters (``extrapolation_cases.py``),
-two at a time; the cheap cases run by default, the others with ``-m slow``."""
+ranks' probe (``distributed.memory``) reads. The cheap cases run by default, in this process, one after the other
+(``simulate_rank`` starts the fake process group and destroys it after each depth, as ``flashckpt simulate
+--world-size`` does in tests/simulate/test_layouts.py: no fresh interpreter and its torch import needed); the others
+run with ``-m slow`` in fresh interpreters (``extrapolation_cases.py``), two at a time."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from extrapolation_cases import run as run_case
 from fresh_python import run_together
 
 from pytest_flashckpt.simulate.layer_extrapolation import LINEAR_KEYS, line_through, sample_depths
@@ -71,7 +75,10 @@ def _check(records: dict) -> None:
 
 @pytest.fixture(scope="module")
 def fast_cases() -> dict:
-    return _run(FAST)
+    assert not torch.distributed.is_initialized()
+    results = {case["name"]: run_case(case) for case in FAST}
+    assert not torch.distributed.is_initialized()  # each fake process group was destroyed: nothing left for the next test
+    return results
 
 
 @pytest.mark.parametrize("name", [c["name"] for c in FAST])

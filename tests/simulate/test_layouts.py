@@ -1,18 +1,21 @@
 """``flashckpt simulate --tp``: one rank of a dp_shard x tp layout simulated by the real engine under fake mode
 (simulate.fake_ranks), its state counted against arithmetic on the card, and bad layout requests refused before
-anything runs. The fake ranks run in fresh interpreters (the fake process group is process-wide while it runs)."""
+anything runs. The fake ranks run in this process through ``python -m pytest_flashckpt.simulate.fake_ranks``'s
+``main``, one after the other (``simulate_rank`` starts the fake process group and destroys it after each depth;
+none is left up, checked)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
 import torch
 
-from fresh_python import run_together
-
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.models.cards import build_model, load_card
+from pytest_flashckpt.simulate.fake_ranks import main as fake_ranks_main
 
 CARD = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256, "block_size": 64}
 BATCH, SEQ = 4, 32
@@ -31,9 +34,16 @@ def _local_param_bytes(dp: int, tp: int) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def fake_ranks() -> dict:
-    cmd = ["-m", "pytest_flashckpt.simulate.fake_ranks", "llama-tiny", "--overrides", json.dumps(CARD), "--layouts", "1x2,2x2,2x1",
-           "--batch", str(BATCH), "--seq", str(SEQ), "--strategies", "none,full"]
-    records = run_together({"fake": cmd})["fake"]
+    """``python -m pytest_flashckpt.simulate.fake_ranks``'s ``main``, called here (no fresh interpreter, no second
+    torch import), its JSON read back from stdout."""
+    argv = ["llama-tiny", "--overrides", json.dumps(CARD), "--layouts", "1x2,2x2,2x1", "--batch", str(BATCH), "--seq", str(SEQ),
+            "--strategies", "none,full"]
+    assert not torch.distributed.is_initialized()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fake_ranks_main(argv)
+    assert not torch.distributed.is_initialized()  # each fake process group was destroyed: nothing left for the next test
+    records = json.loads(out.getvalue().strip().splitlines()[-1])
     return {tuple(int(n) for n in name.split("x")): by_strategy for name, by_strategy in records.items()}
 
 

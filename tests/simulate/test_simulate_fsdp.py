@@ -1,10 +1,8 @@
 """FSDP per-rank sharding: the dim-0 formula equals the real ``fully_shard`` layout; per-rank peaks."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from fresh_python import run_together
+from fsdp_layout_probe import layout as fully_shard_layout
 
 from pytest_flashckpt.models import GPTConfig
 from pytest_flashckpt.models.cards import build_model, load_card
@@ -12,19 +10,17 @@ from pytest_flashckpt.simulate import simulate_step
 from pytest_flashckpt.simulate.fsdp import shard_bytes, sharded_param_bytes
 from simulated_steps import simulated
 
-PROBE = Path(__file__).with_name("fsdp_layout_probe.py")
-
-
 WORLD_SIZES = (3, 8)
 
 
 @pytest.fixture(scope="module")
 def layouts() -> dict[int, dict]:
-    """``fully_shard``'s layout of tiny at each world size, from one fresh interpreter that shards a fresh model
-    under a fresh fake process group per world size (one torch import instead of one per world size)."""
-    by_size = run_together({"layouts": (PROBE, "tiny", *WORLD_SIZES)}, timeout=120)["layouts"]
-    assert sorted(by_size) == sorted(map(str, WORLD_SIZES))
-    return {n: by_size[str(n)] for n in WORLD_SIZES}
+    """``fully_shard``'s layout of tiny at each world size, in this process: a fresh model under a fresh fake
+    process group per world size (``fsdp_layout_probe.layout`` asserts none is up before and destroys its own), so
+    no fresh interpreter and its torch import."""
+    by_size = {n: fully_shard_layout("tiny", n) for n in WORLD_SIZES}
+    assert not torch.distributed.is_initialized()
+    return by_size
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
