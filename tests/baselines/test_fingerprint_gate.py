@@ -16,6 +16,7 @@ from pytest_flashckpt.config.scenario import ActivationConfig, Scenario
 from pytest_flashckpt.core.result import Result
 
 ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_1_BASELINES = ROOT / "tests" / "data" / "baselines-schema-1"
 SCENARIO = Scenario("a", suite="mini", activation=ActivationConfig("every_k", k=2), seq_len=256)
 
 
@@ -71,9 +72,10 @@ def test_an_entry_without_a_fingerprint_is_compared_as_before_and_said(tmp_path)
 
 
 def test_the_committed_baseline_reads_through_the_upgrade_and_saving_adds_fingerprints(tmp_path):
-    """baselines/*.json (schema 1, no fingerprints) load; a refreshed entry gets its fingerprint, the others stay."""
-    # the baseline stored before fingerprints (schema 1: the AMD profile's); newer ones are written with them
-    path = next(p for p in sorted((ROOT / "baselines").glob("*.json")) if json.loads(p.read_text())["schema_version"] == 1)
+    """A baseline of schema 1 (no fingerprints) loads; a refreshed entry gets its fingerprint, the others stay."""
+    # the AMD profile's baseline as committed before fingerprints (re-recorded since), kept as the upgrade's fixture
+    path = SCHEMA_1_BASELINES / "cpu-2t-torch2.13.0-d8d0c030.json"
+    assert json.loads(path.read_text())["schema_version"] == 1
     baseline = Baseline.read(path)
     assert baseline.scenarios and all(e.fingerprint is None for e in baseline.scenarios.values())
     some_id = next(iter(baseline.scenarios))
@@ -86,21 +88,21 @@ def test_the_committed_baseline_reads_through_the_upgrade_and_saving_adds_finger
     assert again.scenarios[some_id].to_dict() == untouched
 
 
-@pytest.mark.parametrize("sample, schema", [
-    # the sample as committed before the typed record (schema 1), kept as a fixture of the upgrade path
-    ("tests/data/results-schema-1-sample.json", 1),
-    ("reports/sample/results.json", 2),
+@pytest.mark.parametrize("sample, schema, baselines", [
+    # the sample and the AMD baseline as committed before the typed record (schema 1), fixtures of the upgrade path
+    ("tests/data/results-schema-1-sample.json", 1, "tests/data/baselines-schema-1"),
+    ("reports/sample/results.json", 2, "baselines"),
 ])
-def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_recorded_verdicts(sample, schema):
-    """A sample results.json (schema 1 through the upgrade, and today's) gated against baselines/*.json (schema 1,
-    through the upgrade): the gate's verdict per scenario and metric is the one the sample recorded when it was
-    made (old entries: compared as before)."""
+def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_recorded_verdicts(sample, schema, baselines):
+    """A sample results.json (schema 1 through the upgrade, and today's) gated against the baselines of its day
+    (schema 1 through the upgrade, and today's baselines/): the gate's verdict per scenario and metric is the one
+    the sample recorded when it was made (entries without fingerprints: compared as before)."""
     from pytest_flashckpt.config.record_file import read_record
 
     sample = ROOT / sample
     assert json.loads(sample.read_text())["schema_version"] == schema
     record = read_record(sample)
-    gate = Gate(ROOT / "baselines", record.profile_id, Thresholds())
+    gate = Gate(ROOT / baselines, record.profile_id, Thresholds())
     rows = [v for r in record.results for v in gate.judge(r)]
     assert gate.status == record.comparison.status  # the sample's own word: compared, or other-profile on a new CPU
     if gate.status != "compared":

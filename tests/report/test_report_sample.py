@@ -13,6 +13,7 @@ from sample_check import sample_problem
 
 from pytest_flashckpt.config.record_file import read_record
 from pytest_flashckpt.report import checkpoint_io, render, write_report
+from pytest_flashckpt.report.compiled import read_included
 from pytest_flashckpt.report.plots import write_plots
 
 SAMPLE = Path(__file__).resolve().parents[2] / "reports" / "sample"
@@ -23,7 +24,8 @@ def sample(tmp_path_factory):
     """The committed record, its committed report and its plots (drawn once: 3 s)."""
     record = read_record(SAMPLE / "results.json")
     plots = write_plots(record, tmp_path_factory.mktemp("sample"))  # what write_report renders the report with
-    return record, plots, (SAMPLE / "flashckpt-report.md").read_text(encoding="utf-8")
+    included = read_included(record.included, SAMPLE, SAMPLE)  # the compiled suite's run, as write_report reads it
+    return record, plots, (SAMPLE / "flashckpt-report.md").read_text(encoding="utf-8"), included
 
 
 def _with_io_column(monkeypatch, metric: str) -> None:
@@ -44,7 +46,7 @@ def test_the_committed_sample_renders_the_committed_report(sample, tmp_path) -> 
     import os
     import shutil
 
-    record, _, committed = sample
+    record, _, committed, _ = sample
     out = tmp_path / "reports" / "sample"
     for path in record.included:
         target = Path(os.path.normpath(out / path))
@@ -55,30 +57,30 @@ def test_the_committed_sample_renders_the_committed_report(sample, tmp_path) -> 
 
 
 def test_a_new_column_the_sample_has_no_metric_for_is_tolerated(sample, monkeypatch) -> None:
-    record, plots, committed = sample
+    record, plots, committed, included = sample
     _with_io_column(monkeypatch, "scratch_bytes_per_file")  # no result of the committed sample has it
-    rendered = render(record, plots)
+    rendered = render(record, plots, included)
     assert "| scratch per file " in rendered and rendered != committed  # the column is really there, shown absent
     problem, tolerated = sample_problem(rendered, committed)
     assert problem is None and "'scratch per file' (table 'scenario'...)" in tolerated, problem
 
 
 def test_a_new_column_that_shows_a_value_fails(sample, monkeypatch) -> None:  # control: the sample can't have it
-    record, plots, committed = sample
+    record, plots, committed, included = sample
     _with_io_column(monkeypatch, "bytes_written")
-    problem, _ = sample_problem(render(record, plots), committed)
+    problem, _ = sample_problem(render(record, plots, included), committed)
     assert problem and "show a value the committed sample cannot have" in problem and "scratch per file" in problem
 
 
 @pytest.mark.parametrize("with_new_column", [False, True], ids=["alone", "beside-a-new-column"])
 def test_a_changed_number_in_an_existing_column_still_fails(sample, monkeypatch, with_new_column) -> None:
-    record, plots, committed = sample
+    record, plots, committed, included = sample
     record = copy.deepcopy(record)
     changed = next(r for r in record.results if r.number("files") is not None)
     changed.metrics["files"] = changed.number("files") + 1
     if with_new_column:
         _with_io_column(monkeypatch, "scratch_bytes_per_file")
-    problem, _ = sample_problem(render(record, plots), committed)
+    problem, _ = sample_problem(render(record, plots, included), committed)
     assert problem and "a table row changed" in problem and changed.id in problem, problem
 
 
