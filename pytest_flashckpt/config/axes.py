@@ -2,9 +2,10 @@
 (issue 33, built for its measured values: ``CompileConfig``). (The norm, optimizer and loss implementations are built: ``step_impl``, ``config.step_impl``; the MoE
 routing assumption is the MoE card's ``routing``, ``config.cards.moe``.)
 
-Each is a small typed dataclass whose defaults mean "what runs today" (FSDP over every rank, eager). A suite may write them already (``layout: {tp: 1}`` is
-accepted), but a value other than today's is refused, naming the key and the issue that builds it, before anything
-runs: a scenario never claims a layout, or a compile mode it was not measured with.
+Each is a small typed dataclass whose defaults mean "what runs today" (FSDP over every rank, eager). Values an
+issue has built are accepted (``layout: {tp: 2}``, ``compile: {scope: block}``); a value not built yet is refused,
+naming the key and the issue that builds it, before anything runs: a scenario never claims a layout, or a compile
+mode it was not measured with.
 
 Today's values are left out of a scenario's fingerprint (``config.fingerprint``): reserving an axis, or writing
 its default in a suite, changes no stored baseline's comparability. When an issue builds an axis, it widens the
@@ -23,20 +24,15 @@ class NotBuiltYet(ValueError):
     """An axis value reserved for a feature that is not built yet (the message names the key and the issue)."""
 
 
-def _refuse_beyond_today(obj, section: str, issue: str, feature: str) -> None:
-    """``NotBuiltYet`` for the first field of ``obj`` that is not its default (today's value)."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if value != f.default:
-            raise NotBuiltYet(
-                f"{section}.{f.name}: {value!r} is reserved for {feature} ({issue}), which is not built yet; "
-                f"drop {section}.{f.name} (today's value is {f.default!r})")
-
-
 @dataclass(frozen=True)
 class LayoutMesh:
-    """How ranks split the model (issue 32): FSDP shards (None: every rank, today's FSDP2), tensor, pipeline and
-    context parallel degrees (1: none)."""
+    """How the ranks of a ``world_size`` scenario split the model (issue 32, docs/layouts.md): FSDP2 shards
+    (``dp_shard``; None: the ranks tensor parallel leaves, ``world_size / tp``) and tensor + sequence parallel
+    (``tp``, torch's ``parallelize_module`` on a 2D ``DeviceMesh``, ``distributed.tensor_parallel``), measured on
+    the ranks of a run. Pipeline (``pp``) and context parallel (``cp``) degrees are reserved: those layouts are
+    simulated and searched (``flashckpt simulate --pp/--cp``, ``flashckpt fit``), not yet measured in suites.
+
+    Built: ``dp_shard`` x ``tp``; ``pp`` and ``cp`` other than 1 are refused naming the key."""
 
     dp_shard: int | None = None
     tp: int = 1
@@ -44,7 +40,34 @@ class LayoutMesh:
     cp: int = 1
 
     def __post_init__(self) -> None:
-        _refuse_beyond_today(self, "layout", "issue 32", "tensor, pipeline and context parallel layouts")
+        for key in ("dp_shard", "tp", "pp", "cp"):
+            value = getattr(self, key)
+            if value is None and key == "dp_shard":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"layout.{key} must be a positive number of ranks, got {value!r}")
+        for key, how in (("pp", "flashckpt simulate --pp / flashckpt fit"), ("cp", "flashckpt simulate --cp / flashckpt fit")):
+            if getattr(self, key) != 1:
+                raise NotBuiltYet(
+                    f"layout.{key}: {getattr(self, key)!r} is reserved for {'pipeline' if key == 'pp' else 'context'} "
+                    f"parallel runs in suites (issue 32), which are not built yet ({how} simulate them); drop "
+                    f"layout.{key} (today's value is 1)")
+
+    @property
+    def tensor_parallel(self) -> bool:
+        return self.tp > 1
+
+    def ranks(self, world_size: int) -> tuple[int, int]:
+        """``(dp_shard, tp)`` for ``world_size`` ranks; ValueError naming the key and the fix when they do not
+        multiply to it."""
+        if world_size % self.tp:
+            raise ValueError(f"layout.tp {self.tp} does not divide world_size {world_size}; choose a tp that divides "
+                             "the ranks (or world_size = dp_shard x tp)")
+        dp_shard = world_size // self.tp if self.dp_shard is None else self.dp_shard
+        if dp_shard * self.tp != world_size:
+            raise ValueError(f"layout.dp_shard {dp_shard} x tp {self.tp} = {dp_shard * self.tp} ranks, but world_size is "
+                             f"{world_size}; make dp_shard x tp equal world_size (or drop dp_shard: the rest of the ranks)")
+        return dp_shard, self.tp
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,8 @@ class Scenario:
     world_size: int = 1  # ranks (per node) under torchrun with FSDP2 + DCP; >1 runs in pytest_flashckpt.distributed
     article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.core.claims)
     description: str = ""
-    # reserved for the next issues (config.axes): today's values only, anything else is refused naming the issue
+    # how the ranks split the model (config.axes): FSDP2 over every rank by default; dp_shard x tp (tensor + sequence
+    # parallel, distributed.tensor_parallel) built; pp and cp reserved, refused naming the issue
     layout: LayoutMesh = field(default_factory=LayoutMesh)
     compile: CompileConfig = field(default_factory=CompileConfig)
 
@@ -248,6 +249,7 @@ class Scenario:
             self._check_step_impl(self.activation.strategy, self.model)
         if self.world_size > 1:
             self._check_ranks()
+        self._check_layout()
         self._check_measure()
         self.compile.check_scenario(self.activation.strategy, self.measure, self.world_size)  # config.axes
 
@@ -281,10 +283,29 @@ class Scenario:
                 f"dcp.async_save) every save_interval steps, not {written}; the layout, staging and schedule "
                 "settings are for saves in one process"
             )
-        if self.batch_size % self.world_size:
+        if not self.layout.tensor_parallel and self.batch_size % self.world_size:
             raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
         if "flops" in self.measure:
             raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
+
+    def _check_layout(self) -> None:
+        """A layout other than FSDP over every rank: ranks that multiply to ``world_size``, an even share of the
+        batch per data-parallel rank, a model the tensor-parallel plan reads (a card: the plan comes from its
+        family's anatomy). The card's heads and family are checked by ``config.preflight`` and the run's
+        preflight (``runner.preflight``: the plan built on meta)."""
+        if self.layout.tp == 1 and self.layout.dp_shard in (None, self.world_size):
+            _set(self, layout=LayoutMesh())  # FSDP over every rank written out is today's layout (and fingerprint)
+            return
+        if self.world_size == 1:
+            raise ValueError(f"layout ({self.layout.tp} tensor-parallel ranks) needs ranks: set world_size to dp_shard x tp "
+                             f"(e.g. world_size: {self.layout.tp * (self.layout.dp_shard or 1)})")
+        dp_shard, _ = self.layout.ranks(self.world_size)
+        if self.batch_size % dp_shard:
+            raise ValueError(f"batch_size {self.batch_size} must be divisible by layout.dp_shard {dp_shard} (each "
+                             "data-parallel rank takes an equal share; tensor-parallel ranks share their group's rows)")
+        if self.model.hf is not None:  # type: ignore[union-attr]
+            raise ValueError("layout.tp with model.hf is not built: the tensor-parallel plan is read from a model card's "
+                             "family anatomy (distributed.tensor_parallel); use a card (e.g. llama-tiny) or drop layout")
 
     def _check_measure(self) -> None:
         """The passes agree with the save: a save strategy adds the checkpoint pass, a checkpoint pass needs one."""

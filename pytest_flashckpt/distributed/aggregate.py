@@ -33,6 +33,8 @@ def aggregate(result: Result, ranks: list[dict[str, Any]]) -> None:
     result.record("world_size", len(ranks))
     result.backend, result.kernel = first.get("backend"), first.get("kernel")
     result.notes.append(f"activation (every rank): {first.get('activation')}")
+    if first.get("layout"):  # records before layouts were measured lack it (FSDP over every rank)
+        result.notes.append(f"layout: {first['layout']}")
     if "peak_bytes" in first:
         peaks = [r["peak_bytes"] for r in ranks]
         result.record("peak_bytes", max(peaks), per_rank=peaks)

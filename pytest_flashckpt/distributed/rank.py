@@ -1,5 +1,8 @@
 """One rank of a distributed scenario: ``python -m pytest_flashckpt.distributed.rank --scenario S.json --out DIR``,
-started by torchrun (``launcher``). Writes ``DIR/rank-<r>.json`` with this rank's measurements:
+started by torchrun (``launcher``). The model is FSDP2-sharded over every rank, or laid out as the scenario's
+``layout`` says (``dp_shard x tp``: tensor + sequence parallel by ``parallelize_module`` on a 2D ``DeviceMesh``,
+then FSDP2 over its dp_shard dimension; ``distributed.tensor_parallel``, docs/layouts.md). Writes
+``DIR/rank-<r>.json`` with this rank's measurements:
 
 - ``peak_bytes`` / ``state_bytes``: the memory probe around one training step (what this rank holds: local shards
   of the DTensor parameters, gradients and AdamW state, all-gathered parameters while they live, reduce-scatter
@@ -19,6 +22,7 @@ started by torchrun (``launcher``). Writes ``DIR/rank-<r>.json`` with this rank'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 import traceback
@@ -30,10 +34,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from pytest_flashckpt.activation import StrategyUnavailable
+from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build
 from pytest_flashckpt.core.metrics import spec as metric_spec
-from pytest_flashckpt.distributed import fsdp, sharded_store
+from pytest_flashckpt.distributed import fsdp, sharded_store, tensor_parallel
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import load_card
@@ -43,12 +48,26 @@ from pytest_flashckpt.probes import make_probe
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _trainer(scenario: Scenario, device: torch.device, backend: str):
+def layout_of(scenario: Scenario) -> Layout:
+    """The scenario's ranks as a ``config.layout.Layout`` (dp_shard x tp; FSDP over every rank by default)."""
+    dp_shard, tp_size = scenario.layout.ranks(scenario.world_size)
+    return Layout(dp_shard=dp_shard, tp=tp_size)
+
+
+def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None):
+    """The rank's trainer: FSDP2 over every rank, or (``mesh``: a tensor-parallel layout's 2D ``DeviceMesh``)
+    ``parallelize_module`` then FSDP2 over the mesh's dp_shard dimension (``distributed.tensor_parallel``)."""
     spec = scenario.model
     if spec.hf is not None:  # a Hugging Face config: the builder a one-process run uses (models.hf)
         card = hf_card(spec.hf, spec.dropout, spec.anatomy)
     else:
         card = load_card(scenario.card, **({} if spec.dropout is None else {"dropout": spec.dropout}))
+    if mesh is not None:
+        return tensor_parallel.build_trainer(
+            card, layout_of(scenario), mesh, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed,
+            backend=backend, device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation,
+            precision=scenario.precision,
+        )  # fmt: skip
     return fsdp.build_trainer(
         card, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed, backend=backend,
         device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation, precision=scenario.precision,
@@ -73,7 +92,8 @@ def _memory_step(trainer, probe_name: str, device: torch.device) -> dict[str, in
     optimizer step (AdamW on the DTensor shards, whose temporaries can set the step's peak)."""
     trainer.model.train()
     x, y = trainer.batch()
-    with _probe(probe_name, device).track(resident=_local(trainer.state_tensors())) as fwd_bwd:
+    loss_context = getattr(trainer, "loss_context", contextlib.nullcontext)  # loss_parallel under tensor parallel
+    with _probe(probe_name, device).track(resident=_local(trainer.state_tensors())) as fwd_bwd, loss_context():
         trainer.model(x, y).backward()
     _sync(device)
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
@@ -99,8 +119,10 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     rank = dist.get_rank()
     out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
-    trainer, applied = _trainer(scenario, device, backend)
-    out.update(backend=backend, activation=applied.describe())
+    layout = layout_of(scenario)
+    mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
+    trainer, applied = _trainer(scenario, device, backend, mesh)
+    out.update(backend=backend, activation=applied.describe(), layout=layout.describe())
     with OpNameRecorder() as recorder:
         trainer.train_step()
     for _ in range(max(scenario.warmup, 1) - 1):
@@ -131,7 +153,7 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
                 ckpt.save(trainer)
         out["saves"] = [_save_record(r) for r in ckpt.saves]
         original = sharded_store.gathered_state(trainer)  # the trainer has not moved since the last save
-        fresh, _ = _trainer(scenario, device, backend)
+        fresh, _ = _trainer(scenario, device, backend, mesh)
         start = time.perf_counter()
         sharded_store.load(fresh, sharded_store.latest(ckpt_root))
         out["load_s"] = time.perf_counter() - start

@@ -114,6 +114,19 @@ def root_plan(model: nn.Module) -> dict[str, ParallelStyle]:
     return plan
 
 
+def plan_refusal(card) -> str | None:
+    """Why ``card``'s family cannot be tensor-parallel (its block or root plan refused, read off the model built on
+    ``meta``: nothing is allocated), or None. What a suite's preflight and ``flashckpt simulate --tp`` check before
+    anything runs."""
+    model = build_model(card, "sdpa", "meta")
+    try:
+        block_plan(model)
+        root_plan(model)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """``parallelize_module`` with the root and per-block plans; a tied head is tied again afterwards (both sides
     are sharded over the vocabulary, ``Shard(0)``, so the tie holds shard for shard)."""

@@ -24,7 +24,7 @@ from pytest_flashckpt.report.tables import Footnotes, table
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.core.registry import ACTIVATION_STRATEGIES
 
-HEADERS = ["scenario", "ranks", "save", "peak (max rank)", "peak per rank", "fwd+bwd / optimizer peak", "step", "stall", "total", "bytes per rank", "async staged (RSS added)", "load", "round trip"]
+HEADERS = ["scenario", "ranks", "layout", "save", "peak (max rank)", "peak per rank", "fwd+bwd / optimizer peak", "step", "stall", "total", "bytes per rank", "async staged (RSS added)", "load", "round trip"]
 
 
 def _per_rank(r: Result, metric: str, fmt) -> str:
@@ -37,6 +37,15 @@ def _save(r: Result) -> str:
     if save.strategy != "dcp":
         return MISSING
     return "dcp.async_save" if save.async_save else "dcp.save"
+
+
+def _layout(r: Result) -> str:
+    """``FSDP over N`` (every rank shards), or the ranks per axis of a tensor-parallel layout."""
+    c = r.config
+    if not c.layout.tensor_parallel:
+        return f"FSDP over {c.world_size}"
+    dp_shard, tp = c.layout.ranks(c.world_size)
+    return f"dp_shard {dp_shard} x tp {tp}"
 
 
 def _roundtrip(r: Result) -> str:
@@ -53,10 +62,29 @@ def _simulate(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy
     return simulate_step(card, dtype, batch, seq, kernel, strategy, k=k, target=target, world_size=world).peak_bytes
 
 
+@functools.lru_cache(maxsize=64)
+def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int, dp_shard: int,
+                     tp: int, seed: int) -> tuple[int, int, int]:
+    import torch
+
+    from pytest_flashckpt.config.layout import Layout
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank  # the real engine under fake mode
+
+    record = simulate_rank(load_card(card), Layout(dp_shard=dp_shard, tp=tp), batch_size=batch, seq_len=seq,
+                           strategy=strategy, k=k, dtype=getattr(torch, dtype), precision=precision, seed=seed)
+    return record["peak_bytes"], record["fwd_bwd_start_bytes"], record["optimizer_peak_bytes"]
+
+
 def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
-    """The simulator's per-rank peak for a measured distributed result, or None and why not."""
+    """The simulator's per-rank peak for a measured distributed result, or None and why not. A tensor-parallel
+    layout's rank is simulated by the engine the ranks ran (``parallelize_module`` + ``fully_shard`` under fake
+    mode, ``simulate.fake_ranks``: the same AdamW pick as the CPU rank); FSDP over every rank by the modelled
+    meta step (``simulate_step`` with ``world_size``)."""
     c = r.config
     strategy = c.activation.strategy
+    if c.layout.tensor_parallel:
+        return _engine_rank_peak(r)
     spec = ACTIVATION_STRATEGIES.get(strategy)  # simulated here: the registry's strategies that need no budget plan
     if spec is None or spec.not_simulated or spec.takes_budget:
         return None, f"the {strategy} strategy is not simulated here"
@@ -69,6 +97,47 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"
     return peak, ""
+
+
+def _engine_rank_peak(r: Result) -> tuple[int | None, str]:
+    record, why = engine_rank(r)
+    return (None, why) if record is None else (record[0], "")
+
+
+def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
+    """A tensor-parallel result's rank simulated by the engine: (peak, state at the step's start, optimizer
+    peak) in bytes, or None and why not."""
+    from pytest_flashckpt.simulate.layouts import LAYOUT_STRATEGIES
+
+    c = r.config
+    if c.activation.strategy not in LAYOUT_STRATEGIES:
+        return None, f"the {c.activation.strategy} strategy is not simulated by the engine yet"
+    if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
+        return None, "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
+    dp_shard, tp = c.layout.ranks(c.world_size)
+    try:
+        return _simulate_layout(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
+                                c.activation.k, dp_shard, tp, c.seed), ""
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        return None, f"not simulated: {exc}"
+
+
+def _exact_windows(r: Result) -> str:
+    """For an engine-simulated layout: the state at the step's start and the optimizer step's peak, simulated
+    against every measured rank (equal to the byte when the engine's rank holds what the gloo rank holds)."""
+    if not r.config.layout.tensor_parallel:
+        return MISSING
+    record, _ = engine_rank(r)
+    if record is None:
+        return MISSING
+    _, start, optimizer = record
+    measured = list(zip(r.per_rank.get("state_bytes", []), r.per_rank.get("optimizer_peak_bytes", [])))
+    if not measured:
+        return MISSING
+    off = [(a - start, b - optimizer) for a, b in measured if (a, b) != (start, optimizer)]
+    if not off:
+        return f"equal to the byte ({len(measured)} ranks)"
+    return "; ".join(f"{d_start:+d} B / {d_opt:+d} B" for d_start, d_opt in off) + " (measured - simulated)"
 
 
 def _staging_factor() -> int:
@@ -88,14 +157,20 @@ def comparison_section(chosen: list[Result]) -> list[str]:
         diff = MISSING if simulated is None else f"{(simulated - measured) / measured * 100:+.1f}%"
         staging = r.number("largest_allgather_bytes")
         bound = f"≤ {mib(_staging_factor() * staging)}" if staging and "gloo" in str(r.device) else MISSING
-        rows.append([f"`{r.id}`", mib(measured), mib(simulated) if simulated is not None else notes.skipped("not simulated", why), diff, bound])
+        rows.append([f"`{r.id}`", mib(measured), mib(simulated) if simulated is not None else notes.skipped("not simulated", why), diff,
+                     _exact_windows(r), bound])
     if not rows:
         return []
     return [
-        "", "Per-rank peak, measured (largest rank) beside simulated (`simulate_step` with `world_size`; FSDP2's "
-        "reduce-scatter buffers and shard padding not modelled). *gloo staging*: what gloo's uncounted copies of an "
-        "in-flight all-gathers may add to the allocator's view on a CPU rank (up to 4 x the largest all-gather).", "",
-        table(rows, ["scenario", "measured peak", "simulated peak", "simulated - measured", "gloo staging"]), *notes.lines(),
+        "", "Per-rank peak, measured (largest rank) beside simulated: FSDP over every rank by `simulate_step` with "
+        "`world_size` (FSDP2's reduce-scatter buffers and shard padding not modelled); a tensor-parallel layout by the "
+        "engine the ranks ran, under fake mode (`simulate.fake_ranks`; the forward+backward peak of a gloo rank is "
+        "higher by what gloo's thread still holds of finished collectives, docs/layouts.md). *gloo staging*: what "
+        "gloo's uncounted copies of an in-flight all-gathers may add to the allocator's view on a CPU rank (up to 4 x "
+        "the largest all-gather). *state / optimizer peak*: for an engine-simulated layout, the rank's state at the "
+        "step's start and its optimizer-step peak, simulated against every measured rank.", "",
+        table(rows, ["scenario", "measured peak", "simulated peak", "simulated - measured", "state / optimizer peak", "gloo staging"]),
+        *notes.lines(),
     ]
 
 
@@ -114,16 +189,18 @@ def distributed_section(results: list[Result]) -> list[str]:
         name = f"`{r.id}`"
         ranks = str(r.config.world_size)
         if r.status != "measured":
-            rows.append([name, ranks, _save(r), notes.skipped(r.status, r.reason), *[MISSING] * 9])
+            rows.append([name, ranks, _layout(r), _save(r), notes.skipped(r.status, r.reason), *[MISSING] * 9])
             continue
         rows.append([
-            name, ranks, _save(r), mib(r.number("peak_bytes")), _per_rank(r, "peak_bytes", mib),
+            name, ranks, _layout(r), _save(r), mib(r.number("peak_bytes")), _per_rank(r, "peak_bytes", mib),
             f"{mib(r.number('fwd_bwd_peak_bytes'))} / {mib(r.number('optimizer_peak_bytes'))}",
             ms(r.number("step_time_s")), ms(r.number("save_stall_s")), ms(r.number("save_total_s")),
             _per_rank(r, "bytes_written", mib), f"{mib(r.number('async_staged_bytes'))} ({mib(r.number('async_rss_added_bytes'))})" if r.number("async_staged_bytes") else MISSING, ms(r.number("load_s")), _roundtrip(r),
         ])  # fmt: skip
     lines.append(
-        "Ranks under torchrun, model sharded with FSDP2 (`fully_shard` per block and root); saves are sharded DCP "
-        "checkpoints committed with one manifest. Step, stall and total: slowest rank, median over rounds or saves."
+        "Ranks under torchrun, model sharded with FSDP2 (`fully_shard` per block and root) over every rank, or laid "
+        "out dp_shard x tp (tensor + sequence parallel by `parallelize_module` on a 2D `DeviceMesh`, then FSDP2 over "
+        "dp_shard); saves are sharded DCP checkpoints committed with one manifest. Step, stall and total: slowest "
+        "rank, median over rounds or saves."
     )
     return [*lines, "", table(rows, HEADERS), *notes.lines(), *comparison_section(chosen)]

@@ -92,7 +92,25 @@ def load_checked_suite(name_or_path: str, cards: CardShelf | None = None) -> Sui
     shelf = cards if cards is not None else CardShelf()
     for scenario in suite.scenarios:
         preflight(scenario, suite.origin(scenario), load=shelf.load)
+    check_layouts(suite, shelf)
     return suite
+
+
+def check_layouts(suite: Suite, shelf: CardShelf) -> None:
+    """A tensor-parallel scenario's card family takes torch's plan (``distributed.tensor_parallel.plan_refusal``,
+    the model built on meta, once per card): refused here, naming the suite file, scenario and key, not in a rank
+    after launch."""
+    refused: dict[str, str | None] = {}
+    for scenario in suite.scenarios:
+        if not scenario.layout.tensor_parallel:
+            continue
+        if scenario.card not in refused:
+            from pytest_flashckpt.distributed.tensor_parallel import plan_refusal  # torch.distributed: only for a layout
+
+            refused[scenario.card] = plan_refusal(shelf.load(scenario.card))
+        if refused[scenario.card] is not None:
+            raise ConfigError(suite.origin(scenario), refused[scenario.card], "",  # the refusal names the fix
+                              scenario=scenario.name, key="layout.tp")
 
 
 class SuiteRun:

@@ -75,15 +75,11 @@ def check_args(args: argparse.Namespace):
 
 def _check_plan(card, tp_size: int) -> None:
     """The family can be split (separate q/k/v projections, rotary positions): read off its model on meta."""
-    from pytest_flashckpt.distributed.tensor_parallel import block_plan, root_plan
-    from pytest_flashckpt.models.cards import build_model
+    from pytest_flashckpt.distributed.tensor_parallel import plan_refusal
 
-    model = build_model(card, "sdpa", "meta")
-    try:
-        block_plan(model)
-        root_plan(model)
-    except ValueError as exc:
-        raise InputError(f"--tp {tp_size}: model card {card.name!r}: {exc}") from None
+    refusal = plan_refusal(card)
+    if refusal is not None:
+        raise InputError(f"--tp {tp_size}: model card {card.name!r}: {refusal}")
 
 
 def run_layout(args: argparse.Namespace) -> int:

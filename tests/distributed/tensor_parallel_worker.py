@@ -4,7 +4,8 @@ Per activation strategy: the first step's loss and gradients (gathered from the 
 the full batch, then one step measured by the rank probe (``tensor_parallel.memory_step``) and the next identical
 step's two windows by the CPU allocator's events (and the same in mixed precision, no checkpointing). Then a DCP save of the (``none``) trainer after two steps, with
 the gathered full state written by rank 0 for the test to load into one process and compare bit for bit, and
-the same checkpoint loaded here into FSDP alone over every rank (1D), compared by rank 0. Writes ``rank-<r>.json``. Usage: ``tensor_parallel_worker.py OUT DP TP STRATEGIES``.
+the same checkpoint loaded here into FSDP alone over every rank (1D), compared by rank 0; and, where the test wrote
+one, a one-process checkpoint loaded into the layout (one process -> the layout). Writes ``rank-<r>.json``. Usage: ``tensor_parallel_worker.py OUT DP TP STRATEGIES``.
 """
 
 from __future__ import annotations
@@ -99,6 +100,19 @@ def load_1d(out: Path) -> dict:
     return {"differences": sharded_store.bitwise_differences(state, ref), "tensors": len(ref), "step": trainer.step}
 
 
+def load_one_process(out: Path) -> dict:
+    """A checkpoint saved by one process (``one/``, written by the test before the launch) loaded into this layout,
+    gathered, against that process's state (``one-ref.safetensors``): one process -> the layout."""
+    layout = Layout(dp_shard=dist.get_world_size() // int(sys.argv[3]), tp=int(sys.argv[3]))
+    trainer = _trainer(layout, tp.make_mesh(layout), "none")
+    sharded_store.load(trainer, sharded_store.latest(out / "one"))
+    state = sharded_store.gathered_state(trainer)
+    if dist.get_rank() != 0:
+        return {}
+    ref = load_file(str(out / "one-ref.safetensors"))
+    return {"differences": sharded_store.bitwise_differences(state, ref), "tensors": len(ref), "step": trainer.step}
+
+
 if __name__ == "__main__":
     out, dp, tp_size, strategies = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
     fsdp.init(timeout_s=120)
@@ -113,5 +127,7 @@ if __name__ == "__main__":
     record["mixed"] = memory(layout, mesh, "none", "mixed")  # FSDP2's MixedPrecisionPolicy over the TP shards
     record["save"] = save(layout, mesh, out)
     record["load_1d"] = load_1d(out)
+    if (out / "one").is_dir():
+        record["load_from_one_process"] = load_one_process(out)
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
     dist.destroy_process_group()

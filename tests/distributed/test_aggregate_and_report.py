@@ -85,8 +85,12 @@ def test_world_size_is_validated_before_anything_runs() -> None:
     assert Scenario("s").world_size == 1
 
 
-def test_the_distributed_suite_runs_two_ranks_with_dcp_saves() -> None:
+def test_the_distributed_suite_runs_fsdp_and_tensor_parallel_ranks_with_dcp_saves() -> None:
     suite = load_suite("distributed")
-    assert len(suite.scenarios) >= 3
-    assert all(s.world_size == 2 and s.save.strategy == "dcp" for s in suite.scenarios)
+    assert len(suite.scenarios) >= 6
+    assert all(s.save.strategy == "dcp" for s in suite.scenarios)
     assert any(s.save.async_save for s in suite.scenarios)
+    fsdp = [s for s in suite.scenarios if not s.layout.tensor_parallel]
+    assert len(fsdp) >= 3 and all(s.world_size == 2 for s in fsdp)
+    layouts = {s.layout.ranks(s.world_size) for s in suite.scenarios if s.layout.tensor_parallel}
+    assert layouts == {(1, 2), (2, 2)}  # tp 2 alone and torchtitan's 2D, as issue 32 item 1 asks

@@ -1,6 +1,6 @@
 """Tensor + sequence parallel (tp 2, world 2) and 2D (dp_shard 2 x tp 2, world 4) of a small Llama on gloo ranks:
 loss and gradients against one process, the rank probe beside the CPU allocator, a DCP checkpoint of the layout
-loaded into one process and into FSDP alone (1D), bit for bit. One torchrun launch per layout (~12 s and ~25 s on
+loaded into one process and into FSDP alone (1D), and one process's checkpoint loaded into the layout, bit for bit. One torchrun launch per layout (~12 s and ~25 s on
 this shared 2-core machine), so those are ``slow``; the plan and the layout checks below them are not.
 """
 
@@ -25,10 +25,33 @@ def launched(request, tmp_path_factory) -> tuple[tuple[int, int], Path, list[dic
 
     dp, tp = request.param
     out = tmp_path_factory.mktemp(f"tp-{dp}x{tp}")
+    _one_process_checkpoint(out)
     launcher.run(launcher.Launch(dp * tp, timeout_s=300), str(WORKER), [str(out), str(dp), str(tp), ",".join(STRATEGIES)],
                  log_path=out / "launch.log")
     ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(dp * tp)]
     return (dp, tp), out, ranks
+
+
+def _one_process_checkpoint(out: Path) -> None:
+    """A DCP checkpoint of a one-process trainer after 3 steps (``out/one``) and its state (``one-ref``), for the
+    ranks to load into their layout."""
+    from safetensors.torch import save_file
+
+    from pytest_flashckpt.checkpoint import dcp_io
+    from pytest_flashckpt.distributed import sharded_store
+    from pytest_flashckpt.models.cards import build_model
+    from pytest_flashckpt.training import Trainer
+
+    from tensor_parallel_worker import SEED, card
+
+    with dcp_io.process_group():
+        trainer = Trainer.create(build_model(card(), "sdpa", "cpu", seed=SEED + 2), 4, 32, seed=SEED)
+        for _ in range(3):
+            trainer.train_step()
+        with sharded_store.ShardedCheckpointer(out / "one") as checkpointer:
+            checkpointer.save(trainer)
+        state = sharded_store.gathered_state(trainer)
+    save_file({k: v.clone().contiguous() for k, v in state.items()}, str(out / "one-ref.safetensors"))
 
 
 @pytest.mark.distributed
@@ -73,6 +96,8 @@ def test_checkpoint_of_the_layout_loads_bitwise_in_one_process_and_in_1d(launche
     _, out, ranks = launched
     one_d = ranks[0]["load_1d"]
     assert one_d["tensors"] > 60 and one_d["differences"] == [] and one_d["step"] == 2
+    back = ranks[0]["load_from_one_process"]  # and back: a one-process checkpoint loaded into the layout
+    assert back["tensors"] == one_d["tensors"] and back["differences"] == [] and back["step"] == 3
     trainer = Trainer.create(build_model(card(), "sdpa", "cpu", seed=SEED + 1), 4, 32, seed=SEED)
     state = sharded_store.load_plain(trainer, sharded_store.latest(out / "ckpt"))
     assert trainer.step == state["step"] == 2

@@ -1,0 +1,102 @@
+"""``layout: {dp_shard, tp}`` as a scenario axis (issue 32 item 1, docs/layouts.md): what a scenario may ask for,
+refused before anything runs where it cannot be built, its fingerprint, and how the report shows a layout row.
+The runs themselves (gloo ranks, a few seconds each) are in ``test_layout_runs.py``."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from pytest_flashckpt.config.axes import LayoutMesh, NotBuiltYet
+from pytest_flashckpt.config.errors import ConfigError
+from pytest_flashckpt.config.fingerprint import fingerprint
+from pytest_flashckpt.config.scenario import ModelSpec, SaveConfig, Scenario
+from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.distributed.aggregate import aggregate
+from pytest_flashckpt.report import distributed as report
+from pytest_flashckpt.runner.suite import load_checked_suite
+
+DCP = SaveConfig(strategy="dcp")
+
+
+def _scenario(**kw) -> Scenario:
+    base = dict(model="llama-tiny", world_size=2, batch_size=2, seq_len=64, save=DCP)
+    return Scenario("s", **{**base, **kw})
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(world_size=1, save=SaveConfig()), "needs ranks: set world_size to dp_shard x tp"),
+    (dict(world_size=3, batch_size=3), "layout.tp 2 does not divide world_size 3"),
+    (dict(world_size=4, batch_size=4, layout=LayoutMesh(dp_shard=3, tp=2)), "layout.dp_shard 3 x tp 2 = 6 ranks, but world_size is 4"),
+    (dict(world_size=4, batch_size=3, layout=LayoutMesh(dp_shard=2, tp=2)), "batch_size 3 must be divisible by layout.dp_shard 2"),
+    (dict(model=ModelSpec(hf={"model_type": "llama"})), "layout.tp with model.hf is not built"),
+])
+def test_a_layout_the_ranks_cannot_hold_is_refused_naming_the_key(kw, message) -> None:
+    kw.setdefault("layout", LayoutMesh(tp=2))
+    with pytest.raises(ValueError, match=message):
+        _scenario(**kw)
+
+
+def test_pipeline_and_context_parallel_stay_reserved_naming_the_issue() -> None:
+    for key in ("pp", "cp"):
+        with pytest.raises(NotBuiltYet, match=rf"layout.{key}: 2 is reserved .*issue 32.*drop layout.{key}"):
+            LayoutMesh(**{key: 2})
+    with pytest.raises(ValueError, match="layout.tp must be a positive number of ranks, got 0"):
+        LayoutMesh(tp=0)
+
+
+def test_a_tensor_parallel_layout_enters_the_fingerprint_and_fsdp_written_out_does_not() -> None:
+    fsdp = Scenario("s", world_size=2, batch_size=2, save=DCP)
+    written = Scenario("s", world_size=2, batch_size=2, save=DCP, layout=LayoutMesh(dp_shard=2, tp=1))
+    assert written.layout == LayoutMesh() and fingerprint(written) == fingerprint(fsdp)
+    tp = _scenario(layout=LayoutMesh(tp=2))
+    assert fingerprint(tp) != fingerprint(_scenario())  # control: the layout is part of what was measured
+    assert tp.reference().layout == tp.layout  # the reference runs the same layout, without checkpointing
+    assert _scenario(world_size=2, batch_size=1, layout=LayoutMesh(tp=2)).batch_size == 1  # tp ranks share rows
+
+
+def _suite(tmp_path, monkeypatch, body: str) -> str:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "suites").mkdir(exist_ok=True)
+    (tmp_path / "suites" / "x.yaml").write_text(textwrap.dedent(f"""\
+        name: x
+        defaults: {{world_size: 2, batch_size: 2, seq_len: 64, measure: [memory]}}
+        scenarios:
+          {body}
+        """), encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_checked_suite("suites/x.yaml")
+    return str(info.value)
+
+
+def test_a_family_or_card_tensor_parallel_cannot_split_is_refused_before_anything_runs(tmp_path, monkeypatch) -> None:
+    gpt = _suite(tmp_path, monkeypatch, "- {name: g, model: tiny, layout: {tp: 2}}")
+    assert gpt.startswith("suites/x.yaml: scenario 'g': layout.tp: tensor parallel: the gpt block's fused q/k/v")
+    heads = _suite(tmp_path, monkeypatch, "- {name: h, model: llama-tiny, world_size: 4, batch_size: 4, layout: {tp: 4}}")
+    assert heads.startswith("suites/x.yaml: scenario 'h': layout.tp: 4: model card 'llama-tiny' has n_head 6, not divisible")
+    assert "choose a tp that divides 6" in heads
+    # control: the same card at a tp that divides its heads loads
+    (tmp_path / "suites" / "x.yaml").write_text("name: x\nscenarios:\n  - {name: ok, model: llama-tiny, world_size: 2, "
+                                                "batch_size: 2, seq_len: 64, measure: [memory], layout: {tp: 2}}\n")
+    assert load_checked_suite("suites/x.yaml").scenarios[0].layout.tp == 2
+
+
+def _rank(rank: int, state: int, optimizer: int) -> dict:
+    return {"rank": rank, "world_size": 2, "status": "measured", "backend": "sdpa", "kernel": "flash", "activation": "none",
+            "layout": "dp_shard 1 x tp 2", "peak_bytes": 1000, "fwd_bwd_peak_bytes": 1000, "optimizer_peak_bytes": optimizer,
+            "state_bytes": state, "fwd_bwd_start_bytes": state, "optimizer_start_bytes": state, "largest_allgather_bytes": 0}
+
+
+def test_the_report_shows_the_layout_and_the_engine_rank_against_every_measured_rank(monkeypatch) -> None:
+    result = Result("distributed", "tp", "measured", _scenario(layout=LayoutMesh(tp=2)), device="cpu x2 (gloo)")
+    aggregate(result, [_rank(0, 600, 800), _rank(1, 600, 800)])
+    assert "layout: dp_shard 1 x tp 2" in result.notes
+    monkeypatch.setattr(report, "_simulate_layout", lambda *a: (990, 600, 800))
+    table = "\n".join(report.distributed_section([result]))
+    assert "| dp_shard 1 x tp 2 " in table
+    assert "equal to the byte (2 ranks)" in table and "-1.0%" in table
+    monkeypatch.setattr(report, "_simulate_layout", lambda *a: (990, 592, 800))  # control: 8 B off at the start
+    assert "+8 B / +0 B (measured - simulated)" in "\n".join(report.distributed_section([result]))
+    fsdp = Result("distributed", "f", "measured", Scenario("f", world_size=2, batch_size=2, seq_len=64, save=DCP))
+    assert report._layout(fsdp) == "FSDP over 2" and report._exact_windows(fsdp) == "—"
