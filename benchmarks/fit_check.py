@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from fit_check_worker import CARD, GLOBAL_BATCH, LAYOUTS, SEQ, STRATEGY  # noqa: E402  one definition of the workload
+from report_output import write_or_print  # noqa: E402
 
 from pytest_flashckpt.config.model_card import load_card  # noqa: E402
 from pytest_flashckpt.distributed import launcher  # noqa: E402
@@ -150,12 +151,7 @@ def main() -> None:
     args = parser.parse_args()
     record, gloo = gloo_check(args.rounds)
     command = "python benchmarks/fit_check.py" + (f" --rounds {args.rounds}" if args.rounds != 5 else "")
-    text = render(record, gloo, published_rows(), command)
-    if args.print:
-        print(text)
-    else:
-        REPORT.write_text(text, encoding="utf-8")
-        print(REPORT)
+    write_or_print(render(record, gloo, published_rows(), command), REPORT, print_only=args.print)
 
 
 if __name__ == "__main__":

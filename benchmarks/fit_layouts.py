@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from report_output import write_or_print  # benchmarks/ is first on sys.path when this file runs
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--seq", "8192", "--device", "h100-sxm", "--device-memory", "80GiB", "--precision", "both",
           "--strategies", "full,selective_op", "--top", "2", "--max-simulations", "12"]
@@ -81,13 +83,7 @@ def main() -> None:
         if not card_exists(name):
             print(f"{name}: its model card is not in models/ on this checkout; skipped")
             continue
-        text = run_case(name)
-        if args.print:
-            print(text)
-        else:
-            path = ROOT / "reports" / f"fit-{name}.md"
-            path.write_text(text, encoding="utf-8")
-            print(path)
+        write_or_print(run_case(name), ROOT / "reports" / f"fit-{name}.md", print_only=args.print)
 
 
 if __name__ == "__main__":

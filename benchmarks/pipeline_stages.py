@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from report_output import write_or_print  # benchmarks/ is first on sys.path when this file runs
+
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "pipeline-stages.md"
 # name -> (card, dp_shard, pp, microbatches, batch of the data-parallel group, seq, ways)
@@ -93,12 +95,7 @@ def main() -> None:
         "probe (`simulate.rank_probe`); `whole-exact-probe`: every block, the probe the gloo ranks use "
         "(`distributed.memory`: the route before this change).", "",
         *table(results), ""]
-    text = "\n".join(lines)
-    if args.only:
-        print(text)
-    else:
-        REPORT.write_text(text, encoding="utf-8")
-        print(REPORT)
+    write_or_print("\n".join(lines), REPORT, print_only=bool(args.only))
 
 
 if __name__ == "__main__":

@@ -62,16 +62,45 @@ class ActivationStrategySpec:
     (``activation.plan.plan_for`` resolves it). Everything else follows from that plan: the FLOP closed form counts
     the replays of its blocks, the analytic model its kept bytes. ``not_simulated``: why ``flashckpt simulate`` (the
     step on meta) refuses it ("" when it runs there); ``takes_budget``: its plan needs ``activation.budget`` and the
-    input shape, so it is simulated only with a budget (``--budget``) and has no closed-form FLOPs."""
+    input shape, so it is simulated only with a budget (``--budget``) and has no closed-form FLOPs.
+
+    Three simulators take only strategies whose row says they can (off by default: a new strategy opts in):
+
+    - ``runs_on_fake_ranks``: the real engine under fake mode lays out a rank with it (``simulate.layouts``:
+      ``flashckpt simulate --tp/--world-size``, a suite's ``simulate.world_size``; ``simulate.stage_layouts``:
+      ``--pp/--cp``). Only for a plan that repeats with depth (the engine reads a deep card's rank off the line
+      through shallower simulated ones), that the meta step simulates (no ``not_simulated``) and that needs no
+      measured budget (not ``takes_budget``: planned per input shape). Otherwise refused under ``--tp``/``--pp``/
+      ``--cp`` naming this attribute, and answered by the modelled FSDP route at tp 1.
+    - ``fit_order``: ``flashckpt fit`` searches it, at this place of its default ``--strategies`` (least
+      recomputation first; None: not searched, and ``--strategies`` refuses it naming this attribute). Fit simulates
+      each candidate's rank on fake ranks, so it needs ``runs_on_fake_ranks``, and times its compute by the FLOP
+      closed form (from the plan); the tensor-parallel collectives of replayed blocks it still counts by name
+      (``fit.time_model.replay_counts``: ``full``, ``every_k``, ``selective_op``), so a new strategy that replays
+      blocks is taught there too before it sets this (else its replays add no collectives under tp).
+    - ``simulated_compiled``: how ``simulate.compiled`` runs it in a ``torch.compile``'d step (a key of
+      ``COMPILED_SIMULATIONS``; "" not simulated compiled: refused naming this attribute)."""
 
     name: str
     description: str
     plan: str
     not_simulated: str = ""
     takes_budget: bool = False
+    runs_on_fake_ranks: bool = False
+    fit_order: int | None = None
+    simulated_compiled: str = ""
 
 
 _PLANS = "pytest_flashckpt.activation.plan"
+
+# how simulate.compiled runs a strategy in a compiled step (``ActivationStrategySpec.simulated_compiled``); the
+# compiled simulator's list is in this order, then the registry's
+COMPILED_SIMULATIONS: dict[str, str] = {
+    "traced": "its checkpoint wrapper is traced by Dynamo inside each compiled region (selective_op's policy reads a "
+              "matmul's role from the traced node)",
+    "partitioner": "torch's activation_memory_budget: the min-cut partitioner decides what is recomputed",
+    "policies": "the budget planner's compiled plan: its per-block selective-checkpoint policies, passed in",
+}
 
 ACTIVATION_STRATEGIES: dict[str, ActivationStrategySpec] = {}
 
@@ -82,28 +111,43 @@ def register_activation_strategy(spec: ActivationStrategySpec) -> ActivationStra
     read this table."""
     if spec.name in ACTIVATION_STRATEGIES:
         raise ValueError(f"activation strategy {spec.name!r} is registered already")
+    if spec.runs_on_fake_ranks and (spec.not_simulated or spec.takes_budget):
+        raise ValueError(f"activation strategy {spec.name!r}: runs_on_fake_ranks needs a plan the meta step simulates "
+                         "without a budget; drop runs_on_fake_ranks, not_simulated or takes_budget")
+    if spec.fit_order is not None and not spec.runs_on_fake_ranks:
+        raise ValueError(f"activation strategy {spec.name!r}: fit_order {spec.fit_order} needs runs_on_fake_ranks "
+                         "(fit simulates each candidate's rank on fake ranks); set it or drop fit_order")
+    if spec.simulated_compiled and spec.simulated_compiled not in COMPILED_SIMULATIONS:
+        raise ValueError(f"activation strategy {spec.name!r}: simulated_compiled {spec.simulated_compiled!r} is "
+                         f"unknown; use one of {', '.join(COMPILED_SIMULATIONS)} or \"\" (not simulated compiled)")
     ACTIVATION_STRATEGIES[spec.name] = spec
     return spec
 
 
 for _spec in (
-    ActivationStrategySpec("none", "nothing recomputed (the reference)", f"{_PLANS}:keep_every_block"),
+    ActivationStrategySpec("none", "nothing recomputed (the reference)", f"{_PLANS}:keep_every_block",
+                           runs_on_fake_ranks=True, fit_order=0, simulated_compiled="traced"),
     ActivationStrategySpec("full", "every block recomputed in the backward pass; only block inputs kept",
-                           f"{_PLANS}:recompute_every_block"),
-    ActivationStrategySpec("every_k", "blocks 0, k, 2k, ... recomputed", f"{_PLANS}:recompute_every_kth_block"),
+                           f"{_PLANS}:recompute_every_block", runs_on_fake_ranks=True, fit_order=3,
+                           simulated_compiled="traced"),
+    ActivationStrategySpec("every_k", "blocks 0, k, 2k, ... recomputed", f"{_PLANS}:recompute_every_kth_block",
+                           runs_on_fake_ranks=True, fit_order=2, simulated_compiled="traced"),
     ActivationStrategySpec("selective_op", "matmul and attention outputs kept, pointwise ops recomputed "
-                           "(a selective-checkpoint policy)", f"{_PLANS}:selective_op_blocks"),
+                           "(a selective-checkpoint policy)", f"{_PLANS}:selective_op_blocks",
+                           runs_on_fake_ranks=True, fit_order=1, simulated_compiled="traced"),
     ActivationStrategySpec("offload", "every block's saved tensors moved to pinned CPU memory (GPU only)",
                            f"{_PLANS}:offload_every_block",
                            not_simulated="offload copies activations to pinned host memory, which the step on the "
                            "meta device does not model; measure it on a GPU"),
     ActivationStrategySpec("budget", "per input shape, the plan with the least recomputation whose measured peak "
-                           "fits activation.budget", f"{_PLANS}:planned_for_budget", takes_budget=True),
+                           "fits activation.budget", f"{_PLANS}:planned_for_budget", takes_budget=True,
+                           simulated_compiled="policies"),
     ActivationStrategySpec("compile_budget", "torch.compile's own knob: its partitioner keeps saved activations within "
                            "activation.budget, a fraction of its estimate (activation_memory_budget; compiled scenarios only)",
                            f"{_PLANS}:keep_every_block",
                            not_simulated="compile_budget is torch.compile's partitioner deciding what to recompute, which the "
-                           "eager step on the meta device does not model (not simulated yet); measure it with compile.scope set"),
+                           "eager step on the meta device does not model (not simulated yet); measure it with compile.scope set",
+                           simulated_compiled="partitioner"),
 ):
     register_activation_strategy(_spec)
 
@@ -111,6 +155,30 @@ for _spec in (
 def simulated_strategies() -> tuple[str, ...]:
     """The strategies ``flashckpt simulate`` runs (every registered one without a ``not_simulated`` reason)."""
     return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if not spec.not_simulated)
+
+
+def fake_rank_strategies() -> tuple[str, ...]:
+    """The strategies the real engine under fake mode lays out a rank with (``runs_on_fake_ranks``), in the
+    registry's order."""
+    return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if spec.runs_on_fake_ranks)
+
+
+def fit_strategies() -> tuple[str, ...]:
+    """The strategies ``flashckpt fit`` searches by default, by ``fit_order`` (least recomputation first)."""
+    searched = [spec for spec in ACTIVATION_STRATEGIES.values() if spec.fit_order is not None]
+    return tuple(spec.name for spec in sorted(searched, key=lambda spec: spec.fit_order))
+
+
+def compiled_strategies() -> tuple[str, ...]:
+    """The strategies ``simulate.compiled`` runs in a compiled step: by how (``COMPILED_SIMULATIONS``' order), then
+    in the registry's order."""
+    kinds = list(COMPILED_SIMULATIONS)
+    simulated = [spec for spec in ACTIVATION_STRATEGIES.values() if spec.simulated_compiled]
+    return tuple(spec.name for spec in sorted(simulated, key=lambda spec: kinds.index(spec.simulated_compiled)))
+
+
+NOT_ON_FAKE_RANKS = ("its registry row does not set runs_on_fake_ranks: the engine reads a deep card's rank off a "
+                     "plan that repeats with depth, simulated on meta without a budget")
 
 
 PRECISIONS: dict[str, str] = {

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from pytest_flashckpt.config.errors import InputError
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+from pytest_flashckpt.core.registry import fit_strategies
 
 # bytes per parameter of (parameter, gradient, AdamW exp_avg + exp_avg_sq): pure bf16 holds all four in bf16; mixed
 # holds float32 master weights, float32 gradients (FSDP2's reduce_dtype) and float32 moments
@@ -33,7 +34,7 @@ STATE_BYTES_PER_PARAM = {"pure": 2 + 2 + 2 * 2, "mixed": 4 + 4 + 2 * 4}
 # bytes per parameter a DCP checkpoint stores (parameters and both moments, no gradients)
 SAVED_BYTES_PER_PARAM = {"pure": 2 + 2 * 2, "mixed": 4 + 2 * 4}
 COMPUTE_BYTES = 2  # bf16: what FSDP2 all-gathers (MixedPrecisionPolicy param_dtype, or the bf16 parameters of pure)
-STRATEGIES = ("none", "selective_op", "every_k", "full")
+STRATEGIES = fit_strategies()  # the registry's rows with a fit_order, least recomputation first
 PIPELINE_SCHEDULES = {"1f1b": 1, "interleaved_1f1b": 2, "gpipe": 1}  # schedule -> stages per rank searched
 DEFAULT_SCHEDULES = ("1f1b", "interleaved_1f1b")
 DEFAULT_PP = (1, 2, 4, 8, 16)

@@ -102,9 +102,10 @@ def _checked_options(args: argparse.Namespace) -> None:
     if args.strategies is not None:
         strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
         if not strategies or any(s not in STRATEGIES for s in strategies):
-            raise InputError(f"--strategies {args.strategies!r}: fit searches {', '.join(STRATEGIES)} (the budget "
-                             "planner has no closed-form FLOPs and is planned per input: run flashckpt simulate "
-                             "--budget on the chosen layout)")
+            raise InputError(f"--strategies {args.strategies!r}: fit searches {', '.join(STRATEGIES)}, the strategies "
+                             "whose registry row (core.registry) sets fit_order: each candidate's rank is simulated on "
+                             "fake ranks and timed by closed-form FLOPs (the budget planner has neither, it is planned "
+                             "per input: run flashckpt simulate --budget on the chosen layout)")
         args.strategies = strategies
     for path, suffix, option in ((args.write_scenario, (".yaml", ".yml"), "--write-scenario"), (args.write_torchtitan, (".toml",), "--write-torchtitan")):
         if path is None:

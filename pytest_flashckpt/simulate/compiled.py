@@ -48,6 +48,7 @@ from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.wrapper import drop_role_hooks
 from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.core.registry import compiled_strategies
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.models.families import family_of
@@ -57,10 +58,11 @@ from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 from pytest_flashckpt.training import Trainer
 
 SCOPES = ("block", "model")  # torchtitan's per-transformer-block compile, or the whole model as one region
-# activation strategies whose wrapper Dynamo traces inside a compiled region (selective_op's policy reads a matmul's
-# role from the traced node), and torch's own activation_memory_budget (compile_budget: the partitioner decides)
-# and the budget planner's compiled plan (budget: its per-block selective-checkpoint policies, passed as ``policies``)
-STRATEGIES = ("none", "full", "every_k", "selective_op", "compile_budget", "budget")
+# the registry's rows with a simulated_compiled kind (core.registry.COMPILED_SIMULATIONS): strategies whose wrapper
+# Dynamo traces inside a compiled region (selective_op's policy reads a matmul's role from the traced node), torch's
+# own activation_memory_budget (compile_budget: the partitioner decides) and the budget planner's compiled plan
+# (budget: its per-block selective-checkpoint policies, passed as ``policies``)
+STRATEGIES = compiled_strategies()
 # how a region's inside is counted: "inductor", the wrapper Inductor generates (its fusion, buffers and frees);
 # "fx", the alternative it is measured against: every op of the partitioned graphs run one by one (FX liveness),
 # Dynamo's aot_eager_decomp_partition backend (Inductor's decompositions and min-cut partitioner, no Inductor)
@@ -211,8 +213,8 @@ def unsupported_reason(scenario, device: str = "cpu") -> str | None:
     if device != "cpu":
         return f"the simulator plans Inductor's CPU code; this row ran on {device}"
     if scenario.activation.strategy not in STRATEGIES:
-        return (f"activation strategy {scenario.activation.strategy} is not simulated compiled "
-                f"(simulated: {', '.join(STRATEGIES)})")
+        return (f"activation strategy {scenario.activation.strategy} is not simulated compiled (its registry row "
+                f"sets no simulated_compiled; simulated: {', '.join(STRATEGIES)})")
     if scenario.model.hf is not None:
         return "a Hugging Face model is not simulated compiled (the simulator builds a model card's model)"
     if scenario.precision != "pure":
@@ -288,7 +290,8 @@ def simulate_compiled_step(
     if scope not in SCOPES:
         raise ValueError(f"unknown compile scope {scope!r}; valid: {', '.join(SCOPES)}")
     if strategy not in STRATEGIES:
-        raise ValueError(f"activation strategy {strategy!r} is not simulated compiled; valid: {', '.join(STRATEGIES)}")
+        raise ValueError(f"activation strategy {strategy!r} is not simulated compiled; valid: {', '.join(STRATEGIES)} "
+                         "(the registry's rows with simulated_compiled)")
     if (strategy == "budget") != (policies is not None):
         raise ValueError("policies (the compiled plan's, compile_policy.plan_compiled) are budget's and required by it; "
                          f"got strategy {strategy!r} with {'no ' if policies is None else ''}policies")

@@ -4,7 +4,8 @@ tp 1), from the real engine under fake mode (``simulate.fake_ranks``), for the c
     flashckpt simulate --model llama3-8b --seq 8192 --batch 8 --strategy full --world-size 8 --tp 2
     flashckpt simulate --model llama3-70b --seq 8192 --batch 8 --strategy full --world-size 8 --precision mixed
 
-What the engine does not run (``engine_cannot_run``: a Hugging Face config, the budget strategy, another attention
+What the engine does not run (``engine_cannot_run``: a Hugging Face config, a strategy whose registry row does not
+set ``runs_on_fake_ranks`` (budget, offload, compile_budget: ``core.registry``), another attention
 kernel or target, another norm, optimizer or loss) stays with the modelled FSDP route at tp 1 (``simulate.fsdp``:
 the step at batch / N plus a formula for the all-gathered blocks) and is refused under tensor parallel.
 
@@ -22,10 +23,11 @@ import time
 from pytest_flashckpt.config.errors import InputError
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.step_impl import StepImpl
+from pytest_flashckpt.core.registry import NOT_ON_FAKE_RANKS, fake_rank_strategies
 from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
 from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 
-LAYOUT_STRATEGIES = ("none", "full", "every_k", "selective_op")
+LAYOUT_STRATEGIES = fake_rank_strategies()  # the registry's rows with runs_on_fake_ranks
 CUDA_ADAMW_FOREACH = True  # a --target cuda answer runs the multi-tensor AdamW CUDA defaults to (its temporaries)
 
 
@@ -34,8 +36,8 @@ def engine_cannot_run(args: argparse.Namespace) -> str | None:
     if args.hf_config is not None or args.model.endswith(".json"):
         return f"--hf-config/--model {args.hf_config or args.model}: a Hugging Face model's rank is not laid out by the engine here"
     if args.budget is not None or args.strategy not in LAYOUT_STRATEGIES:
-        return (f"--strategy {'budget' if args.budget else args.strategy} is not simulated by the engine yet; "
-                f"use one of {', '.join(LAYOUT_STRATEGIES)}")
+        return (f"--strategy {'budget' if args.budget else args.strategy} is not simulated by the engine yet "
+                f"({NOT_ON_FAKE_RANKS}); use one of {', '.join(LAYOUT_STRATEGIES)}")
     if args.kernel != "flash" or args.target != "cuda":
         return (f"--kernel {args.kernel} --target {args.target}: the engine's rank runs the CPU flash-attention op "
                 "(the default --kernel flash --target cuda request)")
@@ -132,7 +134,7 @@ def engine_cannot_run_scenario(scenario) -> str | None:
     if scenario.model.hf is not None:
         return "model.hf: a Hugging Face model's rank is not laid out by the engine here"
     if scenario.activation.strategy not in LAYOUT_STRATEGIES:
-        return f"activation.strategy {scenario.activation.strategy} is not simulated by the engine yet"
+        return f"activation.strategy {scenario.activation.strategy} is not simulated by the engine yet ({NOT_ON_FAKE_RANKS})"
     if sim.kernel != "flash" or sim.target != "cuda":
         return f"simulate.kernel {sim.kernel} / target {sim.target}: the engine's rank runs the CPU flash-attention op"
     if scenario.step_impl != StepImpl() or scenario.model.dropout:

@@ -2,7 +2,11 @@
 as a row of ``core/registry.py`` is. Prints one JSON line: what each consumer of the registry made of it.
 
 ``scratch_first_half`` recomputes the first half of the blocks (its plan is below); ``scratch_on_host`` is one the
-meta simulation refuses (``not_simulated``), so its reason must reach ``flashckpt simulate``.
+meta simulation refuses (``not_simulated``), so its reason must reach ``flashckpt simulate``. Neither sets the
+opt-in simulators' attributes (``runs_on_fake_ranks``, ``fit_order``, ``simulated_compiled``); ``scratch_odd_blocks``
+(blocks 1, 3, 5, ... recomputed: a plan that repeats with depth) sets all three, so it must reach
+``flashckpt simulate --tp 2``, fit's candidates and the compiled simulator's list, where the other two are refused
+naming the attribute.
 """
 
 from __future__ import annotations
@@ -20,12 +24,64 @@ register_activation_strategy(ActivationStrategySpec(
     "scratch_first_half", "the first half of the blocks recomputed", "scratch_strategy:scratch_first_half_plan"))
 register_activation_strategy(ActivationStrategySpec(
     "scratch_on_host", "kept on the host", "scratch_strategy:scratch_first_half_plan", not_simulated="the scratch reason it is refused"))
+register_activation_strategy(ActivationStrategySpec(
+    "scratch_odd_blocks", "blocks 1, 3, 5, ... recomputed", "scratch_strategy:scratch_odd_blocks_plan",
+    runs_on_fake_ranks=True, fit_order=2, simulated_compiled="traced"))
 
 
 def scratch_first_half_plan(config, n_blocks, context):
     from pytest_flashckpt.activation.options import FULL, NONE
 
     return [FULL if i < n_blocks // 2 else NONE for i in range(n_blocks)]
+
+
+def scratch_odd_blocks_plan(config, n_blocks, context):
+    from pytest_flashckpt.activation.options import FULL, NONE
+
+    return [FULL if i % 2 else NONE for i in range(n_blocks)]
+
+
+def _cli(argv: list[str]) -> dict:
+    from pytest_flashckpt.cli import main as flashckpt
+
+    printed, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+        try:
+            status = flashckpt(argv)
+        except SystemExit as exc:
+            status = exc.code
+    return {"status": status, "stdout": printed.getvalue(), "stderr": errors.getvalue()}
+
+
+def opt_in_simulators() -> dict:
+    """What the fake-rank engine (``flashckpt simulate --tp 2``), fit and the compiled simulator made of the three
+    scratch strategies."""
+    from pytest_flashckpt.fit.candidates import STRATEGIES as FIT_STRATEGIES
+    from pytest_flashckpt.fit.candidates import enumerate_candidates
+    from pytest_flashckpt.models import load_card
+    from pytest_flashckpt.simulate.compiled import STRATEGIES as COMPILED_STRATEGIES
+    from pytest_flashckpt.simulate.compiled import unsupported_reason
+    from pytest_flashckpt.simulate.layouts import LAYOUT_STRATEGIES
+
+    out: dict = {"layout_strategies": list(LAYOUT_STRATEGIES), "fit_strategies": list(FIT_STRATEGIES),
+                 "compiled_strategies": list(COMPILED_STRATEGIES)}
+    for name in ("scratch_odd_blocks", "scratch_first_half"):
+        out[f"tp2_{name}"] = _cli(["simulate", "--model", "llama-tiny", "--seq", "32", "--batch", "4", "--dtype", "bf16",
+                                   "--world-size", "2", "--tp", "2", "--strategy", name])
+        out[f"fit_{name}"] = _cli(["fit", "--model", "llama-tiny", "--seq", "256", "--global-batch-tokens", "4096",
+                                   "--gpus", "4", "--strategies", name, "--device-memory", "1MiB"])
+    card = load_card("llama-tiny")
+    candidates = enumerate_candidates(card, 4, seq_len=256, global_batch_tokens=4096, gpus_per_node=8)
+    out["fit_candidate_strategies"] = sorted({c.strategy for c in candidates})
+    from pytest_flashckpt.config.scenario import Scenario
+    from pytest_flashckpt.config.typed import build
+
+    out["compiled_refusals"] = {
+        name: unsupported_reason(build(Scenario, {"name": "s", "model": "tiny", "dtype": "float32", "batch_size": 2,
+                                                  "seq_len": 16, "compile": {"scope": "block"},
+                                                  "activation": {"strategy": name}}, "scratch.yaml"))
+        for name in ("scratch_odd_blocks", "scratch_first_half")}
+    return out
 
 
 def main(folder: Path) -> dict:
@@ -71,6 +127,7 @@ def main(folder: Path) -> dict:
     out["report_peak"] = simulated_rank_peak(distributed)
     distributed.config = scenario("scratch_on_host")
     out["report_refused"] = simulated_rank_peak(distributed)
+    out.update(opt_in_simulators())
     return out
 
 

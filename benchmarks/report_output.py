@@ -1,0 +1,16 @@
+"""Where a benchmark's report goes: printed (the script's ``--print`` or ``--only``: nothing written) or written to its
+file under ``reports/`` and the file's path printed. A benchmark run as ``python benchmarks/<name>.py`` imports it as
+``report_output`` (its own folder is first on ``sys.path``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_or_print(text: str, report: Path, *, print_only: bool) -> None:
+    """Print ``text`` when ``print_only``; otherwise write it to ``report`` (UTF-8) and print that path."""
+    if print_only:
+        print(text)
+    else:
+        report.write_text(text, encoding="utf-8")
+        print(report)
