@@ -41,7 +41,7 @@ def preflight(scenario: Scenario, where: str | None = None, load: Callable[..., 
     if scenario.seq_len > card.max_seq_len:
         raise bad("seq_len", f"{scenario.seq_len} exceeds the {card.max_seq_len} positions of model card {card.name!r}",
                   "use a shorter seq_len or a card with more positions")
-    if scenario.simulate.enabled and scenario.batch_size % scenario.simulate.world_size:
+    if scenario.simulate.enabled and not scenario.layout.tensor_parallel and scenario.batch_size % scenario.simulate.world_size:
         raise bad("simulate.world_size", f"{scenario.simulate.world_size} does not divide batch_size {scenario.batch_size}",
                   "use a batch that is a multiple of the world size")
     if scenario.simulate.enabled and scenario.activation.strategy == "budget" and scenario.simulate.world_size != 1:
@@ -51,7 +51,7 @@ def preflight(scenario: Scenario, where: str | None = None, load: Callable[..., 
     if refusal is not None:  # e.g. a MoE card's learned routing: refused before anything runs, not at the first forward
         raise bad("simulate.enabled", refusal)
     if scenario.layout.tensor_parallel:  # whole query and key/value heads on every tensor-parallel rank
-        dp_shard, tp = scenario.layout.ranks(scenario.world_size)
+        dp_shard, tp = scenario.layout.ranks(scenario.layout_ranks)
         try:
             Layout(dp_shard=dp_shard, tp=tp).check_card(card)
         except ValueError as exc:

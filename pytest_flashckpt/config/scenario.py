@@ -288,18 +288,25 @@ class Scenario:
         if "flops" in self.measure:
             raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
 
+    @property
+    def layout_ranks(self) -> int:
+        """The ranks the layout splits: ``simulate.world_size`` for a simulated scenario, else ``world_size``."""
+        return self.simulate.world_size if self.simulate.enabled else self.world_size
+
     def _check_layout(self) -> None:
-        """A layout other than FSDP over every rank: ranks that multiply to ``world_size``, an even share of the
-        batch per data-parallel rank, a model the tensor-parallel plan reads (a card: the plan comes from its
-        family's anatomy). The card's heads and family are checked by ``config.preflight`` and the run's
-        preflight (``runner.preflight``: the plan built on meta)."""
-        if self.layout.tp == 1 and self.layout.dp_shard in (None, self.world_size):
+        """A layout other than FSDP over every rank: ranks that multiply to the world (``layout_ranks``), an even
+        share of the batch per data-parallel rank, a model the tensor-parallel plan reads (a card: the plan comes
+        from its family's anatomy). The card's heads and family are checked by ``config.preflight`` and the
+        suite's load (``runner.suite.check_layouts``: the plan built on meta)."""
+        world = self.layout_ranks
+        if self.layout.tp == 1 and self.layout.dp_shard in (None, world):
             _set(self, layout=LayoutMesh())  # FSDP over every rank written out is today's layout (and fingerprint)
             return
-        if self.world_size == 1:
-            raise ValueError(f"layout ({self.layout.tp} tensor-parallel ranks) needs ranks: set world_size to dp_shard x tp "
-                             f"(e.g. world_size: {self.layout.tp * (self.layout.dp_shard or 1)})")
-        dp_shard, _ = self.layout.ranks(self.world_size)
+        key = "simulate.world_size" if self.simulate.enabled else "world_size"
+        if world == 1:
+            raise ValueError(f"layout ({self.layout.tp} tensor-parallel ranks) needs ranks: set {key} to dp_shard x tp "
+                             f"(e.g. {key}: {self.layout.tp * (self.layout.dp_shard or 1)})")
+        dp_shard, _ = self.layout.ranks(world)
         if self.batch_size % dp_shard:
             raise ValueError(f"batch_size {self.batch_size} must be divisible by layout.dp_shard {dp_shard} (each "
                              "data-parallel rank takes an equal share; tensor-parallel ranks share their group's rows)")

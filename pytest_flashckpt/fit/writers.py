@@ -3,9 +3,10 @@ a torchtitan-style config (``--write-torchtitan F.toml``) with the keys torchtit
 
 The scenario is a simulated one (``simulate: {enabled: true}``: the step on meta, per rank of ``world_size``
 ranks) at the layout's per-rank microbatch, strategy and precision, with a tensor-parallel layout in the scenario's
-``layout`` axis (FSDP alone is that axis's default: nothing to write). Where this checkout's loader still refuses a value of that axis (``config.axes``: tensor parallel is reserved
-there until the suite runs it), the layout is written as a comment and the scenario simulates the FSDP rank of the
-data-parallel group (same microbatch), and ``ScenarioFile.note`` says so. Both files are checked before they
+``layout`` axis (FSDP alone is that axis's default: nothing to write), which the simulate suite runs as that
+layout's rank (the engine under fake mode, ``simulate.layouts.run_engine_scenario``). Axes the suite has no key
+for yet (pipeline, HSDP replicas, context parallel) are written as comments, ``ScenarioFile.note`` saying what
+the scenario simulates instead. Both files are checked before they
 replace anything: the scenario by ``config.suites.load_suite``, the TOML by ``tomllib``; a file that does not read
 back is never left behind.
 """
@@ -32,7 +33,7 @@ TORCHTITAN_SCHEDULE_NAMES = {ours: theirs for theirs, ours in TORCHTITAN_SCHEDUL
 @dataclass(frozen=True)
 class ScenarioFile:
     path: Path
-    layout_in_axis: bool  # False: the loader refused the layout axis's value; the layout is a comment
+    layout_in_axis: bool  # True: a tensor-parallel layout, written in the scenario's layout axis
     note: str = ""
 
 
@@ -80,29 +81,21 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
     if c.pp > 1:  # the suite has no pipeline axis: the scenario simulates the FSDP rank of the same microbatch
         note = (f"the suite has no pipeline axis yet: pp {c.pp} ({c.schedule}, {c.accumulation} microbatches) is a "
                 "comment, the scenario simulates the FSDP rank of the data-parallel group at one microbatch")
-    for with_layout in (True, False) if c.tp > 1 else (False,):  # FSDP alone is the scenario's today's layout
-        suite = {"name": path.stem, "description": f"flashckpt fit's chosen layout: {summary}",
-                 "scenarios": [scenario_entry(card_name, c, seq_len, with_layout=with_layout)]}
-        comment = "" if with_layout or c.tp == 1 else (
-            f"# layout: {{dp_shard: {c.dp_shard}, tp: {c.tp}}}  -- the chosen layout; this checkout's suite refuses "
-            "the layout axis's value, so the scenario below simulates the FSDP rank of the data-parallel group\n")
-        replicas = f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n" if c.dp_replicate > 1 else ""
-        if c.cp > 1:
-            replicas += (f"# context parallel: cp {c.cp} (modelled; the suite has no cp axis yet): the scenario below "
-                         "simulates one replica's step at the whole sequence on one rank\n")
-        if c.pp > 1:
-            replicas += (f"# pipeline: pp {c.pp}, schedule {c.schedule}, {c.stages_per_rank} stage(s) per rank, "
-                         f"{c.accumulation} microbatches of {c.microbatch}  -- {note}\n")
-        try:
-            _replace_checked(path, header + comment + replicas + yaml.safe_dump(suite, sort_keys=False), load_suite)
-            return ScenarioFile(path, with_layout, note)
-        except ConfigError as exc:
-            if with_layout and "reserved for" in str(exc):  # config.axes.NotBuiltYet, placed by the loader
-                note = (f"this checkout's suite loader refuses layout.tp {c.tp} (reserved until the suite runs tensor "
-                        "parallel): the layout is a comment, the scenario simulates the FSDP rank")
-                continue
-            raise InputError(f"--write-scenario {path}: the scenario does not load: {exc}") from None
-    raise AssertionError("unreachable: the scenario without a layout axis loads or raises")
+    with_layout = c.tp > 1  # FSDP alone is the layout axis's default: nothing to write
+    suite = {"name": path.stem, "description": f"flashckpt fit's chosen layout: {summary}",
+             "scenarios": [scenario_entry(card_name, c, seq_len, with_layout=with_layout)]}
+    replicas = f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n" if c.dp_replicate > 1 else ""
+    if c.cp > 1:
+        replicas += (f"# context parallel: cp {c.cp} (modelled; the suite has no cp axis yet): the scenario below "
+                     "simulates one replica's step at the whole sequence on one rank\n")
+    if c.pp > 1:
+        replicas += (f"# pipeline: pp {c.pp}, schedule {c.schedule}, {c.stages_per_rank} stage(s) per rank, "
+                     f"{c.accumulation} microbatches of {c.microbatch}  -- {note}\n")
+    try:
+        _replace_checked(path, header + replicas + yaml.safe_dump(suite, sort_keys=False), load_suite)
+    except ConfigError as exc:
+        raise InputError(f"--write-scenario {path}: the scenario does not load: {exc}") from None
+    return ScenarioFile(path, with_layout, note)
 
 
 def torchtitan_toml(card_name: str, c: Candidate, seq_len: int, summary: str, save_interval_steps: int | None = None) -> str:

@@ -98,8 +98,9 @@ def load_checked_suite(name_or_path: str, cards: CardShelf | None = None) -> Sui
 
 def check_layouts(suite: Suite, shelf: CardShelf) -> None:
     """A tensor-parallel scenario's card family takes torch's plan (``distributed.tensor_parallel.plan_refusal``,
-    the model built on meta, once per card): refused here, naming the suite file, scenario and key, not in a rank
-    after launch."""
+    the model built on meta, once per card), and a simulated one is a step the engine runs under fake mode
+    (``simulate.layouts.engine_cannot_run_scenario``): refused here, naming the suite file, scenario and key, not
+    in a rank after launch or by a modelled route that ignores the layout."""
     refused: dict[str, str | None] = {}
     for scenario in suite.scenarios:
         if not scenario.layout.tensor_parallel:
@@ -111,6 +112,14 @@ def check_layouts(suite: Suite, shelf: CardShelf) -> None:
         if refused[scenario.card] is not None:
             raise ConfigError(suite.origin(scenario), refused[scenario.card], "",  # the refusal names the fix
                               scenario=scenario.name, key="layout.tp")
+        if scenario.simulate.enabled:  # a simulated layout runs the engine under fake mode; the modelled route is FSDP only
+            from pytest_flashckpt.simulate.layouts import engine_cannot_run_scenario
+
+            why = engine_cannot_run_scenario(scenario)
+            if why is not None:
+                raise ConfigError(suite.origin(scenario), f"{why}, and a tensor-parallel layout is simulated only by it",
+                                  "set layout.tp to 1 (the modelled FSDP route), or change that setting",
+                                  scenario=scenario.name, key="layout.tp")
 
 
 class SuiteRun:

@@ -143,7 +143,8 @@ def engine_cannot_run_scenario(scenario) -> str | None:
 
 
 def run_engine_scenario(scenario, result) -> None:
-    """Fill ``result`` with rank 0's peak of ``scenario`` (FSDP over ``simulate.world_size`` ranks) from the real
+    """Fill ``result`` with rank 0's peak of ``scenario`` (FSDP over ``simulate.world_size`` ranks, or the scenario's
+    dp_shard x tp layout of them) from the real
     engine under fake mode, and its saving against the same rank without activation checkpointing. Only the live
     bytes of the two windows are simulated: no breakdown by category (the ``simulated_*_bytes`` categories stay
     unset)."""
@@ -153,7 +154,8 @@ def run_engine_scenario(scenario, result) -> None:
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank
 
     card = load_card(scenario.card)
-    layout = Layout.for_world(scenario.simulate.world_size)
+    dp_shard, tp_size = scenario.layout.ranks(scenario.simulate.world_size)  # FSDP over every rank unless laid out
+    layout = Layout(dp_shard=dp_shard, tp=tp_size)
     started = time.perf_counter()
 
     def rank(strategy: str) -> dict:
@@ -178,5 +180,6 @@ def run_engine_scenario(scenario, result) -> None:
     phase = "forward+backward" if record["fwd_bwd_peak_bytes"] >= record["optimizer_peak_bytes"] else "optimizer step"
     depths = record["simulated_depths"]
     how = f"depths {', '.join(map(str, depths))} simulated, read off their line" if record["extrapolated"] else "simulated whole"
-    result.notes.append(f"simulated by the real engine (fully_shard under FakeTensorMode, rank 0 of {layout.world_size}; "
+    engine = "parallelize_module + fully_shard" if layout.tp > 1 else "fully_shard"
+    result.notes.append(f"simulated by the real engine ({engine} under FakeTensorMode, rank 0 of {layout.describe()}; "
                         f"{how}): peak in the {phase}; CPU flash-attention op, AdamW foreach, no breakdown by category")

@@ -11,7 +11,7 @@ import pytest
 from pytest_flashckpt.config.axes import LayoutMesh, NotBuiltYet
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.fingerprint import fingerprint
-from pytest_flashckpt.config.scenario import ModelSpec, SaveConfig, Scenario
+from pytest_flashckpt.config.scenario import ModelSpec, SaveConfig, Scenario, SimulateConfig
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.distributed.aggregate import aggregate
 from pytest_flashckpt.report import distributed as report
@@ -100,3 +100,36 @@ def test_the_report_shows_the_layout_and_the_engine_rank_against_every_measured_
     assert "+8 B / +0 B (measured - simulated)" in "\n".join(report.distributed_section([result]))
     fsdp = Result("distributed", "f", "measured", Scenario("f", world_size=2, batch_size=2, seq_len=64, save=DCP))
     assert report._layout(fsdp) == "FSDP over 2" and report._exact_windows(fsdp) == "—"
+
+
+def test_a_simulated_layout_the_engine_cannot_run_is_refused_not_modelled_as_fsdp(tmp_path, monkeypatch) -> None:
+    body = "- {name: e, model: llama-tiny, world_size: 1, batch_size: 4, layout: {tp: 2}, simulate: {enabled: true, world_size: 4, kernel: eager}}"
+    message = _suite(tmp_path, monkeypatch, body)
+    assert message.startswith("suites/x.yaml: scenario 'e': layout.tp: simulate.kernel eager / target cuda: the engine's rank")
+    assert "a tensor-parallel layout is simulated only by it" in message and "set layout.tp to 1" in message
+    # control: the engine's kernel loads, with the batch split over dp_shard 2 only (not the 4 ranks)
+    (tmp_path / "suites" / "x.yaml").write_text("name: x\nscenarios:\n  - {name: ok, model: llama-tiny, batch_size: 2, "
+                                                "layout: {tp: 2}, simulate: {enabled: true, world_size: 4}}\n")
+    assert load_checked_suite("suites/x.yaml").scenarios[0].layout.ranks(4) == (2, 2)
+
+
+@pytest.mark.slow
+def test_a_simulated_layout_scenario_is_the_engines_rank_of_that_layout(tmp_path) -> None:
+    """What ``flashckpt fit --write-scenario`` writes for a tensor-parallel layout runs in the simulate suite as
+    that layout's rank (the engine under fake mode), not as an FSDP rank of all the ranks (~3 s per layout)."""
+    from pytest_flashckpt.config.layout import Layout
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+    from pytest_flashckpt.simulate.layouts import CUDA_ADAMW_FOREACH
+    from pytest_flashckpt.simulate.scenario import run_simulated
+
+    scenario = Scenario("s", model="llama-tiny", batch_size=4, seq_len=64, layout=LayoutMesh(tp=2),
+                        simulate=SimulateConfig(enabled=True, world_size=4))
+    result = Result("simulate", "s", "measured", scenario)
+    run_simulated(scenario, result)
+    card = load_card("llama-tiny")
+    expected = {l: simulate_rank(card, l, batch_size=4, seq_len=64, foreach=CUDA_ADAMW_FOREACH)["peak_bytes"]
+                for l in (Layout(dp_shard=2, tp=2), Layout(dp_shard=4, tp=1))}
+    assert result.metrics["simulated_peak_bytes"] == expected[Layout(dp_shard=2, tp=2)]
+    assert expected[Layout(dp_shard=2, tp=2)] != expected[Layout(dp_shard=4, tp=1)]  # control: the layouts differ
+    assert "dp_shard 2 x tp 2" in result.notes[-1]

@@ -42,15 +42,13 @@ def test_the_written_scenario_loads_in_the_suite_loader(tmp_path) -> None:
     assert scenario.simulate.enabled and scenario.simulate.world_size == 8
 
 
-def test_a_tensor_parallel_scenario_loads_with_its_layout_or_names_it_in_a_comment(tmp_path) -> None:
+def test_a_tensor_parallel_scenario_loads_with_its_layout_in_the_axis(tmp_path) -> None:
     written = write_scenario(tmp_path / "chosen.yaml", "llama3-70b", TWO_D, 8192, "test")
     (scenario,) = load_suite(str(written.path)).scenarios
     text = written.path.read_text(encoding="utf-8")
-    if written.layout_in_axis:  # the suite's layout axis takes tp
-        assert scenario.layout.tp == 8 and scenario.simulate.world_size == 64
-    else:  # today: the loader reserves layout.tp; the layout is a comment, the FSDP rank of the dp group simulated
-        assert "# layout: {dp_shard: 8, tp: 8}" in text and "refuses layout.tp 8" in written.note
-        assert scenario.simulate.world_size == 8 and scenario.batch_size == 8
+    assert written.layout_in_axis and "layout:" in text  # the suite's layout axis takes tp
+    assert scenario.layout.ranks(scenario.simulate.world_size) == (8, 8) and scenario.simulate.world_size == 64
+    assert scenario.batch_size == 8  # the data-parallel group's rows; tensor-parallel ranks read the same rows
     assert [p.name for p in tmp_path.iterdir()] == ["chosen.yaml"]  # no staging folder left behind
 
 
