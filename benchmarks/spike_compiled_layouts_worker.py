@@ -4,7 +4,7 @@ and then compiled. Usage: ``spike_compiled_layouts_worker.py OUT DP TP STRATEGY`
 
 Per side: the first step's wall time (compile time for the compiled side), the median of 3 timed steps, Dynamo's
 graphs, frames and graph breaks, the compiled regions one step ran (``torch.profiler`` events, the allocator view
-``runner.compiled.read_step``), the loss after 3 steps; or the error a side raised (type, message, the torch file
+``compile_step.read_step``), the loss after 3 steps; or the error a side raised (type, message, the torch file
 and line that raised it)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pytest_flashckpt.distributed import tensor_parallel as tp
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.probes.compiled import import_inductor
-from pytest_flashckpt.runner.compiled import _dynamo_counts, read_step
+from pytest_flashckpt.compile_step import dynamo_counts as _dynamo_counts, read_step
 
 BATCH, SEQ, SEED = 4, 256, 1
 

@@ -101,7 +101,7 @@ class CompileConfig:
     def enabled(self) -> bool:
         return self.scope != "none"
 
-    def check_scenario(self, strategy: str, measure: tuple[str, ...], world_size: int) -> None:
+    def check_scenario(self, strategy: str, measure: tuple[str, ...], world_size: int, tensor_parallel: bool = False) -> None:
         """ValueError for what a compiled scenario cannot be (or a compile-only strategy without compile), naming
         the key and the fix; called by ``Scenario`` once its strategies and passes are resolved."""
         if not self.enabled:
@@ -109,9 +109,15 @@ class CompileConfig:
                 raise ValueError("activation.strategy compile_budget is torch.compile's activation_memory_budget: "
                                  "set compile.scope to block or model")
             return
-        if world_size > 1:
-            raise NotBuiltYet(f"compile.scope: {self.scope!r} with world_size {world_size} is not built yet "
-                              "(compiled steps are measured in one process); drop compile or set world_size: 1")
+        if world_size > 1 and tensor_parallel:
+            raise NotBuiltYet(f"compile.scope: {self.scope!r} with layout.tp > 1 is not built: torch's compiled "
+                              "tensor-parallel block fails in backward here (reports/spike-compiled-layouts.md); drop "
+                              "compile or layout.tp (FSDP2 over every rank compiles)")
+        if world_size > 1 and (self.scope != "block" or strategy == "budget"):
+            raise NotBuiltYet(f"compile.scope: {self.scope!r} with activation.strategy {strategy} and world_size "
+                              f"{world_size} is not built (ranks compile each block before fully_shard, torchtitan's "
+                              "order, with a fixed strategy or compile_budget); use compile.scope block and a fixed "
+                              "strategy, or world_size: 1")
         if "checkpoint" in measure:
             raise NotBuiltYet("compile.scope with a checkpoint pass is not built yet (issue 33 measures the compiled "
                               "step: memory, timing, flops); drop the checkpoint settings or compile")

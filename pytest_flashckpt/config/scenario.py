@@ -251,7 +251,8 @@ class Scenario:
             self._check_ranks()
         self._check_layout()
         self._check_measure()
-        self.compile.check_scenario(self.activation.strategy, self.measure, self.world_size)  # config.axes
+        self.compile.check_scenario(self.activation.strategy, self.measure, self.world_size,
+                                    self.layout.tensor_parallel)  # config.axes
 
     def _check_sizes(self) -> None:
         for key in ("batch_size", "seq_len", "rounds", "steps"):

@@ -40,10 +40,23 @@ def aggregate(result: Result, ranks: list[dict[str, Any]]) -> None:
         result.record("peak_bytes", max(peaks), per_rank=peaks)
         result.record("peak_bytes_min_rank", min(peaks))
         for name in ("state_bytes", "fwd_bwd_peak_bytes", "optimizer_peak_bytes"):
+            if name not in first:  # a compiled rank's peak is one step's (allocator events), not two windows
+                continue
             values = [r[name] for r in ranks]
             result.record(name, max(values), per_rank=values)
+        if first.get("peak_source") == "allocator":
+            result.probe = "allocator"
+            result.notes.append("peak: the CPU allocator's events of one compiled step per rank (the cpu probe, a "
+                                "dispatch mode, would run it eager)")
         if "largest_allgather_bytes" in first:  # records before the rank probe counted local shards lack it
             result.record("largest_allgather_bytes", max(r["largest_allgather_bytes"] for r in ranks))
+    if "compile_time_s" in first:  # a compiled rank: its first step compiled; graphs compiled after warm-up
+        result.record("compile_time_s", max(r["compile_time_s"] for r in ranks))
+        result.record("compiled_regions", first["compiled_regions"])
+        recompiles = max(r["recompiles"] for r in ranks)
+        result.record("recompiles", recompiles)
+        if recompiles:
+            result.notes.append(f"compile: {recompiles} graph(s) compiled after the warm-up on some rank (recompiles)")
     if "step_time_s" in first:
         per_round = [max(r["step_time_s"][i] for r in ranks) for i in range(len(first["step_time_s"]))]
         result.record("step_time_s", _median(per_round), samples=per_round,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -73,11 +74,15 @@ def mixed_precision_policy(compute_dtype: torch.dtype) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
 
 
-def shard(model: nn.Module, activation: ActivationConfig | None = None, mp_policy: MixedPrecisionPolicy | None = None) -> AppliedActivation:
-    """Apply the activation strategy to ``model`` (as in one process), then ``fully_shard`` each block and the root
-    (with ``mp_policy`` for mixed precision; None: the parameters' own dtype throughout). The blocks are the model's
+def shard(model: nn.Module, activation: ActivationConfig | None = None, mp_policy: MixedPrecisionPolicy | None = None,
+          before_shard: Callable[[nn.Module], None] | None = None) -> AppliedActivation:
+    """Apply the activation strategy to ``model`` (as in one process), then ``before_shard`` (a compiled scenario
+    compiles each block there: torchtitan's order), then ``fully_shard`` each block and the root (with
+    ``mp_policy`` for mixed precision; None: the parameters' own dtype throughout). The blocks are the model's
     anatomy's (``models.anatomy.get_blocks``): a GPT's ``blocks``, a Llama's, a Hugging Face model's layers."""
     applied = apply_ac(model, activation or ActivationConfig())
+    if before_shard is not None:
+        before_shard(model)
     kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
     for block in get_blocks(model):
         fully_shard(block, **kwargs)
@@ -97,6 +102,7 @@ def build_trainer(
     activation: ActivationConfig | None = None,
     distributed: bool = True,
     precision: str = "pure",
+    before_shard: Callable[[nn.Module], None] | None = None,
 ) -> tuple[ShardedTrainer, AppliedActivation]:
     """The same initial weights at every world size (built whole from ``seed``, then sharded). ``distributed=False``
     builds the plain single-process model (no FSDP) with the full batch: the reference a sharded run is read against
@@ -113,7 +119,7 @@ def build_trainer(
         rank, world = dist.get_rank(), dist.get_world_size()
         if batch_size % world:
             raise ValueError(f"batch_size {batch_size} is not divisible by world_size {world}; each rank needs an equal share")
-        applied = shard(model, activation, mixed_precision_policy(dtype) if mixed else None)
+        applied = shard(model, activation, mixed_precision_policy(dtype) if mixed else None, before_shard)
     else:
         rank, world = 0, 1
         applied = apply_ac(model, activation or ActivationConfig())

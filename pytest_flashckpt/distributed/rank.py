@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from pytest_flashckpt import compile_step
 from pytest_flashckpt.activation import StrategyUnavailable
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import Scenario
@@ -54,7 +55,7 @@ def layout_of(scenario: Scenario) -> Layout:
     return Layout(dp_shard=dp_shard, tp=tp_size)
 
 
-def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None):
+def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None, before_shard=None):
     """The rank's trainer: FSDP2 over every rank, or (``mesh``: a tensor-parallel layout's 2D ``DeviceMesh``)
     ``parallelize_module`` then FSDP2 over the mesh's dp_shard dimension (``distributed.tensor_parallel``)."""
     spec = scenario.model
@@ -71,6 +72,7 @@ def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None):
     return fsdp.build_trainer(
         card, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed, backend=backend,
         device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation, precision=scenario.precision,
+        before_shard=before_shard,
     )  # fmt: skip
 
 
@@ -121,6 +123,8 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
     layout = layout_of(scenario)
     mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
+    if scenario.compile.enabled:
+        return _measure_compiled(scenario, device, backend, out)
     trainer, applied = _trainer(scenario, device, backend, mesh)
     out.update(backend=backend, activation=applied.describe(), layout=layout.describe())
     with OpNameRecorder() as recorder:
@@ -133,15 +137,7 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
         out.update(_memory_step(trainer, probe_name, device))
 
     if "timing" in scenario.measure:
-        times = []
-        for _ in range(scenario.rounds):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(scenario.steps):
-                trainer.train_step()
-            _sync(device)
-            times.append((time.perf_counter() - start) / scenario.steps)
-        out["step_time_s"] = times
+        out["step_time_s"] = _timed_rounds(trainer, scenario, device)
 
     if scenario.save.strategy == "dcp":
         save = scenario.save
@@ -162,6 +158,70 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
             out["roundtrip_differences"] = len(sharded_store.bitwise_differences(loaded, original))
             out["roundtrip_tensors"] = len(original)
     return out
+
+
+def _timed_rounds(trainer, scenario: Scenario, device: torch.device) -> list[float]:
+    """Seconds per step of every timing round; the ranks enter each round together (a barrier)."""
+    times = []
+    for _ in range(scenario.rounds):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(scenario.steps):
+            trainer.train_step()
+        _sync(device)
+        times.append((time.perf_counter() - start) / scenario.steps)
+    return times
+
+
+def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, out: dict[str, Any]) -> dict[str, Any]:
+    """A compiled rank (FSDP2 over every rank; ``config.axes.CompileConfig`` refuses the rest): each block
+    compiled after the activation strategy and before ``fully_shard`` (torchtitan's order), warmed up and checked
+    as one process checks it (``compile_step.warmed_up``: a graph compiled, no break, every block's region ran), the
+    peak read from one step's allocator events (the ``cpu`` probe is a dispatch mode: Dynamo would run the step
+    eager; ``runner.compiled``), times as an eager rank's, graphs compiled after the warm-up counted."""
+    reason = compile_step.compiler_missing()
+    if reason is not None:
+        raise StrategyUnavailable(reason)
+    torch._dynamo.reset()
+    regions: list[int] = []
+    compile_backend = compile_step.budget_backend(scenario.activation.budget) if scenario.activation.strategy == "compile_budget" else None  # type: ignore[arg-type]
+    trainer, applied = _trainer(scenario, device, backend, None,
+                                lambda model: regions.append(compile_step.compile_model(model, scenario.compile, compile_backend)))
+    out.update(backend=backend, activation=applied.describe(), layout=layout_of(scenario).describe(),
+               kernel=_eager_kernel(scenario, device, backend))
+    side = compile_step.warmed_up(trainer, scenario, regions[0], scenario.warmup)
+    out.update(compile_time_s=side.compile_time_s, compiled_regions=side.regions_per_step)
+    graphs_after_warmup = compile_step.dynamo_counts()[0]
+    if "memory" in scenario.measure:
+        if device.type != "cpu":
+            raise StrategyUnavailable("a compiled rank's peak is read from the CPU allocator's events; on a GPU rank "
+                                      "the allocator probe is not wired yet (issue 32 item 8)")
+        start = _storage_bytes(_local(trainer.state_tensors()))
+        reading = compile_step.check_regions(side, compile_step.read_step(trainer.train_step), scenario.name)
+        out.update(peak_bytes=start + reading.added_peak_bytes, state_bytes=start, peak_source="allocator")
+    if "timing" in scenario.measure:
+        out["step_time_s"] = _timed_rounds(trainer, scenario, device)
+    out["recompiles"] = compile_step.dynamo_counts()[0] - graphs_after_warmup
+    return out
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the storages under ``tensors``, each once (a DTensor as its local shard)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def _eager_kernel(scenario: Scenario, device: torch.device, backend: str) -> str:
+    """The attention kernel an eager forward of the scenario's card runs (a compiled step cannot be watched by a
+    dispatch mode): one forward of the plain model on one batch row, no process group involved."""
+    from pytest_flashckpt.models.cards import build_model
+
+    if scenario.model.hf is not None:
+        return backend  # a Hugging Face model's eager twin is not built here: the backend asked for
+    model = build_model(load_card(scenario.card), backend, device, DTYPES[scenario.dtype], seed=scenario.seed)
+    x = torch.zeros(1, scenario.seq_len, dtype=torch.long, device=device)
+    with OpNameRecorder() as recorder, torch.no_grad():
+        model(x, x)
+    return detect_kernel(recorder.op_names, backend)
 
 
 def _save_record(save: Any) -> dict[str, Any]:

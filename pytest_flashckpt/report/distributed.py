@@ -42,10 +42,11 @@ def _save(r: Result) -> str:
 def _layout(r: Result) -> str:
     """``FSDP over N`` (every rank shards), or the ranks per axis of a tensor-parallel layout."""
     c = r.config
+    compiled = f", compiled per {c.compile.scope}" if c.compile.enabled else ""
     if not c.layout.tensor_parallel:
-        return f"FSDP over {c.world_size}"
+        return f"FSDP over {c.world_size}{compiled}"
     dp_shard, tp = c.layout.ranks(c.world_size)
-    return f"dp_shard {dp_shard} x tp {tp}"
+    return f"dp_shard {dp_shard} x tp {tp}{compiled}"
 
 
 def _roundtrip(r: Result) -> str:
@@ -83,6 +84,8 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     meta step (``simulate_step`` with ``world_size``)."""
     c = r.config
     strategy = c.activation.strategy
+    if c.compile.enabled:
+        return None, "a compiled rank: the compiled simulator (simulate.compiled) runs one process"
     if c.layout.tensor_parallel:
         return _engine_rank_peak(r)
     spec = ACTIVATION_STRATEGIES.get(strategy)  # simulated here: the registry's strategies that need no budget plan

@@ -24,21 +24,26 @@ code, same guards) would reuse the strategy's graphs, or the strategy the refere
 
 from __future__ import annotations
 
-import functools
-import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn as nn
 
-from pytest_flashckpt.activation.wrapper import drop_role_hooks
-from pytest_flashckpt.config.axes import CompileConfig
+from pytest_flashckpt.compile_step import (  # noqa: F401  (re-exported: the compiled scenario's names)
+    CompiledSide,
+    NotCompiled,
+    StepReading,
+    budget_backend,
+    check_regions,
+    compile_model,
+    compiled_side,
+    compiler_missing,
+    dynamo_counts,
+    read_step,
+    torch_hidden_warning,
+)
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.core.result import Result
-from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
-from pytest_flashckpt.probes.compiled import allocator_step, dynamos_hidden_warnings, import_inductor, missing_compiler
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.passes import peak_pass, resident_tensors, timing_pass
 from pytest_flashckpt.training import Trainer
@@ -46,29 +51,9 @@ from pytest_flashckpt.training import Trainer
 PEAK_SOURCE_CPU = "allocator events (torch.profiler profile_memory) of one compiled step"
 
 
-class NotCompiled(RuntimeError):
-    """A scenario meant to run compiled ran (partly) eager: an error, never a row."""
-
-
-@dataclass(frozen=True)
-class CompiledSide:
-    """One compiled trainer (the scenario's or its reference's) and what its compile and warm-up showed."""
-
-    trainer: Trainer
-    regions_per_step: int  # compiled regions one step must run (blocks, or 1 for the model)
-    compile_time_s: float  # wall time of the first step: tracing and compiling forward and backward, plus one step
-
-
-@dataclass(frozen=True)
-class StepReading:
-    added_peak_bytes: int
-    compiled_regions: int
-
-
 def skip_reason() -> str | None:
     """Why compiled scenarios cannot run here (no C++ compiler for Inductor), or None."""
-    import_inductor()
-    return missing_compiler()
+    return compiler_missing()
 
 
 def check_can_compile(ctx: RunContext) -> None:
@@ -80,102 +65,6 @@ def check_can_compile(ctx: RunContext) -> None:
     if ctx.device.type != "cpu" and ctx.probe not in ("cuda", "nvml"):
         raise SkipScenario(f"a compiled step on {ctx.device.type} is measured by the allocator (probe cuda or nvml); "
                            f"the {ctx.probe} probe would run it eager")
-
-
-def compile_model(model: nn.Module, config: CompileConfig, backend: Callable | None = None) -> int:
-    """``model`` compiled in place (``nn.Module.compile``: parameter names stay the model's own) by ``config``:
-    each block of its anatomy (the activation strategy's wrapper, installed first, runs inside the compiled block:
-    torchtitan's order) or the whole model. Returns the compiled regions one step runs.
-
-    A strategy's role hooks are taken off the compiled blocks: Dynamo cannot trace their ``ContextVar``, and under
-    compile the policy reads a matmul's role from the traced node instead (``activation.policy.traced_role``)."""
-    import_inductor()  # before torch.compile imports it, under its one warning filter (probes.compiled)
-    options = {"fullgraph": config.fullgraph, "dynamic": config.dynamic}
-    options.update({"backend": backend} if backend is not None else {"mode": config.mode})
-    blocks = get_blocks(model, get_anatomy(model))
-    drop_role_hooks(blocks)
-    if config.scope == "model":
-        model.compile(**options)
-        return 1
-    for block in blocks:
-        block.compile(**options)
-    return len(blocks)
-
-
-def budget_backend(budget: float) -> Callable:
-    """Inductor with torch's ``activation_memory_budget`` set while it partitions the joint graph (a backend object
-    of its own: Dynamo guards on the backend, not on the budget)."""
-    from torch._inductor.compile_fx import compile_fx
-
-    return functools.partial(_compile_under_budget, compile_fx, float(budget))
-
-
-def _compile_under_budget(compile_fx: Callable, budget: float, graph, example_inputs):
-    with torch._functorch.config.patch(activation_memory_budget=budget):
-        return compile_fx(graph, example_inputs)
-
-
-def torch_hidden_warning(step: Callable[[], object]) -> Callable[[], object]:
-    """``step`` under ``probes.compiled.dynamos_hidden_warnings``: the one warning Dynamo hides itself
-    while tracing a non-leaf input stays hidden under warnings-as-errors (at the first trace and any recompile)."""
-
-    @functools.wraps(step)
-    def quiet() -> object:
-        with dynamos_hidden_warnings():
-            return step()
-
-    return quiet
-
-
-def _dynamo_counts() -> tuple[int, int, dict[str, int]]:
-    """(graphs compiled, frames compiled, graph-break reasons -> count) since the last reset."""
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"], counters["frames"]["ok"], dict(counters["graph_break"])
-
-
-def compiled_side(trainer: Trainer, scenario: Scenario, warmup: int, backend: Callable | None = None,
-                  on_phase: Callable[[str], None] = lambda _text: None, first: bool = True) -> CompiledSide:
-    """``trainer``'s model compiled and warmed up (``warmup`` steps, at least one), outside any dispatch mode.
-    Raises ``NotCompiled`` when the warm-up broke a graph, when the first side compiled after a reset (``first``)
-    compiled nothing, or when the last warm-up step ran other than the expected compiled regions (a later side
-    may reuse graphs compiled for an earlier one: the blocks every_k leaves plain are the reference's blocks)."""
-    regions = compile_model(trainer.model, scenario.compile, backend)
-    trainer.train_step = torch_hidden_warning(trainer.train_step)  # type: ignore[method-assign]
-    graphs_before, frames_before, _ = _dynamo_counts()
-    on_phase("compile (first step)")
-    start = time.perf_counter()
-    trainer.train_step()
-    compile_time_s = time.perf_counter() - start
-    for _ in range(max(warmup, 1) - 1):
-        trainer.train_step()
-    graphs, frames, breaks = _dynamo_counts()
-    if first and (graphs == graphs_before or frames == frames_before):
-        raise NotCompiled(f"{scenario.name}: the warm-up compiled no graph (Dynamo skipped every frame: a dispatch mode "
-                          "active, or a frame marked skip); nothing would be measured compiled")
-    if breaks:
-        reason = next(iter(breaks)).strip().splitlines()[0]
-        raise NotCompiled(f"{scenario.name}: {sum(breaks.values())} graph break(s) in the compiled step, the code "
-                          f"between the pieces runs eager (first: {reason}); TORCH_LOGS=graph_breaks says where")
-    side = CompiledSide(trainer, regions, compile_time_s)
-    check_regions(side, read_step(trainer.train_step), scenario.name)  # one more warm-up step, its regions counted
-    return side
-
-
-def read_step(step: Callable[[], object]) -> StepReading:
-    """One call of ``step`` under ``torch.profiler``'s memory events: the CPU allocator's most bytes at once over
-    what it had at the start, and the compiled regions that ran ("Torch-Compiled Region" events)."""
-    return StepReading(*allocator_step(step))
-
-
-def check_regions(side: CompiledSide, reading: StepReading, name: str) -> StepReading:
-    """``reading`` if its step ran the side's compiled regions; ``NotCompiled`` for fewer (a compiled frame ran
-    eager) or more (a graph break split a frame)."""
-    if reading.compiled_regions != side.regions_per_step:
-        why = "a compiled frame ran eager" if reading.compiled_regions < side.regions_per_step else "a graph break split a frame"
-        raise NotCompiled(f"{name}: one step ran {reading.compiled_regions} compiled region(s), expected "
-                          f"{side.regions_per_step}: {why} (TORCH_LOGS=graph_breaks,recompiles says where)")
-    return reading
 
 
 def state_bytes(trainer: Trainer) -> int:
@@ -221,7 +110,7 @@ def measure_compiled(scenario: Scenario, ctx: RunContext, result: Result, build:
         reference = compiled_side(build(scenario.reference()), scenario.reference(), scenario.warmup,
                                   on_phase=lambda text: ctx.phase(f"reference {text}"), first=False)
         result.record("reference_compile_time_s", reference.compile_time_s)
-    graphs_after_warmup = _dynamo_counts()[0]
+    graphs_after_warmup = dynamo_counts()[0]
     if ctx.device.type == "cpu":
         result.probe = "allocator"  # not the exact probe: judged with the memory tolerance (core.metrics, "memory")
         result.record("peak_memory_source", PEAK_SOURCE_CPU)
@@ -237,7 +126,7 @@ def measure_compiled(scenario: Scenario, ctx: RunContext, result: Result, build:
                              scenario.rounds, scenario.steps, ctx.device,
                              on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"))
         result.absorb(timing.measurements())
-    recompiles = _dynamo_counts()[0] - graphs_after_warmup
+    recompiles = dynamo_counts()[0] - graphs_after_warmup
     result.record("recompiles", recompiles)
     if recompiles:
         result.notes.append(f"compile: {recompiles} graph(s) compiled after the warm-up (recompiles): its peak and "

@@ -54,7 +54,7 @@ def test_budget_on_compiled_blocks_is_the_compiled_plan_and_accepted():
     ({"compile": {"scope": "block", "mode": "max-autotune"}}, ["compile.mode", "not built yet", "'default'"]),
     ({"compile": {"fullgraph": True}}, ["compile.fullgraph", "compile.scope is 'none'"]),
     ({"compile": {"scope": "threads"}}, ["compile.scope", "block"]),
-    ({"compile": {"scope": "block"}, "world_size": 2}, ["world_size 2", "not built yet"]),
+    ({"compile": {"scope": "model"}, "world_size": 2}, ["'model'", "world_size 2", "not built"]),  # ranks compile blocks
     ({"compile": {"scope": "block"}, "checkpoint": {"strategy": "sync"}}, ["checkpoint pass", "not built yet"]),
     ({"compile": {"scope": "block"}, "activation": {"strategy": "offload"}}, ["offload", "not built yet"]),
     ({"compile": {"scope": "model"}, "activation": {"strategy": "budget", "budget": 0.6}}, ["'model' with activation.strategy budget", "not built yet", "compile.scope to block"]),

@@ -1,0 +1,77 @@
+"""Compiled ranks (issue 32 item 7): FSDP2 with each block compiled after the activation strategy and before
+``fully_shard`` (torchtitan's order), in the distributed suite; what is refused before anything runs, with the
+measured reason (``reports/spike-compiled-layouts.md``); the rank's record aggregated and shown. The launch itself
+(~20 s with a cold compile on 2 cores) is ``slow``."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh, NotBuiltYet
+from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
+from pytest_flashckpt.config.suites import load_suite
+from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.distributed.aggregate import aggregate
+from pytest_flashckpt.report import distributed as report
+
+BLOCK = CompileConfig(scope="block")
+
+
+def _ranks(**kw) -> Scenario:
+    return Scenario("s", **{"world_size": 2, "batch_size": 2, "seq_len": 64, "compile": BLOCK, **kw})
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(model="llama-tiny", layout=LayoutMesh(tp=2)), r"layout.tp > 1 is not built: .*reports/spike-compiled-layouts.md"),
+    (dict(compile=CompileConfig(scope="model")), r"compile.scope: 'model' .* world_size 2 is not built"),
+    (dict(activation=ActivationConfig("budget", budget=0.5)), r"activation.strategy budget and world_size 2 is not built"),
+    (dict(save=SaveConfig(strategy="dcp")), r"compile.scope with a checkpoint pass is not built yet"),
+])
+def test_what_compiled_ranks_cannot_be_is_refused_naming_the_key(kw, message) -> None:
+    with pytest.raises(NotBuiltYet, match=message):
+        _ranks(**kw)
+
+
+def test_fsdp_ranks_compile_per_block_with_a_fixed_strategy_or_compile_budget() -> None:
+    assert _ranks(activation=ActivationConfig("full")).compile == BLOCK
+    assert _ranks(activation=ActivationConfig("compile_budget", budget=0.5)).compile == BLOCK
+    compiled = [s for s in load_suite("distributed").scenarios if s.compile.enabled]
+    assert [s.name for s in compiled] == ["fsdp2-full-compiled"] and compiled[0].save.strategy == "none"
+
+
+def _rank(rank: int, recompiles: int = 0) -> dict:
+    return {"rank": rank, "world_size": 2, "status": "measured", "backend": "sdpa", "kernel": "sdpa-flash-cpu",
+            "activation": "full", "layout": "dp_shard 2 x tp 1", "peak_bytes": 3000 + rank, "state_bytes": 1000,
+            "peak_source": "allocator", "compile_time_s": 9.0 + rank, "compiled_regions": 4, "recompiles": recompiles,
+            "step_time_s": [0.2, 0.3]}
+
+
+def test_a_compiled_rank_record_is_one_steps_allocator_peak_with_its_compile_facts() -> None:
+    result = Result("distributed", "c", "measured", _ranks(activation=ActivationConfig("full")), device="cpu x2 (gloo)")
+    aggregate(result, [_rank(0), _rank(1, recompiles=2)])
+    m = result.metrics
+    assert m["peak_bytes"] == 3001 and m["compile_time_s"] == 10.0 and m["compiled_regions"] == 4 and m["recompiles"] == 2
+    assert "fwd_bwd_peak_bytes" not in m and result.probe == "allocator"
+    assert any("recompiles" in note for note in result.notes)  # control beside: no note without recompiles
+    quiet = Result("distributed", "c", "measured", _ranks(activation=ActivationConfig("full")))
+    aggregate(quiet, [_rank(0), _rank(1)])
+    assert not any("recompiles" in note for note in quiet.notes)
+    text = "\n".join(report.distributed_section([result]))
+    assert "FSDP over 2, compiled per block" in text and "the compiled simulator" in text
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_suites_compiled_scenario_runs_compiled_on_every_rank(tmp_path) -> None:
+    from pytest_flashckpt.compile_step import compiler_missing
+    from pytest_flashckpt.distributed.scenario_run import run_distributed
+
+    if compiler_missing():
+        pytest.skip(compiler_missing())
+    (scenario,) = [s for s in load_suite("distributed").scenarios if s.compile.enabled]
+    result = run_distributed(scenario, "cpu", "cpu", tmp_path)
+    assert result.status == "measured", (result.reason, result.notes[-1:])
+    m = result.metrics
+    assert m["compiled_regions"] == 4 and m["recompiles"] == 0  # every block of tiny ran compiled, no recompile
+    assert m["compile_time_s"] > m["step_time_s"] and m["peak_bytes"] > m["state_bytes"] > 0
+    assert result.probe == "allocator" and result.kernel == "sdpa-flash-cpu"
