@@ -88,29 +88,28 @@ def save(layout: Layout, mesh, out: Path) -> dict:
     return {"saved_step": trainer.step, "local_state_bytes": sharded_store.local_bytes(sharded_store.training_state(trainer))}
 
 
+def load_into(layout: Layout, mesh, checkpoints: Path, ref: Path) -> dict:
+    """The latest checkpoint under ``checkpoints`` loaded into a fresh trainer of ``layout``, gathered, and compared
+    by rank 0 with the state in ``ref`` (a safetensors file) bit for bit."""
+    trainer = _trainer(layout, mesh, "none")
+    sharded_store.load(trainer, sharded_store.latest(checkpoints))
+    state = sharded_store.gathered_state(trainer)
+    if dist.get_rank() != 0:
+        return {}
+    want = load_file(str(ref))
+    return {"differences": sharded_store.bitwise_differences(state, want), "tensors": len(want), "step": trainer.step}
+
+
 def load_1d(out: Path) -> dict:
     """The checkpoint loaded into FSDP alone over every rank (dp_shard = world, tp 1), gathered, against the ref."""
     layout = Layout(dp_shard=dist.get_world_size(), tp=1)
-    trainer = _trainer(layout, tp.make_mesh(layout), "none")
-    sharded_store.load(trainer, sharded_store.latest(out / "ckpt"))
-    state = sharded_store.gathered_state(trainer)
-    if dist.get_rank() != 0:
-        return {}
-    ref = load_file(str(out / "ref.safetensors"))
-    return {"differences": sharded_store.bitwise_differences(state, ref), "tensors": len(ref), "step": trainer.step}
+    return load_into(layout, tp.make_mesh(layout), out / "ckpt", out / "ref.safetensors")
 
 
-def load_one_process(out: Path) -> dict:
+def load_one_process(layout: Layout, mesh, out: Path) -> dict:
     """A checkpoint saved by one process (``one/``, written by the test before the launch) loaded into this layout,
     gathered, against that process's state (``one-ref.safetensors``): one process -> the layout."""
-    layout = Layout(dp_shard=dist.get_world_size() // int(sys.argv[3]), tp=int(sys.argv[3]))
-    trainer = _trainer(layout, tp.make_mesh(layout), "none")
-    sharded_store.load(trainer, sharded_store.latest(out / "one"))
-    state = sharded_store.gathered_state(trainer)
-    if dist.get_rank() != 0:
-        return {}
-    ref = load_file(str(out / "one-ref.safetensors"))
-    return {"differences": sharded_store.bitwise_differences(state, ref), "tensors": len(ref), "step": trainer.step}
+    return load_into(layout, mesh, out / "one", out / "one-ref.safetensors")
 
 
 if __name__ == "__main__":
@@ -128,6 +127,6 @@ if __name__ == "__main__":
     record["save"] = save(layout, mesh, out)
     record["load_1d"] = load_1d(out)
     if (out / "one").is_dir():
-        record["load_from_one_process"] = load_one_process(out)
+        record["load_from_one_process"] = load_one_process(layout, mesh, out)
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
     dist.destroy_process_group()
