@@ -29,12 +29,16 @@ def _fit(peak: int, size: int) -> str:
 
 def _row(r: Result) -> list[str]:
     head = [f"`{r.id}`", select.card(r), select.activation_strategy(r), select.precision(r),
-            f"{r.config.batch_size} x {r.config.seq_len}", str(r.config.simulate.world_size)]
+            f"{r.config.batch_size} x {r.config.seq_len}", _ranks(r)]
     peak = _int(r, "simulated_peak_bytes")
     if r.status != "measured" or peak is None:
         return [*head, escape(f"{r.status}: {r.reason or 'no result'}"), *[MISSING] * (len(HEADERS) - len(head) - 1)]
-    states = sum(_int(r, f"simulated_{c}_bytes") or 0 for c in ("parameters", "gradients", "optimizer_state"))
-    split = f"{gib(states)} / {gib(_int(r, 'simulated_activations_bytes') or 0)} / {gib(_int(r, 'simulated_temporaries_bytes') or 0)}"
+    categories = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+    if all(_int(r, f"simulated_{c}_bytes") is None for c in categories):
+        split = MISSING  # the engine's rank (fake ranks) counts live bytes per window, not by category
+    else:
+        states = sum(_int(r, f"simulated_{c}_bytes") or 0 for c in categories[:3])
+        split = f"{gib(states)} / {gib(_int(r, 'simulated_activations_bytes') or 0)} / {gib(_int(r, 'simulated_temporaries_bytes') or 0)}"
     saving = r.metrics.get("simulated_memory_saving")
     return [*head, f"{gib(peak)} ({r.kernel}, {r.config.simulate.target})", split,
             pct(saving) if isinstance(saving, float) else MISSING, *(_fit(peak, size) for _, size in REPORT_DEVICES)]
@@ -135,3 +139,13 @@ def _budget_rows(results: list[Result]) -> list[list[str]]:
             escape(plan.split(" (predicted peak")[0]),
         ])
     return rows
+
+
+def _ranks(r: Result) -> str:
+    """The simulated ranks, with the layout when it is not FSDP over all of them (``64 (dp_shard 8 x tp 8)``)."""
+    c = r.config
+    if not c.layout.tensor_parallel:
+        return str(c.simulate.world_size)
+    dp_shard, tp = c.layout.ranks(c.simulate.world_size)
+    return f"{c.simulate.world_size} (dp_shard {dp_shard} x tp {tp})"
+

@@ -133,3 +133,16 @@ def test_a_simulated_layout_scenario_is_the_engines_rank_of_that_layout(tmp_path
     assert result.metrics["simulated_peak_bytes"] == expected[Layout(dp_shard=2, tp=2)]
     assert expected[Layout(dp_shard=2, tp=2)] != expected[Layout(dp_shard=4, tp=1)]  # control: the layouts differ
     assert "dp_shard 2 x tp 2" in result.notes[-1]
+
+
+def test_the_will_it_fit_row_names_a_simulated_layout_and_does_not_invent_a_breakdown() -> None:
+    from pytest_flashckpt.report.simulation import _row
+
+    scenario = Scenario("s", model="llama-tiny", batch_size=4, seq_len=64, layout=LayoutMesh(tp=2),
+                        simulate=SimulateConfig(enabled=True, world_size=8))
+    result = Result("simulate", "s", "measured", scenario, device="meta")
+    result.metrics.update(simulated_peak_bytes=2**30)
+    row = _row(result)
+    assert row[5] == "8 (dp_shard 4 x tp 2)" and row[7] == "—"  # the engine's rank: no category split
+    result.metrics.update(simulated_parameters_bytes=2**29, simulated_activations_bytes=2**28)  # control: a split
+    assert _row(result)[7] == "512.0 MiB / 256.0 MiB / 0.0 MiB"
