@@ -27,10 +27,15 @@ How a plan is made (``plan_compiled``):
    the partitioner saves no more than eager autograd would for ``none`` and ``S`` plus the block's inputs for a
    policy, and Inductor's backward of a block holds no more at once than eager's: measured, not assumed. It held
    at every point of ``reports/compile-plan-sweep.md`` (tiny, llama-tiny at 4 x 256, within 0.02 MiB); on a
-   width-32 GPT, where activations do not dominate, the compiled backward went 13% over it
-   (``tests/activation/test_compile_policy.py``, a strict xfail). Compile's ``none`` keeps less than eager's
-   (llama-tiny: 82.4 vs 93.0 MiB), which this prices at eager's bytes (issue 33 item 4 reads the partitioner's
-   saved set).
+   width-32 GPT, where activations do not dominate, the compiled step went 13% over it: each block whose
+   policy saves ``gelu``'s output held one batch x seq x 4C tensor more compiled than the plan counts (by the
+   bytes, ``c_fc``'s output, which gelu's backward reads; ``reports/compiled-plan-check.md``). Compile's ``none`` keeps less
+   than eager's (llama-tiny: 82.4 vs 93.0 MiB), which this prices at eager's bytes.
+4. **The compiled check** (optional, ``compiled_peak``): the plan's step simulated compiled
+   (``simulate.compiled.compiled_peak_check``: the partitioner's saved set and Inductor's memory plan on fake
+   tensors, byte-equal to the allocator on that GPT) and, while over the budget, solved again within the budget
+   less the prediction's error, stepping down the Pareto front a bounded number of times (``MAX_REPLANS``);
+   ``CompilePlan.compiled_checks`` records each simulated plan and ``describe()`` the re-plans it took.
 
 Where this differs from torch's own tools, and why:
 
