@@ -198,6 +198,8 @@ _NUMBERS = (
     Metric("budget_recompute_flops", "FLOP", "info", "matmul FLOPs the plan recomputes", fmt="gflop"),
     Metric("budget_plan_seconds", "s", "info", "wall time of planning: costs for the shape plus the solve", fmt="ms"),
     Metric("budget_costs_seconds", "s", "info", "wall time of the plan's costs (simulated steps)", fmt="ms"),
+    Metric("budget_compiled_check_peak_bytes", "B", "info", "a compiled plan's step simulated compiled by its check (compile_policy.plan_compiled's compiled_peak): whole-step peak of the plan kept", fmt="mib"),
+    Metric("budget_replans", "count", "info", "re-plans the compiled check took (simulated compiled peak over the budget, solved again lower on the front)", fmt="count"),
     # a compiled scenario (runner/compiled.py, docs/compile.md): compile apart from the step, graphs after warm-up
     Metric("compile_time_s", "s", "time", "wall time of the first compiled step: Dynamo tracing and Inductor compiling forward and backward, plus that one step (apart from step_time_s; not gated)", fmt="ms"),
     Metric("reference_compile_time_s", "s", "info", "the compiled reference's compile_time_s", fmt="ms"),

@@ -133,12 +133,20 @@ def _plan_compiled(trainer: Trainer, scenario: Scenario, result: Result):
     if scenario.model.hf is not None or next(model.parameters()).device.type != "cpu" or getattr(model, "backend", None) != "sdpa":
         raise SkipScenario("a compiled budget plan is built for a model card's model with sdpa on a CPU (its step's "
                            "none and full costs simulated from the card); use compile_budget here, or budget eager")
-    source = SimulatedCosts(model.config, next(model.parameters()).dtype, "sdpa", "cpu", options=(NONE, FULL))
-    plan = plan_compiled(model, scenario.activation.budget, (scenario.batch_size, scenario.seq_len), source)  # type: ignore[arg-type]
+    from pytest_flashckpt.simulate.compiled import compiled_peak_check
+
+    dtype = next(model.parameters()).dtype
+    source = SimulatedCosts(model.config, dtype, "sdpa", "cpu", options=(NONE, FULL))
+    # checked compiled: the plan's step simulated (partitioner's saved set, Inductor's memory plan) and re-planned
+    # down the front while over the budget (compile_policy.plan_compiled's compiled_peak)
+    check = compiled_peak_check(model.config, scenario.batch_size, scenario.seq_len, dtype, seed=scenario.seed)
+    plan = plan_compiled(model, scenario.activation.budget, (scenario.batch_size, scenario.seq_len), source,  # type: ignore[arg-type]
+                         compiled_peak=check)
     install_policy_forwards(model, plan.policies)
     s = plan.shape_plan
     for key, value in (("budget_bytes", s.budget_bytes), ("budget_predicted_peak_bytes", s.plan.predicted_peak),
-                       ("budget_min_peak_bytes", s.min_peak), ("budget_none_peak_bytes", s.none_peak)):
+                       ("budget_min_peak_bytes", s.min_peak), ("budget_none_peak_bytes", s.none_peak),
+                       ("budget_compiled_check_peak_bytes", plan.compiled_peak), ("budget_replans", plan.replans)):
         result.record(key, value)
     result.notes.append(f"activation: compiled budget plan (per-block selective-checkpoint policies) {plan.describe()}"
                         + ("" if plan.exact_menus else "; a block's menu was greedy, not exact"))

@@ -353,3 +353,18 @@ def _region_row(region: CompiledRegion) -> dict:
         row["saved_bytes"] = sum(region.input_bytes[n] for n in saved)
         row["saved_activation_bytes"] = sum(region.input_bytes[n] for n in saved if not n.startswith("primals"))
     return row
+
+
+def compiled_peak_check(card: ModelCard | str, batch: int, seq: int, dtype: str | torch.dtype = "float32",
+                        seed: int = 0):
+    """The compiled plan's check (``compile_policy.plan_compiled(..., compiled_peak=...)``): per-block policies ->
+    the whole-step peak bytes (``state_bytes + peak_bytes``) of ``card``'s step at (batch, seq) compiled per block
+    under them, simulated (``simulate_compiled_step`` with strategy ``budget``). On the micro card of
+    ``tests/activation/test_compile_policy.py`` it equals the CPU allocator's peak to the byte
+    (``reports/compiled-plan-check.md``)."""
+
+    def peak(policies: tuple) -> int:
+        row = simulate_compiled_step(card, batch, seq, "budget", "block", dtype=dtype, seed=seed, policies=tuple(policies))
+        return row["state_bytes"] + row["peak_bytes"]
+
+    return peak

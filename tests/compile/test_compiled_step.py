@@ -111,3 +111,6 @@ def test_a_compiled_budget_plan_holds_its_budget_on_compiled_blocks(fresh_dynamo
     assert any(n.startswith("activation: compiled budget plan") for n in result.notes)
     # its simulation runs the same plan's policies: within the 5% bound of the measured peak
     assert abs(m["compiled_simulated_peak_bytes"] - m["peak_bytes"]) <= 0.05 * m["peak_bytes"]
+    # the plan was checked compiled: the check's simulation is of the plan kept, the same step as the row's
+    assert m["budget_compiled_check_peak_bytes"] == m["compiled_simulated_peak_bytes"] <= m["budget_bytes"]
+    assert m["budget_replans"] >= 0 and any("compiled check (simulate_compiled_step) holds" in n for n in result.notes)
