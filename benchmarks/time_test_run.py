@@ -61,14 +61,26 @@ def busy_cores(count: int) -> Iterator[None]:
             spinner.join()
 
 
+def _steal_s() -> float | None:
+    """Seconds of CPU time the hypervisor gave other guests, summed over this machine's cores (``/proc/stat``'s
+    ``steal``), or None where there is no such file: a run whose CPU time grew for the same tests shows it here."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return None
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+
+
 def _run(args: list[str], label: list[str], load: int, env: dict[str, str]) -> dict:
     load_before = os.getloadavg()[0]
+    steal_before = _steal_s()
     with busy_cores(load):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    steal_after = _steal_s()
     out = proc.stdout + proc.stderr
     outcome = OUTCOME.findall(out)
     workers = WORKERS.search(out)
@@ -80,6 +92,7 @@ def _run(args: list[str], label: list[str], load: int, env: dict[str, str]) -> d
         "workers": int(workers.group(1)) if workers else 1,
         "outcome": outcome[-1] if outcome else (out.strip().splitlines() or ["no output"])[-1],
         "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",  # other tenants show here: the table is not quiet
+        "steal_s": None if steal_before is None or steal_after is None else steal_after - steal_before,
     }
 
 
@@ -134,15 +147,18 @@ def main() -> None:
         f"torch {torch.__version__}. CPU time is pytest's and every process it waited for (user + sys).{beside}",
         f"OpenMP wait policy: {policy}.",
         "",
-        "| command | workers | wall (s) | wall | CPU (s) | load before / after | exit | outcome |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| command | workers | wall (s) | wall | CPU (s) | CPU stolen (s) | load before / after | exit | outcome |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for run in runs:
+        stolen = "—" if run["steal_s"] is None else f"{run['steal_s']:.1f}"
         lines.append(f"| `{run['command']}` | {run['workers']} | {run['wall_s']:.1f} | {_minutes(run['wall_s'])} | "
-                     f"{run['cpu_s']:.1f} | {run['load']} | {run['rc']} | {run['outcome']} |")
+                     f"{run['cpu_s']:.1f} | {stolen} | {run['load']} | {run['rc']} | {run['outcome']} |")
     lines += ["", "Plain `pytest` is README's test command (its first part; `pytest -m slow` runs after it in CI), "
               "target 2 minutes; `-n 0` is the same tests in one process. `pytest --flashckpt-suite` is README's "
-              "first command (the default suite on a CPU), target 3 minutes.", ""]
+              "first command (the default suite on a CPU), target 3 minutes. *CPU stolen*: what the hypervisor gave other "
+              "guests during the run (`/proc/stat` steal, all cores): the same tests take more CPU time on a "
+              "virtual machine whose neighbours are busy, which the load average does not show.", ""]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
     sys.exit(max(run["rc"] for run in runs))
