@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pytest_flashckpt.config.errors import ConfigError
-from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.model_card import load_card
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.step_impl import card_with_norm, check_simulated
@@ -51,9 +50,10 @@ def preflight(scenario: Scenario, where: str | None = None, load: Callable[..., 
     if refusal is not None:  # e.g. a MoE card's learned routing: refused before anything runs, not at the first forward
         raise bad("simulate.enabled", refusal)
     if scenario.layout.tensor_parallel:  # whole query and key/value heads on every tensor-parallel rank
-        dp_shard, tp = scenario.layout.ranks(scenario.layout_ranks)
+        layout = scenario.parallel_layout
+        tp = layout.tp
         try:
-            Layout(dp_shard=dp_shard, tp=tp).check_card(card)
+            layout.check_card(card)
         except ValueError as exc:
             problem, _, fix = str(exc).removeprefix(f"layout tp {tp}: ").partition("; ")
             raise bad("layout.tp", f"{tp}: {problem}", fix) from None

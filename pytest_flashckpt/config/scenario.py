@@ -16,6 +16,7 @@ from typing import Literal
 
 from pytest_flashckpt.config import save_axes
 from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh
+from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.save_axes import SaveAxes
 from pytest_flashckpt.config.typed import to_plain
 from pytest_flashckpt.config.step_impl import StepImpl
@@ -293,6 +294,13 @@ class Scenario:
     def layout_ranks(self) -> int:
         """The ranks the layout splits: ``simulate.world_size`` for a simulated scenario, else ``world_size``."""
         return self.simulate.world_size if self.simulate.enabled else self.world_size
+
+    @property
+    def parallel_layout(self) -> Layout:
+        """The layout resolved over ``layout_ranks`` (``config.layout.Layout``: FSDP over every rank by default),
+        what the ranks build, the engine simulates and reports name (``describe()``)."""
+        dp_shard, tp = self.layout.ranks(self.layout_ranks)
+        return Layout(dp_shard=dp_shard, tp=tp)
 
     def _check_layout(self) -> None:
         """A layout other than FSDP over every rank: ranks that multiply to the world (``layout_ranks``), an even

@@ -35,7 +35,6 @@ from torch.distributed.tensor import DTensor
 
 from pytest_flashckpt import compile_step
 from pytest_flashckpt.activation import StrategyUnavailable
-from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build
 from pytest_flashckpt.core.metrics import spec as metric_spec
@@ -49,12 +48,6 @@ from pytest_flashckpt.probes import make_probe
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def layout_of(scenario: Scenario) -> Layout:
-    """The scenario's ranks as a ``config.layout.Layout`` (dp_shard x tp; FSDP over every rank by default)."""
-    dp_shard, tp_size = scenario.layout.ranks(scenario.world_size)
-    return Layout(dp_shard=dp_shard, tp=tp_size)
-
-
 def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None, before_shard=None):
     """The rank's trainer: FSDP2 over every rank, or (``mesh``: a tensor-parallel layout's 2D ``DeviceMesh``)
     ``parallelize_module`` then FSDP2 over the mesh's dp_shard dimension (``distributed.tensor_parallel``)."""
@@ -65,7 +58,7 @@ def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None, 
         card = load_card(scenario.card, **({} if spec.dropout is None else {"dropout": spec.dropout}))
     if mesh is not None:
         return tensor_parallel.build_trainer(
-            card, layout_of(scenario), mesh, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed,
+            card, scenario.parallel_layout, mesh, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed,
             backend=backend, device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation,
             precision=scenario.precision,
         )  # fmt: skip
@@ -121,10 +114,10 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     rank = dist.get_rank()
     out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
-    layout = layout_of(scenario)
-    mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
-    if scenario.compile.enabled:
+    if scenario.compile.enabled:  # FSDP over every rank only (config.axes): no tensor-parallel mesh
         return _measure_compiled(scenario, device, backend, out)
+    layout = scenario.parallel_layout
+    mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
     trainer, applied = _trainer(scenario, device, backend, mesh)
     out.update(backend=backend, activation=applied.describe(), layout=layout.describe())
     with OpNameRecorder() as recorder:
@@ -187,7 +180,7 @@ def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, ou
     compile_backend = compile_step.budget_backend(scenario.activation.budget) if scenario.activation.strategy == "compile_budget" else None  # type: ignore[arg-type]
     trainer, applied = _trainer(scenario, device, backend, None,
                                 lambda model: regions.append(compile_step.compile_model(model, scenario.compile, compile_backend)))
-    out.update(backend=backend, activation=applied.describe(), layout=layout_of(scenario).describe(),
+    out.update(backend=backend, activation=applied.describe(), layout=scenario.parallel_layout.describe(),
                kernel=_eager_kernel(scenario, device, backend))
     side = compile_step.warmed_up(trainer, scenario, regions[0], scenario.warmup)
     out.update(compile_time_s=side.compile_time_s, compiled_regions=side.regions_per_step)

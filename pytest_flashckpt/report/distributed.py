@@ -45,8 +45,7 @@ def _layout(r: Result) -> str:
     compiled = f", compiled per {c.compile.scope}" if c.compile.enabled else ""
     if not c.layout.tensor_parallel:
         return f"FSDP over {c.world_size}{compiled}"
-    dp_shard, tp = c.layout.ranks(c.world_size)
-    return f"dp_shard {dp_shard} x tp {tp}{compiled}"
+    return f"{c.parallel_layout.describe()}{compiled}"
 
 
 def _roundtrip(r: Result) -> str:
@@ -117,10 +116,10 @@ def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
         return None, f"the {c.activation.strategy} strategy is not simulated by the engine yet"
     if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
         return None, "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
-    dp_shard, tp = c.layout.ranks(c.world_size)
+    layout = c.parallel_layout
     try:
         return _simulate_layout(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
-                                c.activation.k, dp_shard, tp, c.seed), ""
+                                c.activation.k, layout.dp_shard, layout.tp, c.seed), ""
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"
 

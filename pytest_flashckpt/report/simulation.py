@@ -146,6 +146,5 @@ def _ranks(r: Result) -> str:
     c = r.config
     if not c.layout.tensor_parallel:
         return str(c.simulate.world_size)
-    dp_shard, tp = c.layout.ranks(c.simulate.world_size)
-    return f"{c.simulate.world_size} (dp_shard {dp_shard} x tp {tp})"
+    return f"{c.simulate.world_size} ({c.parallel_layout.describe()})"
 

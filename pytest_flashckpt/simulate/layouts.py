@@ -154,8 +154,7 @@ def run_engine_scenario(scenario, result) -> None:
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank
 
     card = load_card(scenario.card)
-    dp_shard, tp_size = scenario.layout.ranks(scenario.simulate.world_size)  # FSDP over every rank unless laid out
-    layout = Layout(dp_shard=dp_shard, tp=tp_size)
+    layout = scenario.parallel_layout  # FSDP over every rank unless laid out
     started = time.perf_counter()
 
     def rank(strategy: str) -> dict:
