@@ -86,7 +86,8 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     if c.compile.enabled:
         return None, "a compiled rank: the compiled simulator (simulate.compiled) runs one process"
     if c.layout.tensor_parallel:
-        return _engine_rank_peak(r)
+        record, why = engine_rank(r)
+        return (None, why) if record is None else (record[0], "")
     spec = ACTIVATION_STRATEGIES.get(strategy)  # simulated here: the registry's strategies that need no budget plan
     if spec is None or spec.not_simulated or spec.takes_budget:
         return None, f"the {strategy} strategy is not simulated here"
@@ -99,11 +100,6 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"
     return peak, ""
-
-
-def _engine_rank_peak(r: Result) -> tuple[int | None, str]:
-    record, why = engine_rank(r)
-    return (None, why) if record is None else (record[0], "")
 
 
 def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:

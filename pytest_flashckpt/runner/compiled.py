@@ -51,15 +51,10 @@ from pytest_flashckpt.training import Trainer
 PEAK_SOURCE_CPU = "allocator events (torch.profiler profile_memory) of one compiled step"
 
 
-def skip_reason() -> str | None:
-    """Why compiled scenarios cannot run here (no C++ compiler for Inductor), or None."""
-    return compiler_missing()
-
-
 def check_can_compile(ctx: RunContext) -> None:
     """``SkipScenario`` with the reason where a compiled scenario cannot be measured here: no C++ compiler for
     Inductor (README promises only python3 and pip), or on a GPU a probe that is a dispatch mode."""
-    reason = skip_reason()
+    reason = compiler_missing()
     if reason is not None:
         raise SkipScenario(reason)
     if ctx.device.type != "cpu" and ctx.probe not in ("cuda", "nvml"):

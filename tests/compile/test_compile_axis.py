@@ -80,7 +80,7 @@ def test_compile_budget_is_a_registered_strategy_the_simulator_refuses_with_its_
 
 def test_a_compiled_scenario_skips_with_the_reason_when_no_compiler_is_found(monkeypatch):
     reason = "torch.compile (Inductor) needs a C++ compiler and found none (searched g++ on PATH); install g++"
-    monkeypatch.setattr(compiled, "skip_reason", lambda: reason)
+    monkeypatch.setattr(compiled, "compiler_missing", lambda: reason)
     built = []
     monkeypatch.setattr("pytest_flashckpt.runner.run._build_trainer", lambda *a: built.append(a))
     result = run_scenario(scenario(compile={"scope": "block"}, activation={"strategy": "full"}, seq_len=16),

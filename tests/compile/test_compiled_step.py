@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def fresh_dynamo():
-    reason = compiled.skip_reason()
+    reason = compiled.compiler_missing()
     if reason is not None:
         pytest.skip(reason)
     torch._dynamo.reset()
