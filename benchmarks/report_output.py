@@ -4,6 +4,7 @@ file under ``reports/`` and the file's path printed. A benchmark run as ``python
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 
@@ -14,3 +15,10 @@ def write_or_print(text: str, report: Path, *, print_only: bool) -> None:
     else:
         report.write_text(text, encoding="utf-8")
         print(report)
+
+
+def print_only_flag(doc: str | None) -> bool:
+    """The ``--print`` flag of a spike with no other options (its parser described by ``doc``'s first line)."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    parser.add_argument("--print", action="store_true", help="print the report instead of writing it")
+    return parser.parse_args().print

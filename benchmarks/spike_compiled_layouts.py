@@ -14,7 +14,6 @@ Times are one run's on a shared 2-core machine: recorded, not asserted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from report_output import write_or_print  # noqa: E402
+from report_output import print_only_flag, write_or_print  # noqa: E402
 
 from pytest_flashckpt.distributed import launcher  # noqa: E402
 
@@ -79,16 +78,14 @@ def render(rows: list[tuple[tuple[int, int, str], dict, float]], command: str) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--print", action="store_true", help="print the report instead of writing it")
-    args = parser.parse_args()
+    print_only = print_only_flag(__doc__)
     rows = []
     for dp, tp, strategy in CASES:
         record, wall = run_case(dp, tp, strategy)
         rows.append(((dp, tp, strategy), record, wall))
         print(f"dp {dp} tp {tp} {strategy}: {'error' if 'error' in record['compiled'] else 'ok'} in {wall:.0f} s", file=sys.stderr)
-    command = "python benchmarks/spike_compiled_layouts.py" + (" --print" if args.print else "")
-    write_or_print(render(rows, command), ROOT / "reports" / "spike-compiled-layouts.md", print_only=args.print)
+    command = "python benchmarks/spike_compiled_layouts.py" + (" --print" if print_only else "")
+    write_or_print(render(rows, command), ROOT / "reports" / "spike-compiled-layouts.md", print_only=print_only)
 
 
 if __name__ == "__main__":
