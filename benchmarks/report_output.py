@@ -19,6 +19,6 @@ def write_or_print(text: str, report: Path, *, print_only: bool) -> None:
 
 def print_only_flag(doc: str | None) -> bool:
     """The ``--print`` flag of a spike with no other options (its parser described by ``doc``'s first line)."""
-    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--print", action="store_true", help="print the report instead of writing it")
     return parser.parse_args().print

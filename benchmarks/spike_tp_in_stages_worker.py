@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -101,7 +100,7 @@ def run(pp_size: int, tp_size: int, schedule: str, logits: str) -> dict:
     def loss_fn(out, targets):
         if not isinstance(out, DTensor):
             out = DTensor.from_local(out, tp_mesh, [Shard(2)], run_check=False)
-        return F.cross_entropy(out.flatten(0, 1), targets.reshape(-1))
+        return pp.next_token_loss(out, targets)
 
     cls = pp.SCHEDULE_CLASSES[schedule]
     sched = cls(torch_stages[0] if per_rank == 1 else torch_stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
