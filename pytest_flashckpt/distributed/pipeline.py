@@ -219,11 +219,11 @@ def stage_plan(stage: StageModule) -> dict[str, object]:
     return {path: style for path, style in tp.root_plan(stage.part).items() if path in held}
 
 
-def apply_stage_tp(stage: StageModule, tp_mesh: DeviceMesh) -> None:
-    """Tensor + sequence parallel inside ``stage`` with torch's ``parallelize_module``: its root plan
-    (``stage_plan``), then the family's block plan on each of its blocks (``tensor_parallel.block_plan``)."""
+def apply_stage_tp(stage: StageModule, tp_mesh: DeviceMesh, root: dict[str, object] | None = None) -> None:
+    """Tensor + sequence parallel inside ``stage`` with torch's ``parallelize_module``: its root plan (``root``, by
+    default ``stage_plan``), then the family's block plan on each of its blocks (``tensor_parallel.block_plan``)."""
     blocks_plan = tp.block_plan(stage.part)
-    parallelize_module(stage.part, tp_mesh, stage_plan(stage))
+    parallelize_module(stage.part, tp_mesh, stage_plan(stage) if root is None else root)
     for block in get_blocks(stage.part):
         parallelize_module(block, tp_mesh, blocks_plan)
     stage.sequence_shards = tp_mesh.size()
