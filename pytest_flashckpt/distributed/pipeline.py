@@ -229,18 +229,6 @@ def apply_stage_tp(stage: StageModule, tp_mesh: DeviceMesh, root: dict[str, obje
     stage.sequence_shards = tp_mesh.size()
 
 
-def check_stage_shards(seq_len: int, vocab: int, tp_size: int) -> None:
-    """Stages send equal local sequence shards and the last returns equal vocabulary shards of the logits (what
-    ``StageShapes`` tells torch's schedule): ``seq_len`` and ``vocab`` divisible by ``tp``."""
-    for what, size, why in (("sequence", seq_len, "stages send equal sequence shards of the hidden states"),
-                            ("vocabulary", vocab, "the last stage returns equal vocabulary shards of the logits")):
-        if size % tp_size:
-            raise ValueError(
-                f"layout tp {tp_size} inside pipeline stages: {what} {size} is not divisible by tp ({why}); choose "
-                f"a tp that divides {size}"
-            )
-
-
 @dataclass(frozen=True)
 class StageShapes:
     """What flows between stages, so every ``PipelineStage`` is given its input and output metadata
@@ -378,7 +366,7 @@ def build_pipeline(
     shapes = StageShapes.of(model)
     if layout.tp > 1:
         layout.check_card(model.config)
-        check_stage_shards(seq_len, shapes.vocab, layout.tp)
+        layout.check_stage_shards(seq_len, shapes.vocab)
     pp_rank = mesh["pp"].get_local_rank()
     dp_mesh, tp_mesh = mesh["dp_shard"], mesh["tp"]
     stages = [split_stage(model, index, n_stages) for index in stages_of_rank(pp_rank, layout.pp, pipeline.stages_per_rank)]

@@ -223,9 +223,13 @@ def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[i
 
 def stage_shardable(card, seq_len: int, tp: int) -> bool:
     """Tensor parallel ``tp`` inside pipeline stages: the sequence and the vocabulary divisible by ``tp``
-    (``distributed.pipeline.check_stage_shards``: stages send equal sequence shards, the last returns equal
+    (``config.layout.Layout.check_stage_shards``: stages send equal sequence shards, the last returns equal
     vocabulary shards)."""
-    return seq_len % tp == 0 and card.vocab_size % tp == 0
+    try:
+        Layout(tp=tp, pp=2).check_stage_shards(seq_len, card.vocab_size)
+    except ValueError:
+        return False
+    return True
 
 
 def check_stage_shards(card, seq_len: int, tp: tuple[int, ...] | None, pp: tuple[int, ...]) -> None:
@@ -234,11 +238,10 @@ def check_stage_shards(card, seq_len: int, tp: tuple[int, ...] | None, pp: tuple
     if not tp or 1 in pp:
         return
     for t in tp:
-        for what, size in (("--seq", seq_len), (f"model card {card.name!r}'s vocab_size", card.vocab_size)):
-            if size % t:
-                raise InputError(f"--tp {t} with --pp {','.join(map(str, pp))}: {what} {size} is not divisible by {t} "
-                                 "(pipeline stages send equal sequence shards and return equal vocabulary shards); "
-                                 f"choose a tp that divides {size}")
+        try:
+            Layout(tp=t, pp=2).check_stage_shards(seq_len, card.vocab_size)
+        except ValueError as exc:
+            raise InputError(f"--tp {t} with --pp {','.join(map(str, pp))}: {exc}") from None
 
 
 def _schedulable(schedule: str, pp: int, virtual: int, microbatches: int, n_blocks: int) -> bool:

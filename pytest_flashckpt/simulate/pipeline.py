@@ -135,8 +135,7 @@ def simulate_pipeline_rank(
     layout.check_batch(batch_size)
     layout.check_card(card)
     pipeline.check(layout, batch_size=batch_size, n_blocks=card.n_layer)
-    if layout.tp > 1:
-        pp.check_stage_shards(seq_len, card.vocab_size, layout.tp)
+    layout.check_stage_shards(seq_len, card.vocab_size)
     run = functools.partial(_simulate_stage_whole, layout=layout, pipeline=pipeline, batch_size=batch_size,
                             seq_len=seq_len, strategy=strategy, k=k, dtype=dtype, precision=precision, rank=rank,
                             seed=seed, backend=backend, probe_class=probe_class)

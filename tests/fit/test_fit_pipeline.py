@@ -102,7 +102,7 @@ def test_the_search_takes_the_pipeline_degrees_and_simulates_stages() -> None:
     (["--gpus", "12", "--pp", "2", "--tp", "3"], "--tp 3: model card 'llama-tiny' has n_kv_head 2, not divisible by 3"),
     (["--gpus", "16", "--pp", "4", "--tp", "2"], "--pp 4: 4 stages for model card 'llama-tiny''s 3 blocks"),
     (["--gpus", "4", "--pp", "2", "--tp", "2", "--seq", "255", "--global-batch-tokens", str(255 * 16)],
-     "--tp 2 with --pp 2: --seq 255 is not divisible by 2"),
+     "--tp 2 with --pp 2: layout tp 2 inside pipeline stages: sequence 255 is not divisible by tp"),
 ])
 def test_impossible_pipeline_requests_are_one_line_errors(args, message, capsys) -> None:
     argv = ["fit", "--model", "llama-tiny", "--seq", "256", "--global-batch-tokens", str(256 * 16), "--tp", "1", *args]
