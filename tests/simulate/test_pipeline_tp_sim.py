@@ -61,3 +61,19 @@ def test_impossible_tensor_parallel_stages_are_refused_before_anything_runs() ->
         simulate_pipeline_rank(load_card("llama-tiny", **CARD), Layout(tp=2, pp=2), PipelineSchedule("1f1b", 4),
                                batch_size=4, seq_len=7)
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("rank", [0, pytest.param(3, marks=pytest.mark.slow)])
+def test_a_deep_tensor_parallel_stage_read_off_the_line_equals_the_whole_stage(rank: int) -> None:
+    """The depth extrapolation of ``simulate_pipeline_rank`` at pp 2 x tp 2: a few blocks per stage read to the
+    card's 16 blocks (8 per stage) give the whole stage's bytes (the first pipeline rank; the last under ``-m
+    slow``). Measured on the first rank: the line through 1, 2 and 3 blocks per stage bends at tp 2, so the samples slide one deeper
+    (2, 4, 6, 8 blocks), as the extrapolation does for any bent line."""
+    card = load_card("llama-tiny", **{**CARD, "n_layer": 16})
+    layout, schedule = Layout(tp=2, pp=2), PipelineSchedule("1f1b", MICROBATCHES)
+    line = simulate_pipeline_rank(card, layout, schedule, batch_size=BATCH, seq_len=SEQ, rank=rank)
+    whole = simulate_pipeline_rank(card, layout, schedule, batch_size=BATCH, seq_len=SEQ, rank=rank, extrapolate=False)
+    assert line["extrapolated"] and max(line["simulated_depths"]) < 16, line["simulated_depths"]
+    keys = ("peak_bytes", "fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes",
+            "buffer_bytes")
+    assert {k: line[k] for k in keys} == {k: whole[k] for k in keys}
