@@ -83,10 +83,10 @@ def render(rows, command: str) -> str:
         lines.append(f"| {schedule} | {logits} | runs | {losses[0]:.7f} / {ref:.7f} (diff {abs(losses[0] - ref):.1e}) | "
                      f"{grad:.1e} | {names} per tp rank | {ranks[0]['step_s'] * 1000:.0f} ms | {wall:.0f} s |")
     ok = [f"{s} ({lg})" for (s, lg), ranks, _, err in rows if not failure(ranks, err)]
-    lines += ["", f"Ran: {', '.join(ok) or 'none'} of {len(rows)} cases. Not built from this yet: "
-              "`distributed.pipeline.make_mesh` still refuses tp with pp; the composition to build is torchtitan's "
-              "plan (DTensor logits) for the cases that ran, and a case that failed stays refused with its measured "
-              "error."]
+    lines += ["", f"Ran: {', '.join(ok) or 'none'} of {len(rows)} cases. Built from this: the `dtensor` rows run the "
+              "package's stage build (`distributed.pipeline.make_mesh` with tp, `build_pipeline`, `apply_stage_tp`, "
+              "`StageShapes` at T / tp with DTensor logits; tests/distributed/test_pipeline_tp.py checks it against one "
+              "process and the fake rank); the `local` row is the spike's variant, kept in the worker only."]
     return "\n".join(lines) + "\n"
 
 

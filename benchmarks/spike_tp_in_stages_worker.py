@@ -1,13 +1,16 @@
-"""One rank of ``spike_tp_in_stages.py`` (started by torchrun): a small Llama card cut into pipeline stages
-(``distributed.pipeline.split_stage``), each stage tensor + sequence parallel over the ``tp`` dimension of a 3D mesh
-``(pp, dp_shard, tp)`` built by ``init_device_mesh``, run by torch's ``PipelineStage`` and a schedule, the loss under
-``loss_parallel``. Usage: ``spike_tp_in_stages_worker.py OUT PP TP SCHEDULE LOGITS``; writes ``OUT/rank-<r>.json``.
+"""One rank of ``spike_tp_in_stages.py`` (started by torchrun): a small Llama card cut into pipeline stages, each
+stage tensor + sequence parallel over the ``tp`` dimension of the ``(pp, dp_shard, tp)`` mesh, run by torch's
+``PipelineStage`` and a schedule under ``loss_parallel``: the package's build (``distributed.pipeline``:
+``make_mesh``, ``build_pipeline``, ``apply_stage_tp``, ``StageShapes``), which this spike's first version wrote here
+before it moved into the package. Usage: ``spike_tp_in_stages_worker.py OUT PP TP SCHEDULE LOGITS``; writes
+``OUT/rank-<r>.json``.
 
-``LOGITS``: ``dtensor`` (torchtitan's plan: the head's logits leave the last stage as a DTensor sharded over the
-vocabulary, the stage's ``output_args`` a DTensor on meta) or ``local`` (the head's local shard leaves the stage,
-the loss function wraps it back with ``DTensor.from_local``). Between stages flows the local sequence shard of the
-hidden states, (rows, T / tp, C), as torchtitan's stages send. Records the loss and the gradients against one
-process, or the error a step raised (type, message, the torch file and line that raised it).
+``LOGITS``: ``dtensor`` (the package's plan, torchtitan's: the head's logits leave the last stage as a DTensor
+sharded over the vocabulary, the stage's ``output_args`` a DTensor on meta) or ``local`` (the variant the spike also
+measured, kept here only: the head's local shard leaves the stage and the loss function wraps it back with
+``DTensor.from_local``). Between stages flows the local sequence shard of the hidden states, (rows, T / tp, C).
+Records the loss and the gradients against one process, or the error a step raised (type, message, the torch file
+and line that raised it).
 """
 
 from __future__ import annotations
@@ -20,35 +23,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel
 
-from pytest_flashckpt.config.layout import PipelineSchedule
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.distributed import fsdp
 from pytest_flashckpt.distributed import pipeline as pp
-from pytest_flashckpt.distributed import tensor_parallel as tp
-from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
+from pytest_flashckpt.models.anatomy import get_anatomy
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.training import make_batch
 
 CARD = {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256, "block_size": 64}
 BATCH, SEQ, SEED, MICROBATCHES = 4, 32, 1, 4
-
-
-class SeqShardedStage(pp.StageModule):
-    """The spike's stage: a stage that is not first receives (rows, T / tp, C) and hands the family's forward
-    token ids of the whole sequence (its rotary tables are the whole sequence's, as in one process)."""
-
-    tp_size = 1
-
-    def forward(self, inputs):
-        if self._received is None:
-            return self.part(inputs)
-        self._received.hidden = inputs
-        tokens = torch.zeros((), dtype=torch.long, device=inputs.device).expand(inputs.shape[0], inputs.shape[1] * self.tp_size)
-        return self.part(tokens)
 
 
 def reference():
@@ -59,52 +46,43 @@ def reference():
     return float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}
 
 
-def run(pp_size: int, tp_size: int, schedule: str, logits: str) -> dict:
-    mesh = init_device_mesh("cpu", (pp_size, 1, tp_size), mesh_dim_names=("pp", "dp_shard", "tp"))
-    tp_mesh = mesh["tp"]
-    model = build_model(load_card("llama-tiny", **CARD), "sdpa", "cpu", torch.float32, seed=SEED)
-    anatomy = get_anatomy(model)
-    per_rank = 2 if schedule == "interleaved_1f1b" else 1
-    n_stages = pp_size * per_rank
-    pp_rank = mesh["pp"].get_local_rank()
-    stages = []
-    for index in pp.stages_of_rank(pp_rank, pp_size, per_rank):
-        base = pp.split_stage(model, index, n_stages)
-        stage = SeqShardedStage(base.part, base.index, base.n_stages, base.names)
-        stage.tp_size = tp_size
-        root = {}
-        if stage.is_first:
-            root[anatomy.embeddings[0]] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+def _local_logits_schedule(model, layout: Layout, mesh, pipeline: PipelineSchedule):
+    """The ``local`` variant: the package's stage pieces, with the head returning its local shard."""
+    tp_mesh, n_stages = mesh["tp"], layout.pp * pipeline.stages_per_rank
+    shapes, head = pp.StageShapes.of(model), get_anatomy(model).head
+    stages, torch_stages = [], []
+    for index in pp.stages_of_rank(mesh["pp"].get_local_rank(), layout.pp, pipeline.stages_per_rank):
+        stage = pp.split_stage(model, index, n_stages)
+        plan = pp.stage_plan(stage)
+        if head in plan:
+            plan[head] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=True)
+        pp.apply_stage_tp(stage, tp_mesh, plan)
+        args = shapes.stage_args(stage, BATCH // MICROBATCHES, SEQ, torch.float32, tp_mesh)
         if stage.is_last:
-            root[anatomy.final_norm] = SequenceParallel()
-            root[anatomy.head] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
-                                                 use_local_output=logits == "local")
-        parallelize_module(stage.part, tp_mesh, root)
-        plan = tp.block_plan(stage.part)
-        for block in get_blocks(stage.part):
-            parallelize_module(block, tp_mesh, plan)
+            args["output_args"] = args["output_args"].to_local()
         stages.append(stage)
-    rows = BATCH // MICROBATCHES
-    width, vocab = CARD["n_embd"], CARD["vocab_size"]
-    torch_stages = []
-    for stage in stages:
-        hidden = torch.empty(rows, SEQ // tp_size, width, device="meta", requires_grad=True)
-        tokens = torch.empty(rows, SEQ, dtype=torch.long, device="meta")
-        local_logits = torch.empty(rows, SEQ, vocab // tp_size, device="meta", requires_grad=True)
-        out_logits = (DTensor.from_local(local_logits, tp_mesh, [Shard(2)], run_check=False)
-                      if logits == "dtensor" else local_logits)
         torch_stages.append(PipelineStage(stage, stage.index, n_stages, torch.device("cpu"), group=mesh["pp"].get_group(),
-                                          input_args=tokens if stage.is_first else hidden,
-                                          output_args=out_logits if stage.is_last else hidden))
+                                          **args))
 
     def loss_fn(out, targets):
-        if not isinstance(out, DTensor):
-            out = DTensor.from_local(out, tp_mesh, [Shard(2)], run_check=False)
-        return pp.next_token_loss(out, targets)
+        return pp.next_token_loss(DTensor.from_local(out, tp_mesh, [Shard(2)], run_check=False), targets)
 
-    cls = pp.SCHEDULE_CLASSES[schedule]
-    sched = cls(torch_stages[0] if per_rank == 1 else torch_stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
-    x, y = make_batch(vocab, BATCH, SEQ, SEED, 0, "cpu")
+    cls = pp.SCHEDULE_CLASSES[pipeline.schedule]
+    schedule = cls(torch_stages[0] if len(torch_stages) == 1 else torch_stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    return stages, schedule
+
+
+def run(pp_size: int, tp_size: int, schedule: str, logits: str) -> dict:
+    layout = Layout(tp=tp_size, pp=pp_size)
+    mesh = pp.make_mesh(layout)
+    model = build_model(load_card("llama-tiny", **CARD), "sdpa", "cpu", torch.float32, seed=SEED)
+    pipeline = PipelineSchedule(schedule, MICROBATCHES, 2 if schedule == "interleaved_1f1b" else 1)
+    if logits == "dtensor":
+        trainer = pp.build_pipeline(model, layout, mesh, pipeline, batch_size=BATCH, seq_len=SEQ, seed=SEED)
+        stages, sched = trainer.stages, trainer.schedule
+    else:
+        stages, sched = _local_logits_schedule(model, layout, mesh, pipeline)
+    x, y = make_batch(CARD["vocab_size"], BATCH, SEQ, SEED, 0, "cpu")
     losses: list = []
     has_first = any(s.is_first for s in stages)
     has_last = any(s.is_last for s in stages)

@@ -110,6 +110,20 @@ class Layout:
                 f"{n_blocks} blocks; use at most {n_blocks} stages (a smaller pp or fewer stages per rank)"
             )
 
+    def check_stage_shards(self, seq_len: int, vocab: int) -> None:
+        """Tensor parallel inside pipeline stages: stages send equal local sequence shards of the hidden states and
+        the last returns equal vocabulary shards of the logits (the shapes torch's schedule is given), so ``seq_len``
+        and ``vocab`` are divisible by ``tp``."""
+        if self.tp == 1 or self.pp == 1:
+            return
+        for what, size, why in (("sequence", seq_len, "stages send equal sequence shards of the hidden states"),
+                                ("vocabulary", vocab, "the last stage returns equal vocabulary shards of the logits")):
+            if size % self.tp:
+                raise ValueError(
+                    f"layout tp {self.tp} inside pipeline stages: {what} {size} is not divisible by tp ({why}); "
+                    f"choose a tp that divides {size}"
+                )
+
     def describe(self) -> str:
         return " x ".join(self._named_axes())
 

@@ -14,13 +14,21 @@ scale the accumulated gradients by the microbatch count (``scale_grads``), so th
 Composition: the stage split, then the activation strategy per stage (``apply_ac``), then ``fully_shard`` per
 block and stage on the mesh's ``dp_shard`` dimension (with ``reshard_after_forward=False``, torchtitan's default
 under pipelining: a block is not all-gathered again for every microbatch), then AdamW over the stage's
-parameters. Tensor parallel and context parallel inside a stage are not composed yet (refused by ``make_mesh``).
-Every stage is given its input and output shapes (``StageShapes``), so torch's schedule runs in its static mode.
+parameters. Tensor parallel inside a stage (``tp`` > 1 on the ``(pp, dp_shard, tp)`` mesh) comes first, as in
+one process (``distributed.tensor_parallel``): the family's block plan on every block of the stage, and the root
+plan's entries for what the stage holds (the embedding row-wise to sequence shards on the first stage; the final
+norm sequence-parallel and the head column-wise with vocabulary-sharded DTensor logits on the last, the loss under
+``loss_parallel``, torchtitan's composition). Between stages flows the local sequence shard of the hidden states,
+(rows, T / tp, C); a stage that is not first builds its rotary tables for the whole sequence (``StageModule``), as
+the attention's inputs are all-gathered to it. Context parallel inside a stage is not composed (refused by
+``make_mesh``). Every stage is given its input and output shapes (``StageShapes``), so torch's schedule runs in its
+static mode.
 
 Measured on gloo ranks at pp 2 (world 2) and dp_shard 2 x pp 2 (world 4; tests/distributed/test_pipeline.py):
 GPipe, 1F1B and interleaved 1F1B (2 stages per rank) give one process's loss and gradients (max |difference|
 1.9e-8), each rank's CPU allocator added what its probe added, to the byte, and the rank simulated under fake
-mode (``simulate.pipeline``) holds the same bytes in every window.
+mode (``simulate.pipeline``) holds the same bytes in every window. At pp 2 x tp 2 (world 4) the three schedules
+give one process's loss and gradients too (tests/distributed/test_pipeline_tp.py).
 
 Limits, each an error naming it: a head tied to the embedding cannot be split over two stages (the two would
 live on different ranks); a model with more than one embedding (GPT's learned positions) is refused, as under
@@ -29,6 +37,7 @@ tensor parallel; stages are not more than blocks (``config.layout``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 
@@ -38,27 +47,31 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed import tensor_parallel as tp
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
 from pytest_flashckpt.training import _warmup, make_batch, make_optimizer
 
-MESH_DIMS = ("pp", "dp_shard")
+MESH_DIMS = ("pp", "dp_shard", "tp")
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
 def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
-    """The (pp, dp_shard) mesh of the current process group: pipeline outermost, as torchtitan."""
-    if layout.tp > 1 or layout.cp > 1:
+    """The (pp, dp_shard, tp) mesh of the current process group: pipeline outermost, tensor parallel innermost, as
+    torchtitan; a size-1 axis is kept so the stage build is one shape. Rank ``r`` is pipeline rank
+    ``r // (dp_shard * tp)``."""
+    if layout.cp > 1:
         raise ValueError(
-            f"layout {layout.describe()}: pipeline stages are composed with FSDP (dp_shard) only so far; use tp 1 "
-            "and cp 1 with pp"
+            f"layout {layout.describe()}: pipeline stages are composed with FSDP (dp_shard) and tensor parallel (tp) "
+            "only; context parallel is simulated alone (simulate.context_parallel); use cp 1 with pp"
         )
-    return init_device_mesh(device_type, (layout.pp, layout.dp_shard), mesh_dim_names=MESH_DIMS)
+    return init_device_mesh(device_type, (layout.pp, layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
 
 
 def stage_ranges(n_blocks: int, n_stages: int) -> list[range]:
@@ -95,13 +108,15 @@ class StageModule(nn.Module):
     """One pipeline stage: the model trimmed to its blocks (``part``) and the family's forward run on it.
 
     ``names`` maps this stage's parameter names to the whole model's (``part.blocks.0.x`` -> ``blocks.4.x``), so a
-    stage's gradients and checkpoints read against one process."""
+    stage's gradients and checkpoints read against one process. ``sequence_shards``: the tensor-parallel ranks the
+    received hidden states' sequence is sharded over (``apply_stage_tp``; 1 without tensor parallel)."""
 
     def __init__(self, part: nn.Module, index: int, n_stages: int, names: dict[str, str]) -> None:
         super().__init__()
         self.part = part
         self.index, self.n_stages, self.names = index, n_stages, names
         self._received = part.get_submodule(get_anatomy(part).embeddings[0]) if index > 0 else None
+        self.sequence_shards = 1
 
     @property
     def is_first(self) -> bool:
@@ -112,13 +127,15 @@ class StageModule(nn.Module):
         return self.index == self.n_stages - 1
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """First stage: token ids (B, T) in; other stages: the previous stage's hidden states (B, T, C) in.
-        Out: hidden states, or the logits on the last stage."""
+        """First stage: token ids (B, T) in; other stages: the previous stage's hidden states (B, T / tp, C) in
+        (their local sequence shard under tensor parallel). Out: hidden states, or the logits on the last stage."""
         if self._received is None:
             return self.part(inputs)
         self._received.hidden = inputs
-        # the family's forward reads batch, sequence and device off its token ids: an 8-byte zero, expanded
-        tokens = torch.zeros((), dtype=torch.long, device=inputs.device).expand(inputs.shape[:2])
+        # the family's forward reads batch, sequence and device off its token ids: an 8-byte zero, expanded to the
+        # whole sequence (under tensor parallel its rotary tables are the whole sequence's, as in one process)
+        rows, local_seq = inputs.shape[:2]
+        tokens = torch.zeros((), dtype=torch.long, device=inputs.device).expand(rows, local_seq * self.sequence_shards)
         return self.part(tokens)
 
 
@@ -192,6 +209,26 @@ def _set_shallow(model: nn.Module, path: str, module: nn.Module) -> None:
     parent._modules[parts[-1]] = module
 
 
+def stage_plan(stage: StageModule) -> dict[str, object]:
+    """The root plan of ``stage`` (``tensor_parallel.root_plan``'s entries for what it holds): the embedding on the
+    first stage, the final norm and the head (vocabulary-sharded DTensor logits) on the last."""
+    anatomy = get_anatomy(stage.part)
+    held = set(anatomy.embeddings[:1]) if stage.is_first else set()
+    if stage.is_last:
+        held |= {path for path in (anatomy.final_norm, anatomy.head) if path}
+    return {path: style for path, style in tp.root_plan(stage.part).items() if path in held}
+
+
+def apply_stage_tp(stage: StageModule, tp_mesh: DeviceMesh, root: dict[str, object] | None = None) -> None:
+    """Tensor + sequence parallel inside ``stage`` with torch's ``parallelize_module``: its root plan (``root``, by
+    default ``stage_plan``), then the family's block plan on each of its blocks (``tensor_parallel.block_plan``)."""
+    blocks_plan = tp.block_plan(stage.part)
+    parallelize_module(stage.part, tp_mesh, stage_plan(stage) if root is None else root)
+    for block in get_blocks(stage.part):
+        parallelize_module(block, tp_mesh, blocks_plan)
+    stage.sequence_shards = tp_mesh.size()
+
+
 @dataclass(frozen=True)
 class StageShapes:
     """What flows between stages, so every ``PipelineStage`` is given its input and output metadata
@@ -209,12 +246,18 @@ class StageShapes:
         head = model.get_submodule(anatomy.head).weight
         return cls(width=embedding.shape[1], vocab=head.shape[0], dtype=embedding.dtype)
 
-    def stage_args(self, stage: StageModule, rows: int, seq_len: int, dtype: torch.dtype) -> dict:
+    def stage_args(self, stage: StageModule, rows: int, seq_len: int, dtype: torch.dtype,
+                   tp_mesh: DeviceMesh | None = None) -> dict:
         """One microbatch's input and output of ``stage``, as meta tensors (shapes, dtypes, and which carry a
-        gradient: hidden states and logits do, token ids do not)."""
-        hidden = torch.empty(rows, seq_len, self.width, dtype=dtype, device="meta", requires_grad=True)
+        gradient: hidden states and logits do, token ids do not). Under tensor parallel (``tp_mesh`` of more than
+        one rank) the hidden states are the local sequence shard (rows, T / tp, C) and the last stage's logits a
+        DTensor sharded over the vocabulary (rows, T, V / tp local), what its head returns."""
+        shards = 1 if tp_mesh is None else tp_mesh.size()
+        hidden = torch.empty(rows, seq_len // shards, self.width, dtype=dtype, device="meta", requires_grad=True)
         tokens = torch.empty(rows, seq_len, dtype=torch.long, device="meta")
-        logits = torch.empty(rows, seq_len, self.vocab, dtype=dtype, device="meta", requires_grad=True)
+        logits = torch.empty(rows, seq_len, self.vocab // shards, dtype=dtype, device="meta", requires_grad=True)
+        if shards > 1:
+            logits = DTensor.from_local(logits, tp_mesh, [Shard(2)], run_check=False)
         return {"input_args": tokens if stage.is_first else hidden, "output_args": logits if stage.is_last else hidden}
 
 
@@ -242,6 +285,7 @@ class PipelineTrainer:
     dp_size: int = 1
     step: int = 0
     losses: list[torch.Tensor] = field(default_factory=list)
+    tensor_parallel: bool = False  # the stages are tensor parallel: the schedule runs under ``loss_parallel``
 
     @property
     def has_first(self) -> bool:
@@ -273,10 +317,12 @@ class PipelineTrainer:
         self.losses = []
         args = (x,) if self.has_first else ()
         target = y if self.has_last else None
-        self.schedule.step(*args, target=target, losses=self.losses if self.has_last else None)
+        with loss_parallel() if self.tensor_parallel else contextlib.nullcontext():
+            self.schedule.step(*args, target=target, losses=self.losses if self.has_last else None)
         if not self.losses:
             return None
-        loss = torch.stack([loss.detach() for loss in self.losses]).mean()
+        # under loss_parallel each microbatch's loss is a replicated DTensor: its local value is the loss
+        loss = torch.stack([_local(loss.detach()) for loss in self.losses]).mean()
         self.losses = []
         return loss
 
@@ -318,11 +364,16 @@ def build_pipeline(
     layout.check_batch(batch_size)
     n_stages = layout.pp * pipeline.stages_per_rank
     shapes = StageShapes.of(model)
+    if layout.tp > 1:
+        layout.check_card(model.config)
+        layout.check_stage_shards(seq_len, shapes.vocab)
     pp_rank = mesh["pp"].get_local_rank()
-    dp_mesh = mesh["dp_shard"]
+    dp_mesh, tp_mesh = mesh["dp_shard"], mesh["tp"]
     stages = [split_stage(model, index, n_stages) for index in stages_of_rank(pp_rank, layout.pp, pipeline.stages_per_rank)]
     del model
     for stage in stages:
+        if tp_mesh.size() > 1:  # TP first, then activation checkpointing, then FSDP (torchtitan's order)
+            apply_stage_tp(stage, tp_mesh)
         apply_ac(stage.part, activation or ActivationConfig())
         if dp_mesh.size() > 1 or mp_policy is not None:
             kwargs = {"mesh": dp_mesh, "reshard_after_forward": layout.pp == 1}
@@ -335,14 +386,15 @@ def build_pipeline(
     dtype = mp_policy.param_dtype if mp_policy is not None and mp_policy.param_dtype is not None else shapes.dtype
     torch_stages = [
         PipelineStage(stage, stage.index, n_stages, torch.device(device), group=group,
-                      **shapes.stage_args(stage, rows, seq_len, dtype))
+                      **shapes.stage_args(stage, rows, seq_len, dtype, tp_mesh if tp_mesh.size() > 1 else None))
         for stage in stages
     ]
     params = [p for stage in stages for p in stage.parameters()]
     optimizer = make_optimizer(params)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
     return PipelineTrainer(stages, _schedule(torch_stages, pipeline), optimizer, scheduler, shapes.vocab, batch_size, seq_len,
-                           seed, dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size())
+                           seed, dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(),
+                           tensor_parallel=tp_mesh.size() > 1)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -356,7 +408,7 @@ def communication_buffers(trainer: PipelineTrainer) -> list[torch.Tensor]:
     buffers = []
     for stage in _torch_stages(trainer.schedule):
         for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values()):
-            buffers.extend(info.buffer for info in infos if getattr(info, "buffer", None) is not None)
+            buffers.extend(_local(info.buffer) for info in infos if getattr(info, "buffer", None) is not None)
     return buffers
 
 

@@ -7,8 +7,9 @@ batch tokens = dp x microbatch x seq x accumulation) x FSDP2's ``reshard_after_f
 precision x pipeline stages: ``pp`` ranks (``--pp``), each schedule (torch's ``Schedule1F1B``,
 ``ScheduleInterleaved1F1B`` with 2 stages per rank, ``ScheduleGPipe`` on request), where ``accumulation`` is the
 schedule's microbatch count (one schedule step per optimizer step: the microbatches are the pipeline's). Pipeline
-stages are composed with FSDP alone (``distributed.pipeline``: no tensor parallel, no HSDP inside stages yet) and
-FSDP2 keeps the gathered blocks over the microbatches (``reshard_after_forward`` false, torchtitan's default under
+stages are composed with FSDP and tensor parallel (``distributed.pipeline``: the ``(pp, dp_shard, tp)`` mesh; a tp
+degree inside stages also divides the sequence and the vocabulary, what the stages send and return; no HSDP inside
+stages yet) and FSDP2 keeps the gathered blocks over the microbatches (``reshard_after_forward`` false, torchtitan's default under
 pipelining) x context parallel: ``cp`` ranks sharing each sequence (``--cp``; by default searched from 32K tokens
 on), simulated alone as ``simulate.context_parallel`` does: no FSDP, TP or stages with it, so each cp group holds a
 whole replica of the state in pure bf16 (the ring simulation runs no mixed precision yet), and the groups are
@@ -150,14 +151,15 @@ def enumerate_candidates(
     divides the GPUs and heads, or the batch cannot be split into whole sequences per data-parallel rank."""
     sequences = sequences_per_step(global_batch_tokens, seq_len)
     degrees = tp_degrees(card, gpus, gpus_per_node, tp)
+    check_stage_shards(card, seq_len, tp, pp)
     if not degrees:
         raise InputError(f"--gpus {gpus}: no tensor-parallel degree divides both {gpus} GPUs and model card "
                          f"{card.name!r}'s heads (n_head {card.n_head}, n_kv_head {getattr(card, 'n_kv_head', card.n_head)}) "
                          f"within a node of {gpus_per_node}; use a GPU count that is a multiple of one")
     found: list[Candidate] = []
     for p in pp:
-        for t in degrees if p == 1 else [1] if 1 in degrees else []:  # TP inside stages: not built
-            if gpus % (t * p):
+        for t in degrees:
+            if gpus % (t * p) or (p > 1 and not stage_shardable(card, seq_len, t)):
                 continue
             dp = gpus // (t * p)
             if sequences % dp:
@@ -217,6 +219,29 @@ def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[i
             for strategy in strategies:
                 found.append(Candidate(gpus, 1, 1, mb, per_rank // mb, strategy, "pure", True, replicas, cp=c, k=k))
     return found
+
+
+def stage_shardable(card, seq_len: int, tp: int) -> bool:
+    """Tensor parallel ``tp`` inside pipeline stages: the sequence and the vocabulary divisible by ``tp``
+    (``config.layout.Layout.check_stage_shards``: stages send equal sequence shards, the last returns equal
+    vocabulary shards)."""
+    try:
+        Layout(tp=tp, pp=2).check_stage_shards(seq_len, card.vocab_size)
+    except ValueError:
+        return False
+    return True
+
+
+def check_stage_shards(card, seq_len: int, tp: tuple[int, ...] | None, pp: tuple[int, ...]) -> None:
+    """A requested tp degree that no requested pipeline degree can take inside its stages: an ``InputError`` naming
+    the sequence or vocabulary it does not divide (only when every requested layout is pipelined)."""
+    if not tp or 1 in pp:
+        return
+    for t in tp:
+        try:
+            Layout(tp=t, pp=2).check_stage_shards(seq_len, card.vocab_size)
+        except ValueError as exc:
+            raise InputError(f"--tp {t} with --pp {','.join(map(str, pp))}: {exc}") from None
 
 
 def _schedulable(schedule: str, pp: int, virtual: int, microbatches: int, n_blocks: int) -> bool:

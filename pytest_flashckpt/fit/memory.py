@@ -5,7 +5,7 @@ real engine under fake mode (``simulate.fake_ranks.simulate_rank``: torch's ``fu
 ``parallelize_module`` on a fake process group, the rank's live tensors phase by phase); ``dp_replicate`` (HSDP)
 adds nothing to a rank (a replica holds the same shards: the rank is the ``dp_shard x tp`` rank with the same
 microbatch); ``pp`` is simulated by the same engine running torch's pipelining schedule
-(``simulate.pipeline.simulate_pipeline_rank``: the stage split, ``fully_shard`` per stage, the schedule's own
+(``simulate.pipeline.simulate_pipeline_rank``: the stage split, tensor parallel inside it, ``fully_shard`` per stage, the schedule's own
 in-flight microbatches and receive buffers), a deep card's stage read off the line through fewer blocks per stage.
 A pipeline candidate's peak is the larger of its first and its last pipeline rank's (the first stage holds the most
 in-flight microbatches under 1F1B and the embedding, the last the head, its logits and the loss; the stages between
@@ -100,7 +100,7 @@ def _simulate_stages(card, layout: Layout, pipeline: PipelineSchedule, **kwargs)
     ``ranks`` holds both ranks' peaks."""
     from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
 
-    ranks = sorted({0, (layout.pp - 1) * layout.dp_shard})
+    ranks = sorted({0, (layout.pp - 1) * layout.dp_shard * layout.tp})  # mesh (pp, dp_shard, tp): rank 0 of each
     records = [simulate_pipeline_rank(card, layout, pipeline, rank=rank, **kwargs) for rank in ranks]
     record = max(records, key=lambda r: r["peak_bytes"])
     return {**record, "ranks": {r["rank"]: r["peak_bytes"] for r in records},
@@ -155,7 +155,7 @@ class RankMemoryModel:
                         dtype="bfloat16", strategy=key.strategy, k=key.k)
                 elif key.pp > 1:
                     self.records[key] = self.simulate_stage(
-                        self.card, Layout(dp_shard=key.dp_shard, pp=key.pp),
+                        self.card, Layout(dp_shard=key.dp_shard, tp=key.tp, pp=key.pp),
                         PipelineSchedule(key.schedule, key.microbatches, key.stages_per_rank), batch_size=key.batch_size,
                         seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16,
                         precision=key.precision)

@@ -78,9 +78,10 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
         raise InputError(f"--write-scenario {path}: a suite file ends in .yaml; name it e.g. fit.yaml")
     header = f"# Written by flashckpt fit: {summary}\n"
     note = ""
-    if c.pp > 1:  # the suite has no pipeline axis: the scenario simulates the FSDP rank of the same microbatch
+    if c.pp > 1:  # the suite has no pipeline axis: the scenario simulates the FSDP (x tp) rank of the same microbatch
+        rank = "dp_shard x tp rank" if c.tp > 1 else "FSDP rank"
         note = (f"the suite has no pipeline axis yet: pp {c.pp} ({c.schedule}, {c.accumulation} microbatches) is a "
-                "comment, the scenario simulates the FSDP rank of the data-parallel group at one microbatch")
+                f"comment, the scenario simulates the {rank} of the data-parallel group at one microbatch")
     with_layout = c.tp > 1  # FSDP alone is the layout axis's default: nothing to write
     suite = {"name": path.stem, "description": f"flashckpt fit's chosen layout: {summary}",
              "scenarios": [scenario_entry(card_name, c, seq_len, with_layout=with_layout)]}

@@ -88,6 +88,24 @@ def _real_meshes():
         DeviceMesh.__init__ = init
 
 
+def forget_meshes() -> None:
+    """Clear DTensor's caches of sharding propagation (torch's C++ dispatch cache and the Python one) and of
+    redistribute plans. Their entries hold the ``DeviceMesh`` of the run that filled them, and a mesh of the next
+    fake process group compares equal to it (same ranks, shape and names: ``DeviceMesh.__eq__``) but names other
+    process groups: without this, a second simulated rank in the same process (rank 2 after rank 0 of a pp 2 x
+    tp 2 layout) ran its collectives on the first run's destroyed groups (``RuntimeError: Could not resolve the
+    process group registered under the name 7``)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import _redistribute
+
+    torch._C._clear_DTensor_sharding_propagator_cache()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+
+
 def _build_fake(card, backend: str, dtype: torch.dtype, seed: int) -> torch.nn.Module:
     """``models.cards.build_model`` under fake mode: the parameters created in ``dtype`` from the same seed."""
     default = torch.get_default_dtype()
@@ -172,6 +190,7 @@ def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, stra
                     probe_class: type[ShardedLiveTensorProbe], foreach: bool | None) -> dict:
     """One fake process group, the card built and laid out, a warm step and the probed step."""
     started = time.perf_counter()
+    forget_meshes()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
         mesh = tp.make_mesh(layout)
@@ -187,6 +206,7 @@ def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, stra
         done = time.perf_counter()
     finally:
         dist.destroy_process_group()
+        forget_meshes()
     record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
                   n_layer=card.n_layer)
     return record

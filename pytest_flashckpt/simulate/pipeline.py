@@ -1,5 +1,5 @@
-"""One pipeline rank simulated by the real engine: the stage split and torch's schedule (``distributed.pipeline``,
-the code the gloo ranks run) in one process under ``FakeTensorMode`` with torch's fake process group, as
+"""One pipeline rank simulated by the real engine: the stage split, tensor parallel inside the stage when the layout
+has ``tp`` > 1, and torch's schedule (``distributed.pipeline``, the code the gloo ranks run) in one process under ``FakeTensorMode`` with torch's fake process group, as
 ``simulate.fake_ranks`` does for tensor parallel and FSDP (its mesh and collective helpers are reused).
 
 So the in-flight activations are the schedule's own: under 1F1B the first stage runs ``pp`` microbatch forwards
@@ -43,7 +43,14 @@ from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import pipeline as pp
 from pytest_flashckpt.distributed.fsdp import mixed_precision_policy
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
-from pytest_flashckpt.simulate.fake_ranks import _build_fake, _eager_collectives, _extrapolated, _real_meshes, _sample_times
+from pytest_flashckpt.simulate.fake_ranks import (
+    _build_fake,
+    _eager_collectives,
+    _extrapolated,
+    _real_meshes,
+    _sample_times,
+    forget_meshes,
+)
 from pytest_flashckpt.simulate.layer_extrapolation import POINTS, line_through, sample_depths
 from pytest_flashckpt.simulate.rank_probe import ResizeTrackingRankProbe
 
@@ -113,8 +120,9 @@ def simulate_pipeline_rank(
     extrapolate: bool = True,
     probe_class: type[ShardedLiveTensorProbe] = ResizeTrackingRankProbe,
 ) -> dict:
-    """Rank ``rank`` of a ``pp x dp_shard`` layout (rank ``r`` holds pipeline rank ``r // dp_shard``'s stages):
-    one warm step, then one step measured in the two windows of a real rank (``pipeline.memory_step``).
+    """Rank ``rank`` of a ``pp x dp_shard x tp`` layout (rank ``r`` holds pipeline rank ``r // (dp_shard * tp)``'s
+    stages, tensor parallel over the ``tp`` ranks of its group when ``layout.tp`` > 1): one warm step, then one
+    step measured in the two windows of a real rank (``pipeline.memory_step``).
 
     ``extrapolate`` (default): the card at a few smaller numbers of blocks per stage (every stage one block more
     at each step, ``layer_extrapolation.sample_depths`` with ``stages``), its byte counts read off the line through
@@ -125,7 +133,9 @@ def simulate_pipeline_rank(
     if dist.is_initialized():
         raise RuntimeError("simulate_pipeline_rank needs a process without a process group (it starts the fake one)")
     layout.check_batch(batch_size)
+    layout.check_card(card)
     pipeline.check(layout, batch_size=batch_size, n_blocks=card.n_layer)
+    layout.check_stage_shards(seq_len, card.vocab_size)
     run = functools.partial(_simulate_stage_whole, layout=layout, pipeline=pipeline, batch_size=batch_size,
                             seq_len=seq_len, strategy=strategy, k=k, dtype=dtype, precision=precision, rank=rank,
                             seed=seed, backend=backend, probe_class=probe_class)
@@ -152,6 +162,7 @@ def _simulate_stage_whole(card, *, layout: Layout, pipeline: PipelineSchedule, b
                           probe_class: type[ShardedLiveTensorProbe]) -> dict:
     """One fake process group, the card built and split, a warm step and the probed step."""
     started = time.perf_counter()
+    forget_meshes()  # (a previous rank's DTensor caches hold its meshes: simulate.fake_ranks)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
         mesh = pp.make_mesh(layout)
@@ -170,6 +181,7 @@ def _simulate_stage_whole(card, *, layout: Layout, pipeline: PipelineSchedule, b
         done = time.perf_counter()
     finally:
         dist.destroy_process_group()
+        forget_meshes()
     record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
                   n_layer=card.n_layer)
     return record
@@ -188,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overrides", default="{}", help="card overrides as JSON, e.g. '{\"n_layer\": 4}'")
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--dp-shard", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks inside each stage")
     parser.add_argument("--schedule", default="1f1b")
     parser.add_argument("--microbatches", type=int, default=2)
     parser.add_argument("--stages-per-rank", type=int, default=1)
@@ -202,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--exact-probe", action="store_true", help="the gloo ranks' probe (distributed.memory)")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
-    layout = Layout(dp_shard=args.dp_shard, pp=args.pp)
+    layout = Layout(dp_shard=args.dp_shard, tp=args.tp, pp=args.pp)
     pipeline = PipelineSchedule(args.schedule, args.microbatches, args.stages_per_rank)
     records = {
         rank: simulate_pipeline_rank(card, layout, pipeline, batch_size=args.batch, seq_len=args.seq,

@@ -4,13 +4,14 @@ the command line.
     flashckpt simulate --model llama3-8b --seq 4096 --batch 8 --strategy full --world-size 4 --pp 4 --microbatches 8
     flashckpt simulate --model llama3-8b --seq 131072 --batch 1 --strategy full --world-size 8 --cp 8
 
-``--pp``: rank 0 (the first stage, which holds the most in-flight microbatches) of a ``pp x dp_shard`` layout, run by
-torch's ``torch.distributed.pipelining`` schedule under fake mode (``simulate.pipeline``; a deep card's stage read off
+``--pp``: rank 0 (the first stage, which holds the most in-flight microbatches) of a ``pp x dp_shard x tp`` layout
+(``--tp``: tensor parallel inside the stages, ``distributed.pipeline``), run by torch's
+``torch.distributed.pipelining`` schedule under fake mode (``simulate.pipeline``; a deep card's stage read off
 the line through fewer blocks per stage). ``--cp``: one rank of
 ``cp`` ranks sharing the sequence, the meta step at ``seq / cp`` tokens with torch's ring attention
 (``simulate.context_parallel``), labelled "modelled" until the GPU suite measures it. Every input is checked
-before anything is built (``config.layout``); an error is one line naming the option and the fix. Combining pp or
-cp with tp, or cp with FSDP ranks, is refused (not built yet: docs/layouts.md).
+before anything is built (``config.layout``); an error is one line naming the option and the fix. Combining cp with
+tp, pp or FSDP ranks is refused (not built yet: docs/layouts.md).
 """
 
 from __future__ import annotations
@@ -38,14 +39,16 @@ def check_args(args: argparse.Namespace):
         raise InputError(f"{_where(args)}: {refusal}")
     if args.pp != 1 and args.cp != 1:
         raise InputError(f"{_where(args)}: pipeline and context parallel together are not built yet; choose --pp or --cp")
-    if args.tp != 1:
-        raise InputError(f"{_where(args)}: tensor parallel inside pipeline stages or with context parallel is not built "
-                         "yet; use --tp 1 with --pp or --cp")
+    if args.tp != 1 and args.cp != 1:
+        raise InputError(f"{_where(args)}: tensor parallel with context parallel is not built yet; use --tp 1 with --cp")
     try:
-        layout = Layout.for_world(args.world_size, pp=args.pp, cp=args.cp)
+        layout = Layout.for_world(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp)
         if args.cp != 1 and layout.dp_shard != 1:
             raise ValueError(f"context parallel is simulated alone: --world-size must equal --cp ({args.cp})")
         card = load_card(args.model)
+        layout.check_card(card)
+        layout.check_stages(card.n_layer, args.stages_per_rank)
+        layout.check_stage_shards(args.seq, card.vocab_size)
         layout.check_batch(args.batch)
         dtype = dtype_name(args.dtype)
     except FileNotFoundError as exc:
@@ -73,8 +76,10 @@ def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple
         depths = record.get("simulated_depths", [])
         how = (f"; depths {', '.join(map(str, depths))} simulated, the card's {card.n_layer} blocks read off their line"
                if record.get("extrapolated") else "")
-        what = (f"stage 0 of {layout.pp} ({args.schedule}, {args.microbatches} microbatches), simulated by torch's "
-                f"pipelining schedule + fully_shard under FakeTensorMode{how}")
+        tensor_parallel = f", tensor parallel over {layout.tp} ranks inside it" if layout.tp > 1 else ""
+        what = (f"stage 0 of {layout.pp} ({args.schedule}, {args.microbatches} microbatches{tensor_parallel}), simulated "
+                f"by torch's pipelining schedule + {'parallelize_module + ' if layout.tp > 1 else ''}fully_shard under "
+                f"FakeTensorMode{how}")
         return record, what
     if args.precision != "pure":
         raise InputError(f"{_where(args)}: --precision {args.precision} is not simulated with context parallel yet; use pure")

@@ -1,10 +1,11 @@
-"""Started by torchrun from test_pipeline.py: one rank of a ``pp`` x ``dp_shard`` pipeline of a small Llama card.
+"""Started by torchrun from test_pipeline.py and test_pipeline_tp.py: one rank of a ``pp`` x ``dp_shard`` x ``tp``
+pipeline of a small Llama card (tensor parallel inside the stages when ``TP`` > 1).
 
 Per schedule (``gpipe``, ``1f1b``, ``interleaved_1f1b`` with 2 stages per rank): the first step's loss (on the
 last stage) and gradients (mapped to the whole model's names) beside one process on the full batch, then after a
 warm step one step measured by the rank probe (``pipeline.memory_step``) and the next identical step's
 forward+backward by the CPU allocator's events. Writes ``rank-<r>.json``. Usage:
-``pipeline_worker.py OUT DP PP MICROBATCHES``.
+``pipeline_worker.py OUT DP PP MICROBATCHES [TP]``.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def memory(layout, mesh, pipeline) -> dict:
 
 if __name__ == "__main__":
     out, dp, pp_size, microbatches = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    tp_size = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     fsdp.init(timeout_s=120)
-    layout = Layout(dp_shard=dp, pp=pp_size)
+    layout = Layout(dp_shard=dp, tp=tp_size, pp=pp_size)
     layout.check_world(dist.get_world_size())
     mesh = pp.make_mesh(layout)
     ref_loss, ref_grads = reference()

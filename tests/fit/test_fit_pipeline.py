@@ -39,8 +39,11 @@ def test_pipeline_candidates_are_what_torchs_schedules_run() -> None:
     found = enumerate_candidates(DEEP, 64, seq_len=8192, global_batch_tokens=128 * 8192, gpus_per_node=8,
                                  pp=(1, 8), schedules=("1f1b", "interleaved_1f1b", "gpipe"))
     staged = [c for c in found if c.pp > 1]
-    assert staged and all(c.tp == 1 and c.dp_replicate == 1 and not c.reshard_after_forward for c in staged)
-    assert all(c.dp_shard * c.pp == 64 and c.microbatch * c.accumulation == 128 // c.dp_shard for c in staged)
+    assert staged and all(c.dp_replicate == 1 and not c.reshard_after_forward for c in staged)
+    # tensor parallel inside the stages: every degree of a node that divides the heads (8 kv heads), pp x tp x FSDP
+    assert {c.tp for c in staged} == {1, 2, 4, 8}
+    assert all(c.dp_shard * c.tp * c.pp == 64 and c.microbatch * c.accumulation == 128 // c.dp_shard for c in staged)
+    assert "fsdp 1 x tp 8 x pp 8 (1f1b)" in {c.describe() for c in staged}
     assert all(c.accumulation >= 8 for c in staged if c.schedule == "1f1b")  # a microbatch per stage at least
     assert {c.stages_per_rank for c in staged if c.schedule == "interleaved_1f1b"} == {2}
     assert "fsdp 8 x pp 8 (interleaved_1f1b, 2 stages per rank)" in {c.describe() for c in staged}
@@ -95,6 +98,11 @@ def test_the_search_takes_the_pipeline_degrees_and_simulates_stages() -> None:
     (["--gpus", "8", "--pp", "4"], "--pp 4: 4 stages for model card 'llama-tiny''s 3 blocks; use --pp 3 or fewer"),
     (["--gpus", "4", "--pp", "2", "--schedules", "zero_bubble"], "--schedules 'zero_bubble': fit simulates"),
     (["--gpus", "4", "--pp", "2", "--global-batch-tokens", str(256 * 2)], "--gpus 4: the global batch of 2 sequences"),
+    # tensor parallel inside stages: whole heads, no more stages than blocks, a sequence the stages can shard
+    (["--gpus", "12", "--pp", "2", "--tp", "3"], "--tp 3: model card 'llama-tiny' has n_kv_head 2, not divisible by 3"),
+    (["--gpus", "16", "--pp", "4", "--tp", "2"], "--pp 4: 4 stages for model card 'llama-tiny''s 3 blocks"),
+    (["--gpus", "4", "--pp", "2", "--tp", "2", "--seq", "255", "--global-batch-tokens", str(255 * 16)],
+     "--tp 2 with --pp 2: layout tp 2 inside pipeline stages: sequence 255 is not divisible by tp"),
 ])
 def test_impossible_pipeline_requests_are_one_line_errors(args, message, capsys) -> None:
     argv = ["fit", "--model", "llama-tiny", "--seq", "256", "--global-batch-tokens", str(256 * 16), "--tp", "1", *args]
@@ -129,4 +137,38 @@ def test_the_search_on_the_real_simulated_stages_reads_the_larger_of_first_and_l
     assert (chosen.candidate.pp, chosen.candidate.dp_shard, chosen.candidate.accumulation) == (2, 1, 2)
     (record,) = records
     assert sorted(record["ranks"]) == [0, 1] and record["ranks"][0] != record["ranks"][1]  # the head is on rank 1
+    assert chosen.memory.peak_bytes == max(record["ranks"].values()) == record["peak_bytes"]
+
+
+def test_tensor_parallel_stages_are_candidates_only_where_the_stages_can_shard() -> None:
+    """The default tp degrees (those dividing the heads: 1 and 2 here) inside stages at a sequence tp 2 divides
+    (control), and at one it does not, where FSDP x pp candidates remain (a requested --tp 2 is an error there)."""
+    kwargs = dict(gpus_per_node=8, pp=(2,), schedules=("1f1b",))
+    even = enumerate_candidates(CARD, 4, seq_len=256, global_batch_tokens=256 * 16, **kwargs)
+    assert {c.tp for c in even} == {1, 2} and {c.describe() for c in even if c.tp == 2} == {"fsdp 1 x tp 2 x pp 2 (1f1b)"}
+    odd = enumerate_candidates(CARD, 4, seq_len=255, global_batch_tokens=255 * 16, **kwargs)
+    assert odd and {c.tp for c in odd} == {1}
+
+
+def test_the_search_simulates_a_tensor_parallel_pipeline_at_its_first_and_last_rank() -> None:
+    """fit at pp 2 x tp 2 on 4 GPUs: fit.memory's own simulation of the first and the last pipeline rank (ranks 0
+    and 2 of the (pp, dp_shard, tp) mesh), both in this process under fake mode."""
+    from pytest_flashckpt.fit import memory as memory_module
+
+    records: list = []
+
+    def both_ranks(*args, **kwargs):
+        records.append(memory_module._simulate_stages(*args, **kwargs))
+        return records[-1]
+
+    card = load_card("llama-tiny", n_layer=2)
+    request = FitRequest(card=card, seq_len=32, global_batch_tokens=32 * 2, gpus=(4,), device=DEVICES["h100-sxm"],
+                         device_memory=64 * MiB, strategies=("full",), tp=(2,), top=1, max_simulations=1, pp=(2,),
+                         schedules=("1f1b",))
+    (found,) = search(request, simulate=lambda *a, **k: pytest.fail("the FSDP rank was simulated"),
+                      simulate_stage=both_ranks)
+    (chosen,) = found.fitting
+    assert (chosen.candidate.pp, chosen.candidate.tp, chosen.candidate.dp_shard) == (2, 2, 1)
+    (record,) = records
+    assert sorted(record["ranks"]) == [0, 2]
     assert chosen.memory.peak_bytes == max(record["ranks"].values()) == record["peak_bytes"]

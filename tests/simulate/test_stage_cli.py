@@ -30,6 +30,22 @@ def test_pp_prints_stage_zero_of_the_real_schedule(capsys) -> None:
     assert main([*argv[:-1], "1KiB"]) == 1  # control: the same stage does not fit a tiny device
 
 
+def test_pp_with_tp_prints_stage_zero_with_tensor_parallel_inside(capsys) -> None:
+    """``--pp 2 --tp 2`` on 4 ranks: stage 0's tp rank, the same bytes as ``simulate_pipeline_rank`` at that layout,
+    under the stage's peak at tp 1 (control: ``--pp 2`` on 2 ranks)."""
+    argv = ["simulate", "--model", "llama-tiny", "--seq", "64", "--batch", "4", "--dtype", "fp32", "--strategy", "full",
+            "--world-size", "4", "--pp", "2", "--tp", "2", "--microbatches", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stage 0 of 2 (1f1b, 2 microbatches, tensor parallel over 2 ranks inside it)" in out
+    assert "layout dp_shard 1 x tp 2 x pp 2 (4 ranks)" in out
+    record = simulate_pipeline_rank(load_card("llama-tiny"), Layout(tp=2, pp=2), PipelineSchedule("1f1b", 2),
+                                    batch_size=4, seq_len=64, strategy="full", dtype=torch.float32)
+    assert _peak(out) == record["peak_bytes"]
+    assert main([*argv[:argv.index("--world-size")], "--world-size", "2", "--pp", "2", "--microbatches", "2"]) == 0
+    assert _peak(capsys.readouterr().out) > record["peak_bytes"]
+
+
 def test_cp_prints_a_modelled_ring_rank(capsys) -> None:
     argv = ["simulate", "--model", "llama-tiny", "--seq", "256", "--batch", "1", "--strategy", "full", "--world-size", "2", "--cp", "2"]
     assert main(argv) == 0
@@ -41,7 +57,11 @@ def test_cp_prints_a_modelled_ring_rank(capsys) -> None:
     ("argv", "message"),
     [
         (["--world-size", "2", "--pp", "2", "--cp", "2"], "pipeline and context parallel together are not built yet"),
-        (["--world-size", "4", "--pp", "2", "--tp", "2"], "tensor parallel inside pipeline stages"),
+        (["--world-size", "4", "--cp", "2", "--tp", "2"], "tensor parallel with context parallel is not built yet"),
+        # tensor parallel inside stages: whole heads, no more stages than blocks, a sequence the stages can shard
+        (["--world-size", "8", "--pp", "2", "--tp", "4"], "model card 'llama-tiny' has n_head 6, not divisible by tp"),
+        (["--world-size", "8", "--pp", "4", "--tp", "2"], "4 pipeline stages (4 ranks x 1 per rank) for 3 blocks"),
+        (["--world-size", "4", "--pp", "2", "--tp", "2", "--seq", "127"], "sequence 127 is not divisible by tp"),
         (["--world-size", "4", "--pp", "8"], "world size 4 is not divisible by tp 1 x pp 8 x cp 1 = 8"),
         (["--world-size", "2", "--pp", "2", "--microbatches", "3"], "microbatch"),
         (["--world-size", "4", "--cp", "2"], "--world-size must equal --cp (2)"),
