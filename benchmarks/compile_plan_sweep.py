@@ -310,8 +310,9 @@ def write(record: dict, out: Path) -> None:
         if noted:
             lines += ["Each plan, checked compiled and priced against the fixed strategies (`CompilePlan.fixed_note()`; "
                       "compiled check peak, re-plans):", ""]
-            lines += [f"- {r['config']}: compiled check {_mib(r.get('compiled_check_peak_bytes'))} MiB, {r.get('replans', 0)} re-plan(s); "
-                      f"{r['plan_note']}" for r in noted]
+            lines += [f"- {r['config']}: planned in {r['plan_s']:.0f} s (simulations cached across the sweep's budgets); compiled "
+                      f"check {_mib(r.get('compiled_check_peak_bytes'))} MiB, {r.get('replans', 0)} re-plan(s); {r['plan_note']}"
+                      for r in noted]
             lines.append("")
     lines += ["## Claims, per plan point", "",
               "| card | plan | measured <= budget | plan | fastest fitting fixed | vs fixed | knob at equal or lower peak | vs knob |",

@@ -30,12 +30,19 @@ How a plan is made (``plan_compiled``):
    width-32 GPT, where activations do not dominate, the compiled step went 13% over it: each block whose
    policy saves ``gelu``'s output held one batch x seq x 4C tensor more compiled than the plan counts (by the
    bytes, ``c_fc``'s output, which gelu's backward reads; ``reports/compiled-plan-check.md``). Compile's ``none`` keeps less
-   than eager's (llama-tiny: 82.4 vs 93.0 MiB), which this prices at eager's bytes.
+   than eager's (llama-tiny: 82.4 vs 93.0 MiB), which this prices at eager's bytes (point 5 prices it compiled).
 4. **The compiled check** (optional, ``compiled_peak``): the plan's step simulated compiled
    (``simulate.compiled.compiled_peak_check``: the partitioner's saved set and Inductor's memory plan on fake
    tensors, byte-equal to the allocator on that GPT) and, while over the budget, solved again within the budget
    less the prediction's error, stepping down the Pareto front a bounded number of times (``MAX_REPLANS``);
    ``CompilePlan.compiled_checks`` records each simulated plan and ``describe()`` the re-plans it took.
+5. **Against the fixed strategies** (with the compiled check): the registry's compiled-simulated strategies that
+   are one save set per block (``FIXED_CANDIDATES``: ``none``, ``full``, ``every_k``, ``selective_op``, as
+   per-block policies, ``fixed_policies``) are priced by the same cost model (recomputation) and the same compiled
+   check (peak), cheapest recomputation first, only while they recompute less than the solved plan (every one when
+   the solved plan does not hold compiled); the first that fits the budget compiled is the plan
+   (``CompilePlan.fixed``, ``fixed_checks``, ``fixed_note()``). On llama-tiny at 4 x 256, ``min + 75%``: ``none``
+   (82.38 MiB compiled, 0 recomputed) in place of save sets the eager segments priced as fitting.
 
 Where this differs from torch's own tools, and why:
 
