@@ -533,7 +533,7 @@ class CompilePlan:
                            f"({'fits' if c.simulated_peak <= self.shape_plan.budget_bytes else 'over'})"
                            for c in self.fixed_checks)
         head = (f"fixed strategies priced compiled [{priced}]" if self.fixed_checks else
-                "no fixed strategy priced (none recomputes less than the solved plan, or the solved plan is one)")
+                "no fixed strategy priced (not one recomputes less than the solved plan, or the solved plan is one)")
         if self.fixed is not None and self._fixed_check is not None:
             return (f"{head}: the plan is fixed `{self.fixed}` (fits compiled, recomputes {self.cost / 1e9:.3f} GFLOP-eq "
                     f"against the solved plan's {solved.cost / 1e9:.3f})")
