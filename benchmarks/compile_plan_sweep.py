@@ -15,9 +15,11 @@ state (``torch._dynamo.reset()``; Inductor's FX graph cache stays on unless ``--
   optimizer step) apart;
 - **agreement**: the first loss and every gradient against the same model run eager.
 
-Configurations: ``plan, min + N%`` (our compiled plan at each budget of the sweep, ``--spans``); ``none`` /
-``full`` / ``selective_op`` (fixed strategies, compiled per block; ``selective_op`` as a torch selective-checkpoint
-policy saving the candidates its default list names, since its own wrapper's ``context_fn`` does not compile yet);
+Configurations: ``plan, min + N%`` (our compiled plan at each budget of the sweep, ``--spans``, planned as the
+runner plans it: checked compiled and priced against the fixed strategies); ``none`` / ``full`` / ``every_k`` /
+``selective_op`` (the fixed strategies the plan is priced against, ``compile_policy.FIXED_CANDIDATES``, compiled per
+block as the per-block policies it prices, ``fixed_policies``: ``selective_op`` as a torch selective-checkpoint
+policy saving the candidates its default list names, ``every_k`` with k = 2);
 ``knob B`` (no checkpoint, ``torch._functorch.config.activation_memory_budget = B`` while the blocks compile).
 The claims are judged from the measured rows and written to ``reports/compile-plan-sweep.{md,json}``.
 """
@@ -37,7 +39,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from pytest_flashckpt.activation import apply_ac
-from pytest_flashckpt.activation.budget.compile_policy import compile_blocks, fixed_policies, plan_compiled, record_block_ops
+from pytest_flashckpt.activation.budget.compile_policy import FIXED_CANDIDATES, compile_blocks, fixed_policies, plan_compiled, record_block_ops
 from pytest_flashckpt.activation.options import FULL, NONE
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_blocks
@@ -151,7 +153,7 @@ def sweep_card(card_name: str, shape, spans, knobs, rounds: int) -> dict:
         rows.append({"config": name, "peak_bytes": peak, "predicted_peak_bytes": costs.predict_peak([costs.option_index(option)] * n_blocks)})
         print(json.dumps(rows[-1]), flush=True)
     block_ops = record_block_ops(planner_model, *shape)
-    fixed = {name: fixed_policies(name, block_ops) for name in ("none", "full", "selective_op")}
+    fixed = {name: fixed_policies(name, block_ops) for name in FIXED_CANDIDATES}  # the ones the plan is priced against
     for name, policies in fixed.items():
         rows.append({"family": "fixed", **measure(f"fixed {name}", card, shape, policies, None, reference, eager_check, rounds)})
     for knob in knobs:
