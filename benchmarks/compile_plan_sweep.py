@@ -15,9 +15,11 @@ state (``torch._dynamo.reset()``; Inductor's FX graph cache stays on unless ``--
   optimizer step) apart;
 - **agreement**: the first loss and every gradient against the same model run eager.
 
-Configurations: ``plan, min + N%`` (our compiled plan at each budget of the sweep, ``--spans``); ``none`` /
-``full`` / ``selective_op`` (fixed strategies, compiled per block; ``selective_op`` as a torch selective-checkpoint
-policy saving the candidates its default list names, since its own wrapper's ``context_fn`` does not compile yet);
+Configurations: ``plan, min + N%`` (our compiled plan at each budget of the sweep, ``--spans``, planned as the
+runner plans it: checked compiled and priced against the fixed strategies); ``none`` / ``full`` / ``every_k`` /
+``selective_op`` (the fixed strategies the plan is priced against, ``compile_policy.FIXED_CANDIDATES``, compiled per
+block as the per-block policies it prices, ``fixed_policies``: ``selective_op`` as a torch selective-checkpoint
+policy saving the candidates its default list names, ``every_k`` with k = 2);
 ``knob B`` (no checkpoint, ``torch._functorch.config.activation_memory_budget = B`` while the blocks compile).
 The claims are judged from the measured rows and written to ``reports/compile-plan-sweep.{md,json}``.
 """
@@ -37,14 +39,14 @@ import torch
 from torch._dynamo.utils import counters
 
 from pytest_flashckpt.activation import apply_ac
-from pytest_flashckpt.activation.budget.compile_policy import SavePolicy, compile_blocks, plan_compiled, record_block_ops
+from pytest_flashckpt.activation.budget.compile_policy import FIXED_CANDIDATES, compile_blocks, fixed_policies, plan_compiled, record_block_ops
 from pytest_flashckpt.activation.options import FULL, NONE
-from pytest_flashckpt.activation.ops import DEFAULT_SAVE_OPS
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.probes.compiled import import_inductor, measure_compiled_step, missing_compiler
 from pytest_flashckpt.runner.timing import interleaved
+from pytest_flashckpt.simulate.compiled import compiled_peak_check
 from pytest_flashckpt.simulate.costs import SimulatedCosts
 from pytest_flashckpt.training import Trainer
 
@@ -67,12 +69,6 @@ def loss_and_grads(trainer: Trainer) -> tuple[float, list[torch.Tensor]]:
     return loss.item(), grads
 
 
-def selective_op_policy(model, shape) -> SavePolicy:
-    """``selective_op``'s default as a torch policy: save each candidate (an output the backward reads) whose
-    overload is in its default list (the matmuls and the attention kernel; the o projection's output is no
-    candidate: the backward never reads it, which is why ``selective_op`` recomputes it)."""
-    ops = record_block_ops(model, *shape)[0]
-    return SavePolicy(frozenset(op.key for op in ops.ops if op.candidate and op.key[0] in DEFAULT_SAVE_OPS))
 
 
 def with_cpu_time(step, sink: list[float]):
@@ -136,9 +132,12 @@ def sweep_card(card_name: str, shape, spans, knobs, rounds: int) -> dict:
     costs = source.costs(*shape)
     planner_model = build_model(card, "sdpa")
     plans = {}
+    # as the runner plans: checked compiled (simulated, re-planned while over) and priced against the fixed
+    # strategies; one check for the sweep, so each policies' compiled step is simulated once (cached)
+    check = compiled_peak_check(card, *shape)
     for span in spans:
         t0 = time.perf_counter()
-        plan = plan_compiled(planner_model, f"min + {span:g}%", shape, source)
+        plan = plan_compiled(planner_model, f"min + {span:g}%", shape, source, compiled_peak=check)
         plans[span] = {"plan": plan, "plan_s": time.perf_counter() - t0}
         print(plan.describe(), flush=True)
     n_blocks = costs.n_blocks
@@ -153,8 +152,8 @@ def sweep_card(card_name: str, shape, spans, knobs, rounds: int) -> dict:
         peak = reading.added_peak_bytes + resident_bytes(trainer)
         rows.append({"config": name, "peak_bytes": peak, "predicted_peak_bytes": costs.predict_peak([costs.option_index(option)] * n_blocks)})
         print(json.dumps(rows[-1]), flush=True)
-    fixed = {"none": [None] * n_blocks, "full": [SavePolicy(frozenset())] * n_blocks,
-             "selective_op": [selective_op_policy(planner_model, shape)] * n_blocks}
+    block_ops = record_block_ops(planner_model, *shape)
+    fixed = {name: fixed_policies(name, block_ops) for name in FIXED_CANDIDATES}  # the ones the plan is priced against
     for name, policies in fixed.items():
         rows.append({"family": "fixed", **measure(f"fixed {name}", card, shape, policies, None, reference, eager_check, rounds)})
     for knob in knobs:
@@ -163,7 +162,11 @@ def sweep_card(card_name: str, shape, spans, knobs, rounds: int) -> dict:
         plan = entry["plan"]
         row = measure(f"plan min + {span:g}%", card, shape, plan.policies, None, reference, eager_check, rounds)
         rows.append({"family": "plan", "span": span, "budget_bytes": plan.shape_plan.budget_bytes,
-                     "predicted_peak_bytes": plan.shape_plan.plan.predicted_peak, "recompute_flops": plan.shape_plan.plan.flops,
+                     "predicted_peak_bytes": plan.predicted_peak, "recompute_flops": plan.flops, "recompute_cost": plan.cost,
+                     "plan_fixed": plan.fixed, "solved_recompute_cost": plan.shape_plan.plan.cost,
+                     "compiled_check_peak_bytes": plan.compiled_peak, "replans": plan.replans,
+                     "fixed_checks": [{"name": c.name, "cost": c.cost, "simulated_peak_bytes": c.simulated_peak} for c in plan.fixed_checks],
+                     "plan_note": plan.fixed_note(),
                      "distinct_policies": plan.distinct_policies, "exact_menus": plan.exact_menus, "plan_s": entry["plan_s"], **row})
     return {"card": card_name, "rows": rows, "min_peak_bytes": plans[spans[0]]["plan"].shape_plan.min_peak,
             "none_peak_bytes": plans[spans[0]]["plan"].shape_plan.none_peak}
@@ -190,8 +193,27 @@ def judge(record: dict) -> list[dict]:
                 "fastest_knob_at_or_below": best_knob and best_knob["config"], "knob_ratio": best_knob and best_knob[key],
                 "knob_range": best_knob and best_knob[key + "_range" if key == "cpu_ratio" else "time_ratio_range"],
                 "knob_peak_bytes": best_knob and best_knob["peak_bytes"],
+                "plan_fixed": plan.get("plan_fixed"),
+                "vs_fixed": versus(plan, best_fixed, key, same=best_fixed is not None and best_fixed["blocks"] == plan["blocks"]),
+                "vs_knob": versus(plan, best_knob, key),
             })
     return verdicts
+
+
+def versus(plan: dict, other: dict | None, key: str, same: bool = False) -> str:
+    """Whether ``plan`` is never slower than ``other`` by the median per-round ratio ``key``: ``not slower``;
+    ``same configuration`` (the plan is that fixed strategy, measured again); ``within spread`` when slower by no
+    more than the larger relative half-range of the two rows' per-round ratios; ``SLOWER`` past it."""
+    if other is None:
+        return "no such row"
+    if same:
+        return "same configuration"
+    rkey = key + "_range"
+    spread = max((r[rkey][1] - r[rkey][0]) / 2 / r[key] for r in (plan, other))
+    diff = plan[key] / other[key] - 1
+    if diff <= 0:
+        return f"not slower ({diff:+.1%})"
+    return f"{'within spread' if diff <= spread else 'SLOWER'} ({diff:+.1%}, spread ±{spread:.1%})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,18 +303,30 @@ def write(record: dict, out: Path) -> None:
                 continue
             lo, hi = r["time_ratio_range"]
             blocks = "; ".join(r["blocks"]) if len(set(r["blocks"])) > 1 else f"all {r['blocks'][0]}"
-            lines.append(f"| {r['config']} | {_mib(r.get('budget_bytes'))} | {_mib(r.get('predicted_peak_bytes'))} | "
+            label = r["config"] + (f" (fixed `{r['plan_fixed']}`)" if r.get("plan_fixed") else "")
+            lines.append(f"| {label} | {_mib(r.get('budget_bytes'))} | {_mib(r.get('predicted_peak_bytes'))} | "
                          f"{_mib(r['peak_bytes'])} | {r['time_ratio']:.3f}x ({lo:.2f}-{hi:.2f}) | {_cpu(r)} | {r['step_s']:.3f} | "
                          f"{r['compile_s']:.0f} | {blocks} | {r['loss_abs_diff']:.1e} | {r['grad_max_abs_diff']:.1e} |")
         lines.append("")
+        noted = [r for r in card["rows"] if r.get("family") == "plan" and "plan_note" in r]
+        if noted:
+            lines += ["Each plan, checked compiled and priced against the fixed strategies (`CompilePlan.fixed_note()`; "
+                      "compiled check peak, re-plans):", ""]
+            lines += [f"- {r['config']}: planned in {r['plan_s']:.0f} s (simulations cached across the sweep's budgets); compiled "
+                      f"check {_mib(r.get('compiled_check_peak_bytes'))} MiB, {r.get('replans', 0)} re-plan(s); {r['plan_note']}"
+                      for r in noted]
+            lines.append("")
     lines += ["## Claims, per plan point", "",
-              "| card | plan | measured <= budget | plan | fastest fitting fixed | knob at equal or lower peak |", "|---|---|---|---|---|---|"]
+              "| card | plan | measured <= budget | plan | fastest fitting fixed | vs fixed | knob at equal or lower peak | vs knob |",
+              "|---|---|---|---|---|---|---|---|"]
     for v in record["verdicts"]:
         fixed = "none fits" if v["fixed_ratio"] is None else f"{v['fastest_fitting_fixed']} {_ratio(v['fixed_ratio'], v.get('fixed_range'))}"
         knob = ("none at or below" if v["knob_ratio"] is None else
                 f"{v['fastest_knob_at_or_below']} {_ratio(v['knob_ratio'], v.get('knob_range'))} ({_mib(v['knob_peak_bytes'])} MiB)")
-        lines.append(f"| {v['card']} | {v['config']} | {'yes' if v['fits'] else 'NO'} ({_mib(v['peak_bytes'])} of {_mib(v['budget_bytes'])}) | "
-                     f"{_ratio(v['time_ratio'], v.get('ratio_range'))} ({v.get('judged_by', 'time_ratio')}) | {fixed} | {knob} |")
+        picked = f" (fixed `{v['plan_fixed']}`)" if v.get("plan_fixed") else ""
+        lines.append(f"| {v['card']} | {v['config']}{picked} | {'yes' if v['fits'] else 'NO'} ({_mib(v['peak_bytes'])} of {_mib(v['budget_bytes'])}) | "
+                     f"{_ratio(v['time_ratio'], v.get('ratio_range'))} ({v.get('judged_by', 'time_ratio')}) | {fixed} | {v.get('vs_fixed', '')} | "
+                     f"{knob} | {v.get('vs_knob', '')} |")
     lines += ["", "<!-- measured tables above, written by the script; discussion below, by hand -->", ""]
     md = out.with_suffix(".md")
     previous = md.read_text() if md.exists() else ""

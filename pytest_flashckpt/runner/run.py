@@ -140,17 +140,19 @@ def _plan_compiled(trainer: Trainer, scenario: Scenario, result: Result):
     dtype = next(model.parameters()).dtype
     source = SimulatedCosts(model.config, dtype, "sdpa", "cpu", options=(NONE, FULL))
     # checked compiled: the plan's step simulated (partitioner's saved set, Inductor's memory plan) and re-planned
-    # down the front while over the budget (compile_policy.plan_compiled's compiled_peak)
+    # down the front while over the budget, then priced against the fixed strategies that recompute less
+    # (compile_policy.plan_compiled's compiled_peak)
     check = compiled_peak_check(model.config, scenario.batch_size, scenario.seq_len, dtype, seed=scenario.seed)
     plan = plan_compiled(model, scenario.activation.budget, (scenario.batch_size, scenario.seq_len), source,  # type: ignore[arg-type]
                          compiled_peak=check)
     install_policy_forwards(model, plan.policies)
     s = plan.shape_plan
-    for key, value in (("budget_bytes", s.budget_bytes), ("budget_predicted_peak_bytes", s.plan.predicted_peak),
+    for key, value in (("budget_bytes", s.budget_bytes), ("budget_predicted_peak_bytes", plan.predicted_peak),
                        ("budget_min_peak_bytes", s.min_peak), ("budget_none_peak_bytes", s.none_peak),
                        ("budget_compiled_check_peak_bytes", plan.compiled_peak), ("budget_replans", plan.replans)):
         result.record(key, value)
-    result.notes.append(f"activation: compiled budget plan (per-block selective-checkpoint policies) {plan.describe()}"
+    kind = f"fixed `{plan.fixed}` as per-block policies" if plan.fixed else "per-block selective-checkpoint policies"
+    result.notes.append(f"activation: compiled budget plan ({kind}) {plan.describe()}"
                         + ("" if plan.exact_menus else "; a block's menu was greedy, not exact"))
     return plan
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import time
 import types
 from dataclasses import dataclass, field
@@ -361,10 +362,15 @@ def compiled_peak_check(card: ModelCard | str, batch: int, seq: int, dtype: str 
     the whole-step peak bytes (``state_bytes + peak_bytes``) of ``card``'s step at (batch, seq) compiled per block
     under them, simulated (``simulate_compiled_step`` with strategy ``budget``). On the micro card of
     ``tests/activation/test_compile_policy.py`` it equals the CPU allocator's peak to the byte
-    (``reports/compiled-plan-check.md``)."""
+    (``reports/compiled-plan-check.md``). Each policies' peak is simulated once per check (cached: the plan prices
+    the same fixed strategies at every budget of a shape, ``compile_policy.plan_compiled``)."""
+
+    @functools.cache
+    def simulated(policies: tuple) -> int:
+        row = simulate_compiled_step(card, batch, seq, "budget", "block", dtype=dtype, seed=seed, policies=policies)
+        return row["state_bytes"] + row["peak_bytes"]
 
     def peak(policies: tuple) -> int:
-        row = simulate_compiled_step(card, batch, seq, "budget", "block", dtype=dtype, seed=seed, policies=tuple(policies))
-        return row["state_bytes"] + row["peak_bytes"]
+        return simulated(tuple(policies))
 
     return peak

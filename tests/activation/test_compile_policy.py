@@ -15,11 +15,15 @@ import torch
 
 from pytest_flashckpt.activation.budget import BudgetTooSmall, MeasuredCosts
 from pytest_flashckpt.activation.budget.compile_policy import (
+    FIXED_CANDIDATES,
+    NOT_FIXED_CANDIDATES,
+    EVERY_K,
     SavePolicy,
     _decide,
     block_menu,
     CompiledCheck,
     compile_blocks,
+    fixed_policies,
     plan_compiled,
     policy_contexts,
     record_block_ops,
@@ -80,11 +84,11 @@ def _segment_peak(model, source, policies) -> int:
     """The step's peak under ``policies``, recomputed from the step's none/full segments and the policies' own bytes,
     not by the planner's arithmetic."""
     costs = source.costs(*SHAPE)
-    entries = {e.policy: e for e in block_menu(record_block_ops(model, *SHAPE)[0], 128.0).entries}
+    ops = record_block_ops(model, *SHAPE)[0].ops
     none, full = costs.option_index(NONE), costs.option_index(FULL)
     peak, below = costs.before, 0
     for i, policy in enumerate(policies):
-        extra = 0 if policy is None else entries[policy].bytes
+        extra = 0 if policy is None else sum(op.bytes for op in ops if op.key in policy.saved)
         kept = costs.kept[i][none] if policy is None else costs.kept[i][full] + extra
         reach = costs.reach[i][none] if policy is None else costs.reach[i][full] + extra
         peak, below = max(peak, below + reach), below + kept
@@ -158,11 +162,124 @@ def test_a_compiled_check_that_never_holds_stops_and_says_so(model, source):
         return budget + 1
 
     plan = plan_compiled(model, "min + 50%", SHAPE, source, compiled_peak=over, max_replans=2)
-    assert len(calls) == len(plan.compiled_checks) <= 3 and plan.holds_compiled is False
+    # every fixed strategy is priced too (the solved plan does not hold), and none fits either
+    assert len(calls) == len(plan.compiled_checks) + len(plan.fixed_checks) and len(plan.compiled_checks) <= 3
+    assert plan.holds_compiled is False and plan.fixed is None and {c.name for c in plan.fixed_checks} == set(FIXED_CANDIDATES)
     assert "does NOT hold" in plan.compiled_note()
     # control: an unbounded stand-in is stopped by the minimum, the last plan the front has
     plan = plan_compiled(model, "min + 50%", SHAPE, source, compiled_peak=over, max_replans=100)
     assert plan.shape_plan.plan.predicted_peak == plan.shape_plan.min_peak and plan.holds_compiled is False
+
+
+def test_the_fixed_candidates_are_the_registrys_compiled_strategies_with_a_save_set(model):
+    from pytest_flashckpt.config.scenario import ActivationConfig
+    from pytest_flashckpt.core.registry import compiled_strategies
+
+    assert set(FIXED_CANDIDATES) | set(NOT_FIXED_CANDIDATES) == set(compiled_strategies())
+    assert not set(FIXED_CANDIDATES) & set(NOT_FIXED_CANDIDATES) and EVERY_K == ActivationConfig(strategy="every_k").k
+    ops = record_block_ops(model, *SHAPE)
+    assert fixed_policies("none", ops) == (None, None, None)
+    assert fixed_policies("full", ops) == (SavePolicy(frozenset()),) * 3
+    assert fixed_policies("every_k", ops) == (SavePolicy(frozenset()), None, SavePolicy(frozenset()))
+    # selective_op: the matmuls and the attention kernel the backward reads (not the projections it never reads)
+    assert {p.name for p in fixed_policies("selective_op", ops)} == {
+        "save_ops(_scaled_dot_product_flash_attention_for_cpu#0+addmm#0+addmm#2)"}
+
+
+def _none_fits(model, source, budget: int):
+    """A stand-in compiled step that keeps less than eager without a checkpoint (as compile's min-cut does on
+    llama-tiny: 82.38 vs 92.97 MiB): ``none`` peaks one byte under ``budget``, every checkpointed plan at its eager
+    segments."""
+    calls = []
+
+    def compiled_peak(policies):
+        calls.append(tuple(policies))
+        return budget - 1 if all(p is None for p in policies) else _segment_peak(model, source, policies)
+
+    return compiled_peak, calls
+
+
+def test_a_fixed_strategy_that_fits_compiled_and_recomputes_less_is_the_plan(model, source):
+    unchecked = plan_compiled(model, "min + 50%", SHAPE, source)
+    budget = unchecked.shape_plan.budget_bytes
+    assert unchecked.shape_plan.plan.cost > 0 and unchecked.shape_plan.none_peak > budget  # control: eager none is over
+    compiled_peak, calls = _none_fits(model, source, budget)
+    plan = plan_compiled(model, "min + 50%", SHAPE, source, compiled_peak=compiled_peak)
+    assert plan.fixed == "none" and plan.policies == (None, None, None) and plan.names == ("none",) * 3
+    assert plan.cost == plan.flops == 0 and plan.compiled_peak == budget - 1 and plan.holds_compiled
+    # none recomputes least, so it is priced first and, fitting, the only one priced; the solved plan's check stays
+    assert [c.name for c in plan.fixed_checks] == ["none"] and len(calls) == 2
+    assert plan.compiled_checks[0].names == unchecked.names and plan.replans == 0
+    assert plan.predicted_peak == unchecked.shape_plan.none_peak  # the eager-segment prediction of none, over: why it was missed
+    assert "the plan is fixed `none`" in plan.describe()
+    # control: with the fixed candidates ignored, the same stand-in keeps the solved plan, which recomputes
+    ignored = plan_compiled(model, "min + 50%", SHAPE, source, compiled_peak=compiled_peak, fixed_candidates=())
+    assert ignored.fixed is None and ignored.fixed_checks == () and ignored.cost == unchecked.shape_plan.plan.cost > 0
+    assert ignored.names == unchecked.names and "the solved plan is kept" in ignored.describe()
+
+
+def test_where_no_fixed_strategy_fits_the_solved_plan_is_kept(model, source):
+    """Compiled peaks equal to the eager segments (none over the budget): every fixed strategy that recomputes
+    less than the solved plan is priced and over, so the plan is the solved one."""
+    unchecked = plan_compiled(model, "min + 50%", SHAPE, source)
+    plan = plan_compiled(model, "min + 50%", SHAPE, source, compiled_peak=lambda p: _segment_peak(model, source, p))
+    assert plan.fixed is None and plan.policies == unchecked.policies and plan.cost == unchecked.shape_plan.plan.cost
+    assert plan.fixed_checks and plan.fixed_checks[0].name == "none"
+    assert all(c.simulated_peak > plan.shape_plan.budget_bytes and c.cost < plan.cost for c in plan.fixed_checks)
+    assert plan.compiled_peak == plan.compiled_checks[-1].simulated_peak <= plan.shape_plan.budget_bytes
+
+
+def test_the_fixed_strategy_with_the_least_recomputation_that_fits_wins(model, source):
+    """A stand-in where no solved plan holds compiled (so every fixed strategy may be priced), none is over and
+    selective_op, every_k and full fit: selective_op, the one of those that recomputes least, is the plan, and
+    every_k and full, which recompute more, are never simulated."""
+    ops = record_block_ops(model, *SHAPE)
+    fitting = {fixed_policies(name, ops) for name in ("selective_op", "every_k", "full")}
+    budget = plan_compiled(model, "min + 50%", SHAPE, source).shape_plan.budget_bytes
+    simulated = []
+
+    def compiled_peak(policies):
+        simulated.append(tuple(policies))
+        return budget if tuple(policies) in fitting else budget + 1
+
+    plan = plan_compiled(model, "min + 50%", SHAPE, source, compiled_peak=compiled_peak, max_replans=1)
+    rows = {c.name: c for c in plan.fixed_checks}
+    assert plan.compiled_checks[-1].simulated_peak > budget  # control: the solved plan does not hold
+    assert [c.name for c in plan.fixed_checks] == ["none", "selective_op"] and rows["none"].simulated_peak > budget
+    assert plan.fixed == "selective_op" and plan.policies == fixed_policies("selective_op", ops)
+    assert plan.compiled_peak == budget and plan.holds_compiled and plan.cost == rows["selective_op"].cost > 0
+    assert fixed_policies("every_k", ops) not in simulated and fixed_policies("full", ops) not in simulated
+
+
+def test_a_solved_plan_that_is_a_fixed_strategy_says_so(model, source):
+    from dataclasses import replace
+
+    from pytest_flashckpt.activation.budget.compile_policy import _against_fixed
+
+    checked = plan_compiled(model, "min + 50%", SHAPE, source, compiled_peak=lambda p: _segment_peak(model, source, p))
+    solved = replace(checked, policies=(None, None, None), fixed_checks=(), fixed=None)  # as if the solver chose none
+
+    def never(policies):
+        raise AssertionError("a solved plan that is a fixed strategy was checked compiled already")
+
+    plan = _against_fixed(solved, record_block_ops(model, *SHAPE), never, FIXED_CANDIDATES, 128.0)
+    assert plan.policies == (None, None, None) and plan.fixed == "none" and plan.fixed_checks == ()
+    assert "the solved plan is fixed `none`" in plan.describe()
+
+
+def test_the_compiled_check_simulates_each_policies_once(monkeypatch):
+    from pytest_flashckpt.simulate import compiled
+
+    runs = []
+
+    def fake_step(card, batch, seq, strategy, scope, dtype, seed, policies):
+        runs.append(policies)
+        return {"state_bytes": 10, "peak_bytes": len(runs)}
+
+    monkeypatch.setattr(compiled, "simulate_compiled_step", fake_step)
+    check = compiled.compiled_peak_check(micro(), *SHAPE)
+    assert check([None, None]) == check((None, None)) == 11 and check((None, SavePolicy(frozenset()))) == 12
+    assert len(runs) == 2
 
 
 def test_the_policy_saves_exactly_the_planned_occurrences():
@@ -266,3 +383,61 @@ def test_compiled_blocks_hold_the_budget(compiled_run):
     assert compiled_run.peak <= plan.shape_plan.budget_bytes
     # the simulator read the planned step within its documented bound (5%, reports/compiled-sim-vs-measured.md)
     assert abs(plan.compiled_peak - compiled_run.peak) <= 0.05 * compiled_run.peak
+
+
+# llama-tiny at 4 x 256 (reports/compile-plan-sweep.md): compile's min-cut keeps less than eager without a
+# checkpoint (none compiled 82.38 MiB, eager 92.97), which the eager-segment plan cannot see. The compiled peaks
+# below are simulate.compiled's for these policies (compiled_peak_check, recorded 2026-12-03): none's, and the
+# solved plan's at each budget; the slow test after them runs the simulator itself.
+LLAMA_SHAPE = (4, 256)
+LLAMA_NONE_COMPILED = 86_382_464
+LLAMA_SOLVED_COMPILED = {"min + 75%": 82_679_680, "min + 50%": 75_274_112}
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.costs import SimulatedCosts
+
+    card = load_card("llama-tiny")
+    return build_model(card, "sdpa"), SimulatedCosts(card, "float32", "sdpa", "cpu", options=(NONE, FULL))
+
+
+@pytest.mark.parametrize("budget, picks_none", [("min + 75%", True), ("min + 50%", False)])
+def test_llama_tiny_picks_none_where_it_fits_compiled(llama, budget, picks_none):
+    """min + 75% (82.55 MiB): none, 82.38 MiB compiled, fits and recomputes nothing, so it is the plan (the sweep
+    measured it at 0.846x the eager step, the solved save sets at 0.861x); min + 50% (72.12 MiB), the control:
+    none is over, so the solved plan stays."""
+    model, source = llama
+    unchecked = plan_compiled(model, budget, LLAMA_SHAPE, source)
+    solved_peak = LLAMA_SOLVED_COMPILED[budget]
+
+    def compiled_peak(policies):
+        return LLAMA_NONE_COMPILED if all(p is None for p in policies) else solved_peak
+
+    plan = plan_compiled(model, budget, LLAMA_SHAPE, source, compiled_peak=compiled_peak)
+    budget_bytes = plan.shape_plan.budget_bytes
+    assert unchecked.shape_plan.plan.cost > 0 and unchecked.shape_plan.none_peak > budget_bytes  # eager none is over
+    assert (LLAMA_NONE_COMPILED <= budget_bytes) is picks_none and plan.compiled_checks[-1].names == unchecked.names
+    assert [c.name for c in plan.fixed_checks][0] == "none" and plan.holds_compiled
+    if picks_none:
+        assert plan.fixed == "none" and plan.names == ("none",) * 3 and plan.cost == 0
+        assert plan.compiled_peak == LLAMA_NONE_COMPILED
+    else:
+        assert plan.fixed is None and plan.names == unchecked.names and plan.compiled_peak == solved_peak
+
+
+@pytest.mark.filterwarnings(TORCH_HIDDEN_GRAD_WARNING)
+@pytest.mark.slow  # two compiled steps simulated on fake tensors (Inductor, no kernel run): ~40 s on 2 shared cores
+def test_llama_tiny_picks_none_with_the_compiled_simulator(llama):
+    reason = _compiler_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.compiled import compiled_peak_check
+
+    model, source = llama
+    plan = plan_compiled(model, "min + 75%", LLAMA_SHAPE, source,
+                         compiled_peak=compiled_peak_check(load_card("llama-tiny"), *LLAMA_SHAPE))
+    assert plan.fixed == "none" and plan.compiled_peak == LLAMA_NONE_COMPILED <= plan.shape_plan.budget_bytes
+    assert plan.compiled_checks[-1].simulated_peak == LLAMA_SOLVED_COMPILED["min + 75%"]

@@ -30,12 +30,19 @@ How a plan is made (``plan_compiled``):
    width-32 GPT, where activations do not dominate, the compiled step went 13% over it: each block whose
    policy saves ``gelu``'s output held one batch x seq x 4C tensor more compiled than the plan counts (by the
    bytes, ``c_fc``'s output, which gelu's backward reads; ``reports/compiled-plan-check.md``). Compile's ``none`` keeps less
-   than eager's (llama-tiny: 82.4 vs 93.0 MiB), which this prices at eager's bytes.
+   than eager's (llama-tiny: 82.4 vs 93.0 MiB), which this prices at eager's bytes (point 5 prices it compiled).
 4. **The compiled check** (optional, ``compiled_peak``): the plan's step simulated compiled
    (``simulate.compiled.compiled_peak_check``: the partitioner's saved set and Inductor's memory plan on fake
    tensors, byte-equal to the allocator on that GPT) and, while over the budget, solved again within the budget
    less the prediction's error, stepping down the Pareto front a bounded number of times (``MAX_REPLANS``);
    ``CompilePlan.compiled_checks`` records each simulated plan and ``describe()`` the re-plans it took.
+5. **Against the fixed strategies** (with the compiled check): the registry's compiled-simulated strategies that
+   are one save set per block (``FIXED_CANDIDATES``: ``none``, ``full``, ``every_k``, ``selective_op``, as
+   per-block policies, ``fixed_policies``) are priced by the same cost model (recomputation) and the same compiled
+   check (peak), cheapest recomputation first, only while they recompute less than the solved plan (every one when
+   the solved plan does not hold compiled); the first that fits the budget compiled is the plan
+   (``CompilePlan.fixed``, ``fixed_checks``, ``fixed_note()``). On llama-tiny at 4 x 256, ``min + 75%``: ``none``
+   (82.38 MiB compiled, 0 recomputed) in place of save sets the eager segments priced as fitting.
 
 Where this differs from torch's own tools, and why:
 
@@ -84,13 +91,23 @@ from pytest_flashckpt.activation.budget.model import CostSource, PlanCosts
 from pytest_flashckpt.activation.budget.planner import BudgetPlanner, ShapePlan
 from pytest_flashckpt.activation.budget.solver import solve
 from pytest_flashckpt.activation.flops import CPU_FLASH_FORMULAS
+from pytest_flashckpt.activation.ops import DEFAULT_SAVE_OPS
 from pytest_flashckpt.activation.options import FULL, NONE
 from pytest_flashckpt.config.budget import BudgetSpec
+from pytest_flashckpt.core.registry import compiled_strategies
 from pytest_flashckpt.models.anatomy import get_blocks
 
 MAX_EXACT_CANDIDATES = 16  # 2^16 save sets scored per distinct block: well under a second; beyond, a greedy order
 _FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_FLASH_FORMULAS.items()}}
 MAX_REPLANS = 4  # re-plans after a compiled check over budget (each one simulates the compiled step once more)
+# the fixed strategies a compiled plan is priced against (``plan_compiled``): the registry's strategies with a
+# ``simulated_compiled`` kind whose plan is one save set per block (``fixed_policies``); the others, and why not
+FIXED_CANDIDATES = ("none", "full", "every_k", "selective_op")
+NOT_FIXED_CANDIDATES = {
+    "compile_budget": "compile's knob: a fraction of the partitioner's estimate, not a save set (the sweep's alternative)",
+    "budget": "the compiled plan itself",
+}
+EVERY_K = 2  # every_k's default k (config.scenario.ActivationConfig.k)
 RANDOM = "draws random numbers (never saved: a replay draws what the forward drew)"
 StepFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 # the whole-step peak bytes of the step compiled per block under the given per-block policies (None: no checkpoint):
@@ -365,6 +382,7 @@ class PolicyCosts:
         param = next(model.parameters())
         self.pointwise_weight = pointwise_weight if pointwise_weight is not None else pointwise_weight_for(param.device.type, param.dtype)
         self.menus: dict[tuple[int, int], list[BlockMenu]] = {}
+        self.ops: dict[tuple[int, int], list[BlockOps]] = {}
 
     def costs(self, batch_size: int, seq_len: int) -> PlanCosts:
         base = self.source.costs(batch_size, seq_len)
@@ -395,7 +413,8 @@ class PolicyCosts:
         if key not in self.menus:
             scored: dict[tuple, BlockMenu] = {}
             menus = []
-            for ops in record_block_ops(self.model, batch_size, seq_len, self.blocks, self.step):
+            self.ops[key] = record_block_ops(self.model, batch_size, seq_len, self.blocks, self.step)
+            for ops in self.ops[key]:
                 signature = ops.signature()
                 if signature not in scored:
                     scored[signature] = block_menu(ops, self.pointwise_weight)
@@ -428,11 +447,42 @@ class CompilePlan:
     # the compiled check (``plan_compiled(..., compiled_peak=...)``), one row per plan it simulated, in order; the
     # last row is this plan's. Empty: not checked (the plan is the eager-segment prediction alone)
     compiled_checks: tuple[CompiledCheck, ...] = ()
+    # the fixed strategies priced against the solved plan (compiled-checked plans only), in the order priced
+    fixed_checks: tuple[FixedCheck, ...] = ()
+    # the fixed strategy (``FIXED_CANDIDATES``) this plan is: one that fits the budget compiled and recomputes less
+    # than the solved plan (``policies`` are then its, priced by its ``fixed_checks`` row), or the solved plan's
+    # policies when they are a fixed strategy's; None: the solved plan's save sets
+    fixed: str | None = None
+
+    @property
+    def _fixed_check(self) -> FixedCheck | None:
+        return next((c for c in self.fixed_checks if c.name == self.fixed), None)
 
     @property
     def compiled_peak(self) -> int | None:
         """The compiled step's whole-step peak the check simulated for this plan (None: not checked)."""
+        chosen = self._fixed_check
+        if chosen is not None:
+            return chosen.simulated_peak
         return self.compiled_checks[-1].simulated_peak if self.compiled_checks else None
+
+    @property
+    def predicted_peak(self) -> int:
+        """The eager-segment prediction of the plan kept (a fixed strategy's, when the plan is one it priced)."""
+        chosen = self._fixed_check
+        return self.shape_plan.plan.predicted_peak if chosen is None else chosen.predicted_peak
+
+    @property
+    def flops(self) -> int:
+        """Matmul FLOPs the plan kept recomputes (the cost model's)."""
+        chosen = self._fixed_check
+        return self.shape_plan.plan.flops if chosen is None else chosen.flops
+
+    @property
+    def cost(self) -> float:
+        """The plan kept's recomputation in the solver's unit: FLOPs plus pointwise elements at their weight."""
+        chosen = self._fixed_check
+        return self.shape_plan.plan.cost if chosen is None else chosen.cost
 
     @property
     def replans(self) -> int:
@@ -451,8 +501,9 @@ class CompilePlan:
         tried = "; ".join(f"{', '.join(c.names)}: predicted {c.predicted_peak:,} B, compiled {c.simulated_peak:,} B"
                           f"{'' if c.solve_budget == self.shape_plan.budget_bytes else f' (solved within {c.solve_budget:,} B)'}"
                           for c in self.compiled_checks)
-        verdict = ("holds" if self.holds_compiled else
-                   f"does NOT hold: {self.compiled_peak - self.shape_plan.budget_bytes:+,} B over, no plan on the front fits compiled")
+        last = self.compiled_checks[-1].simulated_peak  # the solved plan's (a fixed strategy's is in fixed_note)
+        verdict = ("holds" if last <= self.shape_plan.budget_bytes else
+                   f"does NOT hold: {last - self.shape_plan.budget_bytes:+,} B over, no plan on the front fits compiled")
         return (f"compiled check (simulate_compiled_step) {verdict} the budget {self.shape_plan.budget_bytes:,} B after "
                 f"{self.replans} re-plan(s) [{tried}]")
 
@@ -467,9 +518,28 @@ class CompilePlan:
     def describe(self) -> str:
         s = self.shape_plan
         return (f"b{s.batch_size}xs{s.seq_len}: {'; '.join(f'block {i} {n}' for i, n in enumerate(self.names))} "
-                f"(predicted peak {s.plan.predicted_peak / 2**20:,.1f} MiB of budget {s.budget_bytes / 2**20:,.1f} MiB; "
-                f"min {s.min_peak / 2**20:,.1f}, none {s.none_peak / 2**20:,.1f} MiB; +{s.plan.flops / 1e9:.3f} GFLOP recomputed)"
-                + (f"; {self.compiled_note()}" if self.compiled_checks else ""))
+                f"(predicted peak {self.predicted_peak / 2**20:,.1f} MiB of budget {s.budget_bytes / 2**20:,.1f} MiB; "
+                f"min {s.min_peak / 2**20:,.1f}, none {s.none_peak / 2**20:,.1f} MiB; +{self.flops / 1e9:.3f} GFLOP recomputed)"
+                + (f"; {self.compiled_note()}" if self.compiled_checks else "")
+                + (f"; {self.fixed_note()}" if self.compiled_checks else ""))
+
+    def fixed_note(self) -> str:
+        """Which fixed strategies were priced compiled against the solved plan, and which plan was kept ("" when
+        not checked compiled)."""
+        if not self.compiled_checks:
+            return ""
+        solved = self.shape_plan.plan
+        priced = "; ".join(f"{c.name}: recomputes {c.cost / 1e9:.3f} GFLOP-eq, compiled {c.simulated_peak:,} B "
+                           f"({'fits' if c.simulated_peak <= self.shape_plan.budget_bytes else 'over'})"
+                           for c in self.fixed_checks)
+        head = (f"fixed strategies priced compiled [{priced}]" if self.fixed_checks else
+                "no fixed strategy priced (not one recomputes less than the solved plan, or the solved plan is one)")
+        if self.fixed is not None and self._fixed_check is not None:
+            return (f"{head}: the plan is fixed `{self.fixed}` (fits compiled, recomputes {self.cost / 1e9:.3f} GFLOP-eq "
+                    f"against the solved plan's {solved.cost / 1e9:.3f})")
+        if self.fixed is not None:
+            return f"{head}: the solved plan is fixed `{self.fixed}`"
+        return f"{head}: the solved plan is kept"
 
 
 @dataclass(frozen=True)
@@ -483,10 +553,63 @@ class CompiledCheck:
     simulated_peak: int
 
 
+@dataclass(frozen=True)
+class FixedCheck:
+    """One fixed strategy priced against the solved plan: its recomputation by the cost model (matmul FLOPs, and
+    the solver's cost: FLOPs plus pointwise elements at their weight), its eager-segment prediction and its
+    compiled step simulated (the plan's ``compiled_peak``)."""
+
+    name: str
+    flops: int
+    cost: float
+    predicted_peak: int
+    simulated_peak: int
+
+
+def selective_op_policy(block: BlockOps, save_ops: Iterable[str] = DEFAULT_SAVE_OPS) -> SavePolicy:
+    """``selective_op``'s default as a save set: each candidate (an output the backward reads) whose overload is
+    in its default list (the matmuls and the attention kernel; an output projection's is no candidate: the backward
+    never reads it, which is why ``selective_op`` recomputes it)."""
+    names = set(save_ops)
+    return SavePolicy(frozenset(op.key for op in block.ops if op.candidate and op.key[0] in names))
+
+
+def fixed_policies(name: str, blocks: list[BlockOps], k: int = EVERY_K) -> tuple[SavePolicy | None, ...]:
+    """A fixed strategy of ``FIXED_CANDIDATES`` as per-block policies: ``none`` no checkpoint, ``full`` a
+    checkpoint saving nothing, ``every_k`` ``full`` on blocks 0, k, 2k, ..., ``selective_op`` its default save set
+    (``selective_op_policy``)."""
+    if name == "none":
+        return (None,) * len(blocks)
+    if name == "full":
+        return (SavePolicy(frozenset()),) * len(blocks)
+    if name == "every_k":
+        return tuple(SavePolicy(frozenset()) if i % k == 0 else None for i in range(len(blocks)))
+    if name == "selective_op":
+        return tuple(selective_op_policy(block) for block in blocks)
+    raise ValueError(f"compile plan: {name!r} is no fixed candidate; valid: {', '.join(FIXED_CANDIDATES)}")
+
+
+def _fixed_check_row(name: str, policies, blocks: list[BlockOps], costs: PlanCosts, pointwise_weight: float) -> FixedCheck:
+    """``policies``' recomputation and eager-segment prediction (``PolicyCosts``' rule: ``none``'s segment for a
+    block without a checkpoint, ``full``'s plus the saved bytes otherwise; option 1 is every block's empty save
+    set, ``full``); ``simulated_peak`` is filled by the caller."""
+    flops, cost, peak, below = 0, 0.0, costs.before, 0
+    for i, (policy, block) in enumerate(zip(policies, blocks)):
+        if policy is None:
+            kept, reach = costs.kept[i][0], costs.reach[i][0]
+        else:
+            entry = _entry(block, [j for j, op in enumerate(block.ops) if op.key in policy.saved], pointwise_weight)
+            flops, cost = flops + entry.flops, cost + entry.cost
+            kept, reach = costs.kept[i][1] + entry.bytes, costs.reach[i][1] + entry.bytes
+        peak, below = max(peak, below + reach), below + kept
+    return FixedCheck(name, flops, cost, peak, 0)
+
+
 def plan_compiled(
     model: nn.Module, budget: str | int | float, shape: tuple[int, int], source: CostSource, *, blocks=None,
     step: StepFn | None = None, pointwise_weight: float | None = None, where: str = "activation.budget",
     compiled_peak: CompiledPeak | None = None, max_replans: int = MAX_REPLANS,
+    fixed_candidates: Iterable[str] = FIXED_CANDIDATES,
 ) -> CompilePlan:
     """The compiled plan of ``model`` at ``shape`` = (batch, seq) for ``budget`` (``config.budget.BudgetSpec``: a
     size, a fraction of the no-checkpointing peak, ``"min"`` or ``"min + 30%"``; whole-step peak bytes, as the
@@ -499,7 +622,15 @@ def plan_compiled(
     steps down the Pareto front, at most ``max_replans`` times and never below the minimum. The plan returned is the
     first that holds compiled, else the last one tried (``CompilePlan.holds_compiled`` False, said in its note). The
     budget, the minimum and the no-checkpointing peak stay the ones stated; every simulated plan is a
-    ``CompiledCheck``."""
+    ``CompiledCheck``.
+
+    A compiled-checked plan is then priced against the fixed strategies (``fixed_candidates``, by default
+    ``FIXED_CANDIDATES``, as per-block policies: ``fixed_policies``): in order of the cost model's recomputation,
+    each that recomputes less than the solved plan (any, when the solved plan does not hold compiled) is simulated
+    compiled with ``compiled_peak``, and the first that fits the budget is the plan (``CompilePlan.fixed``; its
+    row in ``fixed_checks``, every priced one is). So the plan kept fits compiled whenever a priced fixed strategy
+    does, and recomputes no more than the solved plan; ``compiled_peak`` may cache by policies (the fixed
+    strategies' policies are the same at every budget of a shape)."""
     policy_costs = PolicyCosts(model, source, blocks, step, pointwise_weight)
     planner = BudgetPlanner(BudgetSpec.parse(budget), policy_costs, where)
     shape_plan = planner.plan(*shape)
@@ -514,11 +645,35 @@ def plan_compiled(
         predicted = plan.shape_plan.plan.predicted_peak
         target = min(shape_plan.budget_bytes - (simulated - predicted), predicted - 1)
         if simulated <= shape_plan.budget_bytes or len(checks) > max_replans or predicted <= shape_plan.min_peak:
-            return replace(plan, compiled_checks=tuple(checks))
+            return _against_fixed(replace(plan, compiled_checks=tuple(checks)), policy_costs.ops[tuple(shape)],
+                                  compiled_peak, fixed_candidates, policy_costs.pointwise_weight)
         solve_budget = max(target, shape_plan.min_peak)  # the least-memory plan is the last one the front has
         solved = solve(shape_plan.costs, solve_budget)
         tightened = replace(shape_plan, options=solved.names(shape_plan.costs), plan=solved)
         plan = CompilePlan(_policies(menus, tightened), tightened, plan.exact_menus)
+
+
+def _against_fixed(plan: CompilePlan, blocks: list[BlockOps], compiled_peak: CompiledPeak, names: Iterable[str],
+                   pointwise_weight: float) -> CompilePlan:
+    """``plan`` (compiled-checked) or the fixed strategy with the least recomputation below it that fits the
+    budget compiled (``plan_compiled``'s docstring)."""
+    budget, costs = plan.shape_plan.budget_bytes, plan.shape_plan.costs
+    candidates = [(name, fixed_policies(name, blocks)) for name in names]
+    same = next((name for name, policies in candidates if policies == plan.policies), None)
+    if same is not None:  # the solved plan is a fixed strategy: checked compiled already
+        return replace(plan, fixed=same)
+    rows = [(_fixed_check_row(name, policies, blocks, costs, pointwise_weight), policies) for name, policies in candidates]
+    rows.sort(key=lambda row: row[0].cost)
+    solved_cost, holds = plan.shape_plan.plan.cost, bool(plan.holds_compiled)
+    priced: list[FixedCheck] = []
+    for row, policies in rows:
+        if holds and row.cost >= solved_cost:
+            break  # recomputes no less than the solved plan, which fits: nothing left to win
+        row = replace(row, simulated_peak=int(compiled_peak(policies)))
+        priced.append(row)
+        if row.simulated_peak <= budget:
+            return replace(plan, policies=policies, fixed_checks=tuple(priced), fixed=row.name)
+    return replace(plan, fixed_checks=tuple(priced))
 
 
 def _policies(menus: list[BlockMenu], shape_plan: ShapePlan) -> tuple[SavePolicy | None, ...]:
