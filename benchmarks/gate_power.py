@@ -109,19 +109,8 @@ def for_baseline(scenario: Scenario) -> Scenario:
     return dataclasses.replace(scenario, rounds=BASELINE_ROUNDS, save=save)
 
 
-def timing_plan(scenario: Scenario, suite: str, alone: bool) -> tuple[Scenario, ...] | None:
-    """What the suite run plans beside ``scenario``: the suite's timed scenarios at ``scenario``'s rounds (as
-    README's first command, or the baseline recipe's ``--flashckpt-rounds``, runs them), so the scenarios of its
-    reference share one timing pass as shipped (``runner.timing_group``); None with ``--alone`` (each timed beside its
-    own reference's steps, the runner before the groups)."""
-    if alone or "timing" not in scenario.measure:
-        return None
-    return tuple(dataclasses.replace(shipped(s, "overhead"), rounds=scenario.rounds)
-                 for s in load_suite(suite).scenarios if "timing" in s.measure)
-
-
-def measure(scenario: Scenario, injection: Injection | None, workdir: Path | None, planned=None):
-    result = run_scenario(scenario, RunContext(device=CPU, probe="cpu", workdir=workdir, inject=injection, planned=planned))
+def measure(scenario: Scenario, injection: Injection | None, workdir: Path | None):
+    result = run_scenario(scenario, RunContext(device=CPU, probe="cpu", workdir=workdir, inject=injection))
     if result.status != "measured":
         raise SystemExit(f"{result.id}: {result.status}: {result.reason}\n{''.join(result.notes[-1:])}")
     return result
@@ -131,8 +120,7 @@ def baseline_run(args) -> None:
     """The separate process: print the baseline entries of both scenarios as JSON (what a baseline file keeps)."""
     out = {}
     for scenario_id, metric in ((args.timing_scenario, "overhead"), (args.stall_scenario, STALL)):
-        scenario = for_baseline(shipped(find(scenario_id, args.suite), metric))
-        result = measure(scenario, None, args.workdir, timing_plan(scenario, args.suite, args.alone))
+        result = measure(for_baseline(shipped(find(scenario_id, args.suite), metric)), None, args.workdir)
         out[scenario_id] = entry(result, None, "gate-power").to_dict()
     print(json.dumps(out))
 
@@ -159,9 +147,6 @@ def main() -> None:
                         help="judge against this stored baseline file (e.g. the committed, pooled one) instead of a "
                              "baseline measured in a separate process first: the 'another host' check")
     parser.add_argument("--host", default="", help="what stands in for another host here (recorded in the report)")
-    parser.add_argument("--alone", action="store_true",
-                        help="time the scenario beside its own reference only, not in its planned group's shared pass "
-                             "(runner.timing_group): the settings before the groups, for a comparison")
     parser.add_argument("--baseline-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline_only:
@@ -177,7 +162,7 @@ def main() -> None:
         baseline = {s: stored[s] for s in (args.timing_scenario, args.stall_scenario)}
     else:
         cmd = [sys.executable, __file__, "--baseline-only", f"--suite={args.suite}", f"--timing-scenario={args.timing_scenario}",
-               f"--stall-scenario={args.stall_scenario}"] + (["--alone"] if args.alone else []) + ([f"--workdir={args.workdir}"] if args.workdir else [])
+               f"--stall-scenario={args.stall_scenario}"] + ([f"--workdir={args.workdir}"] if args.workdir else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"baseline run failed:\n{proc.stderr[-4000:]}")
@@ -196,7 +181,7 @@ def main() -> None:
         order = names[run % len(names):] + names[: run % len(names)]
         for condition in order:
             for scenario, metric, injection in conditions[condition]:
-                result = measure(scenario, injection, args.workdir, timing_plan(scenario, args.suite, args.alone))
+                result = measure(scenario, injection, args.workdir)
                 row = judge(result, baseline[f"{scenario.suite}::{scenario.name}"], metric, thresholds)
                 row["load1"] = os.getloadavg()[0]
                 verdicts[condition].setdefault(metric, []).append(row)
@@ -206,7 +191,7 @@ def main() -> None:
         # written after every run: a run stopped early still leaves its report (with the runs it has)
         elapsed, load_after = time.time() - began, os.getloadavg()
         write_report(Path(args.out), args, timing, stall, baseline, verdicts, thresholds, elapsed, load_before, load_after, run + 1)
-        Path(args.out).with_suffix(".json").write_text(json.dumps({"baseline": baseline, "verdicts": verdicts}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        Path(args.out).with_suffix(".json").write_text(json.dumps({"baseline": {k: e.to_dict() for k, e in baseline.items()}, "verdicts": verdicts}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
 
 
@@ -263,7 +248,7 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
         f"--stall-scenario {s_id}"
         + (f" --baseline {shown(args.baseline)}" if args.baseline else "")
         + (f" --workdir {args.workdir}" if args.workdir else "")
-        + (f" --host '{args.host}'" if args.host else "") + (" --alone" if args.alone else "") + "`  ",
+        + (f" --host '{args.host}'" if args.host else "") + "`  ",
         *([f"Host: {args.host} (this process: CPUs {sorted(os.sched_getaffinity(0))}, torch threads "
            f"{torch.get_num_threads()}, checkpoints in {args.workdir or 'the system temp folder'}).  "] if args.host else []),
         *([f"Baseline: `{shown(args.baseline)}` (stored; {describe_runs(baseline[t_id], 'overhead')}; "
@@ -272,10 +257,7 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
         f"Gate: regressed = median change > {thresholds.timing_tolerance:.0%} AND one-sided Mann-Whitney p < {thresholds.alpha} "
         f"(`pytest_flashckpt/baselines/regression_verdicts.py`).  ",
         f"Step time: `{t_id}` as shipped ({rounds} interleaved rounds x {timing.steps} step(s), seq {timing.seq_len}, batch "
-        f"{timing.batch_size}; "
-        + ("timed beside its own reference only (--alone)" if args.alone else
-           "in one pass with the suite's other scenarios of its reference, as a suite run times it (runner/timing_group.py)")
-        + f") vs a {len(t_base)}-round baseline (median overhead {statistics.median(t_base):.3f}, range "
+        f"{timing.batch_size}) vs a {len(t_base)}-round baseline (median overhead {statistics.median(t_base):.3f}, range "
         f"{min(t_base):.3f}-{max(t_base):.3f}); smallest reachable p {smallest_p(rounds, len(t_base)):.2g}.  ",
         f"Save stall: `{s_id}` as shipped ({saves} saves) vs a {len(s_base)}-save baseline (median stall_vs_copy "
         f"{statistics.median(s_base):.3f}, range {min(s_base):.3f}-{max(s_base):.3f}); smallest reachable p "

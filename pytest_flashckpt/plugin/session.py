@@ -196,8 +196,6 @@ class SuiteSession:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._scenario_ids = {i.nodeid for i in session.items if isinstance(i, ScenarioItem)}
-        if not self.xdist_controller:  # the selected scenarios, in order
-            self.run_state.plan([i.scenario for i in session.items if isinstance(i, ScenarioItem)])
 
     # -- running --------------------------------------------------------------------------------------
     def step(self, scenario: Scenario) -> ScenarioOutcome:

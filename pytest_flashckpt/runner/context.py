@@ -102,9 +102,6 @@ class RunContext:
     # told the phase a scenario is in ("memory pass", "timing round 3/5", "save 2/6"): front ends print a heartbeat
     on_phase: Callable[[str], None] | None = None
     cards: CardShelf = dataclasses.field(default_factory=CardShelf)  # the run's model cards, each read once
-    # the scenarios this run will measure, in order, when known before the first one runs (``SuiteRun.plan``): the
-    # scenarios of one reference then share one timing pass (``runner.timing_group``); None: each is timed alone
-    planned: tuple[Scenario, ...] | None = None
     _profile: tuple[dict[str, Any], str] | None = None
 
     @classmethod

@@ -29,9 +29,7 @@ from pytest_flashckpt.report.compiled import NOT_SIMULATED
 from pytest_flashckpt.runner.compiled import check_can_compile, measure_compiled
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.outcome import recorded
-from pytest_flashckpt.runner.passes import TimingPass, peak_pass, timing_pass
-from pytest_flashckpt.runner.timing import interleaved
-from pytest_flashckpt.runner.timing_group import group_of, timing_key, timing_kind
+from pytest_flashckpt.runner.passes import peak_pass, timing_pass
 from pytest_flashckpt.training import Trainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -235,7 +233,9 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     if "memory" in scenario.measure:
         _memory_pass(scenario, ctx, result, trainer, reference, shared)
     if "timing" in scenario.measure:
-        timing = shared(timing_kind(scenario), lambda: _timing(scenario, ctx, result, trainer, reference))
+        timing = shared(f"timing pass ({scenario.rounds} rounds)", lambda: timing_pass(
+            trainer.train_step, None if reference is None else reference.trainer.train_step, scenario.rounds,
+            scenario.steps, ctx.device, on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}")))
         result.absorb(timing.measurements())
     if "flops" in scenario.measure or "timing" in scenario.measure:  # timed steps get their throughput too
         _flops_and_throughput(scenario, ctx, result, trainer, reference)
@@ -308,54 +308,6 @@ def _prepared_trainer(scenario: Scenario, ctx: RunContext, result: Result) -> Tr
         result.notes.append(ctx.inject.describe())
     result.kernel = detect_kernel(op_names, result.backend or "sdpa")
     return trainer
-
-
-def _timing(scenario: Scenario, ctx: RunContext, result: Result, trainer: Trainer,
-            reference: _Reference | None) -> TimingPass:
-    """The scenario's timing pass: its own (interleaved with its reference's steps), or its slice of the one pass
-    its planned group shares (``runner.timing_group``: the reference timed once per round for all of them)."""
-    group = group_of(ctx, scenario)
-    if group is None:
-        return timing_pass(trainer.train_step, None if reference is None else reference.trainer.train_step,
-                           scenario.rounds, scenario.steps, ctx.device,
-                           on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"))
-    passes = ctx.cached(f"timing group ({scenario.rounds} rounds)", scenario.reference(),
-                        lambda: _group_timing(scenario, ctx, result, trainer, group))
-    timed = [m.name for m in group if timing_key(m) in passes]
-    result.notes.append(f"timing: one interleaved pass for the {len(timed)} scenarios of this reference ({', '.join(timed)}); "
-                        "each ratio against the reference's steps of the same round")
-    return passes[timing_key(scenario)]
-
-
-def _group_timing(scenario: Scenario, ctx: RunContext, result: Result, trainer: Trainer,
-                  group: list[Scenario]) -> dict:
-    """One interleaved pass over the reference's step and each member's (``scenario``'s own trainer; the others
-    built, strategies applied and warmed up here, then dropped: each member's own item builds its trainer again
-    for its other passes). A member that cannot be built is left out (its own item reports why). Returns timing
-    key -> ``TimingPass``; the reference member's is the reference's steps alone."""
-    reference = scenario.reference()
-    ref_trainer = _reference_trainer(reference, ctx, result.backend or "sdpa")
-    steps, keys = [ref_trainer.train_step], [timing_key(reference)]
-    for member in group:
-        if member.is_reference:
-            continue
-        if timing_key(member) == timing_key(scenario):
-            steps.append(trainer.train_step)
-        else:
-            ctx.phase(f"build and warm-up of {member.name} (timed in this pass)")
-            try:
-                scratch = Result(member.suite, member.name, "measured", member)
-                scratch.backend = resolve_backend(member.attention, ctx.device, DTYPES[member.dtype])
-                steps.append(_prepared_trainer(member, ctx, scratch).train_step)
-            except Exception:  # noqa: BLE001 - the member's own item runs it again and reports what broke
-                continue
-        keys.append(timing_key(member))
-    times = interleaved(steps, scenario.rounds, scenario.steps, ctx.device,
-                        lambda i, n: ctx.phase(f"timing round {i}/{n} ({len(steps)} steps side by side)"))
-    passes = {keys[0]: TimingPass(times[0], None)}
-    for key, own in zip(keys[1:], times[1:]):
-        passes[key] = TimingPass(own, times[0])
-    return passes
 
 
 def _reference_of(scenario: Scenario, ctx: RunContext, backend: str) -> _Reference:

@@ -142,7 +142,6 @@ class SuiteRun:
         self._started_cpu = cpu_seconds()  # and its CPU time (RunRecord.cpu_time_s)
         self._runner = runner
         self._ctx: RunContext | None = None
-        self._planned: tuple[Scenario, ...] | None = None  # ``plan``: the scenarios this run will measure
         self._gate: Gate | None = None  # made at the first judgement (needs the profile, hence torch)
         self.subset: str | None = "--flashckpt-subset" if options.subset else None  # why a subset is intended
         self.missing: list[RegressionVerdict] = []  # missing rows that fail the run (set by finish)
@@ -157,7 +156,6 @@ class SuiteRun:
             o = self.options
             self._ctx = RunContext.resolve(o.device, o.probe, o.workdir or None, o.inject, cards=self.cards)
             self._ctx.dtypes = tuple(s.dtype for s in self.suite.scenarios)
-            self._ctx.planned = self._planned
         return self._ctx
 
     @property
@@ -169,24 +167,12 @@ class SuiteRun:
         return self.root / self.options.baseline_dir
 
     # -- per scenario -------------------------------------------------------------------------------
-    def plan(self, scenarios: list[Scenario]) -> None:
-        """The scenarios this run will measure, in order, before the first one runs (``flashckpt run``: the suite;
-        pytest: the selected items): the ones of one reference then share one timing pass (``runner.timing_group``)."""
-        self._planned = tuple(self._with_options(s) for s in scenarios)
-        if self._ctx is not None:
-            self._ctx.planned = self._planned
-
-    def _with_options(self, scenario: Scenario) -> Scenario:
-        """``scenario`` with the run's ``--rounds`` and ``--saves`` applied."""
+    def run(self, scenario: Scenario) -> Result:
+        """Measure one scenario (``--rounds`` and ``--saves`` applied) and keep its result for the record."""
         if self.options.rounds:
             scenario = dataclasses.replace(scenario, rounds=self.options.rounds)
         if self.options.saves and scenario.save.strategy != "none":
             scenario = dataclasses.replace(scenario, save=dataclasses.replace(scenario.save, saves=self.options.saves))
-        return scenario
-
-    def run(self, scenario: Scenario) -> Result:
-        """Measure one scenario (``--rounds`` and ``--saves`` applied) and keep its result for the record."""
-        scenario = self._with_options(scenario)
         runner = self._runner if self._runner is not None else runner_for(scenario)
         ctx = self.context
         if self.progress is not None:
@@ -223,7 +209,6 @@ class SuiteRun:
         scenarios are written as an interrupted record (``RunOutputs.record.interrupted``)."""
         with interrupts_as_keyboard_interrupt() as stopped:
             try:
-                self.plan(self.suite.scenarios)
                 for scenario in self.suite.scenarios:
                     if on_start is not None:
                         on_start(scenario)
