@@ -94,7 +94,7 @@ from pytest_flashckpt.activation.flops import CPU_FLASH_FORMULAS
 from pytest_flashckpt.activation.ops import DEFAULT_SAVE_OPS
 from pytest_flashckpt.activation.options import FULL, NONE
 from pytest_flashckpt.config.budget import BudgetSpec
-from pytest_flashckpt.core.registry import compiled_strategies
+from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_blocks
 
 MAX_EXACT_CANDIDATES = 16  # 2^16 save sets scored per distinct block: well under a second; beyond, a greedy order
@@ -107,7 +107,7 @@ NOT_FIXED_CANDIDATES = {
     "compile_budget": "compile's knob: a fraction of the partitioner's estimate, not a save set (the sweep's alternative)",
     "budget": "the compiled plan itself",
 }
-EVERY_K = 2  # every_k's default k (config.scenario.ActivationConfig.k)
+EVERY_K = ActivationConfig.k  # every_k's default k: checkpoint blocks 0, k, 2k, ...
 RANDOM = "draws random numbers (never saved: a replay draws what the forward drew)"
 StepFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 # the whole-step peak bytes of the step compiled per block under the given per-block policies (None: no checkpoint):
