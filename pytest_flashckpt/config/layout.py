@@ -114,15 +114,11 @@ class Layout:
         """Tensor parallel inside pipeline stages: stages send equal local sequence shards of the hidden states and
         the last returns equal vocabulary shards of the logits (the shapes torch's schedule is given), so ``seq_len``
         and ``vocab`` are divisible by ``tp``."""
-        if self.tp == 1 or self.pp == 1:
+        if self.pp == 1:
             return
-        for what, size, why in (("sequence", seq_len, "stages send equal sequence shards of the hidden states"),
-                                ("vocabulary", vocab, "the last stage returns equal vocabulary shards of the logits")):
-            if size % self.tp:
-                raise ValueError(
-                    f"layout tp {self.tp} inside pipeline stages: {what} {size} is not divisible by tp ({why}); "
-                    f"choose a tp that divides {size}"
-                )
+        refusal = stage_shard_refusal(self.tp, seq_len, vocab)
+        if refusal is not None:
+            raise ValueError(refusal)
 
     def describe(self) -> str:
         return " x ".join(self._named_axes())
@@ -182,3 +178,16 @@ class PipelineSchedule:
                 f"layout pp {layout.pp}: schedule interleaved_1f1b runs microbatches in rounds of pp; "
                 f"{self.microbatches} microbatches are not a whole number of rounds; use a multiple of {layout.pp}"
             )
+
+
+def stage_shard_refusal(tp: int, seq_len: int, vocab: int) -> str | None:
+    """Why ``tp`` cannot run inside pipeline stages at ``seq_len`` and ``vocab`` (stages send equal sequence shards
+    of the hidden states, the last returns equal vocabulary shards of the logits), or None when it can."""
+    if tp == 1:
+        return None
+    for what, size, why in (("sequence", seq_len, "stages send equal sequence shards of the hidden states"),
+                            ("vocabulary", vocab, "the last stage returns equal vocabulary shards of the logits")):
+        if size % tp:
+            return (f"layout tp {tp} inside pipeline stages: {what} {size} is not divisible by tp ({why}); "
+                    f"choose a tp that divides {size}")
+    return None

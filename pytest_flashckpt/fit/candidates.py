@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_flashckpt.config.errors import InputError
-from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule, stage_shard_refusal
 from pytest_flashckpt.core.registry import fit_strategies
 
 # bytes per parameter of (parameter, gradient, AdamW exp_avg + exp_avg_sq): pure bf16 holds all four in bf16; mixed
@@ -159,7 +159,7 @@ def enumerate_candidates(
     found: list[Candidate] = []
     for p in pp:
         for t in degrees:
-            if gpus % (t * p) or (p > 1 and not stage_shardable(card, seq_len, t)):
+            if gpus % (t * p) or (p > 1 and stage_shard_refusal(t, seq_len, card.vocab_size) is not None):
                 continue
             dp = gpus // (t * p)
             if sequences % dp:
@@ -221,27 +221,15 @@ def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[i
     return found
 
 
-def stage_shardable(card, seq_len: int, tp: int) -> bool:
-    """Tensor parallel ``tp`` inside pipeline stages: the sequence and the vocabulary divisible by ``tp``
-    (``config.layout.Layout.check_stage_shards``: stages send equal sequence shards, the last returns equal
-    vocabulary shards)."""
-    try:
-        Layout(tp=tp, pp=2).check_stage_shards(seq_len, card.vocab_size)
-    except ValueError:
-        return False
-    return True
-
-
 def check_stage_shards(card, seq_len: int, tp: tuple[int, ...] | None, pp: tuple[int, ...]) -> None:
     """A requested tp degree that no requested pipeline degree can take inside its stages: an ``InputError`` naming
     the sequence or vocabulary it does not divide (only when every requested layout is pipelined)."""
     if not tp or 1 in pp:
         return
     for t in tp:
-        try:
-            Layout(tp=t, pp=2).check_stage_shards(seq_len, card.vocab_size)
-        except ValueError as exc:
-            raise InputError(f"--tp {t} with --pp {','.join(map(str, pp))}: {exc}") from None
+        refusal = stage_shard_refusal(t, seq_len, card.vocab_size)
+        if refusal is not None:
+            raise InputError(f"--tp {t} with --pp {','.join(map(str, pp))}: {refusal}")
 
 
 def _schedulable(schedule: str, pp: int, virtual: int, microbatches: int, n_blocks: int) -> bool:
