@@ -66,10 +66,14 @@ def test_loss_and_gradients_match_one_process(launched) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_rank_probe_beside_the_allocator_and_checkpointing_lowers_the_peak(launched) -> None:
+def test_rank_probe_beside_the_allocator(launched) -> None:
+    """The ordering of the strategies' peaks (full < selective_op < none) is asserted on the simulated rank in
+    ``test_simulated_rank_holds_what_the_gloo_rank_holds``, not here: a gloo rank's forward+backward peak includes
+    what gloo's worker thread still holds of finished collectives, and that moves run to run. In stop 42's CI at
+    dp 2 x tp 2 it was 65,536 B for ``full`` and 23,616 B for ``selective_op``, which put full (780,188 B) above
+    selective_op (770,652 B) where the simulated rank holds 714,652 < 747,036 B."""
     for record in launched[2]:
         by = record["strategies"]
-        assert by["full"]["fwd_bwd_peak_bytes"] < by["selective_op"]["fwd_bwd_peak_bytes"] < by["none"]["fwd_bwd_peak_bytes"]
         for entry in by.values():
             probe_added = entry["fwd_bwd_peak_bytes"] - entry["fwd_bwd_start_bytes"]
             # the allocator's added bytes include gloo's staging of the collectives (not counted by the probe), so they
@@ -136,3 +140,6 @@ def test_simulated_rank_holds_what_the_gloo_rank_holds(launched) -> None:
                 assert sim[key] == real[key], (strategy, key, sim[key], real[key])
             gap = real["fwd_bwd_peak_bytes"] - sim["fwd_bwd_peak_bytes"]
             assert 0 <= gap <= GLOO_STAGING_FACTOR * activation + sim["largest_allgather_bytes"], (strategy, gap)
+    # checkpointing lowers the peak: asserted where it is deterministic (the gloo rank adds gloo's thread hold, above)
+    peaks = [fake[s]["fwd_bwd_peak_bytes"] for s in ("full", "selective_op", "none")]
+    assert peaks[0] < peaks[1] < peaks[2], peaks
