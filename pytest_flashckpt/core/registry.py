@@ -75,9 +75,8 @@ class ActivationStrategySpec:
     - ``fit_order``: ``flashckpt fit`` searches it, at this place of its default ``--strategies`` (least
       recomputation first; None: not searched, and ``--strategies`` refuses it naming this attribute). Fit simulates
       each candidate's rank on fake ranks, so it needs ``runs_on_fake_ranks``, and times its compute by the FLOP
-      closed form (from the plan); the tensor-parallel collectives of replayed blocks it still counts by name
-      (``fit.time_model.replay_counts``: ``full``, ``every_k``, ``selective_op``), so a new strategy that replays
-      blocks is taught there too before it sets this (else its replays add no collectives under tp).
+      closed form and the tensor-parallel collectives of replayed blocks by the block options of its plan
+      (``fit.time_model.replay_counts``), so nothing in fit names a strategy.
     - ``simulated_compiled``: how ``simulate.compiled`` runs it in a ``torch.compile``'d step (a key of
       ``COMPILED_SIMULATIONS``; "" not simulated compiled: refused naming this attribute)."""
 

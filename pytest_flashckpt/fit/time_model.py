@@ -45,6 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_flashckpt.activation.expected_flops import expected_matmul_flops
+from pytest_flashckpt.activation.plan import plan_for
+from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.fit.assumptions import DEFAULT_MFU
 from pytest_flashckpt.fit.candidates import COMPUTE_BYTES, Candidate
 from pytest_flashckpt.fit.hardware import Device
@@ -95,14 +97,11 @@ def tp_collectives(n_blocks: int, replays: int, selective_replays: int) -> int:
 
 
 def replay_counts(candidate: Candidate, n_blocks: int) -> tuple[int, int]:
-    """(blocks replayed whole, blocks replayed selectively) under the candidate's strategy."""
-    if candidate.strategy == "full":
-        return n_blocks, 0
-    if candidate.strategy == "every_k":
-        return len(range(0, n_blocks, candidate.k)), 0
-    if candidate.strategy == "selective_op":
-        return 0, n_blocks
-    return 0, 0
+    """(blocks replayed whole, blocks replayed selectively) under the candidate's strategy, read off its registered
+    plan (``activation.plan.plan_for``) as the FLOP closed form reads it: a ``full`` block re-runs its forward, a
+    ``by_op`` or ``by_role`` block re-runs what it does not save, ``none`` and ``offload`` nothing."""
+    options = plan_for(ActivationConfig(strategy=candidate.strategy, k=candidate.k), n_blocks, device_type="cuda")
+    return (sum(o.kind == "full" for o in options), sum(o.kind in ("by_op", "by_role") for o in options))
 
 
 class StepTimeModel:

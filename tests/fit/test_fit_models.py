@@ -14,7 +14,7 @@ from pytest_flashckpt.fit.candidates import SAVED_BYTES_PER_PARAM, Candidate
 from pytest_flashckpt.fit.checkpoint_cost import (LLAMA3_GPU_HOURS_PER_INTERRUPTION, checkpoint_cost, job_mtbf_hours,
                                                   lost_fraction, young_interval_s)
 from pytest_flashckpt.fit.hardware import DEVICES, choose_device, load_hardware_file
-from pytest_flashckpt.fit.time_model import StepTimeModel, pipeline_bubble_fraction, ring_s, tp_collectives
+from pytest_flashckpt.fit.time_model import StepTimeModel, pipeline_bubble_fraction, replay_counts, ring_s, tp_collectives
 from pytest_flashckpt.throughput.peaks import lookup
 
 CARD = load_card("llama-tiny")
@@ -54,6 +54,15 @@ def test_ring_and_bubble_formulas() -> None:
     assert pipeline_bubble_fraction(4, 8, virtual_stages=2) == pytest.approx(3 / 16)
     assert tp_collectives(n_blocks=3, replays=0, selective_replays=0) == 3 * 8 + 4
     assert tp_collectives(n_blocks=3, replays=3, selective_replays=0) == 3 * 12 + 4
+
+
+def test_replays_are_read_off_each_strategys_plan() -> None:
+    def counts(strategy: str, k: int = 2) -> tuple[int, int]:
+        return replay_counts(Candidate(gpus=2, dp_shard=1, tp=2, microbatch=1, accumulation=1, strategy=strategy,
+                                       precision="mixed", k=k), 5)
+
+    assert counts("none") == (0, 0) and counts("full") == (5, 0) and counts("selective_op") == (0, 5)
+    assert counts("every_k", k=2) == (3, 0) and counts("every_k", k=3) == (2, 0)  # blocks 0, 2, 4 / 0, 3
 
 
 def test_compute_is_the_closed_form_flops_over_tp_at_peak_times_mfu() -> None:

@@ -58,6 +58,7 @@ def opt_in_simulators() -> dict:
     scratch strategies."""
     from pytest_flashckpt.fit.candidates import STRATEGIES as FIT_STRATEGIES
     from pytest_flashckpt.fit.candidates import enumerate_candidates
+    from pytest_flashckpt.fit.time_model import replay_counts
     from pytest_flashckpt.models import load_card
     from pytest_flashckpt.simulate.compiled import STRATEGIES as COMPILED_STRATEGIES
     from pytest_flashckpt.simulate.compiled import unsupported_reason
@@ -73,6 +74,8 @@ def opt_in_simulators() -> dict:
     card = load_card("llama-tiny")
     candidates = enumerate_candidates(card, 4, seq_len=256, global_batch_tokens=4096, gpus_per_node=8)
     out["fit_candidate_strategies"] = sorted({c.strategy for c in candidates})
+    scratch = next(c for c in candidates if c.strategy == "scratch_odd_blocks")
+    out["fit_replays_of_5_blocks"] = list(replay_counts(scratch, 5))  # its tp collectives follow its plan
     from pytest_flashckpt.config.scenario import Scenario
     from pytest_flashckpt.config.typed import build
 

@@ -43,6 +43,7 @@ def test_a_scratch_strategy_reaches_the_opt_in_simulators_only_with_their_attrib
     ran = out["tp2_scratch_odd_blocks"]  # flashckpt simulate --tp 2: checked, then laid out by the engine
     assert ran["status"] == 0 and "strategy scratch_odd_blocks, layout dp_shard 1 x tp 2" in ran["stdout"], ran
     assert "scratch_odd_blocks" in out["fit_candidate_strategies"]
+    assert out["fit_replays_of_5_blocks"] == [2, 0]  # blocks 1 and 3 replayed whole, read off its plan
     searched = out["fit_scratch_odd_blocks"]  # accepted by --strategies; refused later only by the 1 MiB device
     assert searched["status"] == 2 and "no layout fits 4 GPUs" in searched["stderr"], searched
     assert out["compiled_refusals"]["scratch_odd_blocks"] is None
