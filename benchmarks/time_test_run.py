@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
 from pathlib import Path
 from typing import Iterator
 
@@ -96,6 +98,35 @@ def _run(args: list[str], label: list[str], load: int, env: dict[str, str]) -> d
     }
 
 
+def _breakdown(junit: Path, wall_s: float) -> list[str]:
+    """Where the first plain run's test time goes, from its JUnit XML (each test's setup + call + teardown, summed
+    over the workers): by cost tier and by file, and the test time a 2-minute run would have to shed at the
+    wall-to-test-time ratio this run measured."""
+    times = [(case.get("classname", ""), float(case.get("time", 0))) for case in ET.parse(junit).iter("testcase")]
+    total = sum(t for _, t in times)
+    if not times or total <= 0:
+        return []
+    lines = ["## Where the first plain `pytest` run's time goes", "",
+             f"{len(times)} tests, {total:.1f} s of test time (setup + call + teardown, summed over the workers) in "
+             f"{wall_s:.1f} s of wall time: {wall_s / total:.3f} s of wall per second of test time.", "",
+             "| tests taking | tests | test time (s) | share |", "| --- | ---: | ---: | ---: |"]
+    for low, high in ((0, 0.1), (0.1, 0.5), (0.5, 1), (1, 2), (2, 5), (5, float("inf"))):
+        tier = [t for _, t in times if low <= t < high]
+        label = f"{low:g} s or more" if high == float("inf") else f"{low:g}-{high:g} s"
+        lines.append(f"| {label} | {len(tier)} | {sum(tier):.1f} | {sum(tier) / total:.0%} |")
+    by_file: dict[str, float] = defaultdict(float)
+    for classname, t in times:
+        by_file[classname.split(".Test")[0].replace(".", "/") + ".py"] += t
+    lines += ["", "| file (the 15 costliest) | test time (s) | share |", "| --- | ---: | ---: |"]
+    for name, t in sorted(by_file.items(), key=lambda kv: -kv[1])[:15]:
+        lines.append(f"| `{name}` | {t:.1f} | {t / total:.0%} |")
+    keep = 120 / (wall_s / total)
+    lines += ["", f"At this run's ratio, a 2-minute plain `pytest` holds {keep:.0f} s of test time: "
+              f"{max(0.0, total - keep):.0f} s ({max(0.0, 1 - keep / total):.0%}) would have to leave the default run "
+              "(or get cheaper).", ""]
+    return lines
+
+
 def _commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -126,7 +157,10 @@ def main() -> None:
     if args.omp_wait_policy == "libgomp-default":
         env["OMP_WAIT_POLICY"] = "libgomp-default"
     policy = env.get("OMP_WAIT_POLICY", "PASSIVE (set by the suite and tests/conftest.py)")
-    runs = [_run([], [], args.load, env) for _ in range(args.runs)]
+    with tempfile.TemporaryDirectory(prefix="flashckpt-test-times-") as tmp:
+        junit = Path(tmp) / "junit.xml"  # the first plain run's per-test times, for the breakdown below
+        runs = [_run([f"--junitxml={junit}"] if i == 0 else [], [], args.load, env) for i in range(args.runs)]
+        breakdown = _breakdown(junit, runs[0]["wall_s"]) if runs and junit.exists() else []
     if args.one_process:
         runs.append(_run(["-n", "0"], ["-n", "0"], args.load, env))
     if args.suite:
@@ -159,8 +193,8 @@ def main() -> None:
               "first command (the default suite on a CPU), target 3 minutes. *CPU stolen*: what the hypervisor gave other "
               "guests during the run (`/proc/stat` steal, all cores): the same tests take more CPU time on a "
               "virtual machine whose neighbours are busy, which the load average does not show.", ""]
-    args.out.write_text("\n".join(lines))
-    print("\n".join(lines))
+    args.out.write_text("\n".join(lines + breakdown))
+    print("\n".join(lines + breakdown))
     sys.exit(max(run["rc"] for run in runs))
 
 
