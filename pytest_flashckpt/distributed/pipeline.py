@@ -421,7 +421,8 @@ def memory_step(trainer: PipelineTrainer, device_type: str = "cpu",
     """One pipeline step in the two windows of ``distributed.rank`` (the schedule's forward + backward over every
     microbatch, then the optimizer), counted by the rank probe (``probe_class``: the simulated rank passes the
     resize-tracking one of ``simulate.rank_probe``, the same bytes, faster); the stage's receive buffers count from
-    the start. The same function measures a gloo rank and the simulated (fake) rank."""
+    the start; ``largest_allgather_bytes`` bounds what gloo's staging of FSDP's all-gathers adds on a CPU rank
+    (``distributed.memory``). The same function measures a gloo rank and the simulated (fake) rank."""
     for stage in trainer.stages:
         stage.train()
     resident = [_local(t) for t in trainer.state_tensors()] + communication_buffers(trainer)
@@ -439,5 +440,7 @@ def memory_step(trainer: PipelineTrainer, device_type: str = "cpu",
         "optimizer_start_bytes": opt.start_bytes,
         "optimizer_peak_bytes": opt.peak_bytes,
         "buffer_bytes": sum(b.untyped_storage().nbytes() for b in communication_buffers(trainer)),
+        # the largest FSDP all-gather output of the forward+backward (0 at dp_shard 1): bounds gloo's staging
+        "largest_allgather_bytes": int(fwd_bwd.extra.get("largest_allgather_bytes", 0)),
         "stages": [stage.index for stage in trainer.stages],
     }
