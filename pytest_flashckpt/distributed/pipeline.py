@@ -28,7 +28,9 @@ Measured on gloo ranks at pp 2 (world 2) and dp_shard 2 x pp 2 (world 4; tests/d
 GPipe, 1F1B and interleaved 1F1B (2 stages per rank) give one process's loss and gradients (max |difference|
 1.9e-8), each rank's CPU allocator added what its probe added, to the byte, and the rank simulated under fake
 mode (``simulate.pipeline``) holds the same bytes in every window. At pp 2 x tp 2 (world 4) the three schedules
-give one process's loss and gradients too (tests/distributed/test_pipeline_tp.py).
+give one process's loss and gradients too, and so do dp_shard 2 x pp 2 x tp 2 (world 8: FSDP2 over the stages'
+tensor-parallel DTensors; the mean of the replicas' losses is the batch's), each rank's simulated twin equal to it
+to the byte at every window's start and the optimizer peak (tests/distributed/test_pipeline_tp.py).
 
 Limits, each an error naming it: a head tied to the embedding cannot be split over two stages (the two would
 live on different ranks); a model with more than one embedding (GPT's learned positions) is refused, as under
