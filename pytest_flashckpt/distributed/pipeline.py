@@ -28,7 +28,9 @@ Measured on gloo ranks at pp 2 (world 2) and dp_shard 2 x pp 2 (world 4; tests/d
 GPipe, 1F1B and interleaved 1F1B (2 stages per rank) give one process's loss and gradients (max |difference|
 1.9e-8), each rank's CPU allocator added what its probe added, to the byte, and the rank simulated under fake
 mode (``simulate.pipeline``) holds the same bytes in every window. At pp 2 x tp 2 (world 4) the three schedules
-give one process's loss and gradients too (tests/distributed/test_pipeline_tp.py).
+give one process's loss and gradients too, and so do dp_shard 2 x pp 2 x tp 2 (world 8: FSDP2 over the stages'
+tensor-parallel DTensors; the mean of the replicas' losses is the batch's), each rank's simulated twin equal to it
+to the byte at every window's start and the optimizer peak (tests/distributed/test_pipeline_tp.py).
 
 Limits, each an error naming it: a head tied to the embedding cannot be split over two stages (the two would
 live on different ranks); a model with more than one embedding (GPT's learned positions) is refused, as under
@@ -421,7 +423,8 @@ def memory_step(trainer: PipelineTrainer, device_type: str = "cpu",
     """One pipeline step in the two windows of ``distributed.rank`` (the schedule's forward + backward over every
     microbatch, then the optimizer), counted by the rank probe (``probe_class``: the simulated rank passes the
     resize-tracking one of ``simulate.rank_probe``, the same bytes, faster); the stage's receive buffers count from
-    the start. The same function measures a gloo rank and the simulated (fake) rank."""
+    the start; ``largest_allgather_bytes`` bounds what gloo's staging of FSDP's all-gathers adds on a CPU rank
+    (``distributed.memory``). The same function measures a gloo rank and the simulated (fake) rank."""
     for stage in trainer.stages:
         stage.train()
     resident = [_local(t) for t in trainer.state_tensors()] + communication_buffers(trainer)
@@ -439,5 +442,7 @@ def memory_step(trainer: PipelineTrainer, device_type: str = "cpu",
         "optimizer_start_bytes": opt.start_bytes,
         "optimizer_peak_bytes": opt.peak_bytes,
         "buffer_bytes": sum(b.untyped_storage().nbytes() for b in communication_buffers(trainer)),
+        # the largest FSDP all-gather output of the forward+backward (0 at dp_shard 1): bounds gloo's staging
+        "largest_allgather_bytes": int(fwd_bwd.extra.get("largest_allgather_bytes", 0)),
         "stages": [stage.index for stage in trainer.stages],
     }
