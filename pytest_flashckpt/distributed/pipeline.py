@@ -320,7 +320,10 @@ class PipelineTrainer:
         args = (x,) if self.has_first else ()
         target = y if self.has_last else None
         with loss_parallel() if self.tensor_parallel else contextlib.nullcontext():
-            self.schedule.step(*args, target=target, losses=self.losses if self.has_last else None)
+            # return_outputs=False: the trainer needs the losses only; torch's default keeps every microbatch's
+            # output (the logits) alive on the last stage until the step ends (pytorch/pytorch#159251)
+            self.schedule.step(*args, target=target, losses=self.losses if self.has_last else None,
+                               return_outputs=False)
         if not self.losses:
             return None
         # under loss_parallel each microbatch's loss is a replicated DTensor: its local value is the loss

@@ -51,7 +51,7 @@ from pytest_flashckpt.simulate.fake_ranks import (
     _sample_times,
     forget_meshes,
 )
-from pytest_flashckpt.simulate.layer_extrapolation import POINTS, line_through, sample_depths
+from pytest_flashckpt.simulate.layer_extrapolation import MAX_SAMPLES, POINTS, line_through, sample_depths
 from pytest_flashckpt.simulate.rank_probe import ResizeTrackingRankProbe
 
 
@@ -124,11 +124,21 @@ def simulate_pipeline_rank(
     stages, tensor parallel over the ``tp`` ranks of its group when ``layout.tp`` > 1): one warm step, then one
     step measured in the two windows of a real rank (``pipeline.memory_step``).
 
-    ``extrapolate`` (default): the card at a few smaller numbers of blocks per stage (every stage one block more
-    at each step, ``layer_extrapolation.sample_depths`` with ``stages``), its byte counts read off the line through
-    them when every count steps by the same bytes (``simulated_depths`` names the depths, ``sample_peaks`` their
-    peaks, ``extrapolated`` says whether the line held); else, or when the samples would run as many stage blocks as the card, the card
-    whole. ``probe_class``: the rank probe (``simulate.rank_probe``'s by default, the same bytes as
+    ``extrapolate`` (default) reads the record off lines where the samples cost less than the step itself:
+
+    - **microbatches** (``sample_microbatches``): a schedule of many microbatches (gradient accumulation: a 70B
+      candidate of ``flashckpt fit`` runs 128) at a few smaller counts past the schedule's warm-up, the same rows
+      per microbatch, its byte counts read off the line through them when every count steps by the same bytes
+      (``simulated_microbatches``, their peaks ``microbatch_sample_peaks``; ``microbatches_extrapolated`` says
+      whether the line held);
+    - **depth**, at each of those counts: the card at a few smaller numbers of blocks per stage (every stage one
+      block more at each step, ``layer_extrapolation.sample_depths`` with ``stages``), read off the line through
+      them (``simulated_depths`` names the depths, ``sample_peaks`` their peaks, ``extrapolated`` says whether the
+      line held).
+
+    Else, or when the samples would run as many microbatches or stage blocks as the step, the step whole; both
+    lines are checked against the whole step to the byte (tests/simulate/test_pipeline_extrapolation.py).
+    ``probe_class``: the rank probe (``simulate.rank_probe``'s by default, the same bytes as
     ``distributed.memory``'s, faster)."""
     if dist.is_initialized():
         raise RuntimeError("simulate_pipeline_rank needs a process without a process group (it starts the fake one)")
@@ -136,6 +146,44 @@ def simulate_pipeline_rank(
     layout.check_card(card)
     pipeline.check(layout, batch_size=batch_size, n_blocks=card.n_layer)
     layout.check_stage_shards(seq_len, card.vocab_size)
+    run = functools.partial(_simulate_stage, card, layout, seq_len=seq_len, strategy=strategy, k=k, dtype=dtype,
+                            precision=precision, rank=rank, seed=seed, backend=backend, extrapolate=extrapolate,
+                            probe_class=probe_class)
+    counts = sample_microbatches(layout, pipeline) if extrapolate else []
+    rows_per_microbatch = batch_size // pipeline.microbatches  # (over the data-parallel ranks)
+    records: dict[int, dict] = {}
+    for count in counts:
+        records[count] = run(dataclasses.replace(pipeline, microbatches=count), rows_per_microbatch * count)
+        line = line_through(records, pipeline.microbatches, STAGE_KEYS)
+        if line is not None:
+            return {**records[max(records)], **line, **_sample_times(records), "microbatches_extrapolated": True,
+                    "simulated_microbatches": list(records), "microbatches": pipeline.microbatches,
+                    "microbatch_sample_peaks": {m: r["peak_bytes"] for m, r in records.items()}}
+    record = run(pipeline, batch_size)
+    if records:
+        record.update(_sample_times(records, "microbatch_sample_"))
+    record.update(microbatches_extrapolated=False, simulated_microbatches=[*records, pipeline.microbatches],
+                  microbatches=pipeline.microbatches)
+    return record
+
+
+def sample_microbatches(layout: Layout, pipeline: PipelineSchedule) -> list[int]:
+    """The microbatch counts to simulate, fewest first (up to ``MAX_SAMPLES``): from one per stage (past the warm-up
+    of torch's 1F1B schedules, which keep at most that many in flight on a rank; the interleaved one in rounds of
+    ``pp``), one more (a round more) at each step, each below the step's count; none (simulate the step whole)
+    when fewer than ``POINTS`` remain or the first ``POINTS`` would run as many microbatches as the step."""
+    step = layout.pp if pipeline.schedule == "interleaved_1f1b" else 1
+    lowest = -(-layout.pp * pipeline.stages_per_rank // step) * step
+    counts = list(range(lowest, pipeline.microbatches, step))[:MAX_SAMPLES]
+    if len(counts) < POINTS or sum(counts[:POINTS]) >= pipeline.microbatches:
+        return []
+    return counts
+
+
+def _simulate_stage(card, layout: Layout, pipeline: PipelineSchedule, batch_size: int, *, seq_len: int,
+                    strategy: str, k: int, dtype: torch.dtype, precision: str, rank: int, seed: int, backend: str,
+                    extrapolate: bool, probe_class: type[ShardedLiveTensorProbe]) -> dict:
+    """The rank at one microbatch count: read off the depth line where it is cheaper, else the card whole."""
     run = functools.partial(_simulate_stage_whole, layout=layout, pipeline=pipeline, batch_size=batch_size,
                             seq_len=seq_len, strategy=strategy, k=k, dtype=dtype, precision=precision, rank=rank,
                             seed=seed, backend=backend, probe_class=probe_class)

@@ -76,6 +76,10 @@ def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple
         depths = record.get("simulated_depths", [])
         how = (f"; depths {', '.join(map(str, depths))} simulated, the card's {card.n_layer} blocks read off their line"
                if record.get("extrapolated") else "")
+        if record.get("microbatches_extrapolated"):
+            counts = record["simulated_microbatches"]
+            how += (f"; {', '.join(map(str, counts))} microbatches simulated, the step's {args.microbatches} read off "
+                    "their line")
         tensor_parallel = f", tensor parallel over {layout.tp} ranks inside it" if layout.tp > 1 else ""
         what = (f"stage 0 of {layout.pp} ({args.schedule}, {args.microbatches} microbatches{tensor_parallel}), simulated "
                 f"by torch's pipelining schedule + {'parallelize_module + ' if layout.tp > 1 else ''}fully_shard under "

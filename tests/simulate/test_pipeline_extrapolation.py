@@ -1,5 +1,6 @@
 """A pipeline stage read off the line through fewer blocks per stage (``simulate.pipeline`` with
-``layer_extrapolation.sample_depths(..., stages=)``) equals the whole card's stage to the byte, and the resize-tracking
+``layer_extrapolation.sample_depths(..., stages=)``) equals the whole card's stage to the byte, so does a schedule of
+many microbatches read off the line through fewer (``sample_microbatches``), and the resize-tracking
 probe (``simulate.rank_probe``) reads what the gloo ranks' probe (``distributed.memory``) reads on a stage. The cheap
 case runs by default (in process, as tests/simulate/test_pipeline_sim.py), the others with ``-m slow``."""
 
@@ -12,7 +13,7 @@ from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.simulate.layer_extrapolation import sample_depths
-from pytest_flashckpt.simulate.pipeline import STAGE_KEYS, simulate_pipeline_rank
+from pytest_flashckpt.simulate.pipeline import STAGE_KEYS, sample_microbatches, simulate_pipeline_rank
 
 SMALL = {"n_embd": 32, "n_head": 2, "n_kv_head": 1, "intermediate_size": 40, "vocab_size": 128, "block_size": 32}
 BYTES = ("peak_bytes", *STAGE_KEYS)
@@ -82,3 +83,58 @@ def test_samples_that_cost_as_much_as_the_card_are_not_run() -> None:
     record = simulate_pipeline_rank(load_card("llama-tiny", **SMALL, n_layer=8), Layout(pp=2),
                                     PipelineSchedule("1f1b", 4), batch_size=8, seq_len=16)
     assert record["extrapolated"] is False and record["simulated_depths"] == [8]
+
+
+def _microbatch_ways(dp: int, schedule: str, microbatches: int, strategy: str, precision: str,
+                     stages_per_rank: int = 1, rank: int = 0, n_layer: int = 2) -> dict[str, dict]:
+    card = load_card("llama-tiny", **SMALL, n_layer=n_layer)
+    common = dict(batch_size=2 * microbatches * dp, seq_len=16, strategy=strategy,
+                  dtype=torch.bfloat16 if precision == "mixed" else torch.float32, precision=precision, rank=rank)
+    layout, pipeline = Layout(dp_shard=dp, pp=2), PipelineSchedule(schedule, microbatches, stages_per_rank)
+    return {"line": simulate_pipeline_rank(card, layout, pipeline, **common),
+            "whole": simulate_pipeline_rank(card, layout, pipeline, extrapolate=False, **common)}
+
+
+def _check_microbatches(ways: dict[str, dict], microbatches: int) -> None:
+    line, whole = ways["line"], ways["whole"]
+    assert whole["microbatches_extrapolated"] is False and whole["simulated_microbatches"] == [microbatches]
+    assert line["microbatches_extrapolated"] is True and max(line["simulated_microbatches"]) < microbatches
+    assert line["microbatches"] == whole["microbatches"] == microbatches
+    assert {k: line[k] for k in BYTES} == {k: whole[k] for k in BYTES}
+
+
+def test_many_microbatches_read_off_their_line_equal_the_whole_schedule_on_the_last_stage() -> None:
+    """pp 2, 1F1B over 10 microbatches, the last stage (the head, its logits and the losses): samples 2, 3, 4 (and
+    5 where the first bends). Measured before ``return_outputs=False`` (distributed.pipeline): torch's schedule kept
+    every microbatch's logits alive there, the peak grew 20,996 B per microbatch up to 5 and 37,380 B from 7 on
+    (the line through 2, 3, 4 read 629,764 B where the whole step peaked at 737,920 B at 12 microbatches), and a line
+    through the first samples missed it; now it grows by the microbatch's inputs and loss alone."""
+    ways = _microbatch_ways(1, "1f1b", 10, "full", "pure", rank=1)
+    _check_microbatches(ways, 10)
+    # control: the byte counts move with the microbatches (the equality above can fail)
+    samples = ways["line"]["microbatch_sample_peaks"]
+    assert len(samples) >= 3 and ways["whole"]["peak_bytes"] > max(samples.values())
+
+
+@pytest.mark.slow  # every schedule, FSDP in the stage, mixed precision, the first rank
+@pytest.mark.parametrize(
+    ("dp", "schedule", "microbatches", "strategy", "precision", "stages_per_rank", "rank"),
+    [
+        (1, "gpipe", 12, "none", "pure", 1, 0),
+        (1, "1f1b", 12, "none", "pure", 1, 0),
+        (2, "1f1b", 12, "none", "mixed", 1, 2),  # FSDP inside the last stage
+        (1, "interleaved_1f1b", 24, "full", "mixed", 2, 0),
+    ],
+)
+def test_many_microbatches_read_off_their_line_on_every_schedule(dp, schedule, microbatches, strategy, precision,
+                                                                 stages_per_rank, rank) -> None:
+    _check_microbatches(_microbatch_ways(dp, schedule, microbatches, strategy, precision, stages_per_rank, rank,
+                                         n_layer=4 * stages_per_rank), microbatches)
+
+
+def test_microbatch_samples_start_past_the_warm_up_and_step_by_rounds() -> None:
+    assert sample_microbatches(Layout(pp=8), PipelineSchedule("interleaved_1f1b", 128, 2)) == [16, 24, 32, 40, 48]
+    assert sample_microbatches(Layout(pp=4), PipelineSchedule("1f1b", 32)) == [4, 5, 6, 7, 8]
+    assert sample_microbatches(Layout(pp=2), PipelineSchedule("gpipe", 64)) == [2, 3, 4, 5, 6]
+    assert sample_microbatches(Layout(pp=4), PipelineSchedule("1f1b", 8)) == []  # 4+5+6 >= 8: run whole
+    assert sample_microbatches(Layout(pp=8), PipelineSchedule("interleaved_1f1b", 32, 2)) == []
