@@ -33,6 +33,8 @@ CASES = {
     "70b-pp8": ("llama3-70b", 8, 8, 8, 64, 8192, ("extrapolated", "whole", "whole-exact-probe")),
     "70b-pp4": ("llama3-70b", 16, 4, 8, 128, 8192, ("extrapolated", "whole")),
     "405b-pp8": ("llama3.1-405b", 8, 8, 8, 64, 8192, ("extrapolated", "whole")),
+    # gradient accumulation inside the pipeline: 64 microbatches of one sequence, read off the microbatch line
+    "70b-pp8-64mb": ("llama3-70b", 8, 8, 64, 512, 8192, ("extrapolated", "whole")),
 }
 WAYS = {"extrapolated": [], "whole": ["--no-extrapolate"], "whole-exact-probe": ["--no-extrapolate", "--exact-probe"]}
 BYTES = ("peak_bytes", "fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
@@ -61,14 +63,16 @@ def run(name: str, way: str) -> dict:
 
 
 def table(results: dict[str, dict[str, dict]]) -> list[str]:
-    lines = ["| case | way | depths simulated | peak (B) | fwd+bwd start -> peak (B) | optimizer start -> peak (B) "
-             "| same bytes as whole | wall (s) | CPU (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | way | microbatches simulated | depths simulated | peak (B) | fwd+bwd start -> peak (B) "
+             "| optimizer start -> peak (B) | same bytes as whole | wall (s) | CPU (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, ways in results.items():
         whole = ways.get("whole")
         for way, r in ways.items():
             same = "—" if whole is None or way == "whole" else (
                 "yes" if all(r[k] == whole[k] for k in BYTES) else "**no**")
-            lines.append(f"| {name} | {way} | {', '.join(map(str, r['simulated_depths']))} | {r['peak_bytes']:,} | "
+            lines.append(f"| {name} | {way} | {', '.join(map(str, r['simulated_microbatches']))} | "
+                         f"{', '.join(map(str, r['simulated_depths']))} | {r['peak_bytes']:,} | "
                          f"{r['fwd_bwd_start_bytes']:,} -> {r['fwd_bwd_peak_bytes']:,} | {r['optimizer_start_bytes']:,} "
                          f"-> {r['optimizer_peak_bytes']:,} | {same} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} |")
     return lines
@@ -84,14 +88,15 @@ def main() -> None:
 
     argv = " ".join(sys.argv[1:])
     lines = [
-        "# Pipeline stages simulated: depth line, resize-tracking probe, exact probe (issue 32 items 2, 6)", "",
+        "# Pipeline stages simulated: depth and microbatch lines, resize-tracking probe, exact probe (issue 32 items 2, 6)", "",
         f"Produced by `python benchmarks/pipeline_stages.py{(' ' + argv) if argv else ''}` on {platform.node()} "
         f"({os.cpu_count()} cores, shared), torch {torch.__version__}; load average (1 min) before / after: "
         f"{load_before:.2f} / {os.getloadavg()[0]:.2f}.", "",
         "Each row is one fresh process: `python " + " ".join(command(next(iter(results)), "extrapolated")) + "` for the "
         "first case (see `benchmarks/pipeline_stages.py` for every case's options). Rank 0 (the first stage), 1F1B, "
         "full activation checkpointing, mixed precision. `extrapolated`: the stage read off the line through 1, 2, 3 "
-        "blocks per stage (`simulate.pipeline`, the default); `whole`: every block of the stage, the resize-tracking "
+        "blocks per stage, and a schedule of many microbatches off the line through a few smaller counts "
+        "(`simulate.pipeline`, the default; the depths shown are those of the last microbatch count); `whole`: every block of the stage, the resize-tracking "
         "probe (`simulate.rank_probe`); `whole-exact-probe`: every block, the probe the gloo ranks use "
         "(`distributed.memory`: the route before this change).", "",
         *table(results), ""]

@@ -167,13 +167,21 @@ def simulate_pipeline_rank(
     return record
 
 
+# where the peak's growth per microbatch settles, in rounds of pp x stages_per_rank microbatches (measured on
+# llama-tiny, tests/simulate/test_pipeline_extrapolation.py): 1F1B's first stage holds one activation more from 2 pp
+# - 1 microbatches on (at pp 4 and 8), the others step alike from one round on
+STEADY_ROUNDS = {"gpipe": 1, "1f1b": 2, "interleaved_1f1b": 1}
+
+
 def sample_microbatches(layout: Layout, pipeline: PipelineSchedule) -> list[int]:
-    """The microbatch counts to simulate, fewest first (up to ``MAX_SAMPLES``): from one per stage (past the warm-up
-    of torch's 1F1B schedules, which keep at most that many in flight on a rank; the interleaved one in rounds of
-    ``pp``), one more (a round more) at each step, each below the step's count; none (simulate the step whole)
-    when fewer than ``POINTS`` remain or the first ``POINTS`` would run as many microbatches as the step."""
+    """The microbatch counts to simulate, fewest first (up to ``MAX_SAMPLES``): from ``STEADY_ROUNDS`` rounds of
+    one microbatch per stage (past the warm-up: torch's 1F1B schedules keep at most a round in flight on a rank), one
+    more at each step (a round of ``pp`` more for the interleaved schedule, which runs them in rounds), each below the
+    step's count; none (simulate the step whole) when fewer than ``POINTS`` remain or the first ``POINTS`` would run
+    as many microbatches as the step."""
     step = layout.pp if pipeline.schedule == "interleaved_1f1b" else 1
-    lowest = -(-layout.pp * pipeline.stages_per_rank // step) * step
+    lowest = STEADY_ROUNDS[pipeline.schedule] * layout.pp * pipeline.stages_per_rank
+    lowest = -(-lowest // step) * step
     counts = list(range(lowest, pipeline.microbatches, step))[:MAX_SAMPLES]
     if len(counts) < POINTS or sum(counts[:POINTS]) >= pipeline.microbatches:
         return []
