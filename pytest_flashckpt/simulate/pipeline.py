@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -151,20 +152,31 @@ def simulate_pipeline_rank(
                             probe_class=probe_class)
     counts = sample_microbatches(layout, pipeline) if extrapolate else []
     rows_per_microbatch = batch_size // pipeline.microbatches  # (over the data-parallel ranks)
-    records: dict[int, dict] = {}
-    for count in counts:
-        records[count] = run(dataclasses.replace(pipeline, microbatches=count), rows_per_microbatch * count)
-        line = line_through(records, pipeline.microbatches, STAGE_KEYS)
-        if line is not None:
-            return {**records[max(records)], **line, **_sample_times(records), "microbatches_extrapolated": True,
-                    "simulated_microbatches": list(records), "microbatches": pipeline.microbatches,
-                    "microbatch_sample_peaks": {m: r["peak_bytes"] for m, r in records.items()}}
+    records, line = _first_line(
+        counts, lambda count: run(dataclasses.replace(pipeline, microbatches=count), rows_per_microbatch * count),
+        pipeline.microbatches)
+    if line is not None:
+        return {**records[max(records)], **line, **_sample_times(records), "microbatches_extrapolated": True,
+                "simulated_microbatches": list(records), "microbatches": pipeline.microbatches,
+                "microbatch_sample_peaks": {m: r["peak_bytes"] for m, r in records.items()}}
     record = run(pipeline, batch_size)
     if records:
         record.update(_sample_times(records, "microbatch_sample_"))
     record.update(microbatches_extrapolated=False, simulated_microbatches=[*records, pipeline.microbatches],
                   microbatches=pipeline.microbatches)
     return record
+
+
+def _first_line(samples: list[int], run: Callable[[int], dict], target: int) -> tuple[dict[int, dict], dict | None]:
+    """Run the samples in order until the last ``POINTS`` of them give a line to ``target`` (``line_through``
+    with ``STAGE_KEYS``): the records run, and the line (None when no window of them held one)."""
+    records: dict[int, dict] = {}
+    for sample in samples:
+        records[sample] = run(sample)
+        line = line_through(records, target, STAGE_KEYS)
+        if line is not None:
+            return records, line
+    return records, None
 
 
 # where the peak's growth per microbatch settles, in rounds of pp x stages_per_rank microbatches (measured on
@@ -199,13 +211,10 @@ def _simulate_stage(card, layout: Layout, pipeline: PipelineSchedule, batch_size
     depths = sample_depths(card.n_layer, strategy, k, stages=stages, first=FIRST_BLOCKS) if extrapolate else []
     if sum(depths[:POINTS]) >= card.n_layer:  # (stage blocks grow with the depth: the samples would cost more)
         depths = []
-    records: dict[int, dict] = {}
-    for depth in depths:
-        records[depth] = run(dataclasses.replace(card, n_layer=depth))
-        line = line_through(records, card.n_layer, STAGE_KEYS)
-        if line is not None:
-            return {**_extrapolated(records, line, card.n_layer),
-                    "sample_peaks": {d: r["peak_bytes"] for d, r in records.items()}}
+    records, line = _first_line(depths, lambda depth: run(dataclasses.replace(card, n_layer=depth)), card.n_layer)
+    if line is not None:
+        return {**_extrapolated(records, line, card.n_layer),
+                "sample_peaks": {d: r["peak_bytes"] for d, r in records.items()}}
     record = run(card)
     if records:
         record.update(_sample_times(records, "sample_"))

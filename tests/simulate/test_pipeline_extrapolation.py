@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+from pytest_flashckpt.config.layout import SCHEDULES, Layout, PipelineSchedule
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.simulate.layer_extrapolation import sample_depths
-from pytest_flashckpt.simulate.pipeline import STAGE_KEYS, sample_microbatches, simulate_pipeline_rank
+from pytest_flashckpt.simulate.pipeline import STAGE_KEYS, STEADY_ROUNDS, sample_microbatches, simulate_pipeline_rank
 
 SMALL = {"n_embd": 32, "n_head": 2, "n_kv_head": 1, "intermediate_size": 40, "vocab_size": 128, "block_size": 32}
 BYTES = ("peak_bytes", *STAGE_KEYS)
@@ -137,6 +137,7 @@ def test_many_microbatches_read_off_their_line_on_every_schedule(dp, schedule, m
 
 
 def test_microbatch_samples_start_past_the_warm_up_and_step_by_rounds() -> None:
+    assert set(STEADY_ROUNDS) == set(SCHEDULES)  # a new schedule states where its growth settles
     assert sample_microbatches(Layout(pp=8), PipelineSchedule("interleaved_1f1b", 128, 2)) == [16, 24, 32, 40, 48]
     assert sample_microbatches(Layout(pp=4), PipelineSchedule("1f1b", 32)) == [8, 9, 10, 11, 12]  # 2 rounds
     assert sample_microbatches(Layout(pp=2), PipelineSchedule("gpipe", 64)) == [2, 3, 4, 5, 6]
