@@ -1,7 +1,10 @@
 """Start the ranks of a scenario with ``torch.distributed.run`` (torchrun) and end them all, whatever happens.
 
-One machine: ``python -m torch.distributed.run --nnodes 1 --nproc-per-node N --master-addr 127.0.0.1
---master-port <free> -m <module> ...``, with a port found free for this run. Several machines: pass ``nnodes`` and
+One machine: ``python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N -m <module> ...``:
+torchrun's agent binds its c10d store to port 0, so the OS hands it a free port in the same call that takes it. (A
+port found free beforehand and passed as ``--master-port`` can be taken in the seconds before torchrun binds it, by
+gloo's own sockets in a launch running beside this one: the race a CI run of two pytest-xdist workers can hit.) Pass
+``master_port`` to pin the port on one machine. Several machines: pass ``nnodes`` and
 ``master_addr``/``master_port`` (the same on every node), and a ``prefix`` that starts one torchrun
 per node, e.g. ``["srun", "--nodes=2", "--ntasks-per-node=1"]`` or ``["mpirun", "-np", "2", "--map-by", "node"]``.
 Several nodes rendezvous through torch's c10d store at ``master_addr:master_port`` (``--rdzv-backend c10d``), so
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,18 +29,15 @@ from typing import Sequence
 
 
 class LaunchError(RuntimeError):
-    """The ranks did not all finish: a rank failed, died, or the launch timed out. ``log`` is the output tail."""
+    """The ranks did not all finish: a rank failed, died, or the launch timed out. ``log`` is the output tail; the
+    message ends with its last ``SHOWN_LINES`` lines, so a failure in CI shows why without the log file."""
+
+    SHOWN_LINES = 30
 
     def __init__(self, message: str, log: str = "") -> None:
-        super().__init__(message)
+        shown = "\n".join(log.rstrip().splitlines()[-self.SHOWN_LINES:])
+        super().__init__(f"{message}\n--- last lines of the ranks' output ---\n{shown}" if shown else message)
         self.log = log
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -49,7 +48,7 @@ class Launch:
     nnodes: int = 1
     run_id: str = "flashckpt"  # several nodes: the rendezvous id, the same on every node
     master_addr: str = "127.0.0.1"
-    master_port: int | None = None  # None: a free port, chosen per run
+    master_port: int | None = None  # one node, None: torchrun --standalone binds a free port itself
     prefix: tuple[str, ...] = ()  # srun / mpirun command that starts torchrun on every node
     timeout_s: float = 600.0
     threads_per_rank: int = 1
@@ -61,9 +60,10 @@ class Launch:
                 raise ValueError("a launch over several nodes needs master_port: the same free port on the master node for every node")
             # c10d rendezvous: every node runs the same command (no node rank), as srun/mpirun start it
             rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.master_addr}:{self.master_port}", "--rdzv-id", self.run_id]
+        elif self.master_port:
+            rendezvous = ["--master-addr", self.master_addr, "--master-port", str(self.master_port)]
         else:
-            port = self.master_port or free_port()
-            rendezvous = ["--master-addr", self.master_addr, "--master-port", str(port)]
+            rendezvous = ["--standalone"]
         return [
             *self.prefix,
             sys.executable, "-m", "torch.distributed.run",

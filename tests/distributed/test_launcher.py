@@ -20,12 +20,13 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def test_one_node_command_uses_a_free_loopback_port_and_no_restarts() -> None:
+def test_one_node_command_lets_torchrun_bind_a_free_port_and_never_restarts() -> None:
     cmd = launcher.Launch(2).command("pkg.mod", ["--x", "1"])
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    port = int(cmd[cmd.index("--master-port") + 1])
-    assert 0 < port < 65536 and cmd[cmd.index("--master-addr") + 1] == "127.0.0.1"
+    assert "--standalone" in cmd and "--master-port" not in cmd  # no port chosen here that another launch can take
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and cmd[cmd.index("--max-restarts") + 1] == "0"
+    pinned = launcher.Launch(2, master_port=29555).command("pkg.mod", [])
+    assert pinned[pinned.index("--master-port") + 1] == "29555" and "--standalone" not in pinned
     assert cmd[-4:] == ["-m", "pkg.mod", "--x", "1"]
     assert launcher.Launch(2).command("worker.py", [])[-1] == "worker.py"  # a script runs as a path
 
@@ -95,3 +96,15 @@ def test_the_runner_sends_a_world_size_scenario_to_torchrun_ranks(tmp_path) -> N
     assert result.metrics["roundtrip_differences"] == 0 and result.metrics["async_staged_bytes"] > 0
     assert "full on blocks 0, 1" in result.notes[0] and result.device == "cpu x2 (gloo)"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("flashckpt-work-dist-")]  # the launch's folder is gone
+
+
+def test_a_failed_launch_says_why_in_its_message(monkeypatch) -> None:
+    """CI prints the exception, not the log file: the message ends with the ranks' last lines."""
+    lines = "; ".join(f"echo line {i}" for i in range(40))
+    monkeypatch.setattr(launcher.Launch, "command", lambda self, module, args: ["sh", "-c", f"{lines}; echo Address already in use; exit 3"])
+    with pytest.raises(launcher.LaunchError) as failure:
+        launcher.run(launcher.Launch(2), "m", [])
+    message = str(failure.value)
+    assert "torchrun exit status 3" in message and message.endswith("Address already in use")
+    assert "line 39" in message and "line 5\n" not in message  # the last 30 lines, not the whole log
+    assert "line 0" in failure.value.log
