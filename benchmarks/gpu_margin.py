@@ -295,15 +295,17 @@ def measure_trainer(trainer, device: torch.device, pickle_path: Path | None) -> 
 
 
 def build_trainer(card_name: str, strategy: str, batch_size: int, seq_len: int, device: torch.device,
-                  distributed: bool = False):
+                  distributed: bool = False, attention: str = "auto"):
     """The project's trainer for ``card_name`` (``distributed.fsdp.build_trainer``: the card's model with the
-    activation strategy applied, FSDP-sharded when ``distributed``), in bf16 with the backend ``auto`` picks."""
+    activation strategy applied, FSDP-sharded when ``distributed``), in bf16 with the backend ``attention``
+    resolves to (``auto``: flash-attn where installed, else SDPA, whose bf16 CUDA kernel is the flash one the
+    simulation's ``flash`` kernel models)."""
     from pytest_flashckpt.config.scenario import ActivationConfig
     from pytest_flashckpt.distributed.fsdp import build_trainer as fsdp_trainer
     from pytest_flashckpt.models.attention import resolve_backend
     from pytest_flashckpt.models.cards import load_card
 
-    backend = resolve_backend("auto", device, torch.bfloat16)
+    backend = resolve_backend(attention, device, torch.bfloat16)
     trainer, _ = fsdp_trainer(load_card(card_name), batch_size=batch_size, seq_len=seq_len, backend=backend,
                               device=device, dtype=torch.bfloat16, activation=ActivationConfig(strategy=strategy),
                               distributed=distributed)
@@ -340,11 +342,12 @@ def release_cuda_memory() -> None:
     torch.cuda.empty_cache()
 
 
-def one_process_row(card: str, strategy: str, batch_size: int, out: Path, pickles: bool, command: str) -> MarginRow:
+def one_process_row(card: str, strategy: str, batch_size: int, out: Path, pickles: bool, command: str,
+                    attention: str = "auto") -> MarginRow:
     device = torch.device("cuda", torch.cuda.current_device())
     simulated = simulated_one_process(card, strategy, batch_size, SEQ_LEN)
     release_cuda_memory()
-    trainer, backend = build_trainer(card, strategy, batch_size, SEQ_LEN, device)
+    trainer, backend = build_trainer(card, strategy, batch_size, SEQ_LEN, device, attention=attention)
     pickle_path = out / "snapshots" / f"{card}-{strategy}.pickle" if pickles else None
     measured = measure_trainer(trainer, device, pickle_path)
     del trainer
@@ -360,7 +363,7 @@ def margin_row(family: str, card: str, strategy: str, batch_size: int, simulated
                      command, rank=rank, backend=backend, snapshot=dict(measured.get("snapshot", {})))
 
 
-def fsdp_rows(out: Path, pickles: bool, command: str) -> tuple[list[MarginRow], list[SkippedRow]]:
+def fsdp_rows(out: Path, pickles: bool, command: str, attention: str = "auto") -> tuple[list[MarginRow], list[SkippedRow]]:
     """The 2-rank FSDP step, one row per rank; skipped with the reason on fewer than two GPUs."""
     card, strategy = FSDP_ROW.split(":")
     label = f"FSDP {FSDP_RANKS} ranks, {card} {strategy}"
@@ -374,7 +377,7 @@ def fsdp_rows(out: Path, pickles: bool, command: str) -> tuple[list[MarginRow], 
     simulated = simulated_ranks(card, strategy, batch, SEQ_LEN, FSDP_RANKS)
     folder = out / "fsdp"
     folder.mkdir(parents=True, exist_ok=True)
-    args = [str(folder), card, strategy, str(batch), str(SEQ_LEN), "1" if pickles else "0"]
+    args = [str(folder), card, strategy, str(batch), str(SEQ_LEN), "1" if pickles else "0", attention]
     launcher.run(launcher.Launch(FSDP_RANKS, timeout_s=300), str(RANK_WORKER), args, log_path=folder / "launch.log")
     rows = []
     for rank in range(FSDP_RANKS):
@@ -395,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu-margin"), help="folder for the report, JSON and snapshots")
     parser.add_argument("--rows", default=",".join(DEFAULT_ROWS), help="comma-separated CARD:STRATEGY rows")
     parser.add_argument("--batch", type=int, default=None, help="batch size for every row (default: per card)")
+    parser.add_argument("--attention", default="auto", choices=("auto", "sdpa", "flash_attn"),
+                        help="the measured step's attention backend (the simulation's kernel is flash either way)")
     parser.add_argument("--no-fsdp", action="store_true", help="leave out the 2-rank FSDP row")
     parser.add_argument("--no-pickles", action="store_true", help="summarise the snapshots without saving them")
     args = parser.parse_args(argv)
@@ -405,12 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[SkippedRow] = []
     for card, strategy in rows_wanted:
         started = time.perf_counter()
-        row = one_process_row(card, strategy, batch_for(card, args.batch), args.out, not args.no_pickles, command)
+        row = one_process_row(card, strategy, batch_for(card, args.batch), args.out, not args.no_pickles, command,
+                              args.attention)
         rows.append(row)
         print(f"{row_label(row)}: simulated {gib(row.simulated_bytes)} GiB, allocated {pct(row.allocated_margin)}, "
               f"reserved {pct(row.reserved_margin)} ({time.perf_counter() - started:.1f} s)", flush=True)
     if not args.no_fsdp:
-        more, skips = fsdp_rows(args.out, not args.no_pickles, command)
+        more, skips = fsdp_rows(args.out, not args.no_pickles, command, args.attention)
         rows += more
         skipped += skips
         for s in skips:

@@ -2,7 +2,7 @@
 measured as the one-process rows are (``gpu_margin.measure_trainer``: warm-up, the counted step, the recorded step).
 Each rank writes ``OUT/rank-<rank>.json`` (and, with pickles on, ``OUT/snapshots/rank-<rank>.pickle``).
 
-Usage: ``gpu_margin_rank.py OUT CARD STRATEGY GLOBAL_BATCH SEQ_LEN PICKLES(0|1)``.
+Usage: ``gpu_margin_rank.py OUT CARD STRATEGY GLOBAL_BATCH SEQ_LEN PICKLES(0|1) ATTENTION``.
 """
 
 from __future__ import annotations
@@ -14,15 +14,22 @@ from pathlib import Path
 import torch.distributed as dist
 
 from gpu_margin import build_trainer, measure_trainer  # this script's folder is first on sys.path
-from pytest_flashckpt.distributed.fsdp import init
+
+
+def join_group():
+    """The process group torchrun describes, NCCL on this rank's GPU (``distributed.fsdp.init``); its device."""
+    from pytest_flashckpt.distributed.fsdp import init
+
+    return init()
 
 
 def main(argv: list[str]) -> None:
-    out, card, strategy, batch, seq_len, pickles = argv
-    device = init()
+    out, card, strategy, batch, seq_len, pickles, attention = argv
+    device = join_group()
     try:
         rank = dist.get_rank()
-        trainer, backend = build_trainer(card, strategy, int(batch), int(seq_len), device, distributed=True)
+        trainer, backend = build_trainer(card, strategy, int(batch), int(seq_len), device, distributed=True,
+                                         attention=attention)
         pickle_path = Path(out) / "snapshots" / f"rank-{rank}.pickle" if pickles == "1" else None
         measured = measure_trainer(trainer, device, pickle_path)
         measured["backend"] = backend

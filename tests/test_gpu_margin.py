@@ -135,6 +135,37 @@ def test_on_one_gpu_the_fsdp_row_says_it_was_skipped_and_why(monkeypatch, tmp_pa
     assert skipped[0].reason.startswith("skipped: 1 GPU")
 
 
+def test_with_two_gpus_each_rank_is_a_row_read_from_what_its_worker_wrote(monkeypatch, tmp_path):
+    """The parent's launch arguments are what the torchrun worker unpacks, and the files it writes are the ones
+    the parent reads (the launch and the GPU step are stand-ins; the contract between the two scripts is real)."""
+    spec = importlib.util.spec_from_file_location("gpu_margin_rank", ROOT / "benchmarks" / "gpu_margin_rank.py")
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    from pytest_flashckpt.distributed import launcher
+
+    measured = {"max_allocated_bytes": 110, "max_reserved_bytes": 150, "outside_allocator_bytes": 20,
+                "device_total_bytes": 1000, "snapshot": {}}
+    launched = []
+
+    def fake_run(launch, script, args, log_path=None):
+        launched.append((launch.nproc_per_node, Path(script).name))
+        for rank in range(launch.nproc_per_node):
+            monkeypatch.setattr(worker.dist, "get_rank", lambda: rank)
+            worker.main(list(args))
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(launcher, "run", fake_run)
+    monkeypatch.setattr(gpu_margin, "simulated_ranks", lambda card, strategy, batch, seq, world: [100, 101])
+    monkeypatch.setattr(worker, "join_group", lambda: torch.device("cpu"))
+    monkeypatch.setattr(worker.dist, "destroy_process_group", lambda: None)
+    monkeypatch.setattr(worker, "build_trainer", lambda *a, **kw: (None, "sdpa"))
+    monkeypatch.setattr(worker, "measure_trainer", lambda trainer, device, path: dict(measured))
+    rows, skipped = gpu_margin.fsdp_rows(tmp_path, pickles=False, command="c")
+    assert launched == [(2, "gpu_margin_rank.py")] and skipped == []
+    assert [(r.rank, r.simulated_bytes, r.backend) for r in rows] == [("0/2", 100, "sdpa"), ("1/2", 101, "sdpa")]
+    assert rows[1].reserved_margin == pytest.approx(150 / 101 - 1)
+
+
 def test_the_default_rows_cover_a_gpt_and_a_llama_card():
     from pytest_flashckpt.models.cards import load_card
 
