@@ -4,8 +4,11 @@
 # Versions and compute capability, NVML/torch device identity by UUID, the gpu-marked tests, the auto-device tests,
 # a bf16 smoke run of the GPU suite without its 2.7B row (no error rows, flash_attn ran, baseline + report
 # written), one scenario alone vs in the suite (identical peak: probe isolation), the nvml probe beside the cuda
-# probe, and FlashAttention's published attention-memory ratios. Prints one summary table; exits non-zero if any check failed.
-# Everything to bring back lands in OUT_DIR (default gpu-check/): logs, the report, results.json, the baseline.
+# probe, FlashAttention's published attention-memory ratios, and the GPU margin: the simulated peak of GPT and Llama
+# steps vs the caching allocator's max allocated and reserved (benchmarks/gpu_margin.py; the margin `flashckpt fit`
+# assumes until this has run). Prints one summary table; exits non-zero if any check failed.
+# Everything to bring back lands in OUT_DIR (default gpu-check/): logs, the report, results.json, the baseline,
+# gpu-margin.md and gpu-margin.json.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${1:-gpu-check}"
@@ -113,6 +116,11 @@ print(f"nvml/cuda peak {ratio:.2f}x (nvml {nvml['peak_bytes'] / 2**30:.2f} GiB, 
 PY
 
 check attention-memory 120 "$PY" benchmarks/attention_memory.py --out "$OUT"
+
+# simulated peak vs max_memory_allocated / max_memory_reserved (report: OUT/gpu-margin.md, exact bytes in
+# OUT/gpu-margin.json); its last line is the range of reserved/simulated - 1. Snapshots are summarised, not pickled,
+# to keep OUT small: run the script alone (without --no-pickles) for torch's pickles to open in memory_viz.
+check gpu-margin 120 "$PY" benchmarks/gpu_margin.py --out "$OUT" --no-pickles
 
 echo
 "$PY" - "$SUMMARY" <<'PY'

@@ -3,7 +3,8 @@ command's parser reads them).
 
 - ``DEFAULT_MARGIN``: fraction of a GPU's memory kept free for what the simulated live tensors do not count (the
   CUDA context, NCCL's and cuBLAS's workspaces, the caching allocator's rounding and fragmentation). Not measured
-  on a GPU yet (issue 32 item 8 measures it); 10 % of 80 GiB is 8 GiB, above the 1-3 GiB the CUDA context and
+  on a GPU yet: ``benchmarks/gpu_margin.py`` measures it on the first GPU (its ``needed, % of device`` column is
+  this quantity; docs/will-it-fit.md, "The GPU margin"); 10 % of 80 GiB is 8 GiB, above the 1-3 GiB the CUDA context and
   NCCL buffers usually take, to leave room for fragmentation.
 - ``DEFAULT_MFU``: fraction of the bf16 peak the step's matmuls reach, recomputation included; torchtitan reports
   50.5-58.2 % MFU for its Llama 3 FSDP runs on 64 A100s (pytorch/torchtitan docs/performance.md).

@@ -17,7 +17,7 @@ Within a strategy, simulating in time order spends the simulations where the ans
 once every faster one has been found not to fit (or ``top`` already fit). The usable memory is the device's less
 ``margin`` (a fraction, default ``fit.assumptions.DEFAULT_MARGIN``) for what the simulation does not count: the CUDA context,
 NCCL's and cuBLAS's workspaces, the caching allocator's rounding and fragmentation. That margin is an assumption:
-the GPU suite has not measured it yet (issue 32 item 8 does); the output states it.
+no GPU has measured it yet (``benchmarks/gpu_margin.py`` does, issue 32 item 8); the output states it.
 """
 
 from __future__ import annotations

@@ -26,6 +26,14 @@ def test_scenarios_the_check_names_are_in_the_gpu_suite():
     assert len(picked) == 2 and set(picked) <= names
 
 
+def test_the_gpu_margin_check_runs_the_benchmark_within_a_small_timeout():
+    text = SCRIPT.read_text()
+    found = re.search(r'^check gpu-margin (\d+) "\$PY" (benchmarks/gpu_margin\.py) --out "\$OUT"', text, flags=re.M)
+    assert found, "gpu_check.sh has no gpu-margin check"
+    assert int(found.group(1)) <= 120  # the whole check is budgeted at 10 minutes
+    assert (SCRIPT.parents[1] / found.group(2)).is_file()
+
+
 def test_example_gpu_workflow_installs_the_gpu_stack_and_gates_with_ab():
     import yaml
 
