@@ -40,6 +40,7 @@ def test_docs_site_builds_in_strict_mode(tmp_path) -> None:
     assert (tmp_path / "site" / "reports" / "sample" / "flashckpt-report.html").is_file()  # linked reports ship as pages
 
 
+@pytest.mark.slow
 def test_a_broken_link_fails_the_strict_build(tmp_path) -> None:
     """The build's power: the same site with one link to a report that does not exist fails."""
     copy = tmp_path / "repo"

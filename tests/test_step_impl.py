@@ -51,6 +51,7 @@ CASES = [pytest.param(WIDE_VOCAB, StepImpl(), marks=pytest.mark.slow), (WIDE_VOC
          *((WIDE_MODEL, StepImpl(optimizer=name)) for name in ("adamw_foreach", "adamw_fused", "sgd"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("card", "impl"), CASES, ids=lambda x: getattr(x, "name", None) or x.describe())
 def test_measured_equals_simulated_on_cpu(card, impl):
     peak, start, _ = measured(card, impl)
@@ -58,6 +59,7 @@ def test_measured_equals_simulated_on_cpu(card, impl):
     assert (sim.peak_bytes, sim.start_bytes) == (peak, start)
 
 
+@pytest.mark.slow
 def test_each_setting_changes_what_it_should():
     """Controls: the settings are not ignored. Where the optimizer step peaks, foreach AdamW adds full-size
     temporaries the per-tensor CPU step does not and fused AdamW is lower still; AdamW keeps two state tensors of

@@ -97,6 +97,7 @@ def ab(tmp_path, *args, out="out") -> int:
     return main(["ab", *args, "--rounds", "2", "--out", str(tmp_path / out)])
 
 
+@pytest.mark.slow
 def test_a_ref_never_runs_a_folder_of_that_name(repo, tmp_path, capsys):
     """A folder main/ (a pull request's own "base") beside the branch main: --a main runs the branch's commit; the
     folder's planted code runs only when named with --a-path (the control: it would act)."""
@@ -263,6 +264,7 @@ def test_the_parser_requires_one_form_per_side(capsys):
     assert "one of the arguments --b --b-path is required" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_scenario_b_ran_with_other_settings_is_named(repo, tmp_path):
     """B's code reads A's suite file its own way (a changed default): ab.md names the settings that differ; the
     control is every other test's ab.md (same settings, no note)."""

@@ -39,6 +39,7 @@ def probe_peak(config: GPTConfig, backend: str, strategy: str, batch: int, seq: 
 # Where the step peaks at the loss backward (activations + logits) the model is exact to a few kB (LayerNorm
 # statistics rounding); where the end of the backward or a block replay dominates (full checkpointing, little
 # activation memory left) the gradients in flight are approximated: 5% covers both on tiny.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "backend", "batch", "seq"),
     [

@@ -59,6 +59,7 @@ def measured_peak(trainer: Trainer) -> int:
     return reading.peak_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, dropout", [("sdpa", 0.1), ("sdpa", 0.0), ("eager", 0.1)])
 def test_predicted_peak_equals_the_probe_on_mixed_plans(backend, dropout):
     config = micro(dropout)
@@ -86,6 +87,7 @@ def _step(model, batch_size: int, seq_len: int):
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @given(span=st.floats(0.0, 1.0), shape=st.sampled_from(SHAPES), backend=st.sampled_from(["sdpa", "eager"]))
 def test_every_plan_fits_its_budget_and_is_bitwise_equal_to_none_with_dropout(span, shape, backend):
     config = micro(0.1)
@@ -144,6 +146,7 @@ def test_a_budget_below_the_minimum_names_the_key_and_the_minimum():
     assert "activation.budget" in message and f"{lowest:,} bytes" in message and info.value.minimum == lowest
 
 
+@pytest.mark.slow
 def test_a_stream_of_mixed_lengths_stays_under_the_budget_and_recomputes_less_than_one_worst_case_plan():
     config = micro(0.1)
     source = CachedSource(config)

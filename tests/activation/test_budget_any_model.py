@@ -208,6 +208,7 @@ def costs_of(name: str):
     return _COSTS[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_predicted_peak_equals_the_probe_to_the_byte_on_mixed_plans(name: str) -> None:
     costs = costs_of(name)
@@ -237,6 +238,7 @@ def first_step(model: nn.Module, name: str):
     return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_apply_budget_plans_fits_and_trains_bitwise_as_no_checkpointing(name: str) -> None:
     ref_loss, ref_grads = first_step(build(name), name)
@@ -264,6 +266,7 @@ def test_control_the_old_call_model_tokens_targets_fails_on_a_transformers_model
         apply_budget(titan(), "min", SHAPE, blocks="layers")  # no step given: the project's call, which a titan refuses
 
 
+@pytest.mark.slow
 def test_a_step_that_returns_no_loss_is_refused_with_the_fix() -> None:
     model = build("hf-llama-loss")
     with pytest.raises(ValueError, match=r"returned a CausalLMOutputWithPast, not a scalar loss.*pass loss=fn\(output, targets\)"):

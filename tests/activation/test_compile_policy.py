@@ -95,6 +95,7 @@ def _segment_peak(model, source, policies) -> int:
     return peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("span", [0, 30, 60, 100])
 def test_the_plan_fits_its_budget(model, source, span):
     plan = plan_compiled(model, f"min + {span}%", SHAPE, source)
@@ -106,6 +107,7 @@ def test_the_plan_fits_its_budget(model, source, span):
         assert peak == plan.shape_plan.min_peak and plan.shape_plan.plan.flops > 0
 
 
+@pytest.mark.slow
 def test_more_budget_never_recomputes_more(model, source):
     flops = [plan_compiled(model, f"min + {span}%", SHAPE, source).shape_plan.plan.flops for span in (0, 20, 40, 60, 80, 100)]
     assert flops == sorted(flops, reverse=True) and flops[0] > flops[-1]
@@ -403,6 +405,7 @@ def llama():
     return build_model(card, "sdpa"), SimulatedCosts(card, "float32", "sdpa", "cpu", options=(NONE, FULL))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget, picks_none", [("min + 75%", True), ("min + 50%", False)])
 def test_llama_tiny_picks_none_where_it_fits_compiled(llama, budget, picks_none):
     """min + 75% (82.55 MiB): none, 82.38 MiB compiled, fits and recomputes nothing, so it is the plan (the sweep

@@ -29,6 +29,7 @@ def step(card, backend: str, activation: ActivationConfig):
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}, applied
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 @pytest.mark.parametrize(
     "activation",
@@ -57,6 +58,7 @@ def test_selective_op_recomputes_the_o_and_down_projections_by_role():
     assert applied.matched_ops["aten._scaled_dot_product_flash_attention_for_cpu.default"] == CARD.n_layer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 @pytest.mark.parametrize("strategy", ["none", "full", "every_k"])
 def test_llama_step_flops_equal_the_closed_form(strategy, backend):

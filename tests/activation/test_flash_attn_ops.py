@@ -32,6 +32,7 @@ def checks() -> dict[str, dict]:
     return {name: results[version][case] for name, (version, case) in CASES.items()}
 
 
+@pytest.mark.slow
 def test_flash_attn_27_ops_are_looked_up_after_import_saved_and_detected(checks):
     result = checks["v27"]
     assert not result["listed_before_import"]  # not registered until flash_attn is imported ...
@@ -40,11 +41,13 @@ def test_flash_attn_27_ops_are_looked_up_after_import_saved_and_detected(checks)
     assert result["kernel"] == "flash_attn"
 
 
+@pytest.mark.slow
 def test_selective_op_with_dropout_gives_the_gradients_of_no_checkpointing_bit_for_bit(checks):
     fixed = checks["v27"]
     assert fixed["loss_equal"] and fixed["grads_equal"]
 
 
+@pytest.mark.slow
 def test_saving_a_random_attention_op_would_shift_the_later_dropout_masks(checks):
     """The failure the policy prevents, reproduced: the saved attention is replayed without drawing its mask, so
     the residual dropout after it draws another one and the gradients differ (the loss, from the forward, does not)."""
@@ -52,6 +55,7 @@ def test_saving_a_random_attention_op_would_shift_the_later_dropout_masks(checks
     assert broken["loss_equal"] and not broken["grads_equal"]
 
 
+@pytest.mark.slow
 def test_flash_attn_25_has_no_op_to_save_but_is_detected_by_its_python_call(checks):
     result = checks["v25"]
     assert result["kernel"] == "flash_attn"  # not "unknown (flash_attn)"

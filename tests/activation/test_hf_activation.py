@@ -58,6 +58,7 @@ def peak(trainer: Trainer) -> int:
     return reading.peak_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(HF))
 def test_budget_plan_stays_under_its_budget(family: str) -> None:
     reference = Trainer.create(build_hf_model(HF[family], "sdpa"), *SHAPE)

@@ -43,6 +43,7 @@ def test_the_pointwise_weight_is_a_fixed_model_not_a_timing(no_clock):
         pointwise_weight_for("mps")
 
 
+@pytest.mark.slow
 def test_the_same_budget_gives_the_same_plan_twice_and_once_simulated(no_clock):
     first = MeasuredCosts(build_model(CONFIG, "sdpa"))
     second = MeasuredCosts(build_model(CONFIG, "sdpa"))
@@ -57,6 +58,7 @@ def test_the_same_budget_gives_the_same_plan_twice_and_once_simulated(no_clock):
     assert len(set(plans)) > 2  # the budgets reach different plans: the equality is not trivially all-none
 
 
+@pytest.mark.slow
 def test_simulate_reads_budget_like_a_suite(capsys):
     """``--budget 0.8`` is a fraction (it was read as 0.8 bytes), as in a suite (``min`` and ``min + N%`` are read by
     the same ``BudgetSpec.parse``); a bad one is refused before anything runs, naming ``--budget``."""

@@ -9,6 +9,8 @@ import multiprocessing
 import threading
 import time
 
+import pytest
+
 from pytest_flashckpt.baselines import store
 from pytest_flashckpt.core.result import Result, RunRecord
 from pytest_flashckpt.config.scenario import Scenario
@@ -67,6 +69,7 @@ def _save_in_a_process(folder: str, names: list[str], started) -> None:
     store.save_run(__import__("pathlib").Path(folder), _record(names))
 
 
+@pytest.mark.slow
 def test_two_processes_saving_at_once_keep_every_scenario(tmp_path) -> None:
     ctx = multiprocessing.get_context("spawn")
     started = ctx.Event()

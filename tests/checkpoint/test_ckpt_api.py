@@ -95,6 +95,7 @@ def assert_bitwise(a: tuple, b: tuple) -> None:
     assert a[3].position == b[3].position and torch.equal(a[3].seen, b[3].seen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_scheduler", [True, False], ids=["scheduler", "no-scheduler"])
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_own_loop_resumes_bitwise(name: str, with_scheduler: bool, tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ def same(a: Trainer, b: Trainer) -> None:
             assert torch.equal(t, sb.tensors[key]), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SAVES))
 @pytest.mark.parametrize("family", sorted(HF))
 def test_every_save_strategy_resumes_bitwise(family: str, name: str, tmp_path) -> None:

@@ -100,6 +100,7 @@ def _cli(capsys, *argv: str) -> tuple[int, str]:
 
 
 # -- 1. no code from a checkpoint -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_control_the_planted_metadata_runs_its_payload_under_a_plain_unpickler(pristine, tmp_path) -> None:
     root, (_, newer) = copy_of(pristine, "dcp", tmp_path)
     marker = tmp_path / "pwned"
@@ -339,6 +340,7 @@ def test_a_latest_symlinked_out_of_the_root_is_not_read(pristine, tmp_path) -> N
     assert "first line" not in str(caught[0].message)
 
 
+@pytest.mark.slow
 def test_no_reader_in_the_library_unpickles_by_itself() -> None:
     """Source guard: torch.load only with weights_only=True, no pickle.load/loads, DCP reads only via safe_dcp.
     (Run on the tree before this guard existed, it names dcp_io.py's and sharded_store.py's plain dcp.load.)"""

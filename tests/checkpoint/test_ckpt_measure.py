@@ -11,6 +11,7 @@ from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.core.metrics import PER_SAVE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "config",
     [SaveConfig(strategy="sync", saves=2), SaveConfig(async_save=True, saves=2, max_keep=1), SaveConfig(layer_checkpoint_dir="l", saves=2)],

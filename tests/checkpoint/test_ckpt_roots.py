@@ -100,6 +100,7 @@ def test_readers_take_no_lock(tmp_path) -> None:
         load_into(make_trainer(init_seed=1), tmp_path / CheckpointStore(tmp_path).latest_name())
 
 
+@pytest.mark.slow
 def test_a_killed_writer_never_leaves_the_root_locked(tmp_path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pytest_flashckpt.checkpoint.lock import WriterLock; "

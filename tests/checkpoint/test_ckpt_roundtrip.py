@@ -13,11 +13,13 @@ from ckpt_helpers import CONFIGS, assert_same_state, make_trainer, snapshot
 from pytest_flashckpt.checkpoint import Checkpointer, load_into, resume_latest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_resume_equals_uninterrupted(name: str, tmp_path) -> None:
     check_resume(name, k=2, rest=2, root=tmp_path)
 
 
+@pytest.mark.slow
 @given(name=st.sampled_from(sorted(CONFIGS)), k=st.integers(1, 4), rest=st.integers(0, 3))
 def test_resume_equals_uninterrupted_any_split(name: str, k: int, rest: int, tmp_path_factory) -> None:
     check_resume(name, k, rest, tmp_path_factory.mktemp(name))

@@ -88,6 +88,7 @@ def test_a_compiled_scenario_skips_with_the_reason_when_no_compiler_is_found(mon
     assert result.status == "skipped" and result.reason == reason and not built  # nothing built before the skip
 
 
+@pytest.mark.slow
 def test_the_block_wrapper_hands_checkpoint_a_partial_and_keeps_its_role_hooks():
     """Dynamo traces a checkpoint's context_fn only as a plain function or a functools.partial (a lambda is
     refused inside a compiled block); the role hooks' handles are kept so a compiled block can drop them."""

@@ -32,6 +32,7 @@ def group(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_an_hf_llama_is_sharded_per_decoder_layer(group) -> None:
     trainer, applied = fsdp.build_trainer(hf_card(LLAMA), batch_size=2, seq_len=16, activation=ActivationConfig(strategy="full"))

@@ -41,6 +41,7 @@ def test_several_nodes_rendezvous_through_c10d_behind_a_launcher_prefix() -> Non
         launcher.Launch(4, nnodes=2).command("pkg.mod", [])
 
 
+@pytest.mark.slow
 def test_a_timeout_kills_every_process_of_the_launch(tmp_path, monkeypatch) -> None:
     pids = tmp_path / "pids"
     tree = f"sleep 300 & echo $! >> {pids}; sleep 300 & echo $! >> {pids}; echo $$ >> {pids}; wait"

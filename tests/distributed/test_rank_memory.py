@@ -70,6 +70,7 @@ def _rank(rank: int, peak: int) -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_report_puts_the_simulated_rank_peak_beside_the_measured_one() -> None:
     scenario = Scenario("s", world_size=2, batch_size=2, seq_len=64, activation=ActivationConfig(strategy="full"), save=SaveConfig(strategy="dcp"))
     result = Result("distributed", "s", "measured", scenario, device="cpu x2 (gloo)")

@@ -69,6 +69,7 @@ def test_the_ring_is_on_the_critical_path_and_compute_is_shared() -> None:
     assert ring.compute_s == pytest.approx(alone.compute_s / 4)
 
 
+@pytest.mark.slow
 def test_the_search_on_the_real_cp_rank_reads_its_modelled_peak() -> None:
     from pytest_flashckpt.config.layout import Layout
     from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank

@@ -118,6 +118,7 @@ def test_a_tied_head_is_refused_for_a_pipeline_and_left_out_by_default() -> None
     assert pp_degrees(tied, 4) == [1] and pp_degrees(CARD, 4) == [1, 2]  # control: untied, 3 blocks
 
 
+@pytest.mark.slow
 def test_the_search_on_the_real_simulated_stages_reads_the_larger_of_first_and_last() -> None:
     from pytest_flashckpt.fit import memory as memory_module
 
@@ -150,6 +151,7 @@ def test_tensor_parallel_stages_are_candidates_only_where_the_stages_can_shard()
     assert odd and {c.tp for c in odd} == {1}
 
 
+@pytest.mark.slow
 def test_the_search_simulates_a_tensor_parallel_pipeline_at_its_first_and_last_rank() -> None:
     """fit at pp 2 x tp 2 on 4 GPUs: fit.memory's own simulation of the first and the last pipeline rank (ranks 0
     and 2 of the (pp, dp_shard, tp) mesh), both in this process under fake mode."""

@@ -132,6 +132,7 @@ def test_no_layout_fits_names_the_closest_and_by_how_much(monkeypatch, capsys) -
     assert "no layout fits 4 GPUs: closest " in err and "per rank, short by " in err
 
 
+@pytest.mark.slow
 def test_the_command_on_the_real_simulated_rank_writes_a_loadable_scenario(tmp_path, capsys) -> None:
     scenario, titan = tmp_path / "chosen.yaml", tmp_path / "chosen.toml"
     assert main(["fit", "--model", "llama-tiny", "--seq", "32", "--global-batch-tokens", str(32 * 4), "--gpus", "2",

@@ -37,6 +37,7 @@ def test_runs_are_ordered_by_their_recorded_time(tmp_path):
     assert len(s_overhead.values) == 8 and s_overhead.scenario == "s::a"
 
 
+@pytest.mark.slow
 def test_a_shift_is_found_where_it_happened_with_a_plot(tmp_path, capsys):
     folder = _history(tmp_path / "runs", shift=0.08)
     assert main(["history", str(folder), "--out", str(tmp_path / "out")]) == 0

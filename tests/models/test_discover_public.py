@@ -47,6 +47,7 @@ for model in (gpt2, llama):
 """
 
 
+@pytest.mark.slow
 def test_a_user_built_transformers_model_needs_only_the_public_import() -> None:
     pytest.importorskip("transformers", reason="Hugging Face models need the optional extra pytest-flashckpt[hf]")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}

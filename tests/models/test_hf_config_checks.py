@@ -40,6 +40,7 @@ def _suite(tmp_path, model: str):
     return load_suite(str(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model_type", "words"), [
     ("llamma", "'llamma' is not a model type in transformers"),
     ("t5", "'t5' is not a causal LM (AutoModelForCausalLM cannot build it)"),

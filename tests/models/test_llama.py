@@ -16,6 +16,7 @@ PUBLISHED = {  # the models' config.json arithmetic (vocab 128256; see the cards
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_parameter_counts_equal_the_published_models(name):
     card = load_card(name)

@@ -32,6 +32,7 @@ def measured_cpu_peak(card, activation: ActivationConfig) -> tuple[int, int]:
     return reading.peak_bytes, reading.start_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("routing", "strategy", "overrides"),
     [*(("balanced", s, {}) for s in ("none", "full", "selective_op")), ("capacity", "full", EXPERT_HEAVY),
@@ -49,6 +50,7 @@ def test_moe_tiny_simulated_equals_measured(routing, strategy, overrides):
     assert sum(sim.breakdown.values()) == sim.peak_bytes
 
 
+@pytest.mark.slow
 def test_the_routing_assumption_moves_the_simulated_peak():
     """Skewed routing raises the peak over the balanced one, the more the higher the capacity factor (3 on
     moe-tiny: two experts get every token): an expert's intermediate tensors live at once in its backward."""

@@ -56,6 +56,7 @@ def test_moe_loss_and_every_gradient_bitwise_equal_to_none(activation):
     assert applied.blocks == ((0, 2) if activation.strategy == "every_k" else (0, 1, 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "variant"),
     [*((s, "qwen-like") for s in ("none", "full", "every_k", "selective_op")), ("none", "capacity"),

@@ -122,6 +122,7 @@ def test_flashckpt_run_ctrl_c_exits_2_with_the_finished_scenarios_and_no_traceba
     assert not (tmp_path / "baselines").exists()
 
 
+@pytest.mark.slow
 def test_pytest_sigterm_mid_suite_is_interrupted_exit_2(pytester):
     """One subprocess: SIGTERM (what CI and ``timeout`` send) arrives as scenario ``two`` starts. The subprocess
     measures through the shared ``FakeRunner`` (tests/fake_runner.py): what is checked is the interruption."""

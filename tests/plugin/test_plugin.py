@@ -41,6 +41,7 @@ def test_help_lists_the_options_group_with_defaults(pytester):
     )
 
 
+@pytest.mark.slow
 def test_suite_runs_skips_with_reasons_and_writes_results(pytester, suite_file):
     result = pytester.runpytest_subprocess(f"--flashckpt-suite={suite_file}", "--flashckpt-device=cpu", "-rs", "--flashckpt-report=out")
     result.assert_outcomes(passed=2, skipped=2)
@@ -123,6 +124,7 @@ def test_bad_suite_is_a_usage_error_and_writes_nothing(pytester):
     assert not (pytester.path / "flashckpt-report").exists()
 
 
+@pytest.mark.slow
 def test_plugin_costs_nothing_without_a_suite(pytester):
     """A project with the plugin installed but no suite asked for never imports torch."""
     pytester.makepyfile(

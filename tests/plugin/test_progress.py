@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+import pytest
+
 SUITE = """
 name: prog
 defaults: {model: tiny, batch_size: 1, seq_len: 32, rounds: 2, measure: [memory, timing], attention: eager}
@@ -17,6 +19,7 @@ scenarios:
 """
 
 
+@pytest.mark.slow
 def test_a_line_per_scenario_an_end_table_and_junit_properties(pytester):
     suite = pytester.makefile(".yaml", prog=SUITE)
     result = pytester.runpytest_inprocess(f"--flashckpt-suite={suite}", "--flashckpt-device=cpu", "-p", "no:benchmark",

@@ -79,6 +79,7 @@ def _cli(*args: str) -> int:
     return main(["run", "--suite", "seam.yaml", "--report", "out", "--device", "cpu", *args])
 
 
+@pytest.mark.slow
 def test_flashckpt_run_saves_compares_and_fails_a_regression_with_the_shared_summary(tmp_path, monkeypatch, capsys,
                                                                                        fake_runner) -> None:
     monkeypatch.chdir(tmp_path)

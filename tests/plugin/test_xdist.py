@@ -27,6 +27,7 @@ scenarios:
 """
 
 
+@pytest.mark.slow
 def test_two_workers_lose_no_result_and_never_run_scenarios_side_by_side(pytester):
     suite = pytester.makefile(".yaml", par=SUITE)
     pytester.makeconftest(conftest_text())  # every worker measures through a FakeRunner

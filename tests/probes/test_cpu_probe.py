@@ -75,6 +75,7 @@ def _profiler_peak_delta(trainer) -> int:
     return max(f.total_allocated for f in cpu) - start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_cpu_probe_matches_profiler_memory_events_on_tiny(backend):
     """Same workload, two independent accountings: dispatch-level storages vs allocator events."""

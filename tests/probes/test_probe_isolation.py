@@ -27,6 +27,7 @@ def peaks_alone_and_in_suite(device: torch.device, probe: str, dtype: str):
     return alone.metrics, in_suite.metrics
 
 
+@pytest.mark.slow
 def test_cpu_peak_alone_equals_peak_in_a_suite():
     alone, in_suite = peaks_alone_and_in_suite(torch.device("cpu"), "cpu", "float32")
     for key in ("peak_bytes", "state_bytes", "reference_peak_bytes"):

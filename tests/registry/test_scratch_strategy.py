@@ -19,6 +19,7 @@ def out(tmp_path_factory) -> dict:
     return run_together({"scratch": [SCRIPT, tmp_path_factory.mktemp("scratch")]})["scratch"]
 
 
+@pytest.mark.slow
 def test_a_scratch_strategy_reaches_every_consumer_of_the_registry(out):
     assert out["suite_blocks"] == [0, 1]  # the suite's scenario, validated and preflighted, planned 2 of 4 blocks
     # the closed form counts the plan's replays: measured == arithmetic, between none and full (a control each way)
@@ -33,6 +34,7 @@ def test_a_scratch_strategy_reaches_every_consumer_of_the_registry(out):
     assert out["report_refused"] == [None, "the scratch_on_host strategy is not simulated here"]
 
 
+@pytest.mark.slow
 def test_a_scratch_strategy_reaches_the_opt_in_simulators_only_with_their_attribute(out):
     # in: the row sets runs_on_fake_ranks, fit_order 2 (after every_k: equal orders keep the registry's order) and
     # simulated_compiled "traced" (before the partitioner's and the planned policies' strategies)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import report_synthetic as syn
 
 from pytest_flashckpt.report import REPORT_NAME, write_report
@@ -43,6 +45,7 @@ def test_only_the_plots_with_data(tmp_path: Path) -> None:
     assert "no scenario with a save strategy was measured" in text
 
 
+@pytest.mark.slow
 def test_matplotlib_is_not_imported_with_the_report_package() -> None:
     code = "import sys, pytest_flashckpt.report, pytest_flashckpt.cli; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

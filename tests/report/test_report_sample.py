@@ -40,6 +40,7 @@ def _with_io_column(monkeypatch, metric: str) -> None:
     monkeypatch.setattr(checkpoint_io, "IO_HEADERS", [*headers[:3], "scratch per file", *headers[3:]])
 
 
+@pytest.mark.slow
 def test_the_committed_sample_renders_the_committed_report(sample, tmp_path) -> None:
     """The runs the sample includes (``--flashckpt-include``: the compiled suite's) are copied to the same places
     beside the rendered copy, so their links read as committed."""
@@ -56,6 +57,7 @@ def test_the_committed_sample_renders_the_committed_report(sample, tmp_path) -> 
     assert problem is None, problem
 
 
+@pytest.mark.slow
 def test_a_new_column_the_sample_has_no_metric_for_is_tolerated(sample, monkeypatch) -> None:
     record, plots, committed, included = sample
     _with_io_column(monkeypatch, "scratch_bytes_per_file")  # no result of the committed sample has it

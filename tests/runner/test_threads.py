@@ -9,6 +9,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from pytest_flashckpt.plugin import hooks
 from pytest_flashckpt.runner.threads import WAIT_POLICY
 
@@ -23,6 +25,7 @@ def _fresh(before: str = "", **env: str) -> list:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_passive_is_set_before_torch_and_never_over_the_users_choice() -> None:
     assert _fresh() == [True, "PASSIVE"]
     assert _fresh(OMP_WAIT_POLICY="ACTIVE") == [False, "ACTIVE"]  # the user's own policy stays

@@ -81,6 +81,7 @@ def fast_cases() -> dict:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [c["name"] for c in FAST])
 def test_extrapolated_rank_and_fast_probe_equal_the_whole_card_to_the_byte(fast_cases, name) -> None:
     _check(fast_cases[name])

@@ -47,6 +47,7 @@ def fake_ranks() -> dict:
     return {tuple(int(n) for n in name.split("x")): by_strategy for name, by_strategy in records.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dp,tp", [(1, 2), (2, 2), (2, 1)])
 def test_the_simulated_rank_holds_its_shards_and_adamw_state(fake_ranks, dp: int, tp: int) -> None:
     params, count = _local_param_bytes(dp, tp)
@@ -61,6 +62,7 @@ def test_the_simulated_rank_holds_its_shards_and_adamw_state(fake_ranks, dp: int
     assert fake_ranks[(dp, tp)]["full"]["fwd_bwd_peak_bytes"] < fake_ranks[(dp, tp)]["none"]["fwd_bwd_peak_bytes"]
 
 
+@pytest.mark.slow
 def test_fsdp_over_tp_halves_the_state_and_lowers_the_peak(fake_ranks) -> None:
     tp_only, two_d = fake_ranks[(1, 2)]["none"], fake_ranks[(2, 2)]["none"]
     assert two_d["peak_bytes"] < tp_only["peak_bytes"]
@@ -91,6 +93,7 @@ def test_bad_layout_requests_exit_2_naming_the_option(argv, message, capsys) -> 
     assert not torch.distributed.is_initialized()  # refused before the fake process group starts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["pure", "mixed"])
 def test_world_size_alone_is_answered_by_the_engine(precision, capsys) -> None:
     """``--world-size N`` at tp 1 is FSDP2's ``fully_shard`` under fake mode, in mixed precision too

@@ -42,6 +42,7 @@ def _check(records: dict[str, dict]) -> None:
         assert {k: records["exact_probe"][k] for k in BYTES} == {k: whole[k] for k in BYTES}
 
 
+@pytest.mark.slow
 def test_extrapolated_stage_equals_the_whole_stage_to_the_byte() -> None:
     """pp 2, 1F1B over 2 microbatches, full checkpointing; 16 blocks (8 per stage): the samples are 2, 4 and 6
     blocks (1, 2, 3 per stage)."""
@@ -78,6 +79,7 @@ def test_stage_depths_add_a_block_to_every_stage_and_keep_the_odd_ones() -> None
     assert sample_depths(80, "full", 2) == [3, 4, 5, 6, 7]  # one stage: unchanged
 
 
+@pytest.mark.slow
 def test_samples_that_cost_as_much_as_the_card_are_not_run() -> None:
     """8 blocks over 2 stages of 1F1B: samples 2, 4, 6 would run 12 stage blocks for the card's 8: whole."""
     record = simulate_pipeline_rank(load_card("llama-tiny", **SMALL, n_layer=8), Layout(pp=2),
@@ -103,6 +105,7 @@ def _check_microbatches(ways: dict[str, dict], microbatches: int) -> None:
     assert {k: line[k] for k in BYTES} == {k: whole[k] for k in BYTES}
 
 
+@pytest.mark.slow
 def test_many_microbatches_read_off_their_line_equal_the_whole_schedule_on_the_last_stage() -> None:
     """pp 2, GPipe over 10 microbatches, the last stage (the head, its logits and the losses): samples 2, 3, 4
     (1F1B's start at 2 rounds, 4 microbatches: the slow cases below). Measured on 1F1B before ``return_outputs=False`` (distributed.pipeline): torch's schedule kept

@@ -56,6 +56,7 @@ def test_tied_heads_and_learned_positions_are_refused_naming_them() -> None:
     pp.split_stage(_meta("tiny", n_layer=2), 0, 1)  # one stage: nothing to split, the tie holds
 
 
+@pytest.mark.slow
 def test_simulated_first_stage_holds_the_schedules_in_flight_microbatches() -> None:
     """GPipe keeps all 4 microbatches' activations on stage 0 before the first backward, 1F1B pp = 2 of them: the
     simulated stage-0 peak is lower under 1F1B by about two microbatches; the state is the same."""

@@ -31,6 +31,7 @@ def test_each_stage_holds_its_share_of_the_root_plan() -> None:
     assert pp.stage_plan(pp.split_stage(build_model(load_card("llama-tiny", **{**CARD, "n_layer": 3}), "sdpa", "meta"), 1, 3)) == {}
 
 
+@pytest.mark.slow
 def test_simulated_pp2_x_tp2_ranks_hold_tensor_parallel_shards_of_their_stage() -> None:
     """Ranks 0 and 1 are stage 0's two tp ranks, 2 and 3 stage 1's (mesh (pp, dp_shard, tp)); one process simulates
     them one after the other (each its own fake group). The tp ranks of a stage hold the same bytes, fewer than
@@ -63,6 +64,7 @@ def test_impossible_tensor_parallel_stages_are_refused_before_anything_runs() ->
     assert not torch.distributed.is_initialized()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, pytest.param(3, marks=pytest.mark.slow)])
 def test_a_deep_tensor_parallel_stage_read_off_the_line_equals_the_whole_stage(rank: int) -> None:
     """The depth extrapolation of ``simulate_pipeline_rank`` at pp 2 x tp 2: a few blocks per stage read to the
@@ -79,6 +81,7 @@ def test_a_deep_tensor_parallel_stage_read_off_the_line_equals_the_whole_stage(r
     assert {k: line[k] for k in keys} == {k: whole[k] for k in keys}
 
 
+@pytest.mark.slow
 def test_fsdp_and_tensor_parallel_inside_the_stages_of_a_3d_layout_are_simulated() -> None:
     """dp_shard 2 x pp 2 x tp 2 (8 ranks) in mixed precision: FSDP2 on the dp_shard dimension over the tensor-parallel
     DTensors of each stage (the mesh's ranks: 0 on stage 0, 7 on stage 1); its state is under the tp-alone stage's

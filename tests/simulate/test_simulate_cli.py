@@ -19,6 +19,7 @@ def test_does_not_fit_exits_1(capsys):
     assert "does not fit (short by" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_per_rank_with_world_size(capsys):
     assert main(["simulate", "--model", "tiny", "--seq", "128", "--batch", "4", "--world-size", "2"]) == 0
     out = capsys.readouterr().out

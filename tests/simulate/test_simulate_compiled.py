@@ -68,6 +68,7 @@ def test_refusals_name_the_value_before_compiling(kwargs, message):
         simulate_compiled_step(**args)
 
 
+@pytest.mark.slow
 def test_no_cpp_compiler_is_refused_with_inductors_reason_before_compiling(monkeypatch):
     from pytest_flashckpt.simulate import compiled
 

@@ -34,6 +34,7 @@ def test_tiny_simulated_equals_measured(strategy, kernel):
     assert sum(sim.breakdown.values()) == sim.peak_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy", [pytest.param(s, marks=() if s == "full" else pytest.mark.slow) for s in STRATEGIES]
 )
@@ -43,6 +44,7 @@ def test_small_simulated_equals_measured(strategy):
     assert (sim.peak_bytes, sim.start_bytes) == (peak, start)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "kernel"),
     [("none", "sdpa"), *(pytest.param(s, k, marks=pytest.mark.slow) for s, k in (("full", "sdpa"), ("none", "eager"), ("full", "eager")))],

@@ -15,6 +15,7 @@ def test_flash_block_is_korthikanti_minus_explained_terms():
     assert set(sim.block_kept_bytes) == {sum(korthikanti_terms(config, 2, 256, flash=True).values())}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kernel", "target", "dtype", "backend"), [("sdpa", "cpu", "fp32", "sdpa"), ("eager", "cpu", "fp32", "eager"), ("eager", "cuda", "bf16", "eager")])
 @pytest.mark.parametrize("strategy", ["none", "full", "selective_op"])
 def test_analytic_block_bytes_equal_simulated(kernel, target, dtype, backend, strategy):

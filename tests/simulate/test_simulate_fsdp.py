@@ -36,6 +36,7 @@ def test_formula_equals_fully_shard_layout(world_size, layouts):
     assert sharded_param_bytes(model, world_size)[1] == sum(v[1] for v in layout.values())
 
 
+@pytest.mark.slow
 def test_per_rank_peak_shards_states_and_splits_batch():
     per_rank_batch = simulated("tiny", "bf16", 2, 512, "flash", "none")
     rank = simulated("tiny", "bf16", 4, 512, "flash", "none", world_size=2)
@@ -68,6 +69,7 @@ def _halved_sharded(peak) -> dict[str, int]:
     return {c: v if c == "activations" else v // 2 for c, v in peak.breakdown.items()}
 
 
+@pytest.mark.slow
 def test_optimizer_step_counts_no_all_gathered_parameters():
     """By the optimizer step FSDP2 has resharded every parameter: the rank holds the single process's optimizer
     moment (at the rank's batch) with its sharded categories halved, and nothing gathered. The old model added the

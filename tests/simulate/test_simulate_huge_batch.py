@@ -45,6 +45,7 @@ def test_the_simulated_batch_draws_no_tokens_on_the_host(monkeypatch):
     assert x.shape == y.shape == (3, 16) and x.dtype == y.dtype == torch.int64
 
 
+@pytest.mark.slow
 def test_meta_tokens_leave_the_simulated_peak_unchanged(monkeypatch):
     """The meta batch is the tensors the host batch's move to meta made: every number of the step is the same."""
     def summary(peak):

@@ -53,6 +53,7 @@ def _check(workload: str, strategy: str, precision: str) -> None:
     assert sum(sim.breakdown.values()) == sim.peak_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("workload", "strategy"), _cases({("odd", "none"), ("odd", "full")}))
 def test_mixed_simulated_equals_measured(workload, strategy):
     """float32 master weights and AdamW state, the forward under CPU autocast (bf16), vs the meta autocast model."""

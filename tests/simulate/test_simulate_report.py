@@ -25,6 +25,7 @@ def results():
     return out
 
 
+@pytest.mark.slow
 def test_runner_records_simulated_metrics(results):
     assert [r.status for r in results] == ["measured"] * 3
     none, full, _rank = results
@@ -33,6 +34,7 @@ def test_runner_records_simulated_metrics(results):
     assert none.metrics["simulated_block_kept_bytes"] - none.metrics["analytic_block_kept_bytes"] == 24
 
 
+@pytest.mark.slow
 def test_section_has_fits_table_and_article_rows(results):
     text = "\n".join(simulation_section(results, article_card="tiny"))
     for column in ("fits 24 GB", "fits 40 GB", "fits 80 GB", "fits 141 GB", "saving vs none"):

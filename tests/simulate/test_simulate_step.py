@@ -8,6 +8,7 @@ from pytest_flashckpt.simulate import simulate_step
 from simulated_steps import simulated
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["none", "full", "every_k", "selective_op"])
 def test_meta_storages_are_freed_and_breakdown_adds_up(strategy):
     """The probe's weak references fire for meta storages too: after the step only the resident state is left."""
@@ -17,6 +18,7 @@ def test_meta_storages_are_freed_and_breakdown_adds_up(strategy):
     assert peak.breakdown["parameters"] == load_card("tiny").num_params() * 2
 
 
+@pytest.mark.slow
 def test_flash_keeps_logsumexp_not_scores():
     config = load_card("tiny")
     b, s = 2, 256
@@ -27,6 +29,7 @@ def test_flash_keeps_logsumexp_not_scores():
     assert flash.kernel == "sdpa-flash" and eager.kernel == "eager"
 
 
+@pytest.mark.slow
 def test_cuda_target_runs_the_foreach_adamw():
     cuda = simulated("tiny", "bf16", 1, 64, "flash", "full")
     cpu = simulated("tiny", "bf16", 1, 64, "sdpa", "full", target="cpu")
@@ -35,6 +38,7 @@ def test_cuda_target_runs_the_foreach_adamw():
     assert cuda.host_bytes == 0 < cpu.host_bytes
 
 
+@pytest.mark.slow
 def test_dropout_and_checkpoint_rng_on_meta():
     """Dropout draws on meta (masks are meta tensors) and non-reentrant checkpointing replays it."""
     config = load_card("tiny", dropout=0.1)
@@ -59,6 +63,7 @@ def test_bad_choices(kwargs, message):
         simulate_step("tiny", "bf16", 1, 64, **kwargs)
 
 
+@pytest.mark.slow
 def test_every_k_keeps_per_block_what_full_and_none_keep():
     """Per-block kept bytes are attributed block by block: every_k's blocks keep exactly what the same block keeps
     under full (checkpointed) or none, and selective_op sits between the two."""

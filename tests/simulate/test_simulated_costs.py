@@ -28,6 +28,7 @@ def micro(n_layer: int = 3) -> GPTConfig:
     return GPTConfig(vocab_size=64, block_size=64, n_layer=n_layer, n_head=2, n_embd=32, dropout=0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("card", "shapes"), [("tiny", ((1, 64), (2, 32))), ("small", ((1, 32),))])
 def test_simulated_costs_equal_measured_costs_on_cpu(card, shapes, one_thread):
     """Every option the planner knows on a CPU, every block, every shape a source plans (the second one from
@@ -47,6 +48,7 @@ def test_simulated_costs_equal_measured_costs_on_cpu(card, shapes, one_thread):
         assert simulated.excluded == {"offload": "target cpu: there is no device memory to offload from"}
 
 
+@pytest.mark.slow
 def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_included():
     """Additivity on meta, for CUDA's flash kernel in bf16: mixed plans were never simulated as such."""
     config = micro()
@@ -83,6 +85,7 @@ def test_a_planned_step_simulated_on_meta_peaks_where_the_plan_predicts_offload_
         assert probe.peak_bytes == costs.predict_peak(plan), [costs.options[o].name for o in plan]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["min", "min + 40%", "min + 100%"])
 def test_simulate_step_with_a_budget_simulates_the_plan_and_its_peak_is_the_predicted_one(budget):
     sim = simulate_step(micro(), "bf16", 2, 32, "flash", "budget", target="cuda", budget=budget)
@@ -93,6 +96,7 @@ def test_simulate_step_with_a_budget_simulates_the_plan_and_its_peak_is_the_pred
     assert "offload" in plan["excluded"] and plan["notes"]
 
 
+@pytest.mark.slow
 def test_offload_is_left_out_with_its_reason_or_refused_when_unpriced():
     costs = SimulatedCosts.shared(micro(), "bf16", "flash", "cuda").costs(2, 32)  # the budget tests' source
     assert OFFLOAD not in costs.options and "transfer_weight" in costs.excluded["offload"]
@@ -120,6 +124,7 @@ def _scenario(budget: str) -> Scenario:
     )
 
 
+@pytest.mark.slow
 def test_a_simulated_budget_scenario_records_the_plan_its_peak_and_the_planning_time():
     ctx = RunContext(torch.device("cpu"), "cpu")
     result = measure_scenario(_scenario("min + 50%"), ctx)
@@ -134,6 +139,7 @@ def test_a_simulated_budget_scenario_records_the_plan_its_peak_and_the_planning_
     assert "activation.budget: 1.0 MiB" in too_small.reason and "raise activation.budget to at least" in too_small.reason
 
 
+@pytest.mark.slow
 def test_cli_plans_a_budget_and_names_the_minimum_below_it(capsys):
     assert main(["simulate", "--model", "tiny", "--seq", "128", "--batch", "2", "--budget", "min + 20%"]) == 0
     out = capsys.readouterr().out
@@ -167,6 +173,7 @@ def test_gpt3_2_7b_budget_scenario_fits_its_budget():
     assert m["budget_predicted_peak_bytes"] == m["simulated_peak_bytes"] <= m["budget_bytes"] == 40 * 2**30
 
 
+@pytest.mark.slow
 def test_a_gpu_run_plans_from_simulated_costs_with_the_fixed_pointwise_weight_and_a_timed_transfer(monkeypatch):
     """The runner's source for ``budget`` on CUDA (``cuda_costs_for``), on a meta stand-in for the GPU model: the
     card, dtype and kernel are the model's, the pointwise weight is the fixed model's (no timing), offload is
@@ -230,6 +237,7 @@ def test_cpu_budget_runs_plan_from_simulated_costs_where_they_are_tested_equal()
     assert cpu_costs_for(build_model(micro(), "eager", "cpu", torch.float32)) is None
 
 
+@pytest.mark.slow
 def test_a_cpu_budget_scenario_peaks_where_its_simulated_plan_predicts():
     """End to end through the runner: the plan comes from simulated costs, the exact probe measures the step."""
     scenario = Scenario(name="b", model="tiny", attention="sdpa", batch_size=1, seq_len=64, measure=("memory",),

@@ -18,6 +18,7 @@ def _peak(out: str) -> int:
     return int(re.search(r"per-rank peak: .* \((\d+) bytes\)", out).group(1))
 
 
+@pytest.mark.slow
 def test_pp_prints_stage_zero_of_the_real_schedule(capsys) -> None:
     argv = ["simulate", "--model", "llama-tiny", "--seq", "64", "--batch", "4", "--dtype", "fp32", "--strategy", "full",
             "--world-size", "2", "--pp", "2", "--microbatches", "2", "--device-memory", "1GiB"]
@@ -30,6 +31,7 @@ def test_pp_prints_stage_zero_of_the_real_schedule(capsys) -> None:
     assert main([*argv[:-1], "1KiB"]) == 1  # control: the same stage does not fit a tiny device
 
 
+@pytest.mark.slow
 def test_pp_with_tp_prints_stage_zero_with_tensor_parallel_inside(capsys) -> None:
     """``--pp 2 --tp 2`` on 4 ranks: stage 0's tp rank, the same bytes as ``simulate_pipeline_rank`` at that layout,
     under the stage's peak at tp 1 (control: ``--pp 2`` on 2 ranks)."""
@@ -46,6 +48,7 @@ def test_pp_with_tp_prints_stage_zero_with_tensor_parallel_inside(capsys) -> Non
     assert _peak(capsys.readouterr().out) > record["peak_bytes"]
 
 
+@pytest.mark.slow
 def test_cp_prints_a_modelled_ring_rank(capsys) -> None:
     argv = ["simulate", "--model", "llama-tiny", "--seq", "256", "--batch", "1", "--strategy", "full", "--world-size", "2", "--cp", "2"]
     assert main(argv) == 0
