@@ -9,7 +9,8 @@ times in this checkout; with ``--one-process`` also ``pytest -n 0`` once, and wi
 command, ``pytest --flashckpt-suite`` (the default suite on a CPU; its report goes to a temporary folder, so the
 committed sample is never touched), once. Records each run's wall time, the CPU time of pytest and every process
 it waited for (user + sys), the 1-minute load average before and after, the outcome line and the number
-of workers, with the machine and the commit.
+of workers, with the machine and the commit; then where the time goes, from JUnit XML: the first plain run's
+tests by cost tier and file, and the suite run's scenarios by suite file (the time each budget would have to shed).
 
 ``--load N`` starts N busy processes (one pure-Python spin loop each, a core's worth of load apiece) beside every
 run, the way issue 31 checks the budgets "on a 2-core machine 1.5x slower": on 2 cores one busy process leaves
@@ -127,6 +128,32 @@ def _breakdown(junit: Path, wall_s: float) -> list[str]:
     return lines
 
 
+def _suite_breakdown(junit: Path, wall_s: float) -> list[str]:
+    """Where the suite run's time goes, from its JUnit XML (one test case per scenario, its class the suite file the
+    scenario came from): by suite file and the costliest scenarios, and the scenario time a 3-minute run would have
+    to shed at this run's wall-to-scenario-time ratio."""
+    times = [(case.get("classname", ""), case.get("name", ""), float(case.get("time", 0))) for case in ET.parse(junit).iter("testcase")]
+    total = sum(t for *_, t in times)
+    if not times or total <= 0:
+        return []
+    by_suite: dict[str, list[float]] = defaultdict(list)
+    for suite, _, t in times:
+        by_suite[suite].append(t)
+    lines = ["## Where the suite run's time goes", "",
+             f"{len(times)} scenarios, {total:.1f} s of scenario time in {wall_s:.1f} s of wall time.", "",
+             "| suite file | scenarios | scenario time (s) | share |", "| --- | ---: | ---: | ---: |"]
+    for suite, ts in sorted(by_suite.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"| `suites/{suite}.yaml` | {len(ts)} | {sum(ts):.1f} | {sum(ts) / total:.0%} |")
+    lines += ["", "| scenario (the 10 costliest) | time (s) |", "| --- | ---: |"]
+    for suite, name, t in sorted(times, key=lambda row: -row[2])[:10]:
+        lines.append(f"| `{suite}::{name}` | {t:.1f} |")
+    keep = 180 / (wall_s / total)
+    lines += ["", f"At this run's ratio, a 3-minute suite run holds {keep:.0f} s of scenario time: "
+              f"{max(0.0, total - keep):.0f} s ({max(0.0, 1 - keep / total):.0%}) would have to leave the default suite "
+              "(or get cheaper).", ""]
+    return lines
+
+
 def _commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -165,7 +192,11 @@ def main() -> None:
         runs.append(_run(["-n", "0"], ["-n", "0"], args.load, env))
     if args.suite:
         with tempfile.TemporaryDirectory(prefix="flashckpt-suite-timing-") as report:
-            runs.append(_run(["--flashckpt-suite", f"--flashckpt-report={report}"], ["--flashckpt-suite"], args.load, env))
+            suite_junit = Path(report) / "junit.xml"
+            runs.append(_run(["--flashckpt-suite", f"--flashckpt-report={report}", f"--junitxml={suite_junit}"],
+                             ["--flashckpt-suite"], args.load, env))
+            if suite_junit.exists():
+                breakdown += _suite_breakdown(suite_junit, runs[-1]["wall_s"])
     if not runs:
         parser.error("nothing to time: give --runs 1 or more, --one-process or --suite")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
