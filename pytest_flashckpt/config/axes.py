@@ -19,6 +19,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from pytest_flashckpt.config.layout import PipelineSchedule
+
 
 class NotBuiltYet(ValueError):
     """An axis value reserved for a feature that is not built yet (the message names the key and the issue)."""
@@ -27,47 +29,75 @@ class NotBuiltYet(ValueError):
 @dataclass(frozen=True)
 class LayoutMesh:
     """How the ranks of a ``world_size`` scenario split the model (issue 32, docs/layouts.md): FSDP2 shards
-    (``dp_shard``; None: the ranks tensor parallel leaves, ``world_size / tp``) and tensor + sequence parallel
-    (``tp``, torch's ``parallelize_module`` on a 2D ``DeviceMesh``, ``distributed.tensor_parallel``), measured on
-    the ranks of a run. Pipeline (``pp``) and context parallel (``cp``) degrees are reserved: those layouts are
-    simulated and searched (``flashckpt simulate --pp/--cp``, ``flashckpt fit``), not yet measured in suites.
+    (``dp_shard``; None: the ranks the other axes leave), tensor + sequence parallel (``tp``, torch's
+    ``parallelize_module`` on a 2D ``DeviceMesh``, ``distributed.tensor_parallel``), and pipeline stages (``pp``,
+    torch's ``torch.distributed.pipelining`` run by ``schedule`` over ``microbatches`` per step, ``stages_per_rank``
+    stages on each pipeline rank; ``config.layout.PipelineSchedule``). Context parallel (``cp``) is reserved.
 
-    Built: ``dp_shard`` x ``tp``; ``pp`` and ``cp`` other than 1 are refused naming the key."""
+    Built: ``dp_shard`` x ``tp`` measured on the ranks of a run and simulated; ``pp`` simulated only (a scenario with
+    ``simulate: {enabled: true}``, ``simulate.layouts``; ``Scenario`` refuses it in a measured scenario); ``cp``
+    other than 1 is refused naming the key (``flashckpt simulate --cp`` and ``flashckpt fit`` simulate it).
+    The pipeline keys apply with ``pp`` > 1 only; ``microbatches`` None means one per stage, the fewest torch's
+    1F1B schedules run."""
 
     dp_shard: int | None = None
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    schedule: str = "1f1b"
+    microbatches: int | None = None
+    stages_per_rank: int = 1
+
+    PIPELINE_KEYS = ("schedule", "microbatches", "stages_per_rank")
 
     def __post_init__(self) -> None:
-        for key in ("dp_shard", "tp", "pp", "cp"):
+        for key in ("dp_shard", "tp", "pp", "cp", "microbatches", "stages_per_rank"):
             value = getattr(self, key)
-            if value is None and key == "dp_shard":
+            if value is None and key in ("dp_shard", "microbatches"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"layout.{key} must be a positive number of ranks, got {value!r}")
-        for key, how in (("pp", "flashckpt simulate --pp / flashckpt fit"), ("cp", "flashckpt simulate --cp / flashckpt fit")):
-            if getattr(self, key) != 1:
-                raise NotBuiltYet(
-                    f"layout.{key}: {getattr(self, key)!r} is reserved for {'pipeline' if key == 'pp' else 'context'} "
-                    f"parallel runs in suites (issue 32), which are not built yet ({how} simulate them); drop "
-                    f"layout.{key} (today's value is 1)")
+                what = "number of ranks" if key in ("dp_shard", "tp", "pp", "cp") else "integer"
+                raise ValueError(f"layout.{key} must be a positive {what}, got {value!r}")
+        if self.cp != 1:
+            raise NotBuiltYet(
+                f"layout.cp: {self.cp!r} is reserved for context parallel runs in suites (issue 32), which are not "
+                "built yet (flashckpt simulate --cp / flashckpt fit simulate them); drop layout.cp (today's value is 1)")
+        if self.pp == 1:
+            set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != _PIPELINE_DEFAULTS[key]]
+            if set_keys:
+                raise ValueError(f"layout.{set_keys[0]} applies to pipeline stages: set layout.pp above 1, or drop "
+                                 f"layout.{set_keys[0]}")
+            return
+        try:
+            self.pipeline_schedule()
+        except ValueError as exc:
+            raise ValueError(f"layout: {exc}") from None
 
     @property
     def tensor_parallel(self) -> bool:
         return self.tp > 1
 
+    def pipeline_schedule(self) -> PipelineSchedule:
+        """How the stages run (``pp`` > 1): the schedule, microbatches (None: one per stage) and stages per rank."""
+        microbatches = self.pp * self.stages_per_rank if self.microbatches is None else self.microbatches
+        return PipelineSchedule(self.schedule, microbatches, self.stages_per_rank)
+
     def ranks(self, world_size: int) -> tuple[int, int]:
-        """``(dp_shard, tp)`` for ``world_size`` ranks; ValueError naming the key and the fix when they do not
-        multiply to it."""
-        if world_size % self.tp:
-            raise ValueError(f"layout.tp {self.tp} does not divide world_size {world_size}; choose a tp that divides "
-                             "the ranks (or world_size = dp_shard x tp)")
-        dp_shard = world_size // self.tp if self.dp_shard is None else self.dp_shard
-        if dp_shard * self.tp != world_size:
-            raise ValueError(f"layout.dp_shard {dp_shard} x tp {self.tp} = {dp_shard * self.tp} ranks, but world_size is "
-                             f"{world_size}; make dp_shard x tp equal world_size (or drop dp_shard: the rest of the ranks)")
+        """``(dp_shard, tp)`` for ``world_size`` ranks (``pp`` stages of ``dp_shard x tp`` each); ValueError naming
+        the key and the fix when they do not multiply to it."""
+        per_stage, stages = world_size // self.pp, f" x pp {self.pp}" if self.pp > 1 else ""
+        if world_size % (self.tp * self.pp):
+            raise ValueError(f"layout.tp {self.tp}{stages} does not divide world_size {world_size}; choose axes that "
+                             f"divide the ranks (or world_size = dp_shard x tp{stages})")
+        dp_shard = per_stage // self.tp if self.dp_shard is None else self.dp_shard
+        if dp_shard * self.tp * self.pp != world_size:
+            raise ValueError(f"layout.dp_shard {dp_shard} x tp {self.tp}{stages} = {dp_shard * self.tp * self.pp} "
+                             f"ranks, but world_size is {world_size}; make dp_shard x tp{stages} equal world_size (or "
+                             "drop dp_shard: the rest of the ranks)")
         return dp_shard, self.tp
+
+
+_PIPELINE_DEFAULTS = {"schedule": "1f1b", "microbatches": None, "stages_per_rank": 1}
 
 
 @dataclass(frozen=True)

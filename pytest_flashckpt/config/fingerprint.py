@@ -11,7 +11,8 @@ number's expected value:
   judges the sample sizes on their own, ``unguarded``);
 - which passes run: ``measure`` (a metric a pass no longer measures is ``missing``, one it adds is not compared);
 - the reserved axes at today's values (``config.axes``), and the axes added since fingerprints exist
-  (``step_impl``) at their defaults: a new axis changes no stored fingerprint until a scenario sets it.
+  (``step_impl``) at their defaults: a new axis changes no stored fingerprint until a scenario sets it; the
+  layout's pipeline keys (``schedule``, ``microbatches``, ``stages_per_rank``) unless it has stages (``pp`` > 1).
 
 Defaults a scenario leaves unset but another layer resolves at run time (``selective_op``'s save list and recompute
 roles live in ``activation/``, which this layer cannot import) come in as ``resolved``: flat keys the caller adds
@@ -27,7 +28,7 @@ import hashlib
 import json
 from typing import Any
 
-from pytest_flashckpt.config.axes import RESERVED_AXES, is_today
+from pytest_flashckpt.config.axes import RESERVED_AXES, LayoutMesh, is_today
 from pytest_flashckpt.config.scenario import Scenario
 
 LABELS = ("name", "suite", "description", "article")
@@ -44,6 +45,9 @@ def fingerprinted(scenario: Scenario, resolved: dict[str, Any] | None = None) ->
     for name in (*RESERVED_AXES, *ADDED_AXES):
         if is_today(getattr(scenario, name)):
             plain.pop(name)
+    if "layout" in plain and scenario.layout.pp == 1:  # the pipeline keys mean nothing without stages
+        for key in LayoutMesh.PIPELINE_KEYS:
+            plain["layout"].pop(key)
     flat = {**_flatten(plain), **(resolved or {})}
     return {key: flat[key] for key in sorted(flat) if key not in LEFT_OUT}
 

@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from pytest_flashckpt.config import save_axes
-from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh
+from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh, NotBuiltYet
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.save_axes import SaveAxes
 from pytest_flashckpt.config.typed import to_plain
@@ -300,7 +300,7 @@ class Scenario:
         """The layout resolved over ``layout_ranks`` (``config.layout.Layout``: FSDP over every rank by default),
         what the ranks build, the engine simulates and reports name (``describe()``)."""
         dp_shard, tp = self.layout.ranks(self.layout_ranks)
-        return Layout(dp_shard=dp_shard, tp=tp)
+        return Layout(dp_shard=dp_shard, tp=tp, pp=self.layout.pp)
 
     def _check_layout(self) -> None:
         """A layout other than FSDP over every rank: ranks that multiply to the world (``layout_ranks``), an even
@@ -308,19 +308,29 @@ class Scenario:
         from its family's anatomy). The card's heads and family are checked by ``config.preflight`` and the
         suite's load (``runner.suite.check_layouts``: the plan built on meta)."""
         world = self.layout_ranks
-        if self.layout.tp == 1 and self.layout.dp_shard in (None, world):
+        if self.layout.tp == 1 and self.layout.pp == 1 and self.layout.dp_shard in (None, world):
             _set(self, layout=LayoutMesh())  # FSDP over every rank written out is today's layout (and fingerprint)
             return
         key = "simulate.world_size" if self.simulate.enabled else "world_size"
+        if self.layout.pp > 1 and not self.simulate.enabled:
+            raise NotBuiltYet(f"layout.pp {self.layout.pp}: pipeline stages are simulated in suites, not measured yet "
+                              "(issue 32; tests/distributed/test_pipeline_tp.py measures them on gloo outside a suite); "
+                              "add simulate: {enabled: true, world_size: N} or drop layout.pp")
         if world == 1:
-            raise ValueError(f"layout ({self.layout.tp} tensor-parallel ranks) needs ranks: set {key} to dp_shard x tp "
-                             f"(e.g. {key}: {self.layout.tp * (self.layout.dp_shard or 1)})")
+            axes = f"{self.layout.tp} tensor-parallel ranks" if self.layout.pp == 1 else f"{self.layout.pp} pipeline stages"
+            raise ValueError(f"layout ({axes}) needs ranks: set {key} to dp_shard x tp x pp "
+                             f"(e.g. {key}: {self.layout.tp * self.layout.pp * (self.layout.dp_shard or 1)})")
         dp_shard, _ = self.layout.ranks(world)
+        if self.layout.pp > 1:
+            # the microbatches against the batch here; the stages against the card's blocks where the card is
+            # loaded (simulate.layouts.engine_cannot_run_scenario)
+            self.layout.pipeline_schedule().check(self.parallel_layout, batch_size=self.batch_size,
+                                                  n_blocks=self.layout.pp * self.layout.stages_per_rank)
         if self.batch_size % dp_shard:
             raise ValueError(f"batch_size {self.batch_size} must be divisible by layout.dp_shard {dp_shard} (each "
                              "data-parallel rank takes an equal share; tensor-parallel ranks share their group's rows)")
         if self.model.hf is not None:  # type: ignore[union-attr]
-            raise ValueError("layout.tp with model.hf is not built: the tensor-parallel plan is read from a model card's "
+            raise ValueError("a layout (tp, pp) with model.hf is not built: the tensor-parallel plan is read from a model card's "
                              "family anatomy (distributed.tensor_parallel); use a card (e.g. llama-tiny) or drop layout")
 
     def _check_measure(self) -> None:

@@ -96,15 +96,9 @@ def unknown_axis(candidate: Candidate) -> str | None:
 
 
 def _simulate_stages(card, layout: Layout, pipeline: PipelineSchedule, **kwargs) -> dict:
-    """The first and the last pipeline rank (``simulate.pipeline``), the one with the larger peak as the record;
-    ``ranks`` holds both ranks' peaks."""
-    from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
+    from pytest_flashckpt.simulate.pipeline import simulate_first_and_last
 
-    ranks = sorted({0, (layout.pp - 1) * layout.dp_shard * layout.tp})  # mesh (pp, dp_shard, tp): rank 0 of each
-    records = [simulate_pipeline_rank(card, layout, pipeline, rank=rank, **kwargs) for rank in ranks]
-    record = max(records, key=lambda r: r["peak_bytes"])
-    return {**record, "ranks": {r["rank"]: r["peak_bytes"] for r in records},
-            **{key: sum(r[key] for r in records) for key in ("layout_s", "warm_step_s", "measured_step_s")}}
+    return simulate_first_and_last(card, layout, pipeline, **kwargs)
 
 
 def _simulate_context(card, layout: Layout, **kwargs) -> dict:

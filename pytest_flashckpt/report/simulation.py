@@ -142,9 +142,15 @@ def _budget_rows(results: list[Result]) -> list[list[str]]:
 
 
 def _ranks(r: Result) -> str:
-    """The simulated ranks, with the layout when it is not FSDP over all of them (``64 (dp_shard 8 x tp 8)``)."""
+    """The simulated ranks, with the layout when it is not FSDP over all of them (``64 (dp_shard 8 x tp 8)``,
+    ``64 (dp_shard 8 x tp 1 x pp 8, 1f1b, 8 microbatches)``)."""
     c = r.config
-    if not c.layout.tensor_parallel:
+    if not c.layout.tensor_parallel and c.layout.pp == 1:
         return str(c.simulate.world_size)
-    return f"{c.simulate.world_size} ({c.parallel_layout.describe()})"
+    if c.layout.pp == 1:
+        return f"{c.simulate.world_size} ({c.parallel_layout.describe()})"
+    pipeline = c.layout.pipeline_schedule()
+    per_rank = f", {pipeline.stages_per_rank} stages per rank" if pipeline.stages_per_rank > 1 else ""
+    return (f"{c.simulate.world_size} ({c.parallel_layout.describe()}, {pipeline.schedule}, {pipeline.microbatches} "
+            f"microbatches{per_rank})")
 

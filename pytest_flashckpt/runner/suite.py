@@ -103,23 +103,24 @@ def check_layouts(suite: Suite, shelf: CardShelf) -> None:
     in a rank after launch or by a modelled route that ignores the layout."""
     refused: dict[str, str | None] = {}
     for scenario in suite.scenarios:
-        if not scenario.layout.tensor_parallel:
+        if not scenario.layout.tensor_parallel and scenario.layout.pp == 1:
             continue
-        if scenario.card not in refused:
+        if scenario.layout.tensor_parallel and scenario.card not in refused:
             from pytest_flashckpt.distributed.tensor_parallel import plan_refusal  # torch.distributed: only for a layout
 
             refused[scenario.card] = plan_refusal(shelf.load(scenario.card))
-        if refused[scenario.card] is not None:
+        if refused.get(scenario.card) is not None:
             raise ConfigError(suite.origin(scenario), refused[scenario.card], "",  # the refusal names the fix
                               scenario=scenario.name, key="layout.tp")
         if scenario.simulate.enabled:  # a simulated layout runs the engine under fake mode; the modelled route is FSDP only
             from pytest_flashckpt.simulate.layouts import engine_cannot_run_scenario
 
             why = engine_cannot_run_scenario(scenario)
+            key = "layout.pp" if scenario.layout.pp > 1 else "layout.tp"
             if why is not None:
-                raise ConfigError(suite.origin(scenario), f"{why}, and a tensor-parallel layout is simulated only by it",
-                                  "set layout.tp to 1 (the modelled FSDP route), or change that setting",
-                                  scenario=scenario.name, key="layout.tp")
+                raise ConfigError(suite.origin(scenario), f"{why}, and a {'pipeline' if key == 'layout.pp' else 'tensor-parallel'} "
+                                  "layout is simulated only by the engine", f"set {key} to 1 (the modelled FSDP route), or "
+                                  "change that setting", scenario=scenario.name, key=key)
 
 
 class SuiteRun:

@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
     p.add_argument("--target", default="cuda", choices=("cuda", "cpu"), help="device the prediction is for (default cuda)")
     p.add_argument("--world-size", type=int, default=1, help="ranks: rank 0's peak, simulated by the real engine (fully_shard, parallelize_module) under fake mode (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of --world-size (FSDP over the rest; simulate.layouts; with --pp inside each stage) (default 1)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages of --world-size (FSDP over the rest): stage 0's peak from torch's pipelining schedule under fake mode, simulate.stage_layouts (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages of --world-size (FSDP over the rest): the larger of the first and the last stage's peak from torch's pipelining schedule under fake mode, simulate.stage_layouts (default 1)")
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b"), help="--pp: the pipeline schedule (default 1f1b)")
     p.add_argument("--microbatches", type=int, default=1, help="--pp: microbatches per step of a data-parallel rank (default 1)")
     p.add_argument("--stages-per-rank", type=int, default=1, help="--pp with interleaved_1f1b: stages each rank holds (default 1)")

@@ -139,6 +139,23 @@ def engine_cannot_run_scenario(scenario) -> str | None:
         return f"simulate.kernel {sim.kernel} / target {sim.target}: the engine's rank runs the CPU flash-attention op"
     if scenario.step_impl != StepImpl() or scenario.model.dropout:
         return "step_impl / model.dropout: the engine's rank runs the card's own step"
+    if scenario.layout.pp > 1:
+        return _stages_refusal(scenario)
+    return None
+
+
+def _stages_refusal(scenario) -> str | None:
+    """Why the card cannot be split into the scenario's pipeline stages (more stages than blocks, tensor-parallel
+    shards that do not divide the sequence or vocabulary), or None."""
+    from pytest_flashckpt.models.cards import load_card
+
+    card, layout = load_card(scenario.card), scenario.parallel_layout
+    try:
+        layout.check_card(card)
+        scenario.layout.pipeline_schedule().check(layout, batch_size=scenario.batch_size, n_blocks=card.n_layer)
+        layout.check_stage_shards(scenario.seq_len, card.vocab_size)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -156,11 +173,13 @@ def run_engine_scenario(scenario, result) -> None:
     card = load_card(scenario.card)
     layout = scenario.parallel_layout  # FSDP over every rank unless laid out
     started = time.perf_counter()
+    common = dict(batch_size=scenario.batch_size, seq_len=scenario.seq_len, k=scenario.activation.k,
+                  dtype=getattr(torch, scenario.dtype), precision=scenario.precision)
+    if layout.pp > 1:
+        return _pipeline_scenario(scenario, result, card, layout, common, started)
 
     def rank(strategy: str) -> dict:
-        return simulate_rank(card, layout, batch_size=scenario.batch_size, seq_len=scenario.seq_len, strategy=strategy,
-                             k=scenario.activation.k, dtype=getattr(torch, scenario.dtype), precision=scenario.precision,
-                             foreach=CUDA_ADAMW_FOREACH)
+        return simulate_rank(card, layout, strategy=strategy, foreach=CUDA_ADAMW_FOREACH, **common)
 
     record = rank(scenario.activation.strategy)
     m = result.metrics
@@ -182,3 +201,42 @@ def run_engine_scenario(scenario, result) -> None:
     engine = "parallelize_module + fully_shard" if layout.tp > 1 else "fully_shard"
     result.notes.append(f"simulated by the real engine ({engine} under FakeTensorMode, rank 0 of {layout.describe()}; "
                         f"{how}): peak in the {phase}; CPU flash-attention op, AdamW foreach, no breakdown by category")
+
+
+def _pipeline_scenario(scenario, result, card, layout, common: dict, started: float) -> None:
+    """A scenario with pipeline stages: the larger of the first and the last pipeline rank's peaks
+    (``simulate.pipeline.simulate_first_and_last``: torch's schedule, FSDP2 and tensor parallel inside the stages
+    under fake mode, as ``flashckpt fit`` reads a pipeline candidate), and its saving against the same ranks without
+    activation checkpointing."""
+    from pytest_flashckpt.simulate.pipeline import simulate_first_and_last
+
+    pipeline = scenario.layout.pipeline_schedule()
+    record = simulate_first_and_last(card, layout, pipeline, strategy=scenario.activation.strategy, **common)
+    m = result.metrics
+    m["simulated_peak_bytes"] = record["peak_bytes"]
+    m["simulated_start_bytes"] = record["fwd_bwd_start_bytes"]
+    m["world_size"] = layout.world_size
+    if scenario.activation.strategy != "none":
+        reference = simulate_first_and_last(card, layout, pipeline, strategy="none", **common)
+        m["simulated_reference_peak_bytes"] = reference["peak_bytes"]
+        m["simulated_memory_saving"] = 1.0 - record["peak_bytes"] / reference["peak_bytes"]
+    m["simulate_seconds"] = time.perf_counter() - started
+    result.device = "meta"
+    result.probe = "simulated"
+    result.backend = scenario.simulate.kernel
+    result.kernel = "sdpa-flash-cpu (fake rank)"
+    phase = "forward+backward" if record["fwd_bwd_peak_bytes"] >= record["optimizer_peak_bytes"] else "optimizer step"
+    ranks = ", ".join(f"rank {r} {b:,} B" for r, b in record["ranks"].items())
+    engine = "torch's pipelining schedule + " + ("parallelize_module + " if layout.tp > 1 else "") + "fully_shard"
+    lines = []
+    if record.get("microbatches_extrapolated"):
+        lines.append(f"{', '.join(map(str, record['simulated_microbatches']))} microbatches simulated, the step's "
+                     f"{pipeline.microbatches} read off their line")
+    if record.get("extrapolated"):
+        lines.append(f"depths {', '.join(map(str, record['simulated_depths']))} simulated, the card's {card.n_layer} "
+                     "blocks read off their line")
+    how = "; ".join(lines) or "simulated whole"
+    result.notes.append(f"simulated by the real engine ({engine} under FakeTensorMode, {layout.describe()}, "
+                        f"{pipeline.schedule} over {pipeline.microbatches} microbatches, {pipeline.stages_per_rank} "
+                        f"stage(s) per rank; the first and last pipeline ranks: {ranks}; {how}): peak in the {phase} "
+                        "of the larger; CPU flash-attention op, no breakdown by category")

@@ -167,6 +167,17 @@ def simulate_pipeline_rank(
     return record
 
 
+def simulate_first_and_last(card, layout: Layout, pipeline: PipelineSchedule, **kwargs) -> dict:
+    """The first and the last pipeline rank (``simulate_pipeline_rank``; the first holds the most in-flight
+    activations, the last the head and the loss), the one with the larger peak as the record; ``ranks`` holds both
+    ranks' peaks, the ``*_s`` times are summed. What ``flashckpt fit`` and a suite's pipeline scenario read."""
+    ranks = sorted({0, (layout.pp - 1) * layout.dp_shard * layout.tp})  # mesh (pp, dp_shard, tp): rank 0 of each
+    records = [simulate_pipeline_rank(card, layout, pipeline, rank=rank, **kwargs) for rank in ranks]
+    record = max(records, key=lambda r: r["peak_bytes"])
+    return {**record, "ranks": {r["rank"]: r["peak_bytes"] for r in records},
+            **{key: sum(r[key] for r in records) for key in ("layout_s", "warm_step_s", "measured_step_s")}}
+
+
 def _first_line(samples: list[int], run: Callable[[int], dict], target: int) -> tuple[dict[int, dict], dict | None]:
     """Run the samples in order until the last ``POINTS`` of them give a line to ``target`` (``line_through``
     with ``STAGE_KEYS``): the records run, and the line (None when no window of them held one)."""

@@ -66,13 +66,14 @@ def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple
     import torch
 
     if layout.pp != 1:
-        from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
+        from pytest_flashckpt.simulate.pipeline import simulate_first_and_last
 
         schedule = PipelineSchedule(args.schedule, args.microbatches, args.stages_per_rank)
         schedule.check(layout, batch_size=args.batch, n_blocks=card.n_layer)
-        record = simulate_pipeline_rank(card, layout, schedule, batch_size=args.batch, seq_len=args.seq,
-                                        strategy=args.strategy, k=args.k, dtype=getattr(torch, dtype),
-                                        precision=args.precision)
+        # the first stage holds the most in-flight microbatches, the last the head and the loss: either can peak
+        record = simulate_first_and_last(card, layout, schedule, batch_size=args.batch, seq_len=args.seq,
+                                         strategy=args.strategy, k=args.k, dtype=getattr(torch, dtype),
+                                         precision=args.precision)
         depths = record.get("simulated_depths", [])
         how = (f"; depths {', '.join(map(str, depths))} simulated, the card's {card.n_layer} blocks read off their line"
                if record.get("extrapolated") else "")
@@ -81,7 +82,10 @@ def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple
             how += (f"; {', '.join(map(str, counts))} microbatches simulated, the step's {args.microbatches} read off "
                     "their line")
         tensor_parallel = f", tensor parallel over {layout.tp} ranks inside it" if layout.tp > 1 else ""
-        what = (f"stage 0 of {layout.pp} ({args.schedule}, {args.microbatches} microbatches{tensor_parallel}), simulated "
+        ranks = " and ".join(f"rank {r}: {gib(b)}" for r, b in record["ranks"].items())
+        stage = "the first stage" if record["rank"] == 0 else "the last stage"
+        what = (f"{stage} of {layout.pp} ({args.schedule}, {args.microbatches} microbatches{tensor_parallel}; the "
+                f"larger of the first and the last pipeline rank, {ranks}), simulated "
                 f"by torch's pipelining schedule + {'parallelize_module + ' if layout.tp > 1 else ''}fully_shard under "
                 f"FakeTensorMode{how}")
         return record, what

@@ -12,7 +12,7 @@ from pytest_flashckpt.config.typed import build
 
 
 @pytest.mark.parametrize("key, value, issue", [
-    ("layout", {"pp": 2}, "issue 32"),
+    ("layout", {"cp": 2}, "issue 32"),
     ("compile", {"mode": "reduce-overhead"}, "issue 33"),
 ])
 def test_a_value_beyond_today_is_refused_naming_the_key_and_the_issue(key, value, issue):

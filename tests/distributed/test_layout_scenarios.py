@@ -10,7 +10,7 @@ import pytest
 
 from pytest_flashckpt.config.axes import LayoutMesh, NotBuiltYet
 from pytest_flashckpt.config.errors import ConfigError
-from pytest_flashckpt.config.fingerprint import fingerprint
+from pytest_flashckpt.config.fingerprint import fingerprint, fingerprinted
 from pytest_flashckpt.config.scenario import ModelSpec, SaveConfig, Scenario, SimulateConfig
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.distributed.aggregate import aggregate
@@ -30,7 +30,7 @@ def _scenario(**kw) -> Scenario:
     (dict(world_size=3, batch_size=3), "layout.tp 2 does not divide world_size 3"),
     (dict(world_size=4, batch_size=4, layout=LayoutMesh(dp_shard=3, tp=2)), "layout.dp_shard 3 x tp 2 = 6 ranks, but world_size is 4"),
     (dict(world_size=4, batch_size=3, layout=LayoutMesh(dp_shard=2, tp=2)), "batch_size 3 must be divisible by layout.dp_shard 2"),
-    (dict(model=ModelSpec(hf={"model_type": "llama"})), "layout.tp with model.hf is not built"),
+    (dict(model=ModelSpec(hf={"model_type": "llama"})), r"a layout \(tp, pp\) with model.hf is not built"),
 ])
 def test_a_layout_the_ranks_cannot_hold_is_refused_naming_the_key(kw, message) -> None:
     kw.setdefault("layout", LayoutMesh(tp=2))
@@ -38,12 +38,43 @@ def test_a_layout_the_ranks_cannot_hold_is_refused_naming_the_key(kw, message) -
         _scenario(**kw)
 
 
-def test_pipeline_and_context_parallel_stay_reserved_naming_the_issue() -> None:
-    for key in ("pp", "cp"):
-        with pytest.raises(NotBuiltYet, match=rf"layout.{key}: 2 is reserved .*issue 32.*drop layout.{key}"):
-            LayoutMesh(**{key: 2})
+def test_context_parallel_stays_reserved_and_pipeline_stages_are_simulated_only_naming_the_issue() -> None:
+    with pytest.raises(NotBuiltYet, match=r"layout.cp: 2 is reserved .*issue 32.*drop layout.cp"):
+        LayoutMesh(cp=2)
+    with pytest.raises(NotBuiltYet, match=r"layout.pp 2: pipeline stages are simulated in suites, not measured yet "
+                                          r"\(issue 32.*add simulate: \{enabled: true"):
+        _scenario(world_size=2, layout=LayoutMesh(pp=2))
+    simulated = Scenario("s", model="llama-tiny", batch_size=4, seq_len=64, layout=LayoutMesh(pp=2, microbatches=2),
+                         simulate=SimulateConfig(enabled=True, world_size=4))
+    assert simulated.parallel_layout.describe() == "dp_shard 2 x tp 1 x pp 2"
     with pytest.raises(ValueError, match="layout.tp must be a positive number of ranks, got 0"):
         LayoutMesh(tp=0)
+
+
+@pytest.mark.parametrize(("layout", "kw", "message"), [
+    (dict(schedule="gpipe"), {}, "layout.schedule applies to pipeline stages: set layout.pp above 1"),
+    (dict(pp=2, schedule="zero_bubble"), {}, "pipeline schedule 'zero_bubble' is unknown; use one of gpipe, 1f1b"),
+    (dict(pp=2, stages_per_rank=2), {}, "schedule 1f1b runs one stage per rank"),
+    (dict(pp=2, microbatches=3), {}, "3 microbatches do not divide the batch of a data-parallel rank \\(2 rows"),
+    (dict(pp=2, microbatches=1), {}, "schedule 1f1b needs at least one microbatch per stage \\(2\\)"),
+    (dict(pp=2), dict(world_size=1), "layout \\(2 pipeline stages\\) needs ranks: set simulate.world_size"),
+    (dict(pp=3), {}, "layout.tp 1 x pp 3 does not divide world_size 4"),
+])
+def test_a_pipeline_layout_the_batch_or_ranks_cannot_hold_is_refused_naming_the_key(layout, kw, message) -> None:
+    simulate = SimulateConfig(enabled=True, world_size=kw.get("world_size", 4))
+    with pytest.raises(ValueError, match=message):
+        Scenario("s", model="llama-tiny", batch_size=4, seq_len=64, layout=LayoutMesh(**layout), simulate=simulate)
+
+
+def test_pipeline_keys_enter_the_fingerprint_only_with_stages() -> None:
+    simulate = SimulateConfig(enabled=True, world_size=4)
+    tp = _scenario(layout=LayoutMesh(tp=2))
+    assert not any(key.startswith(("layout.schedule", "layout.microbatches", "layout.stages_per_rank"))
+                   for key in fingerprinted(tp))  # a tensor-parallel baseline stays comparable
+    one = Scenario("s", model="llama-tiny", batch_size=8, seq_len=64, layout=LayoutMesh(pp=2), simulate=simulate)
+    more = Scenario("s", model="llama-tiny", batch_size=8, seq_len=64, layout=LayoutMesh(pp=2, microbatches=4),
+                    simulate=simulate)
+    assert fingerprint(one) != fingerprint(more) and fingerprinted(one)["layout.schedule"] == "1f1b"
 
 
 def test_a_tensor_parallel_layout_enters_the_fingerprint_and_fsdp_written_out_does_not() -> None:
@@ -106,7 +137,7 @@ def test_a_simulated_layout_the_engine_cannot_run_is_refused_not_modelled_as_fsd
     body = "- {name: e, model: llama-tiny, world_size: 1, batch_size: 4, layout: {tp: 2}, simulate: {enabled: true, world_size: 4, kernel: eager}}"
     message = _suite(tmp_path, monkeypatch, body)
     assert message.startswith("suites/x.yaml: scenario 'e': layout.tp: simulate.kernel eager / target cuda: the engine's rank")
-    assert "a tensor-parallel layout is simulated only by it" in message and "set layout.tp to 1" in message
+    assert "a tensor-parallel layout is simulated only by the engine" in message and "set layout.tp to 1" in message
     # control: the engine's kernel loads, with the batch split over dp_shard 2 only (not the 4 ranks)
     (tmp_path / "suites" / "x.yaml").write_text("name: x\nscenarios:\n  - {name: ok, model: llama-tiny, batch_size: 2, "
                                                 "layout: {tp: 2}, simulate: {enabled: true, world_size: 4}}\n")
@@ -146,3 +177,13 @@ def test_the_will_it_fit_row_names_a_simulated_layout_and_does_not_invent_a_brea
     assert row[5] == "8 (dp_shard 4 x tp 2)" and row[7] == "—"  # the engine's rank: no category split
     result.metrics.update(simulated_parameters_bytes=2**29, simulated_activations_bytes=2**28)  # control: a split
     assert _row(result)[7] == "512.0 MiB / 256.0 MiB / 0.0 MiB"
+
+
+def test_the_will_it_fit_row_names_the_pipeline_schedule_of_a_staged_layout() -> None:
+    from pytest_flashckpt.report.simulation import _row
+
+    scenario = Scenario("s", model="llama-tiny", batch_size=8, seq_len=64, layout=LayoutMesh(pp=2, microbatches=4),
+                        simulate=SimulateConfig(enabled=True, world_size=4))
+    result = Result("simulate", "s", "measured", scenario, device="meta")
+    result.metrics.update(simulated_peak_bytes=2**30)
+    assert _row(result)[5] == "4 (dp_shard 2 x tp 1 x pp 2, 1f1b, 4 microbatches)"

@@ -11,7 +11,7 @@ import torch
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.models.cards import load_card
-from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
+from pytest_flashckpt.simulate.pipeline import simulate_first_and_last
 
 
 def _peak(out: str) -> int:
@@ -19,30 +19,32 @@ def _peak(out: str) -> int:
 
 
 @pytest.mark.slow
-def test_pp_prints_stage_zero_of_the_real_schedule(capsys) -> None:
+def test_pp_prints_the_larger_of_the_first_and_last_stage_of_the_real_schedule(capsys) -> None:
     argv = ["simulate", "--model", "llama-tiny", "--seq", "64", "--batch", "4", "--dtype", "fp32", "--strategy", "full",
             "--world-size", "2", "--pp", "2", "--microbatches", "2", "--device-memory", "1GiB"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "stage 0 of 2 (1f1b, 2 microbatches)" in out and "layout dp_shard 1 x tp 1 x pp 2" in out
-    record = simulate_pipeline_rank(load_card("llama-tiny"), Layout(pp=2), PipelineSchedule("1f1b", 2), batch_size=4,
-                                    seq_len=64, strategy="full", dtype=torch.float32)
-    assert _peak(out) == record["peak_bytes"]
+    assert "stage of 2 (1f1b, 2 microbatches; the larger of the first and the last pipeline rank, rank 0: " in out
+    assert "layout dp_shard 1 x tp 1 x pp 2" in out
+    record = simulate_first_and_last(load_card("llama-tiny"), Layout(pp=2), PipelineSchedule("1f1b", 2), batch_size=4,
+                                     seq_len=64, strategy="full", dtype=torch.float32)
+    assert _peak(out) == record["peak_bytes"] == max(record["ranks"].values()) and set(record["ranks"]) == {0, 1}
     assert main([*argv[:-1], "1KiB"]) == 1  # control: the same stage does not fit a tiny device
 
 
 @pytest.mark.slow
-def test_pp_with_tp_prints_stage_zero_with_tensor_parallel_inside(capsys) -> None:
-    """``--pp 2 --tp 2`` on 4 ranks: stage 0's tp rank, the same bytes as ``simulate_pipeline_rank`` at that layout,
-    under the stage's peak at tp 1 (control: ``--pp 2`` on 2 ranks)."""
+def test_pp_with_tp_prints_the_stages_with_tensor_parallel_inside(capsys) -> None:
+    """``--pp 2 --tp 2`` on 4 ranks: the first and last stages' tp ranks, the same bytes as
+    ``simulate_first_and_last`` at that layout, under the stages' peak at tp 1 (control: ``--pp 2`` on 2 ranks)."""
     argv = ["simulate", "--model", "llama-tiny", "--seq", "64", "--batch", "4", "--dtype", "fp32", "--strategy", "full",
             "--world-size", "4", "--pp", "2", "--tp", "2", "--microbatches", "2"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "stage 0 of 2 (1f1b, 2 microbatches, tensor parallel over 2 ranks inside it)" in out
+    assert "stage of 2 (1f1b, 2 microbatches, tensor parallel over 2 ranks inside it; the larger of" in out
     assert "layout dp_shard 1 x tp 2 x pp 2 (4 ranks)" in out
-    record = simulate_pipeline_rank(load_card("llama-tiny"), Layout(tp=2, pp=2), PipelineSchedule("1f1b", 2),
-                                    batch_size=4, seq_len=64, strategy="full", dtype=torch.float32)
+    record = simulate_first_and_last(load_card("llama-tiny"), Layout(tp=2, pp=2), PipelineSchedule("1f1b", 2),
+                                     batch_size=4, seq_len=64, strategy="full", dtype=torch.float32)
+    assert set(record["ranks"]) == {0, 2}  # rank 0 of each stage's tp group
     assert _peak(out) == record["peak_bytes"]
     assert main([*argv[:argv.index("--world-size")], "--world-size", "2", "--pp", "2", "--microbatches", "2"]) == 0
     assert _peak(capsys.readouterr().out) > record["peak_bytes"]
