@@ -32,11 +32,12 @@ class LayoutMesh:
     (``dp_shard``; None: the ranks the other axes leave), tensor + sequence parallel (``tp``, torch's
     ``parallelize_module`` on a 2D ``DeviceMesh``, ``distributed.tensor_parallel``), and pipeline stages (``pp``,
     torch's ``torch.distributed.pipelining`` run by ``schedule`` over ``microbatches`` per step, ``stages_per_rank``
-    stages on each pipeline rank; ``config.layout.PipelineSchedule``). Context parallel (``cp``) is reserved.
+    stages on each pipeline rank; ``config.layout.PipelineSchedule``) and context parallel (``cp``: the sequence
+    split over the ranks, torch's ring attention; alone, so far).
 
-    Built: ``dp_shard`` x ``tp`` measured on the ranks of a run and simulated; ``pp`` simulated only (a scenario with
-    ``simulate: {enabled: true}``, ``simulate.layouts``; ``Scenario`` refuses it in a measured scenario); ``cp``
-    other than 1 is refused naming the key (``flashckpt simulate --cp`` and ``flashckpt fit`` simulate it).
+    Built: ``dp_shard`` x ``tp`` measured on the ranks of a run and simulated; ``pp`` and ``cp`` simulated only (a
+    scenario with ``simulate: {enabled: true}``, ``simulate.layouts``; ``Scenario`` refuses them in a measured
+    scenario, naming issue 32); a ``cp`` rank is labelled modelled (``simulate.context_parallel``).
     The pipeline keys apply with ``pp`` > 1 only; ``microbatches`` None means one per stage, the fewest torch's
     1F1B schedules run."""
 
@@ -58,10 +59,9 @@ class LayoutMesh:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 what = "number of ranks" if key in ("dp_shard", "tp", "pp", "cp") else "integer"
                 raise ValueError(f"layout.{key} must be a positive {what}, got {value!r}")
-        if self.cp != 1:
-            raise NotBuiltYet(
-                f"layout.cp: {self.cp!r} is reserved for context parallel runs in suites (issue 32), which are not "
-                "built yet (flashckpt simulate --cp / flashckpt fit simulate them); drop layout.cp (today's value is 1)")
+        if self.cp != 1 and (self.tp != 1 or self.pp != 1 or self.dp_shard not in (None, 1)):
+            raise ValueError(f"layout.cp {self.cp}: context parallel is simulated alone so far (the cp ranks are the "
+                             "scenario's ranks): drop layout.tp, layout.pp and layout.dp_shard, or layout.cp")
         if self.pp == 1:
             set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != _PIPELINE_DEFAULTS[key]]
             if set_keys:
@@ -85,6 +85,11 @@ class LayoutMesh:
     def ranks(self, world_size: int) -> tuple[int, int]:
         """``(dp_shard, tp)`` for ``world_size`` ranks (``pp`` stages of ``dp_shard x tp`` each); ValueError naming
         the key and the fix when they do not multiply to it."""
+        if self.cp > 1:
+            if world_size != self.cp:
+                raise ValueError(f"layout.cp {self.cp}: context parallel is simulated alone, so world_size must equal "
+                                 f"layout.cp, got {world_size}; set it to {self.cp}")
+            return 1, 1
         per_stage, stages = world_size // self.pp, f" x pp {self.pp}" if self.pp > 1 else ""
         if world_size % (self.tp * self.pp):
             raise ValueError(f"layout.tp {self.tp}{stages} does not divide world_size {world_size}; choose axes that "

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_flashckpt.config.axes import is_today
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.model_card import load_card
 from pytest_flashckpt.config.scenario import Scenario
@@ -40,7 +41,8 @@ def preflight(scenario: Scenario, where: str | None = None, load: Callable[..., 
     if scenario.seq_len > card.max_seq_len:
         raise bad("seq_len", f"{scenario.seq_len} exceeds the {card.max_seq_len} positions of model card {card.name!r}",
                   "use a shorter seq_len or a card with more positions")
-    if scenario.simulate.enabled and not scenario.layout.tensor_parallel and scenario.batch_size % scenario.simulate.world_size:
+    # FSDP over every rank splits the batch over them all (a laid-out scenario's own split: Scenario._check_layout)
+    if scenario.simulate.enabled and is_today(scenario.layout) and scenario.batch_size % scenario.simulate.world_size:
         raise bad("simulate.world_size", f"{scenario.simulate.world_size} does not divide batch_size {scenario.batch_size}",
                   "use a batch that is a multiple of the world size")
     if scenario.simulate.enabled and scenario.activation.strategy == "budget" and scenario.simulate.world_size != 1:

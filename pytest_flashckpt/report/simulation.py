@@ -145,8 +145,10 @@ def _ranks(r: Result) -> str:
     """The simulated ranks, with the layout when it is not FSDP over all of them (``64 (dp_shard 8 x tp 8)``,
     ``64 (dp_shard 8 x tp 1 x pp 8, 1f1b, 8 microbatches)``)."""
     c = r.config
-    if not c.layout.tensor_parallel and c.layout.pp == 1:
+    if not c.layout.tensor_parallel and c.layout.pp == 1 and c.layout.cp == 1:
         return str(c.simulate.world_size)
+    if c.layout.cp > 1:
+        return f"{c.simulate.world_size} (cp {c.layout.cp}, ring attention, modelled)"
     if c.layout.pp == 1:
         return f"{c.simulate.world_size} ({c.parallel_layout.describe()})"
     pipeline = c.layout.pipeline_schedule()

@@ -103,7 +103,7 @@ def check_layouts(suite: Suite, shelf: CardShelf) -> None:
     in a rank after launch or by a modelled route that ignores the layout."""
     refused: dict[str, str | None] = {}
     for scenario in suite.scenarios:
-        if not scenario.layout.tensor_parallel and scenario.layout.pp == 1:
+        if not scenario.layout.tensor_parallel and scenario.layout.pp == 1 and scenario.layout.cp == 1:
             continue
         if scenario.layout.tensor_parallel and scenario.card not in refused:
             from pytest_flashckpt.distributed.tensor_parallel import plan_refusal  # torch.distributed: only for a layout
@@ -113,14 +113,15 @@ def check_layouts(suite: Suite, shelf: CardShelf) -> None:
             raise ConfigError(suite.origin(scenario), refused[scenario.card], "",  # the refusal names the fix
                               scenario=scenario.name, key="layout.tp")
         if scenario.simulate.enabled:  # a simulated layout runs the engine under fake mode; the modelled route is FSDP only
-            from pytest_flashckpt.simulate.layouts import engine_cannot_run_scenario
+            from pytest_flashckpt.simulate.scenario import layout_refusal
 
-            why = engine_cannot_run_scenario(scenario)
-            key = "layout.pp" if scenario.layout.pp > 1 else "layout.tp"
+            why = layout_refusal(scenario)
+            axis = "pp" if scenario.layout.pp > 1 else "cp" if scenario.layout.cp > 1 else "tp"
+            what = {"pp": "pipeline", "cp": "context-parallel", "tp": "tensor-parallel"}[axis]
             if why is not None:
-                raise ConfigError(suite.origin(scenario), f"{why}, and a {'pipeline' if key == 'layout.pp' else 'tensor-parallel'} "
-                                  "layout is simulated only by the engine", f"set {key} to 1 (the modelled FSDP route), or "
-                                  "change that setting", scenario=scenario.name, key=key)
+                raise ConfigError(suite.origin(scenario), f"{why}, and a {what} layout is simulated only by the engine",
+                                  f"set layout.{axis} to 1 (the modelled FSDP route), or change that setting",
+                                  scenario=scenario.name, key=f"layout.{axis}")
 
 
 class SuiteRun:

@@ -9,6 +9,7 @@ additive (``tests/simulate/test_simulated_costs.py``)."""
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 
 from pytest_flashckpt.config.step_impl import StepImpl
@@ -30,6 +31,8 @@ def run_simulated(scenario, result) -> None:
     sim = scenario.simulate
     if scenario.activation.save_ops is not None:
         raise ValueError("simulate: a custom activation.save_ops list is not supported in suites; use the Python API")
+    if scenario.layout.cp > 1:  # a context-parallel rank: the meta step with torch's ring attention (modelled)
+        return _context_scenario(scenario, result)
     if sim.world_size > 1:  # FSDP ranks: the real engine under fake mode, where it runs (else the modelled route)
         from pytest_flashckpt.simulate.layouts import engine_cannot_run_scenario, run_engine_scenario
 
@@ -114,3 +117,68 @@ def _formulas(scenario, peak: SimulatedPeak) -> dict[str, int]:
     if itemsize == 2:
         out["korthikanti_block_bytes"] = korthikanti_block_bytes(config, peak.batch_size, peak.seq_len)
     return out
+
+
+def layout_refusal(scenario) -> str | None:
+    """Why a simulated scenario's layout cannot be simulated (one line with the reason), or None: a
+    context-parallel rank's request (``_context_refusal``), else what the real engine under fake mode does not run
+    (``simulate.layouts.engine_cannot_run_scenario``)."""
+    if scenario.layout.cp > 1:
+        return _context_refusal(scenario)
+    from pytest_flashckpt.simulate.layouts import engine_cannot_run_scenario
+
+    return engine_cannot_run_scenario(scenario)
+
+
+def _context_refusal(scenario) -> str | None:
+    """Why the scenario's context-parallel rank cannot be simulated (``simulate.context_parallel.check_request``:
+    the sequence split over the ring, the CUDA flash op in bf16/fp16, pure precision), or None."""
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.context_parallel import check_request
+
+    if scenario.precision != "pure":
+        return f"precision {scenario.precision}: a context-parallel rank is simulated in pure precision only so far"
+    try:
+        check_request(load_card(scenario.card), scenario.parallel_layout, batch_size=scenario.batch_size,
+                      seq_len=scenario.seq_len, kernel=scenario.simulate.kernel, dtype=scenario.dtype,
+                      load_balanced=True, rotation="allgather")
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _context_scenario(scenario, result) -> None:
+    """A context-parallel scenario: one of ``cp`` ranks with torch's ring attention on meta
+    (``simulate.context_parallel.simulate_cp_rank``, labelled modelled until a GPU has measured a cp rank), its
+    breakdown by category, and its saving against the same rank without activation checkpointing."""
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank
+
+    card, layout, started = load_card(scenario.card), scenario.parallel_layout, time.perf_counter()
+
+    def rank(strategy: str) -> dict:
+        return simulate_cp_rank(card, layout, batch_size=scenario.batch_size, seq_len=scenario.seq_len,
+                                dtype=scenario.dtype, kernel=scenario.simulate.kernel, strategy=strategy,
+                                k=scenario.activation.k)
+
+    record = rank(scenario.activation.strategy)
+    m = result.metrics
+    m["simulated_peak_bytes"] = record["peak_bytes"]
+    m["simulated_start_bytes"] = record["start_bytes"]
+    for category, nbytes in record["breakdown"].items():
+        m[f"simulated_{category}_bytes"] = nbytes
+    m["world_size"] = layout.world_size
+    if scenario.activation.strategy != "none":
+        reference = rank("none")
+        m["simulated_reference_peak_bytes"] = reference["peak_bytes"]
+        m["simulated_memory_saving"] = 1.0 - record["peak_bytes"] / reference["peak_bytes"]
+    m["simulate_seconds"] = time.perf_counter() - started
+    result.device = "meta"
+    result.probe = "simulated"
+    result.backend = scenario.simulate.kernel
+    result.kernel = f"ring attention ({record['label']})"
+    ring = record["peak_bytes"] - record["local_attention_peak_bytes"]
+    result.notes.append(f"{record['label']}: one of {layout.cp} context-parallel ranks at {record['seq_per_rank']} "
+                        f"tokens with torch's ring attention on meta ({record['rotation']} rotation, load-balanced); "
+                        f"the ring adds {ring:,} B over attention within the rank's own chunk; peak at "
+                        f"{record['peak_op']} in the {record['peak_phase']}")

@@ -38,12 +38,19 @@ def test_a_layout_the_ranks_cannot_hold_is_refused_naming_the_key(kw, message) -
         _scenario(**kw)
 
 
-def test_context_parallel_stays_reserved_and_pipeline_stages_are_simulated_only_naming_the_issue() -> None:
-    with pytest.raises(NotBuiltYet, match=r"layout.cp: 2 is reserved .*issue 32.*drop layout.cp"):
-        LayoutMesh(cp=2)
-    with pytest.raises(NotBuiltYet, match=r"layout.pp 2: pipeline stages are simulated in suites, not measured yet "
+def test_pipeline_stages_and_context_parallel_are_simulated_only_naming_the_issue() -> None:
+    with pytest.raises(NotBuiltYet, match=r"layout.pp 2: pipeline stages in a measured scenario are not built yet "
                                           r"\(issue 32.*add simulate: \{enabled: true"):
         _scenario(world_size=2, layout=LayoutMesh(pp=2))
+    with pytest.raises(NotBuiltYet, match=r"layout.cp 2: context parallel in a measured scenario is not built yet "
+                                          r"\(issue 32.*add simulate: \{enabled: true"):
+        _scenario(world_size=2, layout=LayoutMesh(cp=2))
+    with pytest.raises(ValueError, match=r"layout.cp 2: context parallel is simulated alone so far .*drop layout.tp"):
+        LayoutMesh(cp=2, tp=2)
+    with pytest.raises(ValueError, match=r"context parallel is simulated alone, so world_size must equal layout.cp, "
+                                         r"got 4; set it to 2"):
+        Scenario("s", model="llama-tiny", batch_size=4, seq_len=64, layout=LayoutMesh(cp=2),
+                 simulate=SimulateConfig(enabled=True, world_size=4))
     simulated = Scenario("s", model="llama-tiny", batch_size=4, seq_len=64, layout=LayoutMesh(pp=2, microbatches=2),
                          simulate=SimulateConfig(enabled=True, world_size=4))
     assert simulated.parallel_layout.describe() == "dp_shard 2 x tp 1 x pp 2"
