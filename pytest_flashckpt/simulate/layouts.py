@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable
 
 from pytest_flashckpt.config.errors import InputError
 from pytest_flashckpt.config.layout import Layout
@@ -159,6 +160,27 @@ def _stages_refusal(scenario) -> str | None:
     return None
 
 
+def record_rank(scenario, result, simulate: Callable[[str], dict], started: float, start_key: str, kernel: str) -> dict:
+    """Fill ``result`` with a simulated rank of ``scenario``: ``simulate(strategy)``'s record for the scenario's
+    strategy (peak, start from ``start_key``) and, for a strategy, its saving against the same rank without activation
+    checkpointing; the time both took, and the simulated device, probe and ``kernel``. Returns the strategy's record."""
+    record = simulate(scenario.activation.strategy)
+    m = result.metrics
+    m["simulated_peak_bytes"] = record["peak_bytes"]
+    m["simulated_start_bytes"] = record[start_key]
+    m["world_size"] = scenario.parallel_layout.world_size
+    if scenario.activation.strategy != "none":
+        reference = simulate("none")
+        m["simulated_reference_peak_bytes"] = reference["peak_bytes"]
+        m["simulated_memory_saving"] = 1.0 - record["peak_bytes"] / reference["peak_bytes"]
+    m["simulate_seconds"] = time.perf_counter() - started
+    result.device = "meta"
+    result.probe = "simulated"
+    result.backend = scenario.simulate.kernel
+    result.kernel = kernel
+    return record
+
+
 def run_engine_scenario(scenario, result) -> None:
     """Fill ``result`` with rank 0's peak of ``scenario`` (FSDP over ``simulate.world_size`` ranks, or the scenario's
     dp_shard x tp layout of them) from the real
@@ -181,20 +203,7 @@ def run_engine_scenario(scenario, result) -> None:
     def rank(strategy: str) -> dict:
         return simulate_rank(card, layout, strategy=strategy, foreach=CUDA_ADAMW_FOREACH, **common)
 
-    record = rank(scenario.activation.strategy)
-    m = result.metrics
-    m["simulated_peak_bytes"] = record["peak_bytes"]
-    m["simulated_start_bytes"] = record["fwd_bwd_start_bytes"]
-    m["world_size"] = layout.world_size
-    if scenario.activation.strategy != "none":
-        reference = rank("none")
-        m["simulated_reference_peak_bytes"] = reference["peak_bytes"]
-        m["simulated_memory_saving"] = 1.0 - record["peak_bytes"] / reference["peak_bytes"]
-    m["simulate_seconds"] = time.perf_counter() - started
-    result.device = "meta"
-    result.probe = "simulated"
-    result.backend = scenario.simulate.kernel
-    result.kernel = "sdpa-flash-cpu (fake rank)"
+    record = record_rank(scenario, result, rank, started, "fwd_bwd_start_bytes", "sdpa-flash-cpu (fake rank)")
     phase = "forward+backward" if record["fwd_bwd_peak_bytes"] >= record["optimizer_peak_bytes"] else "optimizer step"
     depths = record["simulated_depths"]
     how = f"depths {', '.join(map(str, depths))} simulated, read off their line" if record["extrapolated"] else "simulated whole"
@@ -211,20 +220,11 @@ def _pipeline_scenario(scenario, result, card, layout, common: dict, started: fl
     from pytest_flashckpt.simulate.pipeline import simulate_first_and_last
 
     pipeline = scenario.layout.pipeline_schedule()
-    record = simulate_first_and_last(card, layout, pipeline, strategy=scenario.activation.strategy, **common)
-    m = result.metrics
-    m["simulated_peak_bytes"] = record["peak_bytes"]
-    m["simulated_start_bytes"] = record["fwd_bwd_start_bytes"]
-    m["world_size"] = layout.world_size
-    if scenario.activation.strategy != "none":
-        reference = simulate_first_and_last(card, layout, pipeline, strategy="none", **common)
-        m["simulated_reference_peak_bytes"] = reference["peak_bytes"]
-        m["simulated_memory_saving"] = 1.0 - record["peak_bytes"] / reference["peak_bytes"]
-    m["simulate_seconds"] = time.perf_counter() - started
-    result.device = "meta"
-    result.probe = "simulated"
-    result.backend = scenario.simulate.kernel
-    result.kernel = "sdpa-flash-cpu (fake rank)"
+
+    def ranks_of(strategy: str) -> dict:
+        return simulate_first_and_last(card, layout, pipeline, strategy=strategy, **common)
+
+    record = record_rank(scenario, result, ranks_of, started, "fwd_bwd_start_bytes", "sdpa-flash-cpu (fake rank)")
     phase = "forward+backward" if record["fwd_bwd_peak_bytes"] >= record["optimizer_peak_bytes"] else "optimizer step"
     ranks = ", ".join(f"rank {r} {b:,} B" for r, b in record["ranks"].items())
     engine = "torch's pipelining schedule + " + ("parallelize_module + " if layout.tp > 1 else "") + "fully_shard"

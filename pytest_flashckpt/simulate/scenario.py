@@ -152,7 +152,8 @@ def _context_scenario(scenario, result) -> None:
     (``simulate.context_parallel.simulate_cp_rank``, labelled modelled until a GPU has measured a cp rank), its
     breakdown by category, and its saving against the same rank without activation checkpointing."""
     from pytest_flashckpt.models.cards import load_card
-    from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank
+    from pytest_flashckpt.simulate.context_parallel import LABEL, simulate_cp_rank
+    from pytest_flashckpt.simulate.layouts import record_rank
 
     card, layout, started = load_card(scenario.card), scenario.parallel_layout, time.perf_counter()
 
@@ -161,22 +162,9 @@ def _context_scenario(scenario, result) -> None:
                                 dtype=scenario.dtype, kernel=scenario.simulate.kernel, strategy=strategy,
                                 k=scenario.activation.k)
 
-    record = rank(scenario.activation.strategy)
-    m = result.metrics
-    m["simulated_peak_bytes"] = record["peak_bytes"]
-    m["simulated_start_bytes"] = record["start_bytes"]
+    record = record_rank(scenario, result, rank, started, "start_bytes", f"ring attention ({LABEL})")
     for category, nbytes in record["breakdown"].items():
-        m[f"simulated_{category}_bytes"] = nbytes
-    m["world_size"] = layout.world_size
-    if scenario.activation.strategy != "none":
-        reference = rank("none")
-        m["simulated_reference_peak_bytes"] = reference["peak_bytes"]
-        m["simulated_memory_saving"] = 1.0 - record["peak_bytes"] / reference["peak_bytes"]
-    m["simulate_seconds"] = time.perf_counter() - started
-    result.device = "meta"
-    result.probe = "simulated"
-    result.backend = scenario.simulate.kernel
-    result.kernel = f"ring attention ({record['label']})"
+        result.metrics[f"simulated_{category}_bytes"] = nbytes
     ring = record["peak_bytes"] - record["local_attention_peak_bytes"]
     result.notes.append(f"{record['label']}: one of {layout.cp} context-parallel ranks at {record['seq_per_rank']} "
                         f"tokens with torch's ring attention on meta ({record['rotation']} rotation, load-balanced); "
