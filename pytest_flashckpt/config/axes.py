@@ -63,7 +63,8 @@ class LayoutMesh:
             raise ValueError(f"layout.cp {self.cp}: context parallel is simulated alone so far (the cp ranks are the "
                              "scenario's ranks): drop layout.tp, layout.pp and layout.dp_shard, or layout.cp")
         if self.pp == 1:
-            set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != _PIPELINE_DEFAULTS[key]]
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != defaults[key]]
             if set_keys:
                 raise ValueError(f"layout.{set_keys[0]} applies to pipeline stages: set layout.pp above 1, or drop "
                                  f"layout.{set_keys[0]}")
@@ -100,9 +101,6 @@ class LayoutMesh:
                              f"ranks, but world_size is {world_size}; make dp_shard x tp{stages} equal world_size (or "
                              "drop dp_shard: the rest of the ranks)")
         return dp_shard, self.tp
-
-
-_PIPELINE_DEFAULTS = {"schedule": "1f1b", "microbatches": None, "stages_per_rank": 1}
 
 
 @dataclass(frozen=True)

@@ -157,9 +157,14 @@ class PipelineSchedule:
             )
 
     def check(self, layout: Layout, *, batch_size: int, n_blocks: int) -> None:
-        """The schedule fits the layout, the batch and the model: stages <= blocks, microbatches dividing a
-        data-parallel rank's rows, and as many microbatches as torch's 1F1B schedules need."""
+        """The schedule fits the layout, the batch and the model: stages <= blocks, and ``check_batch``."""
         layout.check_stages(n_blocks, self.stages_per_rank)
+        self.check_batch(layout, batch_size=batch_size)
+
+    def check_batch(self, layout: Layout, *, batch_size: int) -> None:
+        """The schedule fits the layout and the batch (what a scenario checks before its card is loaded):
+        microbatches dividing a data-parallel rank's rows, as many as torch's 1F1B schedules need, whole rounds for
+        the interleaved one."""
         rows = batch_size // layout.dp_shard
         if rows % self.microbatches:
             raise ValueError(

@@ -205,6 +205,13 @@ class ModelSpec:
             object.__setattr__(self, "card", hf_label(self.hf))  # what reports show in the card column
 
 
+# layout axes simulated but not yet run on the ranks of a measured scenario: what they are, and why not yet
+SIMULATED_ONLY_AXES = {
+    "pp": ("pipeline stages", "tests/distributed/test_pipeline_tp.py measures them on gloo outside a suite"),
+    "cp": ("context-parallel ranks", "torch's context_parallel has no CPU attention op to shard; modelled"),
+}
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One measured configuration; every ratio is against its reference (see ``reference()``)."""
@@ -312,25 +319,19 @@ class Scenario:
             _set(self, layout=LayoutMesh())  # FSDP over every rank written out is today's layout (and fingerprint)
             return
         key = "simulate.world_size" if self.simulate.enabled else "world_size"
-        if self.layout.pp > 1 and not self.simulate.enabled:
-            raise NotBuiltYet(f"layout.pp {self.layout.pp}: pipeline stages in a measured scenario are not built yet "
-                              "(issue 32; tests/distributed/test_pipeline_tp.py measures them on gloo outside a suite); "
-                              "they are simulated: add simulate: {enabled: true, world_size: N} or drop layout.pp")
-        if self.layout.cp > 1 and not self.simulate.enabled:
-            raise NotBuiltYet(f"layout.cp {self.layout.cp}: context parallel in a measured scenario is not built yet "
-                              "(issue 32: torch's context_parallel has no CPU attention op to shard); it is simulated "
-                              "(modelled): add simulate: {enabled: true, world_size: N} or drop layout.cp")
+        for axis, (what, why) in SIMULATED_ONLY_AXES.items():
+            if getattr(self.layout, axis) > 1 and not self.simulate.enabled:
+                raise NotBuiltYet(f"layout.{axis} {getattr(self.layout, axis)}: {what} in a measured scenario are not "
+                                  f"built yet (issue 32: {why}); they are simulated: add simulate: {{enabled: true, "
+                                  f"world_size: N}} or drop layout.{axis}")
         if world == 1:
             axes = (f"{self.layout.pp} pipeline stages" if self.layout.pp > 1 else f"{self.layout.cp} context-parallel "
                     "ranks" if self.layout.cp > 1 else f"{self.layout.tp} tensor-parallel ranks")
             ranks = self.layout.tp * self.layout.pp * self.layout.cp * (self.layout.dp_shard or 1)
             raise ValueError(f"layout ({axes}) needs ranks: set {key} to dp_shard x tp x pp x cp (e.g. {key}: {ranks})")
         dp_shard, _ = self.layout.ranks(world)
-        if self.layout.pp > 1:
-            # the microbatches against the batch here; the stages against the card's blocks where the card is
-            # loaded (simulate.layouts.engine_cannot_run_scenario)
-            self.layout.pipeline_schedule().check(self.parallel_layout, batch_size=self.batch_size,
-                                                  n_blocks=self.layout.pp * self.layout.stages_per_rank)
+        if self.layout.pp > 1:  # (the stages against the card's blocks: simulate.layouts, where the card is loaded)
+            self.layout.pipeline_schedule().check_batch(self.parallel_layout, batch_size=self.batch_size)
         if self.batch_size % dp_shard:
             raise ValueError(f"batch_size {self.batch_size} must be divisible by layout.dp_shard {dp_shard} (each "
                              "data-parallel rank takes an equal share; tensor-parallel ranks share their group's rows)")

@@ -5,6 +5,7 @@ at 2.7B (memory half, marked simulated); per-block activations beside the analyt
 
 from __future__ import annotations
 
+from pytest_flashckpt.config.axes import is_today
 from pytest_flashckpt.core.claims import PROTOTYPE, MEDIUM, LARGE, SAVING_TOLERANCE
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, pct
@@ -145,7 +146,7 @@ def _ranks(r: Result) -> str:
     """The simulated ranks, with the layout when it is not FSDP over all of them (``64 (dp_shard 8 x tp 8)``,
     ``64 (dp_shard 8 x tp 1 x pp 8, 1f1b, 8 microbatches)``)."""
     c = r.config
-    if not c.layout.tensor_parallel and c.layout.pp == 1 and c.layout.cp == 1:
+    if is_today(c.layout):
         return str(c.simulate.world_size)
     if c.layout.cp > 1:
         return f"{c.simulate.world_size} (cp {c.layout.cp}, ring attention, modelled)"

@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 from pytest_flashckpt import __version__
 from pytest_flashckpt.baselines import BaselineError, Gate, Thresholds, failure_text, save_run
 from pytest_flashckpt.baselines.gate import unreadable_baseline
+from pytest_flashckpt.config.axes import is_today
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.preflight import preflight
 from pytest_flashckpt.config.record_file import result_from_dict
@@ -103,7 +104,7 @@ def check_layouts(suite: Suite, shelf: CardShelf) -> None:
     in a rank after launch or by a modelled route that ignores the layout."""
     refused: dict[str, str | None] = {}
     for scenario in suite.scenarios:
-        if not scenario.layout.tensor_parallel and scenario.layout.pp == 1 and scenario.layout.cp == 1:
+        if is_today(scenario.layout):  # FSDP over every rank (Scenario writes it so)
             continue
         if scenario.layout.tensor_parallel and scenario.card not in refused:
             from pytest_flashckpt.distributed.tensor_parallel import plan_refusal  # torch.distributed: only for a layout
@@ -116,9 +117,9 @@ def check_layouts(suite: Suite, shelf: CardShelf) -> None:
             from pytest_flashckpt.simulate.scenario import layout_refusal
 
             why = layout_refusal(scenario)
-            axis = "pp" if scenario.layout.pp > 1 else "cp" if scenario.layout.cp > 1 else "tp"
-            what = {"pp": "pipeline", "cp": "context-parallel", "tp": "tensor-parallel"}[axis]
             if why is not None:
+                axis = "pp" if scenario.layout.pp > 1 else "cp" if scenario.layout.cp > 1 else "tp"
+                what = {"pp": "pipeline", "cp": "context-parallel", "tp": "tensor-parallel"}[axis]
                 raise ConfigError(suite.origin(scenario), f"{why}, and a {what} layout is simulated only by the engine",
                                   f"set layout.{axis} to 1 (the modelled FSDP route), or change that setting",
                                   scenario=scenario.name, key=f"layout.{axis}")

@@ -42,7 +42,7 @@ def test_pipeline_stages_and_context_parallel_are_simulated_only_naming_the_issu
     with pytest.raises(NotBuiltYet, match=r"layout.pp 2: pipeline stages in a measured scenario are not built yet "
                                           r"\(issue 32.*add simulate: \{enabled: true"):
         _scenario(world_size=2, layout=LayoutMesh(pp=2))
-    with pytest.raises(NotBuiltYet, match=r"layout.cp 2: context parallel in a measured scenario is not built yet "
+    with pytest.raises(NotBuiltYet, match=r"layout.cp 2: context-parallel ranks in a measured scenario are not built yet "
                                           r"\(issue 32.*add simulate: \{enabled: true"):
         _scenario(world_size=2, layout=LayoutMesh(cp=2))
     with pytest.raises(ValueError, match=r"layout.cp 2: context parallel is simulated alone so far .*drop layout.tp"):
