@@ -121,11 +121,7 @@ def _breakdown(junit: Path, wall_s: float) -> list[str]:
     lines += ["", "| file (the 15 costliest) | test time (s) | share |", "| --- | ---: | ---: |"]
     for name, t in sorted(by_file.items(), key=lambda kv: -kv[1])[:15]:
         lines.append(f"| `{name}` | {t:.1f} | {t / total:.0%} |")
-    keep = 120 / (wall_s / total)
-    lines += ["", f"At this run's ratio, a 2-minute plain `pytest` holds {keep:.0f} s of test time: "
-              f"{max(0.0, total - keep):.0f} s ({max(0.0, 1 - keep / total):.0%}) would have to leave the default run "
-              "(or get cheaper).", ""]
-    return lines
+    return lines + _to_shed(total, wall_s, 120, "a 2-minute plain `pytest`", "test time", "the default run")
 
 
 def _suite_breakdown(junit: Path, wall_s: float) -> list[str]:
@@ -147,11 +143,15 @@ def _suite_breakdown(junit: Path, wall_s: float) -> list[str]:
     lines += ["", "| scenario (the 10 costliest) | time (s) |", "| --- | ---: |"]
     for suite, name, t in sorted(times, key=lambda row: -row[2])[:10]:
         lines.append(f"| `{suite}::{name}` | {t:.1f} |")
-    keep = 180 / (wall_s / total)
-    lines += ["", f"At this run's ratio, a 3-minute suite run holds {keep:.0f} s of scenario time: "
-              f"{max(0.0, total - keep):.0f} s ({max(0.0, 1 - keep / total):.0%}) would have to leave the default suite "
-              "(or get cheaper).", ""]
-    return lines
+    return lines + _to_shed(total, wall_s, 180, "a 3-minute suite run", "scenario time", "the default suite")
+
+
+def _to_shed(total: float, wall_s: float, budget_s: float, run: str, time_of: str, where: str) -> list[str]:
+    """The time (of ``total``, summed over what ran) that ``run`` within ``budget_s`` of wall time would have to
+    shed, at this run's wall-to-summed-time ratio."""
+    keep = budget_s / (wall_s / total)
+    return ["", f"At this run's ratio, {run} holds {keep:.0f} s of {time_of}: {max(0.0, total - keep):.0f} s "
+            f"({max(0.0, 1 - keep / total):.0%}) would have to leave {where} (or get cheaper).", ""]
 
 
 def _commit() -> str:
