@@ -381,13 +381,13 @@ class Scenario:
         cleared too: ``dataclasses.replace`` runs ``__post_init__`` again, which would fold them back into the
         activation and save strategies and make the reference checkpoint itself.
 
-        The reference save makes at most ``REFERENCE_SAVES`` saves and measures the time lost per save only when the
-        scenario does: what it feeds (``bytes_vs_full``, ``stall_vs_sync``, ``time_lost_vs_sync``) is not gated, and
+        The reference save makes at most ``REFERENCE_SAVES`` saves, keeps as many as the scenario keeps, and measures
+        the time lost per save only when the scenario does: what it feeds (``bytes_vs_full``, ``stall_vs_sync``, ``time_lost_vs_sync``) is not gated, and
         the scenarios of one workload then share one reference save pass (``RunContext.cached``)."""
         plain = "dcp" if self.world_size > 1 else "sync"  # sharded state: the plain synchronous save is DCP's
         save = (
             SaveConfig(strategy=plain, format=self.save.format, saves=min(self.save.saves, REFERENCE_SAVES),
-                       time_lost_rounds=self.save.time_lost_rounds)
+                       time_lost_rounds=self.save.time_lost_rounds, max_keep=self.save.max_keep)
             if self.save.strategy != "none" else SaveConfig()
         )
         model = dataclasses.replace(self.model, gradient_checkpointing=None, checkpoint_level=None, layer_checkpoint_dir=None)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ memory, the reference save) are cached per run, keyed by the reference's configu
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import statistics
 import tempfile
@@ -155,17 +156,36 @@ def _plan_compiled(trainer: Trainer, scenario: Scenario, result: Result):
     return plan
 
 
-def _reference_trainer(reference: Scenario, ctx: RunContext, backend: str) -> Trainer:
-    """The trainer of ``reference`` (a scenario's ``reference()``), built and warmed once per run and shared by
-    every scenario with that reference (its weights move on as it is timed; a step's time and memory do not depend
-    on the weights' values)."""
+@dataclass(frozen=True)
+class _Warm:
+    """A built, warmed-up trainer and the op names of its first step (``detect_kernel`` reads them)."""
 
-    def build() -> Trainer:
+    trainer: Trainer
+    op_names: frozenset[str]
+
+
+def _reference_warm(reference: Scenario, ctx: RunContext, backend: str) -> _Warm:
+    """The trainer of ``reference`` (a scenario's ``reference()``), built and warmed once per run and shared by
+    every scenario with that reference, and by the scenarios whose step is the reference's (``_steps_as_reference``);
+    its weights move on as it is timed and saved: a step's time and memory do not depend on the weights' values."""
+
+    def build() -> _Warm:
         trainer = _build_trainer(reference, ctx, backend)
-        _warmup(trainer, max(reference.warmup, 1))
-        return trainer
+        return _Warm(trainer, frozenset(_warmup(trainer, max(reference.warmup, 1))))
 
     return ctx.cached("trainer", reference, build)
+
+
+def _reference_trainer(reference: Scenario, ctx: RunContext, backend: str) -> Trainer:
+    return _reference_warm(reference, ctx, backend).trainer
+
+
+def _steps_as_reference(scenario: Scenario, ctx: RunContext) -> bool:
+    """Whether ``scenario`` trains its reference's step (no activation strategy, the same model and workload; its
+    save is not part of the step): it then trains on the run's shared reference trainer rather than a second copy
+    built and warmed up for it (the checkpoint suite's nine save strategies train one trainer). Not while a run
+    injects a slowdown: that wraps the scenario's own step, which must not slow its reference."""
+    return scenario.is_reference and ctx.inject is None and scenario.world_size == 1 and not scenario.compile.enabled
 
 
 def _warmup(trainer: Trainer, steps: int) -> set[str]:
@@ -224,6 +244,8 @@ class _Reference:
 def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     """The passes the scenario's ``measure`` names, in order, each against the one reference."""
     result.backend = resolve_backend(scenario.attention, ctx.device, DTYPES[scenario.dtype])
+    if scenario.attention == "auto":  # the kernel it resolved to trains the same step: one cache entry for both
+        scenario = dataclasses.replace(scenario, attention=result.backend)
     if scenario.compile.enabled:
         _measure_compiled(scenario, ctx, result)
         return
@@ -300,7 +322,12 @@ def _prepared_trainer(scenario: Scenario, ctx: RunContext, result: Result) -> Tr
     """The scenario's trainer built, its activation strategy applied, warmed up (and slowed on purpose when the
     run injects a regression); the kernel that ran is recorded."""
     ctx.phase("build and warm-up")
-    trainer = _build_trainer(scenario, ctx, result.backend or "sdpa")
+    backend = result.backend or "sdpa"
+    if _steps_as_reference(scenario, ctx):
+        warm = _reference_warm(scenario.reference(), ctx, backend)
+        result.kernel = detect_kernel(set(warm.op_names), backend)
+        return warm.trainer
+    trainer = _build_trainer(scenario, ctx, backend)
     _apply_activation(trainer, scenario, result)
     op_names = _warmup(trainer, max(scenario.warmup, 1))
     if ctx.inject is not None:
@@ -392,6 +419,21 @@ def _machine_limits(ctx: RunContext, folder: Path, device: torch.device) -> tupl
     return ctx.cache[key]
 
 
+@dataclass(frozen=True)
+class _Owned:
+    """A checkpoint pass's measurements and the scenario id that measured them (named in the others' notes)."""
+
+    owner: str
+    measurements: Measurements
+
+
+def _saves_as_reference(scenario: Scenario, ctx: RunContext) -> bool:
+    """Whether ``scenario``'s checkpoint pass is its reference's (the plain sync save of the same step and settings,
+    ``Scenario.reference``), so one pass serves both: not when a run lengthens the stalls on purpose."""
+    return (ctx.inject is None and scenario.is_reference and scenario.save.strategy != "none"
+            and scenario.save == scenario.reference().save)
+
+
 def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result, reference: _Reference | None) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
 
@@ -399,8 +441,19 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
         peak = result.metrics.get("peak_bytes") if scenario.save.mem_basis == "peak" else None
         stall = ctx.inject.stall if ctx.inject is not None else 0.0
         limits = _machine_limits(ctx, root, next(trainer.model.parameters()).device)
-        measured = run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak,
+
+        def own_pass() -> Measurements:
+            return run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak,
                                        stall_increase=stall, on_phase=ctx.phase, limits=limits)
+
+        if _saves_as_reference(scenario, ctx):  # its pass is the reference save pass of its workload: measured once
+            first = ctx.cached("checkpoint", scenario.reference(), lambda: _Owned(result.id, own_pass()))
+            if first.owner != result.id:
+                result.notes.append(f"checkpoint pass: measured once in this run for {first.owner} (the same "
+                                    "plain sync save of the same model and workload)")
+            measured = first.measurements
+        else:
+            measured = own_pass()
         result.absorb(measured)
         from pytest_flashckpt.checkpoint.bandwidth import against_limits
 
@@ -415,7 +468,8 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
                 return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe,
                                            on_phase=lambda text: ctx.phase(f"reference {text}"), limits=limits)
 
-            ref = ctx.cached("checkpoint", ref_scenario, reference_save)
+            ref = ctx.cached("checkpoint", ref_scenario,
+                             lambda: _Owned(f"{ref_scenario.suite}::{ref_scenario.name}", reference_save())).measurements
             metrics = result.metrics
             result.record("reference_save_total_s", ref["save_total_s"])
             result.record("reference_save_stall_s", ref["save_stall_s"])

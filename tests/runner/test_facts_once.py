@@ -203,3 +203,99 @@ def test_the_machines_save_limits_are_measured_once_per_run(monkeypatch, tmp_pat
                              1, 32)
     run_checkpoint_pass(trainer, SaveConfig(strategy="sync", saves=1, time_lost_rounds=0), tmp_path / "alone", "")
     assert calls["write"] == 2  # the control: a pass given no limits measures them
+
+
+def _micro(tmp_path) -> str:
+    path = tmp_path / "micro.yaml"
+    path.write_text(MICRO_CARD, encoding="utf-8")
+    return str(path)
+
+
+def _counted_builds(monkeypatch) -> list[str]:
+    from pytest_flashckpt.runner import run as run_module
+
+    built: list[str] = []
+    build = run_module._build_trainer
+
+    def counted(scenario, ctx, backend):
+        built.append(scenario.name)
+        return build(scenario, ctx, backend)
+
+    monkeypatch.setattr(run_module, "_build_trainer", counted)
+    return built
+
+
+def _save_scenario(card: str, name: str, strategy: str) -> Scenario:
+    from pytest_flashckpt.config.scenario import SaveConfig
+
+    return Scenario(name, model=card, batch_size=1, seq_len=32, rounds=1, attention="eager", measure=("checkpoint",),
+                    save=SaveConfig(strategy=strategy, saves=2, max_keep=2, time_lost_rounds=0))
+
+
+def test_scenarios_that_train_the_reference_step_share_its_trainer_and_its_sync_save(monkeypatch, tmp_path) -> None:
+    """A scenario with no activation strategy trains its reference's step: it trains the run's one reference
+    trainer, and a plain sync save is measured once for the scenario and as the others' reference save."""
+    from pytest_flashckpt.checkpoint import measure as ckpt_measure
+    from pytest_flashckpt.runner import run as run_module
+
+    built = _counted_builds(monkeypatch)
+    passes: list[str] = []
+    real_pass = ckpt_measure.run_checkpoint_pass
+
+    def counted_pass(trainer, config, workdir, *args, **kwargs):
+        passes.append(config.strategy)
+        return real_pass(trainer, config, workdir, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_measure, "run_checkpoint_pass", counted_pass)
+    monkeypatch.setattr("pytest_flashckpt.checkpoint.run_checkpoint_pass", counted_pass)
+    card = _micro(tmp_path)
+    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path)
+    memory = Scenario("memory", model=card, batch_size=1, seq_len=32, rounds=1, attention="eager", measure=("memory",))
+    sync, dcp = _save_scenario(card, "save-sync", "sync"), _save_scenario(card, "save-dcp", "dcp")
+    results = [run_scenario(s, ctx) for s in (memory, sync, dcp)]
+    assert [r.status for r in results] == ["measured"] * 3, [r.reason for r in results]
+    assert len(built) == 1, built  # one trainer for the three
+    assert passes == ["sync", "dcp"]  # save-dcp's reference save is save-sync's pass
+    assert results[2].metrics["reference_save_total_s"] == results[1].metrics["save_total_s"]
+    assert results[2].metrics["reference_bytes_written"] == results[1].metrics["bytes_written"]
+    assert all(r.kernel == results[0].kernel for r in results)
+    # the other order: the reference pass measured first serves save-sync, which says so
+    passes.clear()
+    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path)
+    later = [run_scenario(s, ctx) for s in (dcp, sync)]
+    assert passes == ["dcp", "sync"]
+    assert any("measured once in this run for" in note for note in later[1].notes), later[1].notes
+    assert run_module._steps_as_reference(sync, ctx) and not run_module._steps_as_reference(
+        Scenario("k", model=card, batch_size=1, seq_len=32, activation=ActivationConfig("every_k", k=1)), ctx)
+
+
+def test_an_injected_slowdown_never_reaches_the_shared_reference(monkeypatch, tmp_path) -> None:
+    """With ``--flashckpt-inject`` the scenario's own step is wrapped: it gets a trainer of its own, and its save
+    pass is its own (the injected stall must not become the reference's)."""
+    from pytest_flashckpt.config.injection import Injection
+    from pytest_flashckpt.runner import run as run_module
+
+    built = _counted_builds(monkeypatch)
+    card = _micro(tmp_path)
+    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path, inject=Injection.parse("stall=0.5"))
+    sync = _save_scenario(card, "save-sync", "sync")
+    assert not run_module._steps_as_reference(sync, ctx) and not run_module._saves_as_reference(sync, ctx)
+    result = run_scenario(_save_scenario(card, "save-dcp", "dcp"), ctx)
+    assert result.status == "measured", result.reason
+    assert built == ["save-dcp", "save-dcp.reference"]  # its own trainer, and the reference's
+
+
+def test_an_auto_kernel_shares_the_entries_of_the_kernel_it_resolves_to(monkeypatch, tmp_path) -> None:
+    """``attention: auto`` trains the step of the kernel it resolves to (sdpa on a CPU): its trainer and memory
+    pass are that kernel's, measured once."""
+    built = _counted_builds(monkeypatch)
+    card = _micro(tmp_path)
+    ctx = RunContext(torch.device("cpu"), "cpu")
+    auto, sdpa = (Scenario(name, model=card, batch_size=1, seq_len=32, rounds=1, attention=kernel, measure=("memory",))
+                  for name, kernel in (("auto", "auto"), ("sdpa", "sdpa")))
+    first, second = run_scenario(auto, ctx), run_scenario(sdpa, ctx)
+    assert first.status == second.status == "measured"
+    assert first.backend == "sdpa" and first.config.attention == "auto"  # the record keeps what the suite asked
+    assert len(built) == 1, built
+    assert first.metrics["peak_bytes"] == second.metrics["peak_bytes"]
+    assert any("measured once in this run for" in note for note in second.notes), second.notes
