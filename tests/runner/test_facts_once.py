@@ -225,6 +225,14 @@ def _counted_builds(monkeypatch) -> list[str]:
     return built
 
 
+def _save_context(tmp_path, **kwargs) -> RunContext:
+    """A run context whose machine limits (the disk's raw write, the copy bandwidth: info metrics) are given, so a
+    test's checkpoint passes do not write 64 MB to measure them."""
+    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path, **kwargs)
+    ctx.cache["machine limits cpu"] = (1000.0, 10.0)
+    return ctx
+
+
 def _save_scenario(card: str, name: str, strategy: str) -> Scenario:
     from pytest_flashckpt.config.scenario import SaveConfig
 
@@ -249,7 +257,7 @@ def test_scenarios_that_train_the_reference_step_share_its_trainer_and_its_sync_
     monkeypatch.setattr(ckpt_measure, "run_checkpoint_pass", counted_pass)
     monkeypatch.setattr("pytest_flashckpt.checkpoint.run_checkpoint_pass", counted_pass)
     card = _micro(tmp_path)
-    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path)
+    ctx = _save_context(tmp_path)
     memory = Scenario("memory", model=card, batch_size=1, seq_len=32, rounds=1, attention="eager", measure=("memory",))
     sync, dcp = _save_scenario(card, "save-sync", "sync"), _save_scenario(card, "save-dcp", "dcp")
     results = [run_scenario(s, ctx) for s in (memory, sync, dcp)]
@@ -261,7 +269,7 @@ def test_scenarios_that_train_the_reference_step_share_its_trainer_and_its_sync_
     assert all(r.kernel == results[0].kernel for r in results)
     # the other order: the reference pass measured first serves save-sync, which says so
     passes.clear()
-    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path)
+    ctx = _save_context(tmp_path)
     later = [run_scenario(s, ctx) for s in (dcp, sync)]
     assert passes == ["dcp", "sync"]
     assert any("measured once in this run for" in note for note in later[1].notes), later[1].notes
@@ -277,7 +285,7 @@ def test_an_injected_slowdown_never_reaches_the_shared_reference(monkeypatch, tm
 
     built = _counted_builds(monkeypatch)
     card = _micro(tmp_path)
-    ctx = RunContext(torch.device("cpu"), "cpu", workdir=tmp_path, inject=Injection.parse("stall=0.5"))
+    ctx = _save_context(tmp_path, inject=Injection.parse("stall=0.5"))
     sync = _save_scenario(card, "save-sync", "sync")
     assert not run_module._steps_as_reference(sync, ctx) and not run_module._saves_as_reference(sync, ctx)
     result = run_scenario(_save_scenario(card, "save-dcp", "dcp"), ctx)
