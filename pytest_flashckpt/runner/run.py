@@ -3,8 +3,10 @@
 ``flashckpt`` fixture are thin layers on top.
 
 Every ratio is against the scenario's *reference* (same model, kernel, batch and sequence; no activation
-checkpointing; a plain synchronous save) measured in the same run. Deterministic reference measurements (peak
-memory, the reference save) are cached per run, keyed by the reference's configuration.
+checkpointing; a plain synchronous save) measured in the same run. The reference's trainer and its deterministic
+measurements (peak memory, FLOPs, the reference save) are cached per run, keyed by the reference's configuration;
+a scenario that trains the reference's step shares them (docs/architecture.md, "Each fact of a scenario is computed
+once").
 """
 
 from __future__ import annotations
