@@ -382,8 +382,9 @@ class Scenario:
         activation and save strategies and make the reference checkpoint itself.
 
         The reference save makes at most ``REFERENCE_SAVES`` saves, keeps as many as the scenario keeps, and measures
-        the time lost per save only when the scenario does: what it feeds (``bytes_vs_full``, ``stall_vs_sync``, ``time_lost_vs_sync``) is not gated, and
-        the scenarios of one workload then share one reference save pass (``RunContext.cached``)."""
+        the time lost per save only when the scenario does: what it feeds (``bytes_vs_full``, ``stall_vs_sync``,
+        ``time_lost_vs_sync``) is not gated, and the scenarios of one workload then share one reference save pass
+        (``RunContext.cached``)."""
         plain = "dcp" if self.world_size > 1 else "sync"  # sharded state: the plain synchronous save is DCP's
         save = (
             SaveConfig(strategy=plain, format=self.save.format, saves=min(self.save.saves, REFERENCE_SAVES),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Collection
 from typing import Literal
 
 import torch
@@ -148,7 +149,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
     raise ValueError(f"attention backend {backend!r} must be resolved first (see resolve_backend)")
 
 
-def detect_kernel(op_names: set[str], backend: str) -> str:
+def detect_kernel(op_names: Collection[str], backend: str) -> str:
     """Label of the attention kernel that ran, from the op names recorded during a forward/backward."""
     for fragment, label in _KERNEL_SIGNATURES:
         if any(fragment in name for name in op_names):

@@ -251,8 +251,10 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     if scenario.compile.enabled:
         _measure_compiled(scenario, ctx, result)
         return
-    trainer = _prepared_trainer(scenario, ctx, result)
-    reference = None if scenario.is_reference else _reference_of(scenario, ctx, result.backend)
+    ref_scenario = scenario.reference()
+    trainer = _prepared_trainer(scenario, ref_scenario, ctx, result)
+    reference = None if scenario.is_reference else _Reference(
+        ref_scenario, _reference_trainer(ref_scenario, ctx, result.backend))
     shared = _shared_in_run(scenario, ctx, result)
     if "memory" in scenario.measure:
         _memory_pass(scenario, ctx, result, trainer, reference, shared)
@@ -264,7 +266,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     if "flops" in scenario.measure or "timing" in scenario.measure:  # timed steps get their throughput too
         _flops_and_throughput(scenario, ctx, result, trainer, reference)
     if "checkpoint" in scenario.measure:
-        _checkpoint_pass(scenario, ctx, trainer, result, reference)
+        _checkpoint_pass(scenario, ref_scenario, ctx, trainer, result, reference, shared)
 
 
 def _measure_compiled(scenario: Scenario, ctx: RunContext, result: Result) -> None:
@@ -320,14 +322,15 @@ def _simulate_compiled(scenario: Scenario, ctx: RunContext, result: Result, poli
     result.record("compiled_simulate_seconds", sim["seconds"])
 
 
-def _prepared_trainer(scenario: Scenario, ctx: RunContext, result: Result) -> Trainer:
+def _prepared_trainer(scenario: Scenario, ref_scenario: Scenario, ctx: RunContext, result: Result) -> Trainer:
     """The scenario's trainer built, its activation strategy applied, warmed up (and slowed on purpose when the
-    run injects a regression); the kernel that ran is recorded."""
+    run injects a regression), or its reference's (``ref_scenario``) when it trains that step; the kernel that ran
+    is recorded."""
     ctx.phase("build and warm-up")
     backend = result.backend or "sdpa"
     if _steps_as_reference(scenario, ctx):
-        warm = _reference_warm(scenario.reference(), ctx, backend)
-        result.kernel = detect_kernel(set(warm.op_names), backend)
+        warm = _reference_warm(ref_scenario, ctx, backend)
+        result.kernel = detect_kernel(warm.op_names, backend)
         return warm.trainer
     trainer = _build_trainer(scenario, ctx, backend)
     _apply_activation(trainer, scenario, result)
@@ -339,18 +342,14 @@ def _prepared_trainer(scenario: Scenario, ctx: RunContext, result: Result) -> Tr
     return trainer
 
 
-def _reference_of(scenario: Scenario, ctx: RunContext, backend: str) -> _Reference:
-    reference = scenario.reference()
-    return _Reference(reference, _reference_trainer(reference, ctx, backend))
-
-
 def _shared_in_run(scenario: Scenario, ctx: RunContext, result: Result):
-    """``shared(kind, compute)``: the measurement computed once per run for every scenario that trains the same
-    step (the article's medium and large rows differ only in their save), with a note naming where it was."""
-    def shared(kind: str, compute):
-        first = ctx.cached(kind, scenario, lambda: (result.id, compute()))
+    """``shared(kind, compute, key=scenario)``: the measurement computed once per run for every scenario that trains
+    the same step (the article's medium and large rows differ only in their save), cached under ``key``'s entry
+    as ``(id of the scenario that measured it, value)``, with a note naming where it was."""
+    def shared(kind: str, compute, key: Scenario = scenario, same: str = "same model, activation and workload"):
+        first = ctx.cached(kind, key, lambda: (result.id, compute()))
         if first[0] != result.id:
-            result.notes.append(f"{kind}: measured once in this run for {first[0]} (same model, activation and workload)")
+            result.notes.append(f"{kind}: measured once in this run for {first[0]} ({same})")
         return first[1]
 
     return shared
@@ -421,22 +420,16 @@ def _machine_limits(ctx: RunContext, folder: Path, device: torch.device) -> tupl
     return ctx.cache[key]
 
 
-@dataclass(frozen=True)
-class _Owned:
-    """A checkpoint pass's measurements and the scenario id that measured them (named in the others' notes)."""
-
-    owner: str
-    measurements: Measurements
-
-
-def _saves_as_reference(scenario: Scenario, ctx: RunContext) -> bool:
-    """Whether ``scenario``'s checkpoint pass is its reference's (the plain sync save of the same step and settings,
-    ``Scenario.reference``), so one pass serves both: not when a run lengthens the stalls on purpose."""
-    return (ctx.inject is None and scenario.is_reference and scenario.save.strategy != "none"
-            and scenario.save == scenario.reference().save)
+def _saves_as_reference(scenario: Scenario, ref_scenario: Scenario, ctx: RunContext) -> bool:
+    """Whether ``scenario``'s checkpoint pass is its reference's (``ref_scenario``: the plain sync save of the same
+    step and settings), so one pass serves both: it trains the reference trainer (``_steps_as_reference``, never
+    under an injected slowdown or stall) and saves with the reference save's settings."""
+    return (_steps_as_reference(scenario, ctx) and scenario.save.strategy != "none"
+            and scenario.save == ref_scenario.save)
 
 
-def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result, reference: _Reference | None) -> None:
+def _checkpoint_pass(scenario: Scenario, ref_scenario: Scenario, ctx: RunContext, trainer: Trainer, result: Result,
+                     reference: _Reference | None, shared) -> None:
     from pytest_flashckpt.checkpoint import run_checkpoint_pass
 
     with work_folder(ctx.workdir, "ckpt") as root:  # locked while it lives: a killed run's is removed by the next run
@@ -448,12 +441,8 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
             return run_checkpoint_pass(trainer, scenario.save, root / "strategy", ctx.probe, peak_bytes=peak,
                                        stall_increase=stall, on_phase=ctx.phase, limits=limits)
 
-        if _saves_as_reference(scenario, ctx):  # its pass is the reference save pass of its workload: measured once
-            first = ctx.cached("checkpoint", scenario.reference(), lambda: _Owned(result.id, own_pass()))
-            if first.owner != result.id:
-                result.notes.append(f"checkpoint pass: measured once in this run for {first.owner} (the same "
-                                    "plain sync save of the same model and workload)")
-            measured = first.measurements
+        if _saves_as_reference(scenario, ref_scenario, ctx):  # the reference save pass of its workload: measured once
+            measured = shared("checkpoint", own_pass, key=ref_scenario, same="the same plain sync save of the same step")
         else:
             measured = own_pass()
         result.absorb(measured)
@@ -462,16 +451,14 @@ def _checkpoint_pass(scenario: Scenario, ctx: RunContext, trainer: Trainer, resu
         for name, value in against_limits(measured).items():  # the staging copy against the measured memory copy
             result.record(name, value)
         if scenario.save.strategy != "sync":
-            ref_scenario = reference.scenario if reference is not None else scenario.reference()
-
             def reference_save() -> Measurements:
                 ref_trainer = reference.trainer if reference is not None else _reference_trainer(ref_scenario, ctx, result.backend or "sdpa")
                 ctx.phase("reference save (sync)")
                 return run_checkpoint_pass(ref_trainer, ref_scenario.save, root / "reference", ctx.probe,
                                            on_phase=lambda text: ctx.phase(f"reference {text}"), limits=limits)
 
-            ref = ctx.cached("checkpoint", ref_scenario,
-                             lambda: _Owned(f"{ref_scenario.suite}::{ref_scenario.name}", reference_save())).measurements
+            ref = ctx.cached("checkpoint", ref_scenario,  # (who measured it, its measurements), as ``shared`` keeps it
+                             lambda: (f"{ref_scenario.suite}::{ref_scenario.name}", reference_save()))[1]
             metrics = result.metrics
             result.record("reference_save_total_s", ref["save_total_s"])
             result.record("reference_save_stall_s", ref["save_stall_s"])

@@ -243,19 +243,18 @@ def _save_scenario(card: str, name: str, strategy: str) -> Scenario:
 def test_scenarios_that_train_the_reference_step_share_its_trainer_and_its_sync_save(monkeypatch, tmp_path) -> None:
     """A scenario with no activation strategy trains its reference's step: it trains the run's one reference
     trainer, and a plain sync save is measured once for the scenario and as the others' reference save."""
-    from pytest_flashckpt.checkpoint import measure as ckpt_measure
+    from pytest_flashckpt import checkpoint
     from pytest_flashckpt.runner import run as run_module
 
     built = _counted_builds(monkeypatch)
     passes: list[str] = []
-    real_pass = ckpt_measure.run_checkpoint_pass
+    real_pass = checkpoint.run_checkpoint_pass
 
     def counted_pass(trainer, config, workdir, *args, **kwargs):
         passes.append(config.strategy)
         return real_pass(trainer, config, workdir, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt_measure, "run_checkpoint_pass", counted_pass)
-    monkeypatch.setattr("pytest_flashckpt.checkpoint.run_checkpoint_pass", counted_pass)
+    monkeypatch.setattr("pytest_flashckpt.checkpoint.run_checkpoint_pass", counted_pass)  # what run.py imports
     card = _micro(tmp_path)
     ctx = _save_context(tmp_path)
     memory = Scenario("memory", model=card, batch_size=1, seq_len=32, rounds=1, attention="eager", measure=("memory",))
@@ -287,7 +286,7 @@ def test_an_injected_slowdown_never_reaches_the_shared_reference(monkeypatch, tm
     card = _micro(tmp_path)
     ctx = _save_context(tmp_path, inject=Injection.parse("stall=0.5"))
     sync = _save_scenario(card, "save-sync", "sync")
-    assert not run_module._steps_as_reference(sync, ctx) and not run_module._saves_as_reference(sync, ctx)
+    assert not run_module._steps_as_reference(sync, ctx) and not run_module._saves_as_reference(sync, sync.reference(), ctx)
     result = run_scenario(_save_scenario(card, "save-dcp", "dcp"), ctx)
     assert result.status == "measured", result.reason
     assert built == ["save-dcp", "save-dcp.reference"]  # its own trainer, and the reference's
@@ -307,3 +306,14 @@ def test_an_auto_kernel_shares_the_entries_of_the_kernel_it_resolves_to(monkeypa
     assert len(built) == 1, built
     assert first.metrics["peak_bytes"] == second.metrics["peak_bytes"]
     assert any("measured once in this run for" in note for note in second.notes), second.notes
+
+
+def test_a_scenario_that_trains_the_reference_step_computes_its_reference_once(monkeypatch, tmp_path) -> None:
+    """Its trainer, its save pass and the other scenarios' reference save all read the one ``reference()``."""
+    calls = []
+    reference = Scenario.reference
+    monkeypatch.setattr(Scenario, "reference", lambda self: calls.append(self.name) or reference(self))
+    ctx = _save_context(tmp_path)
+    result = run_scenario(_save_scenario(_micro(tmp_path), "save-sync", "sync"), ctx)
+    assert result.status == "measured", result.reason
+    assert calls == ["save-sync"]
