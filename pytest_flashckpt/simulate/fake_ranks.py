@@ -135,22 +135,24 @@ def simulate_rank(
     extrapolate: bool = True,
     probe_class: type[ShardedLiveTensorProbe] = ResizeTrackingRankProbe,
     foreach: bool | None = None,
+    warmup: str = "primed",
 ) -> dict:
-    """Rank ``rank`` of ``layout``: one warm step (AdamW's state exists after it), then one step measured in the
+    """Rank ``rank`` of ``layout``: warmed up (``warm_up``: AdamW's state exists after it), then one step measured in the
     two windows of a real rank. Bytes are the rank's live tensors; ``*_s`` are this process's wall times.
 
     ``extrapolate`` (default): a card deeper than a few blocks is simulated at a few shallower depths and its byte
     counts read off the line through them (``simulate.layer_extrapolation``; ``simulated_depths`` names them,
     ``extrapolated`` says whether the line held), else simulated whole. ``probe_class``: the rank probe
     (``simulate.rank_probe``'s by default, the same bytes as ``distributed.memory``'s, faster). ``foreach``: AdamW's
-    implementation (None: torch's pick for the device, per-tensor on a CPU; True: the multi-tensor one CUDA runs)."""
+    implementation (None: torch's pick for the device, per-tensor on a CPU; True: the multi-tensor one CUDA runs).
+    ``warmup``: how the rank reaches its measured step (``warm_up``; ``"step"`` runs a real first step)."""
     if dist.is_initialized():
         raise RuntimeError("simulate_rank needs a process without a process group (it starts the fake one)")
     layout.check_card(card)
     layout.check_batch(batch_size)
     run = functools.partial(_simulate_whole, layout=layout, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
                             k=k, dtype=dtype, precision=precision, rank=rank, seed=seed, backend=backend,
-                            probe_class=probe_class, foreach=foreach)
+                            probe_class=probe_class, foreach=foreach, warmup=warmup)
     depths = sample_depths(card.n_layer, strategy, k) if extrapolate and _has_depth(card) else []
     records: dict[int, dict] = {}
     for depth in depths:
@@ -172,6 +174,32 @@ def _has_depth(card) -> bool:
 
 
 TIME_KEYS = ("layout_s", "warm_step_s", "measured_step_s")
+WARMUPS = ("primed", "step")  # how a simulated rank reaches its measured step (``warm_up``)
+
+
+def warm_up(trainer, parameters: list[torch.Tensor], warmup: str) -> None:
+    """Bring a simulated rank to the state its measured step starts from: what a first training step leaves behind.
+
+    ``"step"`` runs that step (every microbatch forward and backward, then the optimizer). ``"primed"`` (the
+    default of every simulation) leaves the same live tensors without the forward and backward: each trainable
+    parameter gets a zero gradient of its own shape, placement and dtype, and the optimizer and scheduler step, so
+    AdamW's state exists as after a real step; the gradients are then dropped (``zero_grad(set_to_none=True)``,
+    as the step's end drops them). On a fake rank that forward and backward is a large share of a simulation's time
+    (reports/warm-up-speed.md) and changes no tensor that outlives the step: tests/simulate/test_warm_up.py checks every window's start and peak
+    equal to the byte under both, for FSDP, TP, 2D, mixed precision and each pipeline schedule (the pipeline's
+    receive buffers are prepared by the schedule's own stage initialisation, ``simulate.pipeline``)."""
+    if warmup not in WARMUPS:
+        raise ValueError(f"warmup must be one of {WARMUPS}, got {warmup!r}")
+    if warmup == "step":
+        trainer.train_step()
+        return
+    for param in parameters:
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
+    trainer.optimizer.step()
+    trainer.scheduler.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.step += 1
 
 
 def _sample_times(records: dict[int, dict], prefix: str = "") -> dict[str, float]:
@@ -187,8 +215,8 @@ def _extrapolated(records: dict[int, dict], line: dict[str, int], n_layer: int) 
 
 def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, strategy: str, k: int, dtype: torch.dtype,
                     precision: str, rank: int, seed: int, backend: str,
-                    probe_class: type[ShardedLiveTensorProbe], foreach: bool | None) -> dict:
-    """One fake process group, the card built and laid out, a warm step and the probed step."""
+                    probe_class: type[ShardedLiveTensorProbe], foreach: bool | None, warmup: str = "primed") -> dict:
+    """One fake process group, the card built and laid out, warmed up (``warm_up``) and the probed step."""
     started = time.perf_counter()
     forget_meshes()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
@@ -200,7 +228,7 @@ def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, stra
                                           dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k),
                                           precision=precision, model=model, foreach=foreach)
             built = time.perf_counter()
-            trainer.train_step()
+            warm_up(trainer, list(trainer.model.parameters()), warmup)
             warm = time.perf_counter()
             record = tp.memory_step(trainer, probe_class=probe_class)
         done = time.perf_counter()
@@ -232,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-extrapolate", action="store_true", help="simulate the card whole (no depth extrapolation)")
     parser.add_argument("--foreach", action="store_true", help="AdamW foreach (CUDA's default) instead of torch's CPU pick")
+    parser.add_argument("--warmup", default="primed", choices=WARMUPS, help="how the rank reaches its measured step (warm_up)")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
     records: dict[str, dict] = {}
@@ -241,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         records[name] = {
             strategy: simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=strategy,
                                     dtype=getattr(torch, args.dtype), precision=args.precision, seed=args.seed,
-                                    extrapolate=not args.no_extrapolate, foreach=True if args.foreach else None)
+                                    extrapolate=not args.no_extrapolate, foreach=True if args.foreach else None,
+                                    warmup=args.warmup)
             for strategy in args.strategies.split(",")
         }
     print(json.dumps(records))

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining.stage import InferenceMode
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
@@ -49,8 +50,10 @@ from pytest_flashckpt.simulate.fake_ranks import (
     _eager_collectives,
     _extrapolated,
     _real_meshes,
+    WARMUPS,
     _sample_times,
     forget_meshes,
+    warm_up,
 )
 from pytest_flashckpt.simulate.layer_extrapolation import MAX_SAMPLES, POINTS, line_through, sample_depths
 from pytest_flashckpt.simulate.rank_probe import ResizeTrackingRankProbe
@@ -120,6 +123,7 @@ def simulate_pipeline_rank(
     backend: str = "sdpa",
     extrapolate: bool = True,
     probe_class: type[ShardedLiveTensorProbe] = ResizeTrackingRankProbe,
+    warmup: str = "primed",
 ) -> dict:
     """Rank ``rank`` of a ``pp x dp_shard x tp`` layout (rank ``r`` holds pipeline rank ``r // (dp_shard * tp)``'s
     stages, tensor parallel over the ``tp`` ranks of its group when ``layout.tp`` > 1): one warm step, then one
@@ -140,7 +144,8 @@ def simulate_pipeline_rank(
     Else, or when the samples would run as many microbatches or stage blocks as the step, the step whole; both
     lines are checked against the whole step to the byte (tests/simulate/test_pipeline_extrapolation.py).
     ``probe_class``: the rank probe (``simulate.rank_probe``'s by default, the same bytes as
-    ``distributed.memory``'s, faster)."""
+    ``distributed.memory``'s, faster). ``warmup``: how the rank reaches its measured step (``fake_ranks.warm_up``;
+    ``"primed"`` initialises the stages with the schedule's own code, ``_initialize_stages``)."""
     if dist.is_initialized():
         raise RuntimeError("simulate_pipeline_rank needs a process without a process group (it starts the fake one)")
     layout.check_batch(batch_size)
@@ -149,7 +154,7 @@ def simulate_pipeline_rank(
     layout.check_stage_shards(seq_len, card.vocab_size)
     run = functools.partial(_simulate_stage, card, layout, seq_len=seq_len, strategy=strategy, k=k, dtype=dtype,
                             precision=precision, rank=rank, seed=seed, backend=backend, extrapolate=extrapolate,
-                            probe_class=probe_class)
+                            probe_class=probe_class, warmup=warmup)
     counts = sample_microbatches(layout, pipeline) if extrapolate else []
     rows_per_microbatch = batch_size // pipeline.microbatches  # (over the data-parallel ranks)
     records, line = _first_line(
@@ -213,11 +218,11 @@ def sample_microbatches(layout: Layout, pipeline: PipelineSchedule) -> list[int]
 
 def _simulate_stage(card, layout: Layout, pipeline: PipelineSchedule, batch_size: int, *, seq_len: int,
                     strategy: str, k: int, dtype: torch.dtype, precision: str, rank: int, seed: int, backend: str,
-                    extrapolate: bool, probe_class: type[ShardedLiveTensorProbe]) -> dict:
+                    extrapolate: bool, probe_class: type[ShardedLiveTensorProbe], warmup: str) -> dict:
     """The rank at one microbatch count: read off the depth line where it is cheaper, else the card whole."""
     run = functools.partial(_simulate_stage_whole, layout=layout, pipeline=pipeline, batch_size=batch_size,
                             seq_len=seq_len, strategy=strategy, k=k, dtype=dtype, precision=precision, rank=rank,
-                            seed=seed, backend=backend, probe_class=probe_class)
+                            seed=seed, backend=backend, probe_class=probe_class, warmup=warmup)
     stages = layout.pp * pipeline.stages_per_rank
     depths = sample_depths(card.n_layer, strategy, k, stages=stages, first=FIRST_BLOCKS) if extrapolate else []
     if sum(depths[:POINTS]) >= card.n_layer:  # (stage blocks grow with the depth: the samples would cost more)
@@ -233,10 +238,26 @@ def _simulate_stage(card, layout: Layout, pipeline: PipelineSchedule, batch_size
     return record
 
 
+def _initialize_stages(trainer: pp.PipelineTrainer) -> None:
+    """What the schedule's first step prepares before its first microbatch, without the step: each stage's forward
+    and backward infrastructure (the receive buffers it keeps between steps), by the schedule's own stage
+    initialisation from the first microbatch, as its ``step`` calls it (torch's private ``_initialize_stages`` of a
+    multi-stage schedule, ``_initialize_stage`` of a single-stage one). ``warm_up``'s ``"primed"`` warm-up then
+    leaves the optimizer state; tests/simulate/test_warm_up.py checks both against a real warm step, to the byte."""
+    schedule = trainer.schedule
+    x, y = trainer.batch()
+    count = schedule._n_microbatches
+    args = (x.tensor_split(count)[0],) if trainer.has_first else ()
+    target = y.tensor_split(count)[0] if trainer.has_last else None
+    initialize = getattr(schedule, "_initialize_stages", None) or schedule._initialize_stage
+    with loss_parallel() if trainer.tensor_parallel else contextlib.nullcontext():
+        initialize(args, {}, target)
+
+
 def _simulate_stage_whole(card, *, layout: Layout, pipeline: PipelineSchedule, batch_size: int, seq_len: int,
                           strategy: str, k: int, dtype: torch.dtype, precision: str, rank: int, seed: int, backend: str,
-                          probe_class: type[ShardedLiveTensorProbe]) -> dict:
-    """One fake process group, the card built and split, a warm step and the probed step."""
+                          probe_class: type[ShardedLiveTensorProbe], warmup: str = "primed") -> dict:
+    """One fake process group, the card built and split, warmed up (``fake_ranks.warm_up``) and the probed step."""
     started = time.perf_counter()
     forget_meshes()  # (a previous rank's DTensor caches hold its meshes: simulate.fake_ranks)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
@@ -251,7 +272,9 @@ def _simulate_stage_whole(card, *, layout: Layout, pipeline: PipelineSchedule, b
             del model
             built = time.perf_counter()
             with _static_warmup(trainer.schedule), _works_hold_their_tensors():
-                trainer.train_step()
+                if warmup == "primed":
+                    _initialize_stages(trainer)
+                warm_up(trainer, trainer.parameters(), warmup)
                 warm = time.perf_counter()
                 record = pp.memory_step(trainer, probe_class=probe_class)
         done = time.perf_counter()
@@ -289,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-extrapolate", action="store_true", help="simulate the card whole (no depth extrapolation)")
     parser.add_argument("--exact-probe", action="store_true", help="the gloo ranks' probe (distributed.memory)")
+    parser.add_argument("--warmup", default="primed", choices=WARMUPS, help="how the rank reaches its measured step (warm_up)")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
     layout = Layout(dp_shard=args.dp_shard, tp=args.tp, pp=args.pp)
@@ -298,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
                                      strategy=args.strategy, dtype=getattr(torch, args.dtype),
                                      precision=args.precision, rank=int(rank), seed=args.seed,
                                      extrapolate=not args.no_extrapolate,
-                                     probe_class=ShardedLiveTensorProbe if args.exact_probe else ResizeTrackingRankProbe)
+                                     probe_class=ShardedLiveTensorProbe if args.exact_probe else ResizeTrackingRankProbe,
+                                     warmup=args.warmup)
         for rank in args.ranks.split(",")
     }
     print(json.dumps(records))
