@@ -15,16 +15,11 @@ weights (mixed), full activation checkpointing, 1F1B.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import resource
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from report_output import write_or_print  # benchmarks/ is first on sys.path when this file runs
+from fresh_process import run_json  # benchmarks/ is first on sys.path when this file runs
+from report_output import produced_by, write_or_print
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "pipeline-stages.md"
@@ -49,17 +44,8 @@ def command(name: str, way: str) -> list[str]:
 
 
 def run(name: str, way: str) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, *command(name, way)], capture_output=True, text=True, timeout=TIMEOUT_S,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{name} {way}: exit status {done.returncode}\n{done.stderr[-2000:]}")
-    record = json.loads(done.stdout.strip().splitlines()[-1])["0"]
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {**record, "wall_s": wall, "cpu_s": cpu}
+    records, wall, cpu = run_json(command(name, way), timeout=TIMEOUT_S, label=f"{name} {way}")
+    return {**records["0"], "wall_s": wall, "cpu_s": cpu}
 
 
 def table(results: dict[str, dict[str, dict]]) -> list[str]:
@@ -84,14 +70,9 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     results = {name: {way: run(name, way) for way in CASES[name][6]} for name in args.only or CASES}
-    import torch
-
-    argv = " ".join(sys.argv[1:])
     lines = [
         "# Pipeline stages simulated: depth and microbatch lines, resize-tracking probe, exact probe (issue 32 items 2, 6)", "",
-        f"Produced by `python benchmarks/pipeline_stages.py{(' ' + argv) if argv else ''}` on {platform.node()} "
-        f"({os.cpu_count()} cores, shared), torch {torch.__version__}; load average (1 min) before / after: "
-        f"{load_before:.2f} / {os.getloadavg()[0]:.2f}.", "",
+        produced_by("pipeline_stages.py", load_before), "",
         "Each row is one fresh process: `python " + " ".join(command(next(iter(results)), "extrapolated")) + "` for the "
         "first case (see `benchmarks/pipeline_stages.py` for every case's options). Rank 0 (the first stage), 1F1B, "
         "full activation checkpointing, mixed precision. `extrapolated`: the stage read off the line through 1, 2, 3 "

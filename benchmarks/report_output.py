@@ -22,3 +22,18 @@ def print_only_flag(doc: str | None) -> bool:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--print", action="store_true", help="print the report instead of writing it")
     return parser.parse_args().print
+
+
+def produced_by(script: str, load_before: float) -> str:
+    """A report's provenance line: the command as run (``sys.argv``), this machine, torch, and the load average
+    (1 min) before the run and now (torch imported here for its version)."""
+    import os
+    import platform
+    import sys
+
+    import torch
+
+    argv = " ".join(sys.argv[1:])
+    return (f"Produced by `python benchmarks/{script}{(' ' + argv) if argv else ''}` on {platform.node()} "
+            f"({os.cpu_count()} cores, shared), torch {torch.__version__}; load average (1 min) before / after: "
+            f"{load_before:.2f} / {os.getloadavg()[0]:.2f}.")

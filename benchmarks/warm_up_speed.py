@@ -14,16 +14,11 @@ torch import; the CPU time is the child's (user + system).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import resource
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from report_output import write_or_print  # benchmarks/ is first on sys.path when this file runs
+from fresh_process import run_json  # benchmarks/ is first on sys.path when this file runs
+from report_output import produced_by, write_or_print
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "warm-up-speed.md"
@@ -52,18 +47,9 @@ WAYS = ("step", "primed")
 
 
 def run(name: str, way: str) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, *CASES[name][1], "--warmup", way], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{name} {way}: exit status {done.returncode}\n{done.stderr[-2000:]}")
-    record = json.loads(done.stdout.strip().splitlines()[-1])
+    record, wall, cpu = run_json([*CASES[name][1], "--warmup", way], timeout=TIMEOUT_S, label=f"{name} {way}")
     while "peak_bytes" not in record:  # {layout: {strategy: record}} or {rank: record}: the one record inside
         record = next(iter(record.values()))
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {**record, "wall_s": wall, "cpu_s": cpu}
 
 
@@ -91,14 +77,9 @@ def main() -> None:
     for index, name in enumerate(args.only or CASES):
         order = WAYS if index % 2 == 0 else WAYS[::-1]
         results[name] = {way: run(name, way) for way in order}
-    import torch
-
-    argv = " ".join(sys.argv[1:])
     lines = [
         "# A simulated rank with a real warm step and primed: time and bytes (issue 32 item 6)", "",
-        f"Produced by `python benchmarks/warm_up_speed.py{(' ' + argv) if argv else ''}` on {platform.node()} "
-        f"({os.cpu_count()} cores, shared), torch {torch.__version__}; load average (1 min) before / after: "
-        f"{load_before:.2f} / {os.getloadavg()[0]:.2f}.", "",
+        produced_by("warm_up_speed.py", load_before), "",
         "`step`: the rank runs a first training step before the measured one (the route before this change); "
         "`primed`: zero gradients, one optimizer step and the schedule's stage initialisation instead "
         "(`simulate.fake_ranks.warm_up`, docs/layouts.md). `warm-up s` and `measured step s` are summed over the "
