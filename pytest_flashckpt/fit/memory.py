@@ -96,9 +96,9 @@ def unknown_axis(candidate: Candidate) -> str | None:
 
 
 def _simulate_stages(card, layout: Layout, pipeline: PipelineSchedule, **kwargs) -> dict:
-    from pytest_flashckpt.simulate.pipeline import simulate_first_and_last
+    from pytest_flashckpt.simulate.pipeline import side_by_side_jobs, simulate_first_and_last
 
-    return simulate_first_and_last(card, layout, pipeline, **kwargs)
+    return simulate_first_and_last(card, layout, pipeline, jobs=side_by_side_jobs(), **kwargs)
 
 
 def _simulate_context(card, layout: Layout, **kwargs) -> dict:

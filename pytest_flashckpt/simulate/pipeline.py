@@ -29,7 +29,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
 import torch
@@ -172,15 +175,43 @@ def simulate_pipeline_rank(
     return record
 
 
-def simulate_first_and_last(card, layout: Layout, pipeline: PipelineSchedule, **kwargs) -> dict:
+def simulate_first_and_last(card, layout: Layout, pipeline: PipelineSchedule, *, jobs: int = 1, **kwargs) -> dict:
     """The first and the last pipeline rank (``simulate_pipeline_rank``; the first holds the most in-flight
     activations, the last the head and the loss), the one with the larger peak as the record; ``ranks`` holds both
-    ranks' peaks, the ``*_s`` times are summed. What ``flashckpt fit`` and a suite's pipeline scenario read."""
+    ranks' peaks, the ``*_s`` times are summed. What ``flashckpt fit`` and a suite's pipeline scenario read.
+
+    ``jobs`` >= 2 simulates the last rank in a spawned process while this one simulates the first
+    (``simulate_side_by_side``): each fake rank is one Python thread's dispatch, so two ranks on two cores take the
+    wall time of the slower one, at the cost of one process start (about the time of importing torch). The
+    records are the same (tests/simulate/test_side_by_side_ranks.py); ``flashckpt fit`` passes 2 where the machine
+    has two cores (reports/side-by-side-ranks.md)."""
     ranks = sorted({0, (layout.pp - 1) * layout.dp_shard * layout.tp})  # mesh (pp, dp_shard, tp): rank 0 of each
-    records = [simulate_pipeline_rank(card, layout, pipeline, rank=rank, **kwargs) for rank in ranks]
+    run = functools.partial(simulate_pipeline_rank, card, layout, pipeline, **kwargs)
+    records = simulate_side_by_side(run, ranks, jobs)
     record = max(records, key=lambda r: r["peak_bytes"])
     return {**record, "ranks": {r["rank"]: r["peak_bytes"] for r in records},
             **{key: sum(r[key] for r in records) for key in ("layout_s", "warm_step_s", "measured_step_s")}}
+
+
+def simulate_side_by_side(run: Callable[..., dict], ranks: list[int], jobs: int = 1) -> list[dict]:
+    """``run(rank=r)`` for every rank of ``ranks``, in order: here one after the other (``jobs`` 1), or the first
+    here while the others run in up to ``jobs - 1`` spawned processes (a fork would copy this process's threads
+    and torch's state; ``run`` must pickle: a module-level function or a ``functools.partial`` of one). A rank's
+    error is raised here, as it would be run here."""
+    if jobs < 2 or len(ranks) < 2:
+        return [run(rank=rank) for rank in ranks]
+    with ProcessPoolExecutor(max_workers=min(jobs - 1, len(ranks) - 1), mp_context=multiprocessing.get_context("spawn")) as pool:
+        later = [pool.submit(run, rank=rank) for rank in ranks[1:]]
+        first = run(rank=ranks[0])
+        return [first, *(future.result() for future in later)]
+
+
+def side_by_side_jobs() -> int:
+    """How many ranks ``flashckpt fit`` simulates at once: two where this process may run on two cores (the cores
+    it is pinned to where the platform says, as under ``taskset``; else the machine's)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return 2 if cores >= 2 else 1
 
 
 def _first_line(samples: list[int], run: Callable[[int], dict], target: int) -> tuple[dict[int, dict], dict | None]:
@@ -313,19 +344,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-extrapolate", action="store_true", help="simulate the card whole (no depth extrapolation)")
     parser.add_argument("--exact-probe", action="store_true", help="the gloo ranks' probe (distributed.memory)")
     parser.add_argument("--warmup", default="primed", choices=WARMUPS, help="how the rank reaches its measured step (warm_up)")
+    parser.add_argument("--jobs", type=int, default=1, help="ranks simulated at once (simulate_side_by_side)")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
     layout = Layout(dp_shard=args.dp_shard, tp=args.tp, pp=args.pp)
     pipeline = PipelineSchedule(args.schedule, args.microbatches, args.stages_per_rank)
-    records = {
-        rank: simulate_pipeline_rank(card, layout, pipeline, batch_size=args.batch, seq_len=args.seq,
-                                     strategy=args.strategy, dtype=getattr(torch, args.dtype),
-                                     precision=args.precision, rank=int(rank), seed=args.seed,
-                                     extrapolate=not args.no_extrapolate,
-                                     probe_class=ShardedLiveTensorProbe if args.exact_probe else ResizeTrackingRankProbe,
-                                     warmup=args.warmup)
-        for rank in args.ranks.split(",")
-    }
+    run = functools.partial(simulate_pipeline_rank, card, layout, pipeline, batch_size=args.batch, seq_len=args.seq,
+                            strategy=args.strategy, dtype=getattr(torch, args.dtype), precision=args.precision,
+                            seed=args.seed, extrapolate=not args.no_extrapolate,
+                            probe_class=ShardedLiveTensorProbe if args.exact_probe else ResizeTrackingRankProbe,
+                            warmup=args.warmup)
+    ranks = [int(rank) for rank in args.ranks.split(",")]
+    records = dict(zip(ranks, simulate_side_by_side(run, ranks, args.jobs)))
     print(json.dumps(records))
 
 

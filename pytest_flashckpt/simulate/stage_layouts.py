@@ -66,14 +66,14 @@ def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple
     import torch
 
     if layout.pp != 1:
-        from pytest_flashckpt.simulate.pipeline import simulate_first_and_last
+        from pytest_flashckpt.simulate.pipeline import side_by_side_jobs, simulate_first_and_last
 
         schedule = PipelineSchedule(args.schedule, args.microbatches, args.stages_per_rank)
         schedule.check(layout, batch_size=args.batch, n_blocks=card.n_layer)
         # the first stage holds the most in-flight microbatches, the last the head and the loss: either can peak
         record = simulate_first_and_last(card, layout, schedule, batch_size=args.batch, seq_len=args.seq,
                                          strategy=args.strategy, k=args.k, dtype=getattr(torch, dtype),
-                                         precision=args.precision)
+                                         precision=args.precision, jobs=side_by_side_jobs())
         depths = record.get("simulated_depths", [])
         how = (f"; depths {', '.join(map(str, depths))} simulated, the card's {card.n_layer} blocks read off their line"
                if record.get("extrapolated") else "")
