@@ -5,7 +5,9 @@ activation checkpointing, then compile per block, then FSDP2), on gloo CPU ranks
     python benchmarks/spike_compiled_layouts.py --print
 
 One torchrun launch of 2 ranks per (layout, strategy): FSDP2 alone (dp_shard 2) and tensor parallel alone (tp 2),
-each with no checkpointing and with ``full``; in each rank the eager step, then the compiled step
+each with no checkpointing and with ``full``, tensor parallel with ``selective_op`` too; a compiled tensor-parallel
+model has its embedding's output settled first (``tensor_parallel.settle_embedding_output``: without it every
+compiled tensor-parallel row failed in backward, docs/compile.md); in each rank the eager step, then the compiled step
 (``spike_compiled_layouts_worker.py``). What is read: whether the compiled side runs, Dynamo's graphs and graph
 breaks, the compiled regions a step runs, its loss against the eager side's after 3 steps (same seed, same data),
 first-step (compile) and step times; a side that fails is recorded with torch's error and where it was raised.
@@ -29,7 +31,7 @@ from report_output import print_only_flag, write_or_print  # noqa: E402
 from pytest_flashckpt.distributed import launcher  # noqa: E402
 
 WORKER = Path(__file__).with_name("spike_compiled_layouts_worker.py")
-CASES = [(2, 1, "none"), (2, 1, "full"), (1, 2, "none"), (1, 2, "full")]
+CASES = [(2, 1, "none"), (2, 1, "full"), (1, 2, "none"), (1, 2, "full"), (1, 2, "selective_op")]
 
 
 def run_case(dp: int, tp: int, strategy: str) -> tuple[dict, float]:
@@ -51,7 +53,9 @@ def render(rows: list[tuple[tuple[int, int, str], dict, float]], command: str) -
     lines = ["# Spike: parallel layouts with torch.compile per block (issue 32 item 7)", "",
              f"Command: `{command}` ({platform.processor() or platform.machine()}, torch {torch.__version__}, gloo CPU "
              "ranks, Inductor). Order as torchtitan: TP, activation checkpointing, `block.compile()` per block, "
-             "FSDP2. llama-tiny, batch 4 x 256, rank 0's record; times are one run's (recorded, not asserted); Inductor's "
+             "FSDP2; under tensor parallel the embedding's asynchronous output is waited for in eager before the compiled "
+             "blocks (`tensor_parallel.settle_embedding_output`). llama-tiny, batch 4 x 256, rank 0's record; times "
+             "are one run's (recorded, not asserted); Inductor's "
              "caches are on, so a later case may reuse an earlier one's kernels (its first compiled step is shorter).", "",
              "| layout | strategy | eager step | compiled | first compiled step | compiled step | graphs / breaks | "
              "regions per step | loss after 3 steps, eager / compiled | launch |",
@@ -72,8 +76,9 @@ def render(rows: list[tuple[tuple[int, int, str], dict, float]], command: str) -
     ran = [case for case, record, _ in rows if "error" not in record["compiled"]]
     lines += ["", f"Compiled and ran: {', '.join(f'dp_shard {d} x tp {t} {s}' for d, t, s in ran) or 'none'}. "
               f"Failed: {', '.join(f'dp_shard {d} x tp {t} {s}' for d, t, s in failed) or 'none'}. What the suite "
-              "builds from this: compiled scenarios with ranks where the compiled side ran; a layout whose compiled "
-              "side failed is refused before anything runs, naming this report."]
+              "builds from this: compiled ranks on FSDP2 (every row of it ran); tensor parallel with compile stays "
+              "refused before anything runs, naming this report (config.axes), while full checkpointing fails "
+              "and the compiled rank path composes FSDP2 only. A row with graph breaks ran partly eager."]
     return "\n".join(lines) + "\n"
 
 

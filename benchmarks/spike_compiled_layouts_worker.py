@@ -39,6 +39,8 @@ def build(mesh, layout: Layout, strategy: str, compiled: bool) -> tp.ParallelTra
         tp.apply_tp(model, mesh["tp"])
     apply_ac(model, ActivationConfig(strategy=strategy))
     if compiled:
+        if layout.tp > 1:
+            tp.settle_embedding_output(model)  # without it the compiled TP block fails in backward
         import_inductor()
         for block in get_blocks(model):
             block.compile()

@@ -143,9 +143,10 @@ class CompileConfig:
                                  "set compile.scope to block or model")
             return
         if world_size > 1 and tensor_parallel:
-            raise NotBuiltYet(f"compile.scope: {self.scope!r} with layout.tp > 1 is not built: torch's compiled "
-                              "tensor-parallel block fails in backward here (reports/spike-compiled-layouts.md); drop "
-                              "compile or layout.tp (FSDP2 over every rank compiles)")
+            raise NotBuiltYet(f"compile.scope: {self.scope!r} with layout.tp > 1 is not built: compiled ranks compose "
+                              "FSDP2 only, and full checkpointing in a compiled tensor-parallel block fails in backward "
+                              "on torch 2.13 (reports/spike-compiled-layouts.md); drop compile or layout.tp (FSDP2 over "
+                              "every rank compiles)")
         if world_size > 1 and (self.scope != "block" or strategy == "budget"):
             raise NotBuiltYet(f"compile.scope: {self.scope!r} with activation.strategy {strategy} and world_size "
                               f"{world_size} is not built (ranks compile each block before fully_shard, torchtitan's "

@@ -140,6 +140,26 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         setattr(model.get_submodule(alias_module), alias_name, model.get_parameter(owner))
 
 
+def settle_embedding_output(model: nn.Module) -> None:
+    """Before the blocks of a tensor-parallel model are compiled: the token embedding's output, which
+    ``RowwiseParallel`` reduce-scatters asynchronously and hands on as an ``AsyncCollectiveTensor`` (the local shard
+    of a collective still in flight), is waited for in eager by a copy at the embedding's output (a forward hook,
+    outside every compiled region), so the first compiled block takes a plain tensor.
+
+    Why: with an ``AsyncCollectiveTensor`` as its input, the compiled block's backward (AOTAutograd, measured with
+    the ``aot_eager`` backend too: not Inductor's) hands the embedding's redistribution a plain gradient of the
+    global shape, and torch's ``Redistribute.backward`` raises ``'Tensor' object has no attribute '_local_tensor'``;
+    waiting inside the compiled block instead runs, but the embedding's gradient is then None (the weight would
+    never train). The copy is one activation of the rank's sequence shard, freed when the first block has read it
+    (reports/spike-compiled-layouts.md compares the compiled loss with the eager one)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    def settle(module: nn.Module, inputs, output):
+        return output.clone() if isinstance(output, AsyncCollectiveTensor) else output
+
+    model.get_submodule(get_anatomy(model).embeddings[0]).register_forward_hook(settle)
+
+
 def parallelize(
     model: nn.Module,
     mesh: DeviceMesh,
