@@ -28,3 +28,23 @@ def run_json(args: list[str], *, timeout: float, label: str) -> tuple[object, fl
         raise SystemExit(f"{label}: exit status {done.returncode}\n{done.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return json.loads(done.stdout.strip().splitlines()[-1]), wall, cpu
+
+
+def only_cases(doc: str | None, cases: dict) -> list[str] | None:
+    """The case names of ``--only`` (repeatable, each one of ``cases``), or None when it is not given (every case,
+    and the report is written rather than printed)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", choices=tuple(cases))
+    return parser.parse_args().only
+
+
+def alternating(names: list[str], ways: tuple, run) -> dict[str, dict]:
+    """``run(name, way)`` for every way of every case, the ways one after the other and their order reversed from
+    one case to the next, so a drift of the machine's load hits every way alike: ``{name: {way: result}}``."""
+    results: dict[str, dict] = {}
+    for index, name in enumerate(names):
+        order = ways if index % 2 == 0 else ways[::-1]
+        results[name] = {way: run(name, way) for way in order}
+    return results

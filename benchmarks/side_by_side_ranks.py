@@ -14,11 +14,10 @@ The wall time includes the torch import (and, side by side, the spawned process'
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
-from fresh_process import run_json  # benchmarks/ is first on sys.path when this file runs
+from fresh_process import alternating, only_cases, run_json  # benchmarks/ is first on sys.path when this file runs
 from report_output import produced_by, write_or_print
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,14 +67,10 @@ def table(results: dict[str, dict[int, dict]]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", action="append", choices=tuple(CASES))
-    args = parser.parse_args()
+    only = only_cases(__doc__, CASES)
+    names = only or list(CASES)
     load_before = os.getloadavg()[0]
-    results: dict[str, dict[int, dict]] = {}
-    for index, name in enumerate(args.only or CASES):
-        order = JOBS if index % 2 == 0 else JOBS[::-1]
-        results[name] = {jobs: run(name, jobs) for jobs in order}
+    results = alternating(names, JOBS, run)
     lines = [
         "# A pipeline candidate's two ranks, one after the other and side by side: time and bytes (issue 32 item 6)", "",
         produced_by("side_by_side_ranks.py", load_before), "",
@@ -84,7 +79,7 @@ def main() -> None:
         "`flashckpt fit` does where it may use two cores; docs/layouts.md). Each row is one fresh process. Cases:", "",
         *(f"- `{name}`: {CASES[name][0]}: `python {' '.join(CASES[name][1])} --jobs 2`" for name in results), "",
         *table(results), ""]
-    write_or_print("\n".join(lines), REPORT, print_only=bool(args.only))
+    write_or_print("\n".join(lines), REPORT, print_only=only is not None)
 
 
 if __name__ == "__main__":

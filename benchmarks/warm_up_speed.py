@@ -13,11 +13,10 @@ torch import; the CPU time is the child's (user + system).
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
-from fresh_process import run_json  # benchmarks/ is first on sys.path when this file runs
+from fresh_process import alternating, only_cases, run_json  # benchmarks/ is first on sys.path when this file runs
 from report_output import produced_by, write_or_print
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,14 +68,10 @@ def table(results: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", action="append", choices=tuple(CASES))
-    args = parser.parse_args()
+    only = only_cases(__doc__, CASES)
+    names = only or list(CASES)
     load_before = os.getloadavg()[0]
-    results: dict[str, dict[str, dict]] = {}
-    for index, name in enumerate(args.only or CASES):
-        order = WAYS if index % 2 == 0 else WAYS[::-1]
-        results[name] = {way: run(name, way) for way in order}
+    results = alternating(names, WAYS, run)
     lines = [
         "# A simulated rank with a real warm step and primed: time and bytes (issue 32 item 6)", "",
         produced_by("warm_up_speed.py", load_before), "",
@@ -86,7 +81,7 @@ def main() -> None:
         "depths a line simulated; each row is one fresh process. Cases:", "",
         *(f"- `{name}`: {CASES[name][0]}: `python {' '.join(CASES[name][1])} --warmup primed`" for name in results), "",
         *table(results), ""]
-    write_or_print("\n".join(lines), REPORT, print_only=bool(args.only))
+    write_or_print("\n".join(lines), REPORT, print_only=only is not None)
 
 
 if __name__ == "__main__":
