@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from pytest_flashckpt.activation import apply_ac
+from pytest_flashckpt.activation.wrapper import drop_role_hooks
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import fsdp
@@ -42,6 +43,7 @@ def build(mesh, layout: Layout, strategy: str, compiled: bool) -> tp.ParallelTra
         if layout.tp > 1:
             tp.settle_embedding_output(model)  # without it the compiled TP block fails in backward
         import_inductor()
+        drop_role_hooks(get_blocks(model))  # as compile_step.compile_model does: Dynamo cannot trace their ContextVar
         for block in get_blocks(model):
             block.compile()
     if layout.dp_shard > 1:
