@@ -21,15 +21,14 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from pytest_flashckpt.activation import apply_ac
-from pytest_flashckpt.activation.wrapper import drop_role_hooks
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import fsdp
 from pytest_flashckpt.distributed import tensor_parallel as tp
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import build_model, load_card
-from pytest_flashckpt.probes.compiled import import_inductor
-from pytest_flashckpt.compile_step import dynamo_counts as _dynamo_counts, read_step
+from pytest_flashckpt.compile_step import compile_model, dynamo_counts as _dynamo_counts, read_step
+from pytest_flashckpt.config.axes import CompileConfig
 
 BATCH, SEQ, SEED = 4, 256, 1
 
@@ -42,10 +41,7 @@ def build(mesh, layout: Layout, strategy: str, compiled: bool) -> tp.ParallelTra
     if compiled:
         if layout.tp > 1:
             tp.settle_embedding_output(model)  # without it the compiled TP block fails in backward
-        import_inductor()
-        drop_role_hooks(get_blocks(model))  # as compile_step.compile_model does: Dynamo cannot trace their ContextVar
-        for block in get_blocks(model):
-            block.compile()
+        compile_model(model, CompileConfig(scope="block"))  # the product's per-block compile (role hooks dropped)
     if layout.dp_shard > 1:
         for block in get_blocks(model):
             fully_shard(block, mesh=mesh["dp_shard"])
