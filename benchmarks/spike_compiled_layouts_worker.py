@@ -27,7 +27,7 @@ from pytest_flashckpt.distributed import fsdp
 from pytest_flashckpt.distributed import tensor_parallel as tp
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import build_model, load_card
-from pytest_flashckpt.compile_step import compile_model, dynamo_counts as _dynamo_counts, read_step
+from pytest_flashckpt.compile_step import budget_backend, compile_model, dynamo_counts as _dynamo_counts, read_step
 from pytest_flashckpt.config.axes import CompileConfig
 
 BATCH, SEQ, SEED = 4, 256, 1
@@ -37,11 +37,13 @@ def build(mesh, layout: Layout, strategy: str, compiled: bool) -> tp.ParallelTra
     model = build_model(load_card("llama-tiny"), "sdpa", "cpu", torch.float32, seed=SEED)
     if layout.tp > 1:
         tp.apply_tp(model, mesh["tp"])
-    apply_ac(model, ActivationConfig(strategy=strategy))
+    budget = strategy == "compile_budget"  # torch's activation_memory_budget at 0.5 (eager: no checkpointing)
+    apply_ac(model, ActivationConfig(strategy=strategy, **({"budget": 0.5} if budget else {})))
     if compiled:
         if layout.tp > 1:
             tp.settle_embedding_output(model)  # without it the compiled TP block fails in backward
-        compile_model(model, CompileConfig(scope="block"))  # the product's per-block compile (role hooks dropped)
+        # the product's per-block compile (role hooks dropped), with the budget's backend where it is the strategy
+        compile_model(model, CompileConfig(scope="block"), budget_backend(0.5) if budget else None)
     if layout.dp_shard > 1:
         for block in get_blocks(model):
             fully_shard(block, mesh=mesh["dp_shard"])

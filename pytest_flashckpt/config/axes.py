@@ -119,6 +119,10 @@ class CompileConfig:
     dynamic: bool | None = None
 
     BUILT_MODES = ("default",)
+    TENSOR_PARALLEL_STRATEGIES = ("none", "selective_op", "compile_budget")
+    """What a compiled tensor-parallel block trains with on torch 2.13 (loss and every gradient against one eager
+    process, tests/distributed/test_compiled_tensor_parallel.py); ``full`` and ``every_k`` (torch's checkpoint
+    wrapper) fail in AOTAutograd's backward (reports/spike-compiled-layouts.md)."""
 
     def __post_init__(self) -> None:
         if self.mode not in self.BUILT_MODES:
@@ -142,11 +146,12 @@ class CompileConfig:
                 raise ValueError("activation.strategy compile_budget is torch.compile's activation_memory_budget: "
                                  "set compile.scope to block or model")
             return
-        if world_size > 1 and tensor_parallel:
-            raise NotBuiltYet(f"compile.scope: {self.scope!r} with layout.tp > 1 is not built: compiled ranks compose "
-                              "FSDP2 only, and full checkpointing in a compiled tensor-parallel block fails in backward "
-                              "on torch 2.13 (reports/spike-compiled-layouts.md); drop compile or layout.tp (FSDP2 over "
-                              "every rank compiles)")
+        if world_size > 1 and tensor_parallel and strategy not in self.TENSOR_PARALLEL_STRATEGIES:
+            raise NotBuiltYet(f"compile.scope: {self.scope!r} with layout.tp > 1 and activation.strategy {strategy} "
+                              "is not built: torch's checkpoint wrapper in a compiled tensor-parallel block fails in "
+                              "backward on torch 2.13 (a DeviceMesh among AOTAutograd's saved tensors, "
+                              "reports/spike-compiled-layouts.md); use activation.strategy "
+                              f"{' or '.join(self.TENSOR_PARALLEL_STRATEGIES)}, drop compile, or drop layout.tp")
         if world_size > 1 and (self.scope != "block" or strategy == "budget"):
             raise NotBuiltYet(f"compile.scope: {self.scope!r} with activation.strategy {strategy} and world_size "
                               f"{world_size} is not built (ranks compile each block before fully_shard, torchtitan's "

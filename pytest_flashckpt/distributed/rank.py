@@ -60,7 +60,7 @@ def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None, 
         return tensor_parallel.build_trainer(
             card, scenario.parallel_layout, mesh, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed,
             backend=backend, device=device, dtype=DTYPES[scenario.dtype], activation=scenario.activation,
-            precision=scenario.precision,
+            precision=scenario.precision, before_shard=before_shard,
         )  # fmt: skip
     return fsdp.build_trainer(
         card, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed, backend=backend,
@@ -114,10 +114,10 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     rank = dist.get_rank()
     out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
-    if scenario.compile.enabled:  # FSDP over every rank only (config.axes): no tensor-parallel mesh
-        return _measure_compiled(scenario, device, backend, out)
     layout = scenario.parallel_layout
     mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
+    if scenario.compile.enabled:
+        return _measure_compiled(scenario, device, backend, mesh, out)
     trainer, applied = _trainer(scenario, device, backend, mesh)
     out.update(backend=backend, activation=applied.describe(), layout=layout.describe())
     with OpNameRecorder() as recorder:
@@ -166,9 +166,11 @@ def _timed_rounds(trainer, scenario: Scenario, device: torch.device) -> list[flo
     return times
 
 
-def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, out: dict[str, Any]) -> dict[str, Any]:
-    """A compiled rank (FSDP2 over every rank; ``config.axes.CompileConfig`` refuses the rest): each block
-    compiled after the activation strategy and before ``fully_shard`` (torchtitan's order), warmed up and checked
+def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, mesh, out: dict[str, Any]) -> dict[str, Any]:
+    """A compiled rank (FSDP2 over every rank, or ``mesh``: tensor parallel then FSDP2 over its dp_shard dimension;
+    ``config.axes.CompileConfig`` refuses what does not compile): each block compiled after the activation strategy
+    and before ``fully_shard`` (torchtitan's order; under tensor parallel the embedding's output waited for in eager
+    first, ``tensor_parallel.settle_embedding_output``), warmed up and checked
     as one process checks it (``compile_step.warmed_up``: a graph compiled, no break, every block's region ran), the
     peak read from one step's allocator events (the ``cpu`` probe is a dispatch mode: Dynamo would run the step
     eager; ``runner.compiled``), times as an eager rank's, graphs compiled after the warm-up counted."""
@@ -178,8 +180,13 @@ def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, ou
     torch._dynamo.reset()
     regions: list[int] = []
     compile_backend = compile_step.budget_backend(scenario.activation.budget) if scenario.activation.strategy == "compile_budget" else None  # type: ignore[arg-type]
-    trainer, applied = _trainer(scenario, device, backend, None,
-                                lambda model: regions.append(compile_step.compile_model(model, scenario.compile, compile_backend)))
+
+    def compile_blocks(model: torch.nn.Module) -> None:
+        if mesh is not None:
+            tensor_parallel.settle_embedding_output(model)
+        regions.append(compile_step.compile_model(model, scenario.compile, compile_backend))
+
+    trainer, applied = _trainer(scenario, device, backend, mesh, compile_blocks)
     out.update(backend=backend, activation=applied.describe(), layout=scenario.parallel_layout.describe(),
                kernel=_eager_kernel(scenario, device, backend))
     side = compile_step.warmed_up(trainer, scenario, regions[0], scenario.warmup)

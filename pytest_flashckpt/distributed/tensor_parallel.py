@@ -18,6 +18,7 @@ learned absolute positions (``wpe``) are added to a sequence-sharded embedding t
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -165,13 +166,17 @@ def parallelize(
     mesh: DeviceMesh,
     activation: ActivationConfig | None = None,
     mp_policy: MixedPrecisionPolicy | None = None,
+    before_shard: Callable[[nn.Module], None] | None = None,
 ) -> AppliedActivation:
-    """TP on ``mesh["tp"]`` (when it has more than one rank), then the activation strategy, then ``fully_shard``
-    per block and root on ``mesh["dp_shard"]`` (when it has more than one rank, or for mixed precision, which is
-    FSDP2's ``MixedPrecisionPolicy``)."""
+    """TP on ``mesh["tp"]`` (when it has more than one rank), then the activation strategy, then ``before_shard``
+    (a compiled scenario compiles each block there), then ``fully_shard`` per block and root on ``mesh["dp_shard"]``
+    (when it has more than one rank, or for mixed precision, which is FSDP2's ``MixedPrecisionPolicy``):
+    torchtitan's order."""
     if mesh["tp"].size() > 1:
         apply_tp(model, mesh["tp"])
     applied = apply_ac(model, activation or ActivationConfig())
+    if before_shard is not None:
+        before_shard(model)
     if mesh["dp_shard"].size() > 1 or mp_policy is not None:
         kwargs = {"mesh": mesh["dp_shard"]} | ({} if mp_policy is None else {"mp_policy": mp_policy})
         for block in get_blocks(model):
@@ -212,15 +217,17 @@ def build_trainer(
     precision: str = "pure",
     model: nn.Module | None = None,
     foreach: bool | None = None,
+    before_shard: Callable[[nn.Module], None] | None = None,
 ) -> tuple[ParallelTrainer, AppliedActivation]:
     """The same initial weights at every layout (built whole from ``seed``, then laid out). ``model``: an already
-    built one (the simulated rank builds it under fake mode). Layout checks run before anything is built."""
+    built one (the simulated rank builds it under fake mode). ``before_shard``: as ``parallelize``'s. Layout checks
+    run before anything is built."""
     layout.check_card(card)
     layout.check_batch(batch_size)
     mixed = precision == "mixed"
     if model is None:
         model = build_model(card, backend, device, torch.float32 if mixed else dtype, seed=seed)
-    applied = parallelize(model, mesh, activation, mixed_precision_policy(dtype) if mixed else None)
+    applied = parallelize(model, mesh, activation, mixed_precision_policy(dtype) if mixed else None, before_shard)
     trainer = ParallelTrainer.create(model, batch_size, seq_len, seed=seed, foreach=foreach)  # foreach: AdamW's (None: torch's pick)
     trainer.rank, trainer.world_size = mesh["dp_shard"].get_local_rank(), layout.dp_shard
     trainer.tensor_parallel = layout.tp > 1

@@ -22,7 +22,10 @@ def _ranks(**kw) -> Scenario:
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    (dict(model="llama-tiny", layout=LayoutMesh(tp=2)), r"layout.tp > 1 is not built: .*reports/spike-compiled-layouts.md"),
+    (dict(model="llama-tiny", layout=LayoutMesh(tp=2), activation=ActivationConfig("full")),
+     r"layout.tp > 1 and activation.strategy full is not built: .*reports/spike-compiled-layouts.md.*selective_op"),
+    (dict(model="llama-tiny", layout=LayoutMesh(tp=2), activation=ActivationConfig("every_k", k=2)),
+     r"layout.tp > 1 and activation.strategy every_k is not built"),
     (dict(compile=CompileConfig(scope="model")), r"compile.scope: 'model' .* world_size 2 is not built"),
     (dict(activation=ActivationConfig("budget", budget=0.5)), r"activation.strategy budget and world_size 2 is not built"),
     (dict(save=SaveConfig(strategy="dcp")), r"compile.scope with a checkpoint pass is not built yet"),
@@ -36,7 +39,16 @@ def test_fsdp_ranks_compile_per_block_with_a_fixed_strategy_or_compile_budget() 
     assert _ranks(activation=ActivationConfig("full")).compile == BLOCK
     assert _ranks(activation=ActivationConfig("compile_budget", budget=0.5)).compile == BLOCK
     compiled = [s for s in load_suite("distributed").scenarios if s.compile.enabled]
-    assert [s.name for s in compiled] == ["fsdp2-full-compiled"] and compiled[0].save.strategy == "none"
+    assert [s.name for s in compiled] == ["fsdp2-full-compiled", "tp2-selective-compiled"]
+    assert all(s.save.strategy == "none" for s in compiled) and compiled[1].layout.tensor_parallel
+
+
+@pytest.mark.parametrize("strategy", CompileConfig.TENSOR_PARALLEL_STRATEGIES)
+def test_tensor_parallel_ranks_compile_with_what_trains_compiled(strategy) -> None:
+    activation = ActivationConfig(strategy, budget=0.5) if strategy == "compile_budget" else ActivationConfig(strategy)
+    for layout, world in ((LayoutMesh(tp=2), 2), (LayoutMesh(dp_shard=2, tp=2), 4)):
+        scenario = _ranks(model="llama-tiny", layout=layout, activation=activation, world_size=world, batch_size=4)
+        assert scenario.compile == BLOCK and scenario.layout.tensor_parallel
 
 
 def _rank(rank: int, recompiles: int = 0) -> dict:
@@ -62,16 +74,19 @@ def test_a_compiled_rank_record_is_one_steps_allocator_peak_with_its_compile_fac
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_the_suites_compiled_scenario_runs_compiled_on_every_rank(tmp_path) -> None:
+@pytest.mark.parametrize("scenario", [s for s in load_suite("distributed").scenarios if s.compile.enabled], ids=lambda s: s.name)
+def test_the_suites_compiled_scenarios_run_compiled_on_every_rank(scenario, tmp_path) -> None:
     from pytest_flashckpt.compile_step import compiler_missing
     from pytest_flashckpt.distributed.scenario_run import run_distributed
+    from pytest_flashckpt.models.anatomy import get_blocks
+    from pytest_flashckpt.models.cards import build_model, load_card
 
     if compiler_missing():
         pytest.skip(compiler_missing())
-    (scenario,) = [s for s in load_suite("distributed").scenarios if s.compile.enabled]
     result = run_distributed(scenario, "cpu", "cpu", tmp_path)
     assert result.status == "measured", (result.reason, result.notes[-1:])
     m = result.metrics
-    assert m["compiled_regions"] == 4 and m["recompiles"] == 0  # every block of tiny ran compiled, no recompile
+    blocks = len(get_blocks(build_model(load_card(scenario.card), "sdpa", "meta")))
+    assert m["compiled_regions"] == blocks and m["recompiles"] == 0  # every block ran compiled, no recompile
     assert m["compile_time_s"] > m["step_time_s"] and m["peak_bytes"] > m["state_bytes"] > 0
     assert result.probe == "allocator" and result.kernel == "sdpa-flash-cpu"
