@@ -207,9 +207,11 @@ class ModelSpec:
 
 # layout axes simulated but not yet run on the ranks of a measured scenario: what they are, and why not yet
 SIMULATED_ONLY_AXES = {
-    "pp": ("pipeline stages", "tests/distributed/test_pipeline_tp.py measures them on gloo outside a suite"),
     "cp": ("context-parallel ranks", "torch's context_parallel has no CPU attention op to shard; modelled"),
 }
+# pipeline stages run on the ranks of a measured scenario with these strategies (the engine's rank simulates them,
+# the report sets the two side by side) and no saves, eager (``distributed.rank``, docs/layouts.md)
+MEASURED_PIPELINE_STRATEGIES = ("none", "full", "every_k", "selective_op")
 
 
 @dataclass(frozen=True)
@@ -292,7 +294,7 @@ class Scenario:
                 f"dcp.async_save) every save_interval steps, not {written}; the layout, staging and schedule "
                 "settings are for saves in one process"
             )
-        if not self.layout.tensor_parallel and self.batch_size % self.world_size:
+        if not self.layout.tensor_parallel and self.layout.pp == 1 and self.batch_size % self.world_size:
             raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
         if "flops" in self.measure:
             raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
@@ -324,6 +326,8 @@ class Scenario:
                 raise NotBuiltYet(f"layout.{axis} {getattr(self.layout, axis)}: {what} in a measured scenario are not "
                                   f"built yet (issue 32: {why}); they are simulated: add simulate: {{enabled: true, "
                                   f"world_size: N}} or drop layout.{axis}")
+        if self.layout.pp > 1 and not self.simulate.enabled:
+            self._check_measured_stages()
         if world == 1:
             axes = (f"{self.layout.pp} pipeline stages" if self.layout.pp > 1 else f"{self.layout.cp} context-parallel "
                     "ranks" if self.layout.cp > 1 else f"{self.layout.tp} tensor-parallel ranks")
@@ -338,6 +342,20 @@ class Scenario:
         if self.model.hf is not None:  # type: ignore[union-attr]
             raise ValueError("a layout (tp, pp) with model.hf is not built: the tensor-parallel plan is read from a model card's "
                              "family anatomy (distributed.tensor_parallel); use a card (e.g. llama-tiny) or drop layout")
+
+    def _check_measured_stages(self) -> None:
+        """Pipeline stages on the ranks of a measured scenario: eager, no saves, a strategy the stages run with."""
+        pp = f"layout.pp {self.layout.pp}"
+        if self.save.strategy != "none":
+            raise NotBuiltYet(f"{pp} with checkpoint.strategy {self.save.strategy}: sharded saves of pipeline stages are "
+                              "not built yet (issue 32: each stage's state under the whole model's names); set "
+                              "checkpoint: {strategy: none}, or simulate the layout (simulate: {enabled: true})")
+        if self.compile.enabled:
+            raise NotBuiltYet(f"{pp} with compile.scope {self.compile.scope}: compiled pipeline stages are not built yet "
+                              "(issue 32 item 7); drop compile or layout.pp")
+        if self.activation.strategy not in MEASURED_PIPELINE_STRATEGIES:
+            raise NotBuiltYet(f"{pp} with activation.strategy {self.activation.strategy}: pipeline stages run "
+                              f"{', '.join(MEASURED_PIPELINE_STRATEGIES)} on measured ranks; pick one of them")
 
     def _check_measure(self) -> None:
         """The passes agree with the save: a save strategy adds the checkpoint pass, a checkpoint pass needs one."""

@@ -32,7 +32,10 @@ def aggregate(result: Result, ranks: list[dict[str, Any]]) -> None:
     first = ranks[0]
     result.record("world_size", len(ranks))
     result.backend, result.kernel = first.get("backend"), first.get("kernel")
-    result.notes.append(f"activation (every rank): {first.get('activation')}")
+    if len({r.get("activation") for r in ranks}) == 1:
+        result.notes.append(f"activation (every rank): {first.get('activation')}")
+    else:  # pipeline stages: each rank wraps its own stages' blocks
+        result.notes.append("activation: " + "; ".join(f"rank {r['rank']}: {r.get('activation')}" for r in ranks))
     if first.get("layout"):  # records before layouts were measured lack it (FSDP over every rank)
         result.notes.append(f"layout: {first['layout']}")
     if "peak_bytes" in first:

@@ -288,6 +288,7 @@ class PipelineTrainer:
     step: int = 0
     losses: list[torch.Tensor] = field(default_factory=list)
     tensor_parallel: bool = False  # the stages are tensor parallel: the schedule runs under ``loss_parallel``
+    activation: str = ""  # what the activation strategy wrapped, per stage (``AppliedActivation.describe``)
 
     @property
     def has_first(self) -> bool:
@@ -376,10 +377,11 @@ def build_pipeline(
     dp_mesh, tp_mesh = mesh["dp_shard"], mesh["tp"]
     stages = [split_stage(model, index, n_stages) for index in stages_of_rank(pp_rank, layout.pp, pipeline.stages_per_rank)]
     del model
+    applied = []
     for stage in stages:
         if tp_mesh.size() > 1:  # TP first, then activation checkpointing, then FSDP (torchtitan's order)
             apply_stage_tp(stage, tp_mesh)
-        apply_ac(stage.part, activation or ActivationConfig())
+        applied.append(f"stage {stage.index}: {apply_ac(stage.part, activation or ActivationConfig()).describe()}")
         if dp_mesh.size() > 1 or mp_policy is not None:
             kwargs = {"mesh": dp_mesh, "reshard_after_forward": layout.pp == 1}
             kwargs |= {} if mp_policy is None else {"mp_policy": mp_policy}
@@ -399,7 +401,7 @@ def build_pipeline(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
     return PipelineTrainer(stages, _schedule(torch_stages, pipeline), optimizer, scheduler, shapes.vocab, batch_size, seq_len,
                            seed, dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(),
-                           tensor_parallel=tp_mesh.size() > 1)
+                           tensor_parallel=tp_mesh.size() > 1, activation="; ".join(applied))
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """One rank of a distributed scenario: ``python -m pytest_flashckpt.distributed.rank --scenario S.json --out DIR``,
 started by torchrun (``launcher``). The model is FSDP2-sharded over every rank, or laid out as the scenario's
 ``layout`` says (``dp_shard x tp``: tensor + sequence parallel by ``parallelize_module`` on a 2D ``DeviceMesh``,
-then FSDP2 over its dp_shard dimension; ``distributed.tensor_parallel``, docs/layouts.md). Writes
+then FSDP2 over its dp_shard dimension; ``distributed.tensor_parallel``; ``pp`` pipeline stages run by torch's
+schedule, ``distributed.pipeline``, without saves so far; docs/layouts.md). Writes
 ``DIR/rank-<r>.json`` with this rank's measurements:
 
 - ``peak_bytes`` / ``state_bytes``: the memory probe around one training step (what this rank holds: local shards
@@ -38,24 +39,27 @@ from pytest_flashckpt.activation import StrategyUnavailable
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build
 from pytest_flashckpt.core.metrics import spec as metric_spec
-from pytest_flashckpt.distributed import fsdp, sharded_store, tensor_parallel
+from pytest_flashckpt.distributed import fsdp, pipeline, sharded_store, tensor_parallel
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
-from pytest_flashckpt.models.cards import load_card
+from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.models.hf.card import hf_card
 from pytest_flashckpt.probes import make_probe
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _card(scenario: Scenario):
+    spec = scenario.model
+    if spec.hf is not None:  # a Hugging Face config: the builder a one-process run uses (models.hf)
+        return hf_card(spec.hf, spec.dropout, spec.anatomy)
+    return load_card(scenario.card, **({} if spec.dropout is None else {"dropout": spec.dropout}))
+
+
 def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None, before_shard=None):
     """The rank's trainer: FSDP2 over every rank, or (``mesh``: a tensor-parallel layout's 2D ``DeviceMesh``)
     ``parallelize_module`` then FSDP2 over the mesh's dp_shard dimension (``distributed.tensor_parallel``)."""
-    spec = scenario.model
-    if spec.hf is not None:  # a Hugging Face config: the builder a one-process run uses (models.hf)
-        card = hf_card(spec.hf, spec.dropout, spec.anatomy)
-    else:
-        card = load_card(scenario.card, **({} if spec.dropout is None else {"dropout": spec.dropout}))
+    card = _card(scenario)
     if mesh is not None:
         return tensor_parallel.build_trainer(
             card, scenario.parallel_layout, mesh, batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed,
@@ -115,6 +119,8 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
     layout = scenario.parallel_layout
+    if layout.pp > 1:  # eager, no saves (config.scenario refuses the rest)
+        return _measure_pipeline(scenario, device, backend, probe_name, out)
     mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
     if scenario.compile.enabled:
         return _measure_compiled(scenario, device, backend, mesh, out)
@@ -150,6 +156,41 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
         if rank == 0:
             out["roundtrip_differences"] = len(sharded_store.bitwise_differences(loaded, original))
             out["roundtrip_tensors"] = len(original)
+    return out
+
+
+def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, probe_name: str,
+                      out: dict[str, Any]) -> dict[str, Any]:
+    """A rank of pipeline stages (``distributed.pipeline``: the model built whole, split into stages, TP and FSDP2
+    inside them, run by torch's schedule over the layout's microbatches): warmed up, one step in the rank's two
+    windows (``pipeline.memory_step``, the rank probe; the stages' receive buffers count from the start), timed
+    rounds. Ranks of different pipeline stages hold different bytes: each rank's record keeps its stages."""
+    if "memory" in scenario.measure and probe_name != "cpu":
+        raise StrategyUnavailable(f"pipeline stages under the {probe_name} probe: a stage's two windows are counted by "
+                                  "the rank probe (cpu) only; the device probes are not wired yet (issue 32 item 8)")
+    layout = scenario.parallel_layout
+    mixed = scenario.precision == "mixed"
+    dtype = DTYPES[scenario.dtype]  # (a layout's model is a card's: config.scenario refuses model.hf)
+    model = build_model(_card(scenario), backend, device, torch.float32 if mixed else dtype, seed=scenario.seed)
+    trainer = pipeline.build_pipeline(
+        model, layout, pipeline.make_mesh(layout, device.type), scenario.layout.pipeline_schedule(),
+        batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed, activation=scenario.activation,
+        mp_policy=fsdp.mixed_precision_policy(dtype) if mixed else None, device=device,
+    )  # fmt: skip
+    del model
+    pipeline_layout = scenario.layout.pipeline_schedule()
+    out.update(backend=backend, activation=trainer.activation, layout=f"{layout.describe()}, {pipeline_layout.schedule} "
+               f"over {pipeline_layout.microbatches} microbatches")
+    with OpNameRecorder() as recorder:
+        trainer.train_step()
+    for _ in range(max(scenario.warmup, 1) - 1):
+        trainer.train_step()
+    out["kernel"] = detect_kernel(recorder.op_names, backend)
+    if "memory" in scenario.measure:
+        record = pipeline.memory_step(trainer, device.type)
+        out.update(record, state_bytes=record["fwd_bwd_start_bytes"])
+    if "timing" in scenario.measure:
+        out["step_time_s"] = _timed_rounds(trainer, scenario, device)
     return out
 
 

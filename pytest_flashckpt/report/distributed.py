@@ -39,12 +39,20 @@ def _save(r: Result) -> str:
     return "dcp.async_save" if save.async_save else "dcp.save"
 
 
+def _laid_out(r: Result) -> bool:
+    """A layout other than FSDP over every rank: tensor parallel or pipeline stages."""
+    return r.config.layout.tensor_parallel or r.config.layout.pp > 1
+
+
 def _layout(r: Result) -> str:
-    """``FSDP over N`` (every rank shards), or the ranks per axis of a tensor-parallel layout."""
+    """``FSDP over N`` (every rank shards), or the ranks per axis of a layout (with a pipeline's schedule)."""
     c = r.config
     compiled = f", compiled per {c.compile.scope}" if c.compile.enabled else ""
-    if not c.layout.tensor_parallel:
+    if not _laid_out(r):
         return f"FSDP over {c.world_size}{compiled}"
+    if c.layout.pp > 1:
+        pipeline = c.layout.pipeline_schedule()
+        compiled = f", {pipeline.schedule} over {pipeline.microbatches} microbatches{compiled}"
     return f"{c.parallel_layout.describe()}{compiled}"
 
 
@@ -76,6 +84,51 @@ def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int
     return record["peak_bytes"], record["fwd_bwd_start_bytes"], record["optimizer_peak_bytes"]
 
 
+@functools.lru_cache(maxsize=64)
+def _simulate_stage_rank(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int,
+                         dp_shard: int, tp: int, pp: int, schedule: str, microbatches: int, stages_per_rank: int,
+                         seed: int, rank: int) -> tuple[int, int, int]:
+    import torch
+
+    from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank  # torch's schedule under fake mode
+
+    record = simulate_pipeline_rank(load_card(card), Layout(dp_shard=dp_shard, tp=tp, pp=pp),
+                                    PipelineSchedule(schedule, microbatches, stages_per_rank), batch_size=batch,
+                                    seq_len=seq, strategy=strategy, k=k, dtype=getattr(torch, dtype),
+                                    precision=precision, seed=seed, rank=rank)
+    return record["peak_bytes"], record["fwd_bwd_start_bytes"], record["optimizer_peak_bytes"]
+
+
+def engine_ranks(r: Result) -> tuple[list[tuple[int, int, int]] | None, str]:
+    """Every measured rank of a laid-out result simulated by the engine: (peak, state at the step's start,
+    optimizer peak) per rank, in rank order (a tensor-parallel layout's ranks hold alike: one simulation; a pipeline's
+    ranks hold their own stages: each simulated, ``simulate.pipeline``), or None and why not."""
+    c = r.config
+    if c.layout.pp == 1:
+        record, why = engine_rank(r)
+        return (None, why) if record is None else ([record] * c.world_size, "")
+    if c.activation.strategy not in _layout_strategies():
+        return None, f"the {c.activation.strategy} strategy is not simulated by the engine yet"
+    if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
+        return None, "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
+    layout, pipeline = c.parallel_layout, c.layout.pipeline_schedule()
+    try:
+        return [_simulate_stage_rank(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
+                                     c.activation.k, layout.dp_shard, layout.tp, layout.pp, pipeline.schedule,
+                                     pipeline.microbatches, pipeline.stages_per_rank, c.seed, rank)
+                for rank in range(c.world_size)], ""
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        return None, f"not simulated: {exc}"
+
+
+def _layout_strategies() -> tuple[str, ...]:
+    from pytest_flashckpt.simulate.layouts import LAYOUT_STRATEGIES
+
+    return LAYOUT_STRATEGIES
+
+
 def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     """The simulator's per-rank peak for a measured distributed result, or None and why not. A tensor-parallel
     layout's rank is simulated by the engine the ranks ran (``parallelize_module`` + ``fully_shard`` under fake
@@ -85,9 +138,9 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     strategy = c.activation.strategy
     if c.compile.enabled:
         return None, "a compiled rank: the compiled simulator (simulate.compiled) runs one process"
-    if c.layout.tensor_parallel:
-        record, why = engine_rank(r)
-        return (None, why) if record is None else (record[0], "")
+    if _laid_out(r):
+        records, why = engine_ranks(r)
+        return (None, why) if records is None else (max(peak for peak, _, _ in records), "")
     spec = ACTIVATION_STRATEGIES.get(strategy)  # simulated here: the registry's strategies that need no budget plan
     if spec is None or spec.not_simulated or spec.takes_budget:
         return None, f"the {strategy} strategy is not simulated here"
@@ -105,10 +158,8 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
 def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
     """A tensor-parallel result's rank simulated by the engine: (peak, state at the step's start, optimizer
     peak) in bytes, or None and why not."""
-    from pytest_flashckpt.simulate.layouts import LAYOUT_STRATEGIES
-
     c = r.config
-    if c.activation.strategy not in LAYOUT_STRATEGIES:
+    if c.activation.strategy not in _layout_strategies():
         return None, f"the {c.activation.strategy} strategy is not simulated by the engine yet"
     if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
         return None, "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
@@ -123,16 +174,15 @@ def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
 def _exact_windows(r: Result) -> str:
     """For an engine-simulated layout: the state at the step's start and the optimizer step's peak, simulated
     against every measured rank (equal to the byte when the engine's rank holds what the gloo rank holds)."""
-    if not r.config.layout.tensor_parallel:
+    if not _laid_out(r):
         return MISSING
-    record, _ = engine_rank(r)
-    if record is None:
+    records, _ = engine_ranks(r)
+    if records is None:
         return MISSING
-    _, start, optimizer = record
     measured = list(zip(r.per_rank.get("state_bytes", []), r.per_rank.get("optimizer_peak_bytes", [])))
-    if not measured:
+    if not measured or len(measured) != len(records):
         return MISSING
-    off = [(a - start, b - optimizer) for a, b in measured if (a, b) != (start, optimizer)]
+    off = [(a - start, b - optimizer) for (a, b), (_, start, optimizer) in zip(measured, records) if (a, b) != (start, optimizer)]
     if not off:
         return f"equal to the byte ({len(measured)} ranks)"
     return "; ".join(f"{d_start:+d} B / {d_opt:+d} B" for d_start, d_opt in off) + " (measured - simulated)"
@@ -162,7 +212,8 @@ def comparison_section(chosen: list[Result]) -> list[str]:
     return [
         "", "Per-rank peak, measured (largest rank) beside simulated: FSDP over every rank by `simulate_step` with "
         "`world_size` (FSDP2's reduce-scatter buffers and shard padding not modelled); a tensor-parallel layout by the "
-        "engine the ranks ran, under fake mode (`simulate.fake_ranks`; the forward+backward peak of a gloo rank is "
+        "engine the ranks ran, under fake mode (`simulate.fake_ranks`; pipeline stages by torch's schedule under fake "
+        "mode, `simulate.pipeline`, every rank its own stages; the forward+backward peak of a gloo rank is "
         "higher by what gloo's thread still holds of finished collectives, docs/layouts.md). *gloo staging*: what "
         "gloo's uncounted copies of an in-flight all-gathers may add to the allocator's view on a CPU rank (up to 4 x "
         "the largest all-gather). *state / optimizer peak*: for an engine-simulated layout, the rank's state at the "
@@ -198,7 +249,8 @@ def distributed_section(results: list[Result]) -> list[str]:
     lines.append(
         "Ranks under torchrun, model sharded with FSDP2 (`fully_shard` per block and root) over every rank, or laid "
         "out dp_shard x tp (tensor + sequence parallel by `parallelize_module` on a 2D `DeviceMesh`, then FSDP2 over "
-        "dp_shard); saves are sharded DCP checkpoints committed with one manifest. Step, stall and total: slowest "
+        "dp_shard), or split into pipeline stages (`torch.distributed.pipelining`, one schedule step over the "
+        "microbatches; a stage's ranks hold its own blocks, so per-rank peaks differ); saves are sharded DCP checkpoints committed with one manifest. Step, stall and total: slowest "
         "rank, median over rounds or saves."
     )
     return [*lines, "", table(rows, HEADERS), *notes.lines(), *comparison_section(chosen)]

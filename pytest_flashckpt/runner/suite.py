@@ -99,7 +99,8 @@ def load_checked_suite(name_or_path: str, cards: CardShelf | None = None) -> Sui
 
 def check_layouts(suite: Suite, shelf: CardShelf) -> None:
     """A tensor-parallel scenario's card family takes torch's plan (``distributed.tensor_parallel.plan_refusal``,
-    the model built on meta, once per card), and a simulated one is a step the engine runs under fake mode
+    the model built on meta, once per card), a measured pipeline's stages split the card's blocks
+    (``simulate.layouts.stages_refusal``), and a simulated one is a step the engine runs under fake mode
     (``simulate.layouts.engine_cannot_run_scenario``): refused here, naming the suite file, scenario and key, not
     in a rank after launch or by a modelled route that ignores the layout."""
     refused: dict[str, str | None] = {}
@@ -113,6 +114,13 @@ def check_layouts(suite: Suite, shelf: CardShelf) -> None:
         if refused.get(scenario.card) is not None:
             raise ConfigError(suite.origin(scenario), refused[scenario.card], "",  # the refusal names the fix
                               scenario=scenario.name, key="layout.tp")
+        if scenario.layout.pp > 1 and not scenario.simulate.enabled:  # measured stages: the card split as the ranks will
+            from pytest_flashckpt.simulate.layouts import stages_refusal
+
+            why = stages_refusal(scenario)
+            if why is not None:
+                raise ConfigError(suite.origin(scenario), why, "set layout.pp (or the schedule's keys) so the stages "
+                                  "split the card's blocks", scenario=scenario.name, key="layout.pp")
         if scenario.simulate.enabled:  # a simulated layout runs the engine under fake mode; the modelled route is FSDP only
             from pytest_flashckpt.simulate.scenario import layout_refusal
 

@@ -141,11 +141,11 @@ def engine_cannot_run_scenario(scenario) -> str | None:
     if scenario.step_impl != StepImpl() or scenario.model.dropout:
         return "step_impl / model.dropout: the engine's rank runs the card's own step"
     if scenario.layout.pp > 1:
-        return _stages_refusal(scenario)
+        return stages_refusal(scenario)
     return None
 
 
-def _stages_refusal(scenario) -> str | None:
+def stages_refusal(scenario) -> str | None:
     """Why the card cannot be split into the scenario's pipeline stages (more stages than blocks, tensor-parallel
     shards that do not divide the sequence or vocabulary), or None."""
     from pytest_flashckpt.models.cards import load_card

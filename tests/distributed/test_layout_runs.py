@@ -43,3 +43,22 @@ def test_a_layout_scenario_runs_loads_back_bitwise_and_holds_what_the_engine_sim
     bound = GLOO_STAGING_FACTOR * activation + (result.number("largest_allgather_bytes") or 0)
     for measured in result.per_rank["fwd_bwd_peak_bytes"]:
         assert 0 <= measured - peak <= bound, (measured, peak, bound)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_pipeline_scenario_runs_and_every_rank_holds_what_the_engine_simulates_for_its_stages(tmp_path) -> None:
+    from pytest_flashckpt.distributed.scenario_run import run_distributed
+    from pytest_flashckpt.report.distributed import engine_ranks
+
+    (scenario,) = [s for s in load_suite("distributed").scenarios if s.layout.pp > 1]
+    result = run_distributed(dataclasses.replace(scenario, rounds=1), "cpu", "cpu", tmp_path)
+    assert result.status == "measured", (result.reason, result.notes[-1:])
+    assert "layout: dp_shard 1 x tp 1 x pp 2, 1f1b over 4 microbatches" in result.notes
+    simulated, why = engine_ranks(result)
+    assert why == "" and len(simulated) == 2
+    # each rank's two windows equal to the byte to its stages simulated (no FSDP inside: nothing gloo stages apart)
+    assert result.per_rank["peak_bytes"] == [peak for peak, _, _ in simulated]
+    assert result.per_rank["state_bytes"] == [start for _, start, _ in simulated]
+    assert result.per_rank["optimizer_peak_bytes"] == [optimizer for _, _, optimizer in simulated]
+    assert result.per_rank["peak_bytes"][0] != result.per_rank["peak_bytes"][1]  # the stages hold different blocks

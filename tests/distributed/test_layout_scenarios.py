@@ -8,10 +8,17 @@ import textwrap
 
 import pytest
 
-from pytest_flashckpt.config.axes import LayoutMesh, NotBuiltYet
+from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh, NotBuiltYet
 from pytest_flashckpt.config.errors import ConfigError
 from pytest_flashckpt.config.fingerprint import fingerprint, fingerprinted
-from pytest_flashckpt.config.scenario import ModelSpec, SaveConfig, Scenario, SimulateConfig
+from pytest_flashckpt.config.scenario import (
+    MEASURED_PIPELINE_STRATEGIES,
+    ActivationConfig,
+    ModelSpec,
+    SaveConfig,
+    Scenario,
+    SimulateConfig,
+)
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.distributed.aggregate import aggregate
 from pytest_flashckpt.report import distributed as report
@@ -38,10 +45,29 @@ def test_a_layout_the_ranks_cannot_hold_is_refused_naming_the_key(kw, message) -
         _scenario(**kw)
 
 
-def test_pipeline_stages_and_context_parallel_are_simulated_only_naming_the_issue() -> None:
-    with pytest.raises(NotBuiltYet, match=r"layout.pp 2: pipeline stages in a measured scenario are not built yet "
-                                          r"\(issue 32.*add simulate: \{enabled: true"):
-        _scenario(world_size=2, layout=LayoutMesh(pp=2))
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(), r"layout.pp 2 with checkpoint.strategy dcp: sharded saves of pipeline stages are not built yet \(issue 32"
+             r".*set checkpoint: \{strategy: none\}"),
+    (dict(save=SaveConfig(), activation=ActivationConfig("budget", budget=0.5)),
+     r"layout.pp 2 with activation.strategy budget: pipeline stages run none, full, every_k, selective_op"),
+    (dict(save=SaveConfig(), compile=CompileConfig(scope="block")), r"layout.pp 2 with compile.scope block: compiled "
+                                                                     r"pipeline stages are not built yet"),
+])
+def test_what_measured_pipeline_stages_cannot_be_is_refused_naming_the_key(kw, message) -> None:
+    with pytest.raises(NotBuiltYet, match=message):
+        _scenario(world_size=2, layout=LayoutMesh(pp=2), **kw)
+
+
+def test_measured_pipeline_stages_run_eager_without_saves() -> None:
+    for strategy in MEASURED_PIPELINE_STRATEGIES:
+        scenario = _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2, microbatches=4), save=SaveConfig(),
+                             activation=ActivationConfig(strategy))
+        assert scenario.parallel_layout.describe() == "dp_shard 1 x tp 1 x pp 2"
+    with pytest.raises(ValueError, match="3 microbatches do not divide the batch of a data-parallel rank"):
+        _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2, microbatches=3), save=SaveConfig())
+
+
+def test_context_parallel_is_simulated_only_naming_the_issue() -> None:
     with pytest.raises(NotBuiltYet, match=r"layout.cp 2: context-parallel ranks in a measured scenario are not built yet "
                                           r"\(issue 32.*add simulate: \{enabled: true"):
         _scenario(world_size=2, layout=LayoutMesh(cp=2))
@@ -194,3 +220,29 @@ def test_the_will_it_fit_row_names_the_pipeline_schedule_of_a_staged_layout() ->
     result = Result("simulate", "s", "measured", scenario, device="meta")
     result.metrics.update(simulated_peak_bytes=2**30)
     assert _row(result)[5] == "4 (dp_shard 2 x tp 1 x pp 2, 1f1b, 4 microbatches)"
+
+
+def test_measured_stages_the_card_cannot_split_are_refused_before_anything_runs(tmp_path, monkeypatch) -> None:
+    text = _suite(tmp_path, monkeypatch, "- {name: p, model: llama-tiny, world_size: 4, batch_size: 4, "
+                                         "layout: {pp: 4}, checkpoint: {strategy: none}}")
+    assert text.startswith("suites/x.yaml: scenario 'p': layout.pp:") and "3 blocks" in text, text
+
+
+def _stage_rank(rank: int, activation: str) -> dict:
+    return {"rank": rank, "world_size": 2, "status": "measured", "backend": "sdpa", "kernel": "sdpa-flash-cpu",
+            "activation": activation, "layout": "dp_shard 1 x tp 1 x pp 2, 1f1b over 4 microbatches",
+            "peak_bytes": 900 - rank, "state_bytes": 500 - rank, "fwd_bwd_peak_bytes": 900 - rank,
+            "optimizer_peak_bytes": 700 - rank, "largest_allgather_bytes": 0, "step_time_s": [0.2, 0.3]}
+
+
+def test_a_pipeline_row_shows_each_rank_beside_its_own_simulated_stage(monkeypatch) -> None:
+    scenario = _scenario(batch_size=4, layout=LayoutMesh(pp=2, microbatches=4), save=SaveConfig())
+    result = Result("distributed", "p", "measured", scenario, device="cpu x2 (gloo)", backend="sdpa")
+    aggregate(result, [_stage_rank(0, "stage 0: none"), _stage_rank(1, "stage 1: none")])
+    assert result.notes[0] == "activation: rank 0: stage 0: none; rank 1: stage 1: none"
+    simulated = {0: (900, 500, 700), 1: (899, 499, 699)}  # what the engine would simulate for each rank's stages
+    monkeypatch.setattr(report, "_simulate_stage_rank", lambda *args: simulated[args[-1]])
+    text = "\n".join(report.distributed_section([result]))
+    assert "dp_shard 1 x tp 1 x pp 2, 1f1b over 4 microbatches" in text and "equal to the byte (2 ranks)" in text
+    simulated[1] = (899, 498, 699)  # control: rank 1's state off by a byte is shown, not hidden
+    assert "+1 B / +0 B (measured - simulated)" in "\n".join(report.distributed_section([result]))
