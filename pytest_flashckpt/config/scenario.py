@@ -210,7 +210,7 @@ SIMULATED_ONLY_AXES = {
     "cp": ("context-parallel ranks", "torch's context_parallel has no CPU attention op to shard; modelled"),
 }
 # pipeline stages run on the ranks of a measured scenario with these strategies (the engine's rank simulates them,
-# the report sets the two side by side) and no saves, eager (``distributed.rank``, docs/layouts.md)
+# the report sets the two side by side), eager (``distributed.rank``, docs/layouts.md)
 MEASURED_PIPELINE_STRATEGIES = ("none", "full", "every_k", "selective_op")
 
 
@@ -344,12 +344,9 @@ class Scenario:
                              "family anatomy (distributed.tensor_parallel); use a card (e.g. llama-tiny) or drop layout")
 
     def _check_measured_stages(self) -> None:
-        """Pipeline stages on the ranks of a measured scenario: eager, no saves, a strategy the stages run with."""
+        """Pipeline stages on the ranks of a measured scenario: eager, a strategy the stages run with (saves: dcp, as
+        every sharded scenario, ``_check_ranks``)."""
         pp = f"layout.pp {self.layout.pp}"
-        if self.save.strategy != "none":
-            raise NotBuiltYet(f"{pp} with checkpoint.strategy {self.save.strategy}: sharded saves of pipeline stages are "
-                              "not built yet (issue 32: each stage's state under the whole model's names); set "
-                              "checkpoint: {strategy: none}, or simulate the layout (simulate: {enabled: true})")
         if self.compile.enabled:
             raise NotBuiltYet(f"{pp} with compile.scope {self.compile.scope}: compiled pipeline stages are not built yet "
                               "(issue 32 item 7); drop compile or layout.pp")

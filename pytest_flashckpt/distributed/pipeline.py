@@ -289,6 +289,15 @@ class PipelineTrainer:
     losses: list[torch.Tensor] = field(default_factory=list)
     tensor_parallel: bool = False  # the stages are tensor parallel: the schedule runs under ``loss_parallel``
     activation: str = ""  # what the activation strategy wrapped, per stage (``AppliedActivation.describe``)
+    _view: nn.Module | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> nn.Module:
+        """This rank's stages under the whole model's names (``checkpoint_view``): what a sharded checkpoint
+        saves and loads (``distributed.sharded_store``), so a checkpoint of the stages loads into any layout."""
+        if self._view is None:
+            self._view = checkpoint_view(self.stages)
+        return self._view
 
     @property
     def has_first(self) -> bool:
@@ -342,6 +351,31 @@ class PipelineTrainer:
         self.optimizer_step()
         self.step += 1
         return loss
+
+
+def checkpoint_view(stages: list[StageModule]) -> nn.Module:
+    """A module holding the stages' modules at their paths in the whole model (``StageModule.names``): each
+    parameter's owning module registered where the whole model has it (``blocks.4.attn`` for a stage's
+    ``part.blocks.0.attn``), empty containers between, nothing copied. torch's ``get_state_dict`` on it gives the
+    whole model's FQNs, so the stages of every pipeline rank write disjoint keys of one checkpoint, and a one-process
+    or FSDP model reads them by its own names."""
+    root = nn.Module()
+    for stage in stages:
+        for local, whole in stage.names.items():
+            owner = stage.get_submodule(local.rpartition(".")[0])
+            *parents, leaf = whole.rpartition(".")[0].split(".")
+            node = root
+            for name in parents:
+                if name not in node._modules:
+                    node.add_module(name, nn.Module())
+                node = node._modules[name]
+            if leaf not in node._modules:
+                node.add_module(leaf, owner)
+    held = {name for name, _ in root.named_parameters()}
+    wanted = {whole for stage in stages for whole in stage.names.values()}
+    if held != wanted:  # (a module owning parameters beside children that another path registered first)
+        raise ValueError(f"pipeline checkpoint view: {sorted(held ^ wanted)[:3]} do not sit at the whole model's names")
+    return root
 
 
 def _schedule(stages: list[PipelineStage], pipeline: PipelineSchedule):

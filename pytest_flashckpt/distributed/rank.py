@@ -2,7 +2,7 @@
 started by torchrun (``launcher``). The model is FSDP2-sharded over every rank, or laid out as the scenario's
 ``layout`` says (``dp_shard x tp``: tensor + sequence parallel by ``parallelize_module`` on a 2D ``DeviceMesh``,
 then FSDP2 over its dp_shard dimension; ``distributed.tensor_parallel``; ``pp`` pipeline stages run by torch's
-schedule, ``distributed.pipeline``, without saves so far; docs/layouts.md). Writes
+schedule, ``distributed.pipeline``; docs/layouts.md). Writes
 ``DIR/rank-<r>.json`` with this rank's measurements:
 
 - ``peak_bytes`` / ``state_bytes``: the memory probe around one training step (what this rank holds: local shards
@@ -120,7 +120,7 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
     layout = scenario.parallel_layout
     if layout.pp > 1:  # eager, no saves (config.scenario refuses the rest)
-        return _measure_pipeline(scenario, device, backend, probe_name, out)
+        return _measure_pipeline(scenario, device, backend, probe_name, ckpt_root, out)
     mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
     if scenario.compile.enabled:
         return _measure_compiled(scenario, device, backend, mesh, out)
@@ -139,45 +139,61 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
         out["step_time_s"] = _timed_rounds(trainer, scenario, device)
 
     if scenario.save.strategy == "dcp":
-        save = scenario.save
-        config = {"scenario": scenario.name, "card": scenario.card, "async_save": save.async_save}
-        with sharded_store.ShardedCheckpointer(ckpt_root, async_save=save.async_save, config=config) as ckpt:
-            for _ in range(save.saves):
-                for _ in range(save.save_interval):
-                    trainer.train_step()
-                ckpt.save(trainer)
-        out["saves"] = [_save_record(r) for r in ckpt.saves]
-        original = sharded_store.gathered_state(trainer)  # the trainer has not moved since the last save
-        fresh, _ = _trainer(scenario, device, backend, mesh)
-        start = time.perf_counter()
-        sharded_store.load(fresh, sharded_store.latest(ckpt_root))
-        out["load_s"] = time.perf_counter() - start
-        loaded = sharded_store.gathered_state(fresh)
-        if rank == 0:
-            out["roundtrip_differences"] = len(sharded_store.bitwise_differences(loaded, original))
-            out["roundtrip_tensors"] = len(original)
+        _save_and_load_back(scenario, trainer, lambda: _trainer(scenario, device, backend, mesh)[0], ckpt_root, out)
     return out
 
 
-def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, probe_name: str,
+def _save_and_load_back(scenario: Scenario, trainer, fresh_trainer, ckpt_root: Path, out: dict[str, Any],
+                        per_rank: bool = False) -> None:
+    """The scenario's sharded saves (every ``save_interval`` steps), then the last one loaded into a fresh trainer
+    of the layout and compared bit for bit: gathered on rank 0 (``sharded_store.gathered_state``), or (``per_rank``:
+    pipeline stages, each rank holding its own parameters) each rank's own full state, the differences summed."""
+    save = scenario.save
+    config = {"scenario": scenario.name, "card": scenario.card, "async_save": save.async_save}
+    with sharded_store.ShardedCheckpointer(ckpt_root, async_save=save.async_save, config=config) as ckpt:
+        for _ in range(save.saves):
+            for _ in range(save.save_interval):
+                trainer.train_step()
+            ckpt.save(trainer)
+    out["saves"] = [_save_record(r) for r in ckpt.saves]
+    state_of = sharded_store.local_full_state if per_rank else sharded_store.gathered_state
+    original = state_of(trainer)  # the trainer has not moved since the last save
+    fresh = fresh_trainer()
+    start = time.perf_counter()
+    sharded_store.load(fresh, sharded_store.latest(ckpt_root))
+    out["load_s"] = time.perf_counter() - start
+    counts = torch.tensor([len(sharded_store.bitwise_differences(state_of(fresh), original)), len(original)])
+    if per_rank:
+        dist.all_reduce(counts)
+    if dist.get_rank() == 0:
+        out["roundtrip_differences"], out["roundtrip_tensors"] = int(counts[0]), int(counts[1])
+
+
+def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, probe_name: str, ckpt_root: Path,
                       out: dict[str, Any]) -> dict[str, Any]:
     """A rank of pipeline stages (``distributed.pipeline``: the model built whole, split into stages, TP and FSDP2
     inside them, run by torch's schedule over the layout's microbatches): warmed up, one step in the rank's two
     windows (``pipeline.memory_step``, the rank probe; the stages' receive buffers count from the start), timed
-    rounds. Ranks of different pipeline stages hold different bytes: each rank's record keeps its stages."""
+    rounds, then the scenario's sharded saves of the stages (one checkpoint under the whole model's names) loaded
+    back into fresh stages bit for bit. Ranks of different pipeline stages hold different bytes: each rank's record
+    keeps its stages."""
     if "memory" in scenario.measure and probe_name != "cpu":
         raise StrategyUnavailable(f"pipeline stages under the {probe_name} probe: a stage's two windows are counted by "
                                   "the rank probe (cpu) only; the device probes are not wired yet (issue 32 item 8)")
     layout = scenario.parallel_layout
-    mixed = scenario.precision == "mixed"
-    dtype = DTYPES[scenario.dtype]  # (a layout's model is a card's: config.scenario refuses model.hf)
-    model = build_model(_card(scenario), backend, device, torch.float32 if mixed else dtype, seed=scenario.seed)
-    trainer = pipeline.build_pipeline(
-        model, layout, pipeline.make_mesh(layout, device.type), scenario.layout.pipeline_schedule(),
-        batch_size=scenario.batch_size, seq_len=scenario.seq_len, seed=scenario.seed, activation=scenario.activation,
-        mp_policy=fsdp.mixed_precision_policy(dtype) if mixed else None, device=device,
-    )  # fmt: skip
-    del model
+    mesh = pipeline.make_mesh(layout, device.type)
+
+    def stages() -> pipeline.PipelineTrainer:
+        mixed = scenario.precision == "mixed"
+        dtype = DTYPES[scenario.dtype]  # (a layout's model is a card's: config.scenario refuses model.hf)
+        model = build_model(_card(scenario), backend, device, torch.float32 if mixed else dtype, seed=scenario.seed)
+        return pipeline.build_pipeline(
+            model, layout, mesh, scenario.layout.pipeline_schedule(), batch_size=scenario.batch_size,
+            seq_len=scenario.seq_len, seed=scenario.seed, activation=scenario.activation,
+            mp_policy=fsdp.mixed_precision_policy(dtype) if mixed else None, device=device,
+        )  # fmt: skip
+
+    trainer = stages()
     pipeline_layout = scenario.layout.pipeline_schedule()
     out.update(backend=backend, activation=trainer.activation, layout=f"{layout.describe()}, {pipeline_layout.schedule} "
                f"over {pipeline_layout.microbatches} microbatches")
@@ -191,6 +207,8 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
         out.update(record, state_bytes=record["fwd_bwd_start_bytes"])
     if "timing" in scenario.measure:
         out["step_time_s"] = _timed_rounds(trainer, scenario, device)
+    if scenario.save.strategy == "dcp":  # the stages under the whole model's names (PipelineTrainer.model)
+        _save_and_load_back(scenario, trainer, stages, ckpt_root, out, per_rank=True)
     return out
 
 

@@ -15,7 +15,11 @@ DCP metadata classes (checked on rank 0 with the manifest, then by every rank's 
 are read with ``torch.load(weights_only=True)``.
 
 The state is ``get_state_dict(model, optimizer)`` (torch's FQN-keyed model and optimizer state, sharded as DTensors
-under FSDP2), so a checkpoint saved at N ranks loads at M ranks, or into a plain single-process model.
+under FSDP2), so a checkpoint saved at N ranks loads at M ranks, or into a plain single-process model. Saves flatten
+the optimizer state (``SAVE_OPTIONS``): one key per parameter and setting, so the ranks of pipeline stages, which
+hold disjoint parameters (``distributed.pipeline.PipelineTrainer.model``: the stages under the whole model's
+names), write one checkpoint that loads into any layout; ``train_state.json`` says so (``optim_layout``), and a
+checkpoint without it is read nested, as saves were before.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from pytest_flashckpt.training import Trainer
 DCP_DIR = "dcp"
 TRAIN_STATE = "train_state.json"
 STRATEGY = "fsdp-dcp"
+SAVE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # torch's option: state.<fqn>.<key>, param_groups.<fqn>.<key>
+FLAT = "flat"  # train_state.json's optim_layout for a save with SAVE_OPTIONS
 
 
 def _rank() -> int:
@@ -105,7 +111,28 @@ def local_bytes(state: Any) -> int:
 
 def _train_state(trainer: Trainer, world_size: int) -> dict[str, Any]:
     sched = trainer.scheduler.state_dict()  # LambdaLR: lr_lambdas is [None] for plain functions, so JSON holds it
-    return {"step": trainer.step, "seed": trainer.seed, "world_size": world_size, "scheduler": sched}
+    return {"step": trainer.step, "seed": trainer.seed, "world_size": world_size, "scheduler": sched, "optim_layout": FLAT}
+
+
+def _options(train_state: dict[str, Any]) -> StateDictOptions | None:
+    """How the checkpoint's optimizer state was laid out: flattened (``SAVE_OPTIONS``), or nested (saves before)."""
+    return SAVE_OPTIONS if train_state.get("optim_layout") == FLAT else None
+
+
+def local_full_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """This rank's parameters and optimizer state as full tensors (DTensors gathered over their mesh: a collective
+    over the ranks that share them), flattened to ``model/<fqn>`` and ``optim/<key>``. Every rank holds what it
+    trains: all of it under FSDP, its stages' part of it under pipeline stages, where ``gathered_state`` (rank 0
+    only) would miss the other stages."""
+    options = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+    state = training_state(trainer, options)
+    flat = {f"model/{fqn}": t for fqn, t in state["model"].items()}
+    for key, value in state["optim"].items():
+        if isinstance(value, torch.Tensor):
+            flat[f"optim/{key}"] = value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[f"optim/{key}"] = torch.tensor(value, dtype=torch.float64)
+    return flat
 
 
 @dataclass
@@ -168,7 +195,7 @@ class ShardedCheckpointer:
         """Start a save (sync: returns once committed; async: once DCP has staged the state in host memory)."""
         started = time.perf_counter()
         self.wait()  # at most one save in flight, as torch's async_save expects
-        state = training_state(trainer)
+        state = training_state(trainer, SAVE_OPTIONS)
         where: tuple[str, str] | str | None = None
         needed = self._bytes_needed(state)
         refusal: CheckpointError | None = None
@@ -271,10 +298,12 @@ def _verified(folder: Path, group=None) -> dict[str, Any]:
 
 def _restore(trainer: Trainer, folder: Path, group=None) -> dict[str, Any]:
     train_state = _verified(folder, group)
-    state = training_state(trainer)
+    options = _options(train_state)
+    state = training_state(trainer, options)
     try:
         safe_dcp.load(state, folder / DCP_DIR, process_group=group)
-        set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=options)
         trainer.scheduler.load_state_dict(train_state["scheduler"])
         trainer.step = int(train_state["step"])
     except CheckpointError:

@@ -88,9 +88,8 @@ def test_world_size_is_validated_before_anything_runs() -> None:
 def test_the_distributed_suite_runs_fsdp_and_tensor_parallel_ranks_with_dcp_saves() -> None:
     suite = load_suite("distributed")
     assert len(suite.scenarios) >= 6
-    # compiled ranks and pipeline stages: no saves (not built for them yet)
-    assert all(s.save.strategy == "dcp" for s in suite.scenarios if not s.compile.enabled and s.layout.pp == 1)
-    assert [s.name for s in suite.scenarios if s.layout.pp > 1] == ["pp2-1f1b-full"]
+    assert all(s.save.strategy == "dcp" for s in suite.scenarios if not s.compile.enabled)  # compiled ranks: no saves
+    assert [s.name for s in suite.scenarios if s.layout.pp > 1] == ["pp2-1f1b-full-dcp-sync"]
     assert any(s.save.async_save for s in suite.scenarios)
     fsdp = [s for s in suite.scenarios if not s.layout.tensor_parallel]
     assert len(fsdp) >= 3 and all(s.world_size == 2 for s in fsdp)

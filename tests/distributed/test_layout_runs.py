@@ -16,7 +16,8 @@ from pytest_flashckpt.models.cards import load_card
 
 def _layout_scenarios():
     suite = load_suite("distributed")
-    chosen = [s for s in suite.scenarios if s.layout.tensor_parallel and s.activation.strategy != "none"]
+    chosen = [s for s in suite.scenarios if s.layout.tensor_parallel and s.activation.strategy != "none"
+              and not s.compile.enabled]  # compiled ranks save nothing: test_compiled_ranks.py runs them
     # fewer rounds and saves than the suite: what is checked here is what a rank holds and loads, not its times
     return [dataclasses.replace(s, rounds=1, save=dataclasses.replace(s.save, saves=2)) for s in chosen]
 

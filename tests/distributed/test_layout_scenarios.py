@@ -46,8 +46,6 @@ def test_a_layout_the_ranks_cannot_hold_is_refused_naming_the_key(kw, message) -
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    (dict(), r"layout.pp 2 with checkpoint.strategy dcp: sharded saves of pipeline stages are not built yet \(issue 32"
-             r".*set checkpoint: \{strategy: none\}"),
     (dict(save=SaveConfig(), activation=ActivationConfig("budget", budget=0.5)),
      r"layout.pp 2 with activation.strategy budget: pipeline stages run none, full, every_k, selective_op"),
     (dict(save=SaveConfig(), compile=CompileConfig(scope="block")), r"layout.pp 2 with compile.scope block: compiled "
@@ -58,11 +56,14 @@ def test_what_measured_pipeline_stages_cannot_be_is_refused_naming_the_key(kw, m
         _scenario(world_size=2, layout=LayoutMesh(pp=2), **kw)
 
 
-def test_measured_pipeline_stages_run_eager_without_saves() -> None:
+def test_measured_pipeline_stages_run_eager_with_or_without_sharded_saves() -> None:
     for strategy in MEASURED_PIPELINE_STRATEGIES:
-        scenario = _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2, microbatches=4), save=SaveConfig(),
-                             activation=ActivationConfig(strategy))
-        assert scenario.parallel_layout.describe() == "dp_shard 1 x tp 1 x pp 2"
+        for save in (SaveConfig(), DCP):
+            scenario = _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2, microbatches=4), save=save,
+                                 activation=ActivationConfig(strategy))
+            assert scenario.parallel_layout.describe() == "dp_shard 1 x tp 1 x pp 2"
+    with pytest.raises(ValueError, match="sharded saves use checkpoint.strategy dcp"):
+        _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2), save=SaveConfig(strategy="sync"))
     with pytest.raises(ValueError, match="3 microbatches do not divide the batch of a data-parallel rank"):
         _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2, microbatches=3), save=SaveConfig())
 
@@ -224,7 +225,7 @@ def test_the_will_it_fit_row_names_the_pipeline_schedule_of_a_staged_layout() ->
 
 def test_measured_stages_the_card_cannot_split_are_refused_before_anything_runs(tmp_path, monkeypatch) -> None:
     text = _suite(tmp_path, monkeypatch, "- {name: p, model: llama-tiny, world_size: 4, batch_size: 4, "
-                                         "layout: {pp: 4}, checkpoint: {strategy: none}}")
+                                         "layout: {pp: 4}}")
     assert text.startswith("suites/x.yaml: scenario 'p': layout.pp:") and "3 blocks" in text, text
 
 
