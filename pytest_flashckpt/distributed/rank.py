@@ -119,18 +119,14 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
     layout = scenario.parallel_layout
-    if layout.pp > 1:  # eager, no saves (config.scenario refuses the rest)
+    if layout.pp > 1:  # eager (config.scenario refuses compiled stages)
         return _measure_pipeline(scenario, device, backend, probe_name, ckpt_root, out)
     mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
     if scenario.compile.enabled:
         return _measure_compiled(scenario, device, backend, mesh, out)
     trainer, applied = _trainer(scenario, device, backend, mesh)
     out.update(backend=backend, activation=applied.describe(), layout=layout.describe())
-    with OpNameRecorder() as recorder:
-        trainer.train_step()
-    for _ in range(max(scenario.warmup, 1) - 1):
-        trainer.train_step()
-    out["kernel"] = detect_kernel(recorder.op_names, backend)
+    out["kernel"] = _warm_up(trainer, scenario, backend)
 
     if "memory" in scenario.measure:
         out.update(_memory_step(trainer, probe_name, device))
@@ -141,6 +137,15 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     if scenario.save.strategy == "dcp":
         _save_and_load_back(scenario, trainer, lambda: _trainer(scenario, device, backend, mesh)[0], ckpt_root, out)
     return out
+
+
+def _warm_up(trainer, scenario: Scenario, backend: str) -> str:
+    """The scenario's warm-up steps (at least one), the first watched for the attention kernel it ran."""
+    with OpNameRecorder() as recorder:
+        trainer.train_step()
+    for _ in range(max(scenario.warmup, 1) - 1):
+        trainer.train_step()
+    return detect_kernel(recorder.op_names, backend)
 
 
 def _save_and_load_back(scenario: Scenario, trainer, fresh_trainer, ckpt_root: Path, out: dict[str, Any],
@@ -197,11 +202,7 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
     pipeline_layout = scenario.layout.pipeline_schedule()
     out.update(backend=backend, activation=trainer.activation, layout=f"{layout.describe()}, {pipeline_layout.schedule} "
                f"over {pipeline_layout.microbatches} microbatches")
-    with OpNameRecorder() as recorder:
-        trainer.train_step()
-    for _ in range(max(scenario.warmup, 1) - 1):
-        trainer.train_step()
-    out["kernel"] = detect_kernel(recorder.op_names, backend)
+    out["kernel"] = _warm_up(trainer, scenario, backend)
     if "memory" in scenario.measure:
         record = pipeline.memory_step(trainer, device.type)
         out.update(record, state_bytes=record["fwd_bwd_start_bytes"])

@@ -233,12 +233,12 @@ class ShardedCheckpointer:
 
     def _bytes_needed(self, state: Any) -> int:
         """An upper bound of what one save writes over all ranks (they share the root's filesystem): every rank's
-        local tensor bytes summed (a collective), plus the formats' per-tensor and per-save overheads
-        (``checkpoint.space``)."""
+        local tensor bytes summed (a collective), plus the formats' per-item and per-save overheads
+        (``checkpoint.space``). Every leaf is one DCP item: a tensor, or a setting pickled on its own (the flattened
+        optimizer's ``param_groups.<fqn>.lr`` and the like)."""
         from torch.utils._pytree import tree_leaves
 
-        n_tensors = sum(1 for t in tree_leaves(state) if isinstance(t, torch.Tensor))
-        counts = torch.tensor([local_bytes(state) + PER_TENSOR_BYTES * n_tensors], dtype=torch.int64)
+        counts = torch.tensor([local_bytes(state) + PER_TENSOR_BYTES * len(tree_leaves(state))], dtype=torch.int64)
         if self.group is not None:
             dist.all_reduce(counts, group=self.group)
         return int(counts.item()) + PER_SAVE_BYTES
