@@ -17,7 +17,7 @@ from pytest_flashckpt.models.cards import load_card
 def _layout_scenarios():
     suite = load_suite("distributed")
     chosen = [s for s in suite.scenarios if s.layout.tensor_parallel and s.activation.strategy != "none"
-              and not s.compile.enabled]  # compiled ranks save nothing: test_compiled_ranks.py runs them
+              and not s.compile.enabled and s.layout.pp == 1]  # compiled ranks: test_compiled_ranks.py; stages: below
     # fewer rounds and saves than the suite: what is checked here is what a rank holds and loads, not its times
     return [dataclasses.replace(s, rounds=1, save=dataclasses.replace(s.save, saves=2)) for s in chosen]
 
@@ -48,18 +48,29 @@ def test_a_layout_scenario_runs_loads_back_bitwise_and_holds_what_the_engine_sim
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_the_pipeline_scenario_runs_and_every_rank_holds_what_the_engine_simulates_for_its_stages(tmp_path) -> None:
+@pytest.mark.parametrize("scenario", [s for s in load_suite("distributed").scenarios if s.layout.pp > 1], ids=lambda s: s.name)
+def test_a_pipeline_scenario_runs_loads_back_bitwise_and_every_rank_holds_what_the_engine_simulates(scenario, tmp_path) -> None:
     from pytest_flashckpt.distributed.scenario_run import run_distributed
     from pytest_flashckpt.report.distributed import engine_ranks
 
-    (scenario,) = [s for s in load_suite("distributed").scenarios if s.layout.pp > 1]
-    result = run_distributed(dataclasses.replace(scenario, rounds=1), "cpu", "cpu", tmp_path)
+    scenario = dataclasses.replace(scenario, rounds=1, save=dataclasses.replace(scenario.save, saves=2))
+    result = run_distributed(scenario, "cpu", "cpu", tmp_path)
     assert result.status == "measured", (result.reason, result.notes[-1:])
-    assert "layout: dp_shard 1 x tp 1 x pp 2, 1f1b over 4 microbatches" in result.notes
+    layout, pipeline = scenario.parallel_layout, scenario.layout.pipeline_schedule()
+    assert f"layout: {layout.describe()}, {pipeline.schedule} over {pipeline.microbatches} microbatches" in result.notes
+    assert result.number("roundtrip_differences") == 0  # the stages' checkpoint loaded back into fresh stages
     simulated, why = engine_ranks(result)
-    assert why == "" and len(simulated) == 2
-    # each rank's two windows equal to the byte to its stages simulated (no FSDP inside: nothing gloo stages apart)
-    assert result.per_rank["peak_bytes"] == [peak for peak, _, _ in simulated]
+    assert why == "" and len(simulated) == scenario.world_size
+    # each rank's state and optimizer peak equal to the byte to its own stages simulated
     assert result.per_rank["state_bytes"] == [start for _, start, _ in simulated]
     assert result.per_rank["optimizer_peak_bytes"] == [optimizer for _, _, optimizer in simulated]
-    assert result.per_rank["peak_bytes"][0] != result.per_rank["peak_bytes"][1]  # the stages hold different blocks
+    first, last = result.per_rank["peak_bytes"][0], result.per_rank["peak_bytes"][-1]
+    assert first != last  # the first and the last stage hold different blocks
+    if layout.dp_shard == 1 and layout.tp == 1:  # no collective inside a stage: the whole peak to the byte
+        assert result.per_rank["peak_bytes"] == [peak for peak, _, _ in simulated]
+        return
+    # else higher by what gloo's thread still holds of finished collectives (docs/layouts.md), as the tp rows
+    activation = scenario.batch_size // layout.dp_shard * scenario.seq_len * load_card(scenario.card).n_embd * 4
+    bound = GLOO_STAGING_FACTOR * activation + (result.number("largest_allgather_bytes") or 0)
+    for measured, (peak, _, _) in zip(result.per_rank["fwd_bwd_peak_bytes"], simulated):
+        assert 0 <= measured - peak <= bound, (measured, peak, bound)
