@@ -156,6 +156,10 @@ class PipelineSchedule:
                 f"{self.stages_per_rank}; use schedule {MULTI_STAGE_SCHEDULES[0]} or stages_per_rank 1"
             )
 
+    def describe(self) -> str:
+        """``1f1b over 4 microbatches``: how a report and a rank's record name the schedule."""
+        return f"{self.schedule} over {self.microbatches} microbatches"
+
     def check(self, layout: Layout, *, batch_size: int, n_blocks: int) -> None:
         """The schedule fits the layout, the batch and the model: stages <= blocks, and ``check_batch``."""
         layout.check_stages(n_blocks, self.stages_per_rank)

@@ -185,7 +185,7 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
     if "memory" in scenario.measure and probe_name != "cpu":
         raise StrategyUnavailable(f"pipeline stages under the {probe_name} probe: a stage's two windows are counted by "
                                   "the rank probe (cpu) only; the device probes are not wired yet (issue 32 item 8)")
-    layout = scenario.parallel_layout
+    layout, schedule = scenario.parallel_layout, scenario.layout.pipeline_schedule()
     mesh = pipeline.make_mesh(layout, device.type)
 
     def stages() -> pipeline.PipelineTrainer:
@@ -193,15 +193,13 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
         dtype = DTYPES[scenario.dtype]  # (a layout's model is a card's: config.scenario refuses model.hf)
         model = build_model(_card(scenario), backend, device, torch.float32 if mixed else dtype, seed=scenario.seed)
         return pipeline.build_pipeline(
-            model, layout, mesh, scenario.layout.pipeline_schedule(), batch_size=scenario.batch_size,
+            model, layout, mesh, schedule, batch_size=scenario.batch_size,
             seq_len=scenario.seq_len, seed=scenario.seed, activation=scenario.activation,
             mp_policy=fsdp.mixed_precision_policy(dtype) if mixed else None, device=device,
         )  # fmt: skip
 
     trainer = stages()
-    pipeline_layout = scenario.layout.pipeline_schedule()
-    out.update(backend=backend, activation=trainer.activation, layout=f"{layout.describe()}, {pipeline_layout.schedule} "
-               f"over {pipeline_layout.microbatches} microbatches")
+    out.update(backend=backend, activation=trainer.activation, layout=f"{layout.describe()}, {schedule.describe()}")
     out["kernel"] = _warm_up(trainer, scenario, backend)
     if "memory" in scenario.measure:
         record = pipeline.memory_step(trainer, device.type)
@@ -273,8 +271,6 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
 def _eager_kernel(scenario: Scenario, device: torch.device, backend: str) -> str:
     """The attention kernel an eager forward of the scenario's card runs (a compiled step cannot be watched by a
     dispatch mode): one forward of the plain model on one batch row, no process group involved."""
-    from pytest_flashckpt.models.cards import build_model
-
     if scenario.model.hf is not None:
         return backend  # a Hugging Face model's eager twin is not built here: the backend asked for
     model = build_model(load_card(scenario.card), backend, device, DTYPES[scenario.dtype], seed=scenario.seed)

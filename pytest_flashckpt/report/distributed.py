@@ -51,8 +51,7 @@ def _layout(r: Result) -> str:
     if not _laid_out(r):
         return f"FSDP over {c.world_size}{compiled}"
     if c.layout.pp > 1:
-        pipeline = c.layout.pipeline_schedule()
-        compiled = f", {pipeline.schedule} over {pipeline.microbatches} microbatches{compiled}"
+        compiled = f", {c.layout.pipeline_schedule().describe()}{compiled}"
     return f"{c.parallel_layout.describe()}{compiled}"
 
 
@@ -109,10 +108,9 @@ def engine_ranks(r: Result) -> tuple[list[tuple[int, int, int]] | None, str]:
     if c.layout.pp == 1:
         record, why = engine_rank(r)
         return (None, why) if record is None else ([record] * c.world_size, "")
-    if c.activation.strategy not in _layout_strategies():
-        return None, f"the {c.activation.strategy} strategy is not simulated by the engine yet"
-    if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
-        return None, "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
+    why = _engine_refusal(r)
+    if why is not None:
+        return None, why
     layout, pipeline = c.parallel_layout, c.layout.pipeline_schedule()
     try:
         return [_simulate_stage_rank(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
@@ -123,10 +121,16 @@ def engine_ranks(r: Result) -> tuple[list[tuple[int, int, int]] | None, str]:
         return None, f"not simulated: {exc}"
 
 
-def _layout_strategies() -> tuple[str, ...]:
+def _engine_refusal(r: Result) -> str | None:
+    """Why the engine cannot simulate the ranks of ``r`` (its strategy, a dropout override, another op or device)."""
     from pytest_flashckpt.simulate.layouts import LAYOUT_STRATEGIES
 
-    return LAYOUT_STRATEGIES
+    c = r.config
+    if c.activation.strategy not in LAYOUT_STRATEGIES:
+        return f"the {c.activation.strategy} strategy is not simulated by the engine yet"
+    if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
+        return "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
+    return None
 
 
 def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
@@ -159,10 +163,9 @@ def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
     """A tensor-parallel result's rank simulated by the engine: (peak, state at the step's start, optimizer
     peak) in bytes, or None and why not."""
     c = r.config
-    if c.activation.strategy not in _layout_strategies():
-        return None, f"the {c.activation.strategy} strategy is not simulated by the engine yet"
-    if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
-        return None, "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
+    why = _engine_refusal(r)
+    if why is not None:
+        return None, why
     layout = c.parallel_layout
     try:
         return _simulate_layout(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,

@@ -117,7 +117,7 @@ def check_layouts(suite: Suite, shelf: CardShelf) -> None:
         if scenario.layout.pp > 1 and not scenario.simulate.enabled:  # measured stages: the card split as the ranks will
             from pytest_flashckpt.simulate.layouts import stages_refusal
 
-            why = stages_refusal(scenario)
+            why = stages_refusal(scenario, shelf.load(scenario.card))
             if why is not None:
                 raise ConfigError(suite.origin(scenario), why, "set layout.pp (or the schedule's keys) so the stages "
                                   "split the card's blocks", scenario=scenario.name, key="layout.pp")

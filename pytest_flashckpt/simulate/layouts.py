@@ -145,12 +145,12 @@ def engine_cannot_run_scenario(scenario) -> str | None:
     return None
 
 
-def stages_refusal(scenario) -> str | None:
-    """Why the card cannot be split into the scenario's pipeline stages (more stages than blocks, tensor-parallel
-    shards that do not divide the sequence or vocabulary), or None."""
+def stages_refusal(scenario, card=None) -> str | None:
+    """Why the card (``card``, else the scenario's loaded) cannot be split into the scenario's pipeline stages
+    (more stages than blocks, tensor-parallel shards that do not divide the sequence or vocabulary), or None."""
     from pytest_flashckpt.models.cards import load_card
 
-    card, layout = load_card(scenario.card), scenario.parallel_layout
+    card, layout = card if card is not None else load_card(scenario.card), scenario.parallel_layout
     try:
         layout.check_card(card)
         scenario.layout.pipeline_schedule().check(layout, batch_size=scenario.batch_size, n_blocks=card.n_layer)
@@ -237,6 +237,6 @@ def _pipeline_scenario(scenario, result, card, layout, common: dict, started: fl
                      "blocks read off their line")
     how = "; ".join(lines) or "simulated whole"
     result.notes.append(f"simulated by the real engine ({engine} under FakeTensorMode, {layout.describe()}, "
-                        f"{pipeline.schedule} over {pipeline.microbatches} microbatches, {pipeline.stages_per_rank} "
+                        f"{pipeline.describe()}, {pipeline.stages_per_rank} "
                         f"stage(s) per rank; the first and last pipeline ranks: {ranks}; {how}): peak in the {phase} "
                         "of the larger; CPU flash-attention op, no breakdown by category")
