@@ -18,6 +18,7 @@ stored before fingerprints are compared as before, and a note says how many.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from pytest_flashckpt.baselines.entry import BaselineEntry
@@ -76,6 +77,15 @@ class Gate:
         self.verdicts.extend(rows)
         self.notes.extend(notes)
         return rows
+
+    def first_look(self, result: Result, metric: str, samples: list[float]) -> RegressionVerdict | None:
+        """``metric``'s provisional row when the first look at it (``samples`` so far) reads slower than this
+        profile's baseline: None when it does not, or when there is nothing to compare with. Records nothing:
+        the scenario is judged once, on all its samples (``judge``)."""
+        stored = None if self.baseline is None else self.baseline.scenarios.get(result.id)
+        if stored is None or (stored.fingerprint is not None and stored.fingerprint != fingerprint(result.config)):  # type: ignore[arg-type]
+            return None
+        return first_look(stored, result, metric, samples, self.thresholds)
 
     def _changed_configuration(self, result: Result, stored: BaselineEntry) -> RegressionVerdict | None:
         """The ``not comparable`` row when ``result``'s configuration is not the one ``stored`` was measured with."""
@@ -193,3 +203,20 @@ def failure_text(rows: list[RegressionVerdict], baseline_path: Path | str, thres
         lines.append(f"  {r.metric}: baseline {fmt(r.baseline)}, current {fmt(r.current)}, change {change}{p}{note}")
     lines.append("if the change is intended, refresh the baseline: pytest --flashckpt-suite=... --flashckpt-save-baseline")
     return "\n".join(lines)
+
+
+SLOWER_FIRST_LOOK = ("regressed", "~")  # the first-look verdicts that ask for confirmation rounds, when slower
+
+
+def first_look(stored: BaselineEntry, result: Result, metric: str, samples: list[float],
+               thresholds: Thresholds) -> RegressionVerdict | None:
+    """``metric``'s row judged on ``samples`` alone against ``stored`` when it reads slower (regressed, or beyond
+    the tolerance without significance: ``~``), else None. Pure: shared by the gate and benchmarks/gate_power.py."""
+    if not samples:
+        return None
+    rows, _ = compare_scenario(result.id, stored, {metric: statistics.median(samples)}, {metric: list(samples)},
+                               result.probe, thresholds)
+    row = next((r for r in rows if r.metric == metric), None)
+    if row is None or row.verdict not in SLOWER_FIRST_LOOK or (row.change or 0.0) <= 0:
+        return None
+    return row

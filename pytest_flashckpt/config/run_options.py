@@ -105,6 +105,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("flashckpt-rounds", "override every scenario's interleaved timing rounds (0 = as the suite says)", 0, _non_negative_int),
     OptionSpec("flashckpt-saves", "override every checkpoint scenario's saves (0 = as the suite says); baselines use more", 0, _non_negative_int),
+    OptionSpec(
+        "flashckpt-confirm-rounds",
+        "timing rounds added to a scenario whose first rounds read slower than its baseline, before it is judged on "
+        "all of them (0 = never; docs/running.md, 'Confirmation rounds')",
+        5, _non_negative_int,
+    ),
     OptionSpec("flashckpt-workdir", "folder for temporary checkpoints (default: the system temp folder)", ""),
     OptionSpec("flashckpt-baseline-dir", "folder of <profile>.json baselines, relative to the invocation folder", "baselines"),
     OptionSpec("flashckpt-save-baseline", "write/update this profile's baseline with the scenarios that ran", False, lambda t: t.lower() in ("1", "true", "yes")),
@@ -144,6 +150,7 @@ class Options:
     include: tuple[str, ...] = ()
     rounds: int = 0
     saves: int = 0
+    confirm_rounds: int = 5
     workdir: str = ""
     baseline_dir: str = "baselines"
     save_baseline: bool = False

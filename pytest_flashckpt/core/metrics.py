@@ -124,6 +124,7 @@ _NUMBERS = (
     Metric("reference_step_time_s", "s", "info", "the reference's median step time", fmt="ms"),
     Metric("overhead_min", "ratio", "info", "smallest per-round overhead", fmt="ratio"),
     Metric("overhead_max", "ratio", "info", "largest per-round overhead", fmt="ratio"),
+    Metric("confirmation_rounds", "count", "info", "timing rounds added after the first look read slower than the baseline (--flashckpt-confirm-rounds)", fmt="count"),
     Metric("reference_step_flops", "FLOP", "info", "the reference's step_flops", fmt="gflop"),
     Metric("flop_ratio", "ratio", "info", "step_flops / reference step_flops", fmt="ratio", compare_order=5),
     Metric("reference_save_total_s", "s", "info", "the reference's synchronous save time", fmt="ms"),

@@ -44,6 +44,7 @@ from pytest_flashckpt.compile_step import (  # noqa: F401  (re-exported: the com
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.core.metrics import Measurements
 from pytest_flashckpt.core.result import Result
+from pytest_flashckpt.runner.confirm import confirmation, note_confirmation
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.passes import peak_pass, resident_tensors, timing_pass
 from pytest_flashckpt.training import Trainer
@@ -119,8 +120,10 @@ def measure_compiled(scenario: Scenario, ctx: RunContext, result: Result, build:
     if "timing" in scenario.measure:
         timing = timing_pass(side.trainer.train_step, None if reference is None else reference.trainer.train_step,
                              scenario.rounds, scenario.steps, ctx.device,
-                             on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"))
+                             on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"),
+                             more_rounds=confirmation(ctx, result))
         result.absorb(timing.measurements())
+        note_confirmation(result, scenario.rounds, timing)
     recompiles = dynamo_counts()[0] - graphs_after_warmup
     result.record("recompiles", recompiles)
     if recompiles:

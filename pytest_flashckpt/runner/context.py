@@ -101,6 +101,9 @@ class RunContext:
     inject: Injection | None = None  # a known regression on purpose, to check the gate can fail (config/injection.py)
     # told the phase a scenario is in ("memory pass", "timing round 3/5", "save 2/6"): front ends print a heartbeat
     on_phase: Callable[[str], None] | None = None
+    # asked after a timing pass's first look (the scenario's result so far, its per-round overhead samples): how many
+    # confirmation rounds to add before it is judged (``runner.passes.timing_pass``); the suite run's gate answers
+    more_rounds: Callable[[Any, list[float]], int] | None = None
     cards: CardShelf = dataclasses.field(default_factory=CardShelf)  # the run's model cards, each read once
     _profile: tuple[dict[str, Any], str] | None = None
 

@@ -59,6 +59,7 @@ class TimingPass:
 
     step_s: list[float]
     reference_s: list[float] | None = None
+    confirmation_rounds: int = 0  # rounds added after the first look read slower than the baseline (0: none)
 
     @property
     def step_time_s(self) -> float:
@@ -84,17 +85,33 @@ class TimingPass:
             out.record("overhead", statistics.median(ratios), samples=ratios)
             out.record("overhead_min", min(ratios))
             out.record("overhead_max", max(ratios))
+        if self.confirmation_rounds:
+            out.record("confirmation_rounds", self.confirmation_rounds)
         return out
 
 
 def timing_pass(
     step: Callable[[], object], reference: Callable[[], object] | None, rounds: int, steps: int, device: torch.device,
     on_round: Callable[[int, int], None] | None = None,
+    more_rounds: Callable[[list[float]], int] | None = None,
 ) -> TimingPass:
-    """``rounds`` interleaved rounds of ``steps`` calls each (reference first in even rounds, last in odd ones)."""
+    """``rounds`` interleaved rounds of ``steps`` calls each (reference first in even rounds, last in odd ones).
+
+    ``more_rounds``, with a reference: told the per-round overhead samples of that first look, it returns how many
+    rounds to add before anything is judged (0: none). The suite run asks its gate (``Gate.first_look``): a
+    first look that reads slower than the baseline gets confirmation rounds, so that a burst of noise in a few
+    rounds is not a verdict and a real slowdown is judged on more rounds (docs/running.md, "Confirmation
+    rounds"). The added rounds go on with the alternation and count like the others."""
     variants = [step] if reference is None else [reference, step]
     times = interleaved(variants, rounds, steps, device, on_round)
-    return TimingPass(times[-1], None if reference is None else times[0])
+    added = 0
+    if more_rounds is not None and reference is not None:
+        added = more_rounds([s / r for s, r in zip(times[1], times[0])])
+        if added > 0:
+            more = interleaved(variants, added, steps, device, on_round, first_round=rounds)
+            for kept, new in zip(times, more):
+                kept.extend(new)
+    return TimingPass(times[-1], None if reference is None else times[0], confirmation_rounds=max(added, 0))
 
 
 @dataclass

@@ -30,6 +30,7 @@ from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.report.compiled import NOT_SIMULATED
 from pytest_flashckpt.runner.compiled import check_can_compile, measure_compiled
+from pytest_flashckpt.runner.confirm import confirmation, note_confirmation
 from pytest_flashckpt.runner.context import RunContext, SkipScenario
 from pytest_flashckpt.runner.outcome import recorded
 from pytest_flashckpt.runner.passes import peak_pass, timing_pass
@@ -261,8 +262,10 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     if "timing" in scenario.measure:
         timing = shared(f"timing pass ({scenario.rounds} rounds)", lambda: timing_pass(
             trainer.train_step, None if reference is None else reference.trainer.train_step, scenario.rounds,
-            scenario.steps, ctx.device, on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}")))
+            scenario.steps, ctx.device, on_round=lambda i, n: ctx.phase(f"timing round {i}/{n}"),
+            more_rounds=confirmation(ctx, result)))
         result.absorb(timing.measurements())
+        note_confirmation(result, scenario.rounds, timing)
     if "flops" in scenario.measure or "timing" in scenario.measure:  # timed steps get their throughput too
         _flops_and_throughput(scenario, ctx, result, trainer, reference)
     if "checkpoint" in scenario.measure:

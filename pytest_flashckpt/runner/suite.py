@@ -167,6 +167,8 @@ class SuiteRun:
             o = self.options
             self._ctx = RunContext.resolve(o.device, o.probe, o.workdir or None, o.inject, cards=self.cards)
             self._ctx.dtypes = tuple(s.dtype for s in self.suite.scenarios)
+            if o.confirm_rounds and not o.save_baseline and not o.no_compare:
+                self._ctx.more_rounds = self.confirmation_rounds
         return self._ctx
 
     @property
@@ -240,6 +242,16 @@ class SuiteRun:
             if o.save_baseline and self._gate.status == "compared":
                 self._gate.note("--flashckpt-save-baseline: regressions are reported, not failed; the baseline is refreshed")
         return self._gate
+
+    def confirmation_rounds(self, result: Result, overhead: list[float]) -> int:
+        """How many timing rounds to add to ``result``'s first look (``overhead``: its per-round samples so far):
+        ``--flashckpt-confirm-rounds`` when it reads slower than this profile's baseline, else 0
+        (``runner.confirm``). An unreadable baseline adds none: the judgement reports it."""
+        try:
+            gate = self.gate()
+        except BaselineError:
+            return 0
+        return self.options.confirm_rounds if gate.first_look(result, "overhead", overhead) is not None else 0
 
     def judge(self, result: Result) -> Judgement:
         """Regression verdicts of one result against the stored baseline (raises BaselineError for a bad file)."""

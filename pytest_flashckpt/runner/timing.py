@@ -30,16 +30,17 @@ def time_steps(step: Callable[[], object], steps: int, device: torch.device) -> 
 
 def interleaved(
     variants: Sequence[Callable[[], object]], rounds: int, steps: int, device: torch.device,
-    on_round: Callable[[int, int], None] | None = None,
+    on_round: Callable[[int, int], None] | None = None, first_round: int = 0,
 ) -> list[list[float]]:
     """Per-variant lists of per-round mean step times; each round runs every variant once, alternating which
-    goes first (A B, B A, A B, ...) so neither side always runs right after the other. ``on_round(i, rounds)`` is
-    called before each round (progress lines)."""
+    goes first (A B, B A, A B, ...) so neither side always runs right after the other. ``on_round(i, n)`` is
+    called before each round (progress lines). ``first_round``: the number of rounds already run, so that rounds
+    added later (confirmation rounds, ``runner.passes.timing_pass``) go on with the alternation."""
     samples: list[list[float]] = [[] for _ in variants]
     order = list(range(len(variants)))
-    for r in range(rounds):
+    for r in range(first_round, first_round + rounds):
         if on_round is not None:
-            on_round(r + 1, rounds)
+            on_round(r + 1, first_round + rounds)
         for i in order if r % 2 == 0 else reversed(order):
             samples[i].append(time_steps(variants[i], steps, device))
     return samples
