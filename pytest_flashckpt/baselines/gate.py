@@ -24,8 +24,8 @@ from pathlib import Path
 from pytest_flashckpt.baselines.entry import BaselineEntry
 from pytest_flashckpt.baselines.store import Baseline, BaselineError, locate
 from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, missing_scenario, not_comparable
-from pytest_flashckpt.baselines.fingerprints import fingerprint, fingerprinted
-from pytest_flashckpt.config.fingerprint import changed_keys
+from pytest_flashckpt.baselines.fingerprints import fingerprinted
+from pytest_flashckpt.config.fingerprint import changed_keys, same_configuration
 from pytest_flashckpt.core.comparison import VERDICT_ORDER, Comparison, RegressionVerdict, VerdictNote
 from pytest_flashckpt.core.files import shown_path
 from pytest_flashckpt.core.numbers import raw as fmt, relative_change as fmt_change
@@ -83,7 +83,7 @@ class Gate:
         profile's baseline: None when it does not, or when there is nothing to compare with. Records nothing:
         the scenario is judged once, on all its samples (``judge``)."""
         stored = None if self.baseline is None else self.baseline.scenarios.get(result.id)
-        if stored is None or (stored.fingerprint is not None and stored.fingerprint != fingerprint(result.config)):  # type: ignore[arg-type]
+        if stored is None or (stored.fingerprint is not None and not _same_configuration(stored, result)):
             return None
         return first_look(stored, result, metric, samples, self.thresholds)
 
@@ -92,7 +92,7 @@ class Gate:
         if stored.fingerprint is None:
             self.without_fingerprint.append(result.id)
             return None
-        if stored.fingerprint == fingerprint(result.config):  # type: ignore[arg-type]
+        if _same_configuration(stored, result):
             return None
         keys = changed_keys(stored.config or {}, fingerprinted(result.config))  # type: ignore[arg-type]
         shown = "; ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
@@ -203,6 +203,10 @@ def failure_text(rows: list[RegressionVerdict], baseline_path: Path | str, thres
         lines.append(f"  {r.metric}: baseline {fmt(r.baseline)}, current {fmt(r.current)}, change {change}{p}{note}")
     lines.append("if the change is intended, refresh the baseline: pytest --flashckpt-suite=... --flashckpt-save-baseline")
     return "\n".join(lines)
+
+
+def _same_configuration(stored: BaselineEntry, result: Result) -> bool:
+    return same_configuration(stored.fingerprint, stored.config, fingerprinted(result.config))  # type: ignore[arg-type]
 
 
 SLOWER_FIRST_LOOK = ("regressed", "~")  # the first-look verdicts that ask for confirmation rounds, when slower

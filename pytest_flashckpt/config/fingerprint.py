@@ -6,9 +6,10 @@ included (a changed default changes the numbers as surely as a changed setting),
 number's expected value:
 
 - the labels: ``name`` and ``suite`` (the baseline's key already), ``description``, ``article``;
-- the sample counts: ``rounds``, ``save.saves``, ``save.time_lost_rounds`` (more rounds or saves narrow a median,
-  they do not move it; the baseline recipe runs 20 rounds and 12 saves, a check run the suite's 5 and 3; the gate
-  judges the sample sizes on their own, ``unguarded``);
+- the sample counts: ``rounds``, ``steps`` (timed steps per round: a round's mean over more steps scatters less, it
+  does not move), ``save.saves``, ``save.time_lost_rounds`` (more rounds or saves narrow a median, they do not move
+  it; the baseline recipe runs 20 rounds and 12 saves, a check run the suite's 3 and 6; the gate judges the sample
+  sizes on their own, ``unguarded``);
 - which passes run: ``measure`` (a metric a pass no longer measures is ``missing``, one it adds is not compared);
 - the reserved axes at today's values (``config.axes``), and the axes added since fingerprints exist
   (``step_impl``) at their defaults: a new axis changes no stored fingerprint until a scenario sets it; the
@@ -19,7 +20,9 @@ roles live in ``activation/``, which this layer cannot import) come in as ``reso
 (``baselines.fingerprints``), so a default changed there changes the fingerprint too.
 
 The flat form (``fingerprinted``: ``{"activation.k": 2, ...}``) is stored beside the hash, so the gate names the
-keys that changed (``changed_keys``).
+keys that changed (``changed_keys``), and an entry stored while a key was still fingerprinted that is left out now
+(``steps`` joined the sample counts after fingerprints existed) is compared on its flat form less what is left out
+today (``same_configuration``): leaving a key out never makes a stored entry "not comparable".
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pytest_flashckpt.config.axes import RESERVED_AXES, LayoutMesh, is_today
 from pytest_flashckpt.config.scenario import Scenario
 
 LABELS = ("name", "suite", "description", "article")
-SAMPLE_COUNTS = ("rounds", "save.saves", "save.time_lost_rounds")
+SAMPLE_COUNTS = ("rounds", "steps", "save.saves", "save.time_lost_rounds")
 PASSES = ("measure",)
 LEFT_OUT = (*LABELS, *SAMPLE_COUNTS, *PASSES)
 ADDED_AXES = ("step_impl",)  # axes added after fingerprints: left out while at their defaults
@@ -50,6 +53,16 @@ def fingerprinted(scenario: Scenario, resolved: dict[str, Any] | None = None) ->
             plain["layout"].pop(key)
     flat = {**_flatten(plain), **(resolved or {})}
     return {key: flat[key] for key in sorted(flat) if key not in LEFT_OUT}
+
+
+def same_configuration(stored_hash: str | None, stored_flat: dict[str, Any] | None, current: dict[str, Any]) -> bool:
+    """Whether a stored entry (its hash and flat form) was measured with the configuration ``current`` (this run's
+    ``fingerprinted``): the same hash, or the same flat form once the keys left out today are taken out of it."""
+    if stored_hash == digest(current):
+        return True
+    if stored_flat is None:
+        return False
+    return {k: v for k, v in stored_flat.items() if k not in LEFT_OUT} == current
 
 
 def workload_key(scenario: Scenario, with_save: bool = True) -> str:

@@ -116,10 +116,12 @@ def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_rec
 
 
 def test_every_fingerprint_stored_in_a_committed_baseline_matches_the_suite_today():
-    """Each committed baseline's fingerprinted entries are today's scenarios: an unintended change of a
-    fingerprint (a new field, a resolved default) would turn a whole baseline "not comparable". Control: the
-    selective_op entries stop matching once its default changes (next test)."""
-    from pytest_flashckpt.baselines.fingerprints import fingerprint as full_fingerprint
+    """Each committed baseline's fingerprinted entries are today's scenarios, as the gate compares them (the hash, or
+    the stored flat form less the keys left out today): an unintended change of a fingerprint (a new field, a
+    resolved default) would turn a whole baseline "not comparable". Control: the selective_op entries stop matching
+    once its default changes (next test)."""
+    from pytest_flashckpt.baselines.fingerprints import fingerprinted as full_fingerprinted
+    from pytest_flashckpt.config.fingerprint import same_configuration
     from pytest_flashckpt.config.suites import load_suite
 
     today = {f"{s.suite}::{s.name}": s for s in load_suite("default").scenarios}
@@ -128,7 +130,8 @@ def test_every_fingerprint_stored_in_a_committed_baseline_matches_the_suite_toda
         for scenario_id, entry in json.loads(path.read_text(encoding="utf-8"))["scenarios"].items():
             if entry.get("fingerprint") is None or scenario_id not in today:
                 continue
-            assert entry["fingerprint"] == full_fingerprint(today[scenario_id]), (path.name, scenario_id)
+            assert same_configuration(entry["fingerprint"], entry.get("config"), full_fingerprinted(today[scenario_id])), \
+                (path.name, scenario_id)
             checked += 1
     assert checked >= 30  # the default suite's measured scenarios of at least one fingerprinted baseline
 
@@ -152,3 +155,21 @@ def test_a_changed_selective_op_default_is_not_comparable(tmp_path, monkeypatch)
     rows = gate.judge(_result(default, 1.5))
     assert [r.verdict for r in rows] == ["not comparable"]
     assert 'activation.default_recompute: "(absent)" -> ["down"]' in rows[0].reason
+
+
+def test_steps_per_round_is_a_sample_count():
+    """A round's mean over more steps scatters less; it does not move the ratio: not a configuration change."""
+    assert fingerprint(dataclasses.replace(SCENARIO, steps=2)) == fingerprint(SCENARIO)
+
+
+def test_an_entry_stored_while_a_key_was_fingerprinted_stays_comparable(tmp_path):
+    """``steps`` joined the sample counts after fingerprints existed: an entry whose stored flat form still holds
+    it (and whose hash therefore differs) is compared, not "not comparable"; another key changed still is."""
+    gate = _gate(tmp_path, _result(SCENARIO, 1.2))
+    stored = gate.baseline.scenarios["mini::a"]
+    gate.baseline.scenarios["mini::a"] = dataclasses.replace(
+        stored, fingerprint="sha256:0000000000000000", config={**stored.config, "steps": 1})
+    rows = gate.judge(_result(dataclasses.replace(SCENARIO, steps=2), 2.0))
+    assert {r.metric: r.verdict for r in rows} == {"overhead": "regressed", "peak_bytes": "ok"}
+    changed = dataclasses.replace(SCENARIO, activation=ActivationConfig("every_k", k=3))
+    assert [r.verdict for r in gate.judge(_result(changed, 2.0))] == ["not comparable"]  # control
