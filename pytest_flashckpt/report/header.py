@@ -19,12 +19,19 @@ def kernels_line(record: RunRecord) -> str:
 
 
 def rounds_line(record: RunRecord) -> str:
-    rounds = sorted({r.config.rounds for r in record.results})
+    rounds = sorted({r.config.rounds for r in record.results if "timing" in r.config.measure})  # timed scenarios only
     if not rounds:
         return "unknown"
     if len(rounds) == 1:
-        return f"{rounds[0]} interleaved timing round{'s' if rounds[0] != 1 else ''} per scenario"
-    return f"{rounds[0]}-{rounds[-1]} interleaved timing rounds per scenario"
+        line = f"{rounds[0]} interleaved timing round{'s' if rounds[0] != 1 else ''} per scenario"
+    else:
+        line = f"{rounds[0]}-{rounds[-1]} interleaved timing rounds per scenario"
+    confirmed = [r for r in record.results if r.metrics.get("confirmation_rounds")]
+    if confirmed:  # runner/confirm.py: a first look that read slower than the baseline
+        added = sorted({int(r.metrics["confirmation_rounds"]) for r in confirmed})  # type: ignore[arg-type]
+        line += (f", and {'/'.join(map(str, added))} confirmation rounds in {len(confirmed)} scenario(s) whose first "
+                 "rounds read slower than the baseline")
+    return line
 
 
 def duration(seconds: float) -> str:

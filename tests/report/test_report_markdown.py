@@ -154,3 +154,12 @@ def test_a_record_in_the_old_shape_renders_as_it_does_rewritten_in_the_new(tmp_p
     new = read_record(rewritten)
     assert not any(name.endswith("_samples") for r in new.results for name in r.samples)
     assert render(new) == render(old)
+
+
+def test_header_counts_the_scenarios_that_added_confirmation_rounds(record: RunRecord) -> None:
+    """runner/confirm.py: a reader must see that some scenarios' ratios rest on more rounds than the suite names."""
+    assert "confirmation rounds" not in render(record).split("## ", 1)[0]  # control: none added
+    timed = next(r for r in record.results if "overhead" in r.metrics)
+    timed.metrics["confirmation_rounds"] = 5
+    head = render(record).split("## ", 1)[0]
+    assert "and 5 confirmation rounds in 1 scenario(s) whose first rounds read slower than the baseline" in head
