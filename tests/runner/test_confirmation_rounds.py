@@ -118,3 +118,21 @@ def test_the_suite_run_asks_its_gate_unless_the_baseline_is_refreshed_or_off(tmp
     assert _suite_run(tmp_path, confirm_rounds=2).confirmation_rounds(_now(), [1.30, 1.31, 1.29]) == 2
     for off in ({"confirm_rounds": 0}, {"save_baseline": True}, {"no_compare": True}):
         assert _suite_run(tmp_path, **off).context.more_rounds is None, off
+
+
+def test_a_pooled_baseline_is_looked_at_against_its_envelope():
+    """Against a baseline of two runs the first look is the envelope's judgement (``judge_across_runs``): a first
+    look inside the envelope (above the lower run, within the tolerance of the higher) asks for nothing."""
+    from pytest_flashckpt.baselines.entry import BaselineEntry
+    from pytest_flashckpt.baselines.gate import first_look
+
+    low, high = BASELINE_OVERHEAD, [v * 1.06 for v in BASELINE_OVERHEAD]
+    stored = BaselineEntry.from_dict({
+        "metrics": {"overhead": 1.13}, "samples": {"overhead": low + high}, "probe": "cpu",
+        "runs": [{"label": "a", "created": "t", "commit": None, "samples": {"overhead": low}},
+                 {"label": "b", "created": "t", "commit": None, "samples": {"overhead": high}}]})
+    assert first_look(stored, _now(), "overhead", [1.18, 1.17, 1.19], Thresholds()) is None  # inside: one run would flag it
+    one_run = BaselineEntry.from_dict({"metrics": {"overhead": 1.10}, "samples": {"overhead": low}, "probe": "cpu"})
+    assert first_look(one_run, _now(), "overhead", [1.18, 1.17, 1.19], Thresholds()) is not None  # control
+    row = first_look(stored, _now(), "overhead", [1.40, 1.38, 1.42], Thresholds())  # beyond the higher run
+    assert row is not None and row.verdict in ("regressed", "~")
