@@ -26,8 +26,10 @@ def confirmation(ctx: RunContext, result: Result) -> Callable[[list[float]], int
 
 
 def note_confirmation(result: Result, rounds: int, timing: TimingPass) -> None:
-    """Say in the result's notes that the timing pass added confirmation rounds, and why."""
+    """Say in the result's notes that the timing pass added confirmation rounds, and why (a pass shared with another
+    scenario of the same step was looked at against that scenario's baseline: its own note names it)."""
     if timing.confirmation_rounds:
         result.notes.append(
-            f"timing: the first {rounds} rounds read slower than the baseline, so {timing.confirmation_rounds} "
-            f"confirmation rounds were added; overhead is judged on all {rounds + timing.confirmation_rounds}")
+            f"timing: the first {rounds} rounds read slower than the baseline of the scenario that measured them, so "
+            f"{timing.confirmation_rounds} confirmation rounds were added; overhead is judged on all "
+            f"{rounds + timing.confirmation_rounds}")
