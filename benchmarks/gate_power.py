@@ -39,7 +39,7 @@ from pytest_flashckpt.baselines.entry import BaselineEntry
 from pytest_flashckpt.baselines.gate import first_look
 from pytest_flashckpt.baselines.stats import smallest_p
 from pytest_flashckpt.baselines.store import Baseline, entry
-from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, sampled_limits
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.config.injection import Injection
@@ -306,8 +306,9 @@ def write_report(out: Path, args, timing, stall, baseline, verdicts, thresholds,
         *([f"Baseline: `{shown(args.baseline)}` (stored; {describe_runs(baseline[t_id], 'overhead')}; "
            f"{describe_runs(baseline[s_id], STALL)}).  "] if args.baseline else []),
         f"Machine: torch {torch.__version__}, {torch.get_num_threads()} threads; {load_line}; {elapsed / 60:.1f} min.  ",
-        f"Gate: regressed = median change > {thresholds.timing_tolerance:.0%} AND one-sided Mann-Whitney p < {thresholds.alpha} "
-        f"(`pytest_flashckpt/baselines/regression_verdicts.py`).  ",
+        f"Gate: regressed = median change > {sampled_limits('overhead', thresholds)[0]:.0%} (overhead), "
+        f"{sampled_limits(STALL, thresholds)[0]:.0%} ({STALL}, its run-to-run drift) AND one-sided Mann-Whitney p < "
+        f"{thresholds.alpha} (`pytest_flashckpt/baselines/regression_verdicts.py`).  ",
         f"Step time: `{t_id}` as shipped ({rounds} interleaved rounds x {timing.steps} step(s), seq {timing.seq_len}, batch "
         f"{timing.batch_size}, and {args.confirm_rounds} confirmation rounds when those read slower than the baseline) vs a "
         f"{len(t_base)}-round baseline (median overhead {statistics.median(t_base):.3f}, range "

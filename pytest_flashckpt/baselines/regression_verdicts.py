@@ -25,7 +25,9 @@ How each kind of metric is judged, and why:
   within one run's samples: it regresses only beyond the highest run's median by the tolerance, and significantly
   above the within-run scatter placed at that highest level (``judge_across_runs``). A metric whose run medians
   spread more than ``Thresholds.max_spread`` is ``unstable``: reported with its spread, never ok, never failing
-  (on that metric the hosts of a profile differ more than the change the gate is meant to catch).
+  (on that metric the hosts of a profile differ more than the change the gate is meant to catch). A ratio whose run
+  medians move more than the timing tolerance between runs of unchanged code on one host (``Metric.run_drift``,
+  measured: reports/run-drift.md) is judged at that drift instead (``sampled_limits``).
 - **time** (absolute seconds: ``step_time_s``...) depends on who else uses the machine; recorded in baselines,
   judged like ratios only when ``--flashckpt-gate-times`` asks for it.
 """
@@ -66,6 +68,16 @@ class Thresholds:
     # it is ``unstable``, never a regression. +150% sits above that measured host difference and below what a save
     # that stops overlapping its copy costs (its stall then becomes the whole copy), so such a regression still fails
     host_tolerance: float = 1.5
+
+
+def sampled_limits(name: str, thresholds: Thresholds) -> tuple[float, float]:
+    """The tolerance and the largest spread of baseline run medians that the sampled metric ``name`` is judged at
+    against a stored baseline: the thresholds', widened to the metric's measured run-to-run drift
+    (``Metric.run_drift``) where its medians move more than that between runs of unchanged code. Judged at the
+    thresholds alone, such a ratio fails clean runs (reports/run-drift.md measures how often). ``flashckpt ab``
+    compares two versions interleaved on one machine and keeps the thresholds' tolerance."""
+    drift = vocabulary.METRICS[name].run_drift
+    return max(thresholds.timing_tolerance, drift), max(thresholds.max_spread, drift)
 
 
 def metric_kind(name: str, probe: str | None) -> Kind | None:
@@ -268,11 +280,13 @@ def compare_scenario(
     for name in GUARDED:
         if not isinstance(base_metrics.get(name), (int, float)):
             continue
+        kind = metric_kind(name, probe)
+        if kind == "time" and not thresholds.gate_times:
+            continue  # an absolute time is recorded, judged only on request: absent from this run, no check is lost
         if not isinstance(metrics.get(name), (int, float)):
             why = "the baseline has this metric, this run did not measure it (a measure pass or a metric was dropped?)"
             rows.append(_row(scenario, name, float(base_metrics[name]), None, None, None, "missing", None, why))  # type: ignore[arg-type]
             continue
-        kind = metric_kind(name, probe)
         base_value, value = float(base_metrics[name]), float(metrics[name])
         if vocabulary.METRICS[name].kind in ("memory", "sampled") and base_probe != probe:
             notes.append(VerdictNote("probe", f"{scenario}: {name} not compared: baseline probe {base_probe!r}, this run {probe!r}"))
@@ -293,11 +307,11 @@ def compare_scenario(
                 rows.append(row)
                 continue
             runs = baseline_runs(name, baseline)
+            tolerance, max_spread = sampled_limits(name, thresholds)
             if len(runs) >= 2:
-                row = judge_across_runs(scenario, name, runs, cur, thresholds.timing_tolerance, thresholds.alpha,
-                                        thresholds.max_spread)
+                row = judge_across_runs(scenario, name, runs, cur, tolerance, thresholds.alpha, max_spread)
             else:
-                row = judge_sampled(scenario, name, base, cur, thresholds.timing_tolerance, thresholds.alpha)
+                row = judge_sampled(scenario, name, base, cur, tolerance, thresholds.alpha)
                 if vocabulary.METRICS[name].host_sensitive and len(baseline.hosts) < 2:
                     row = _one_host(row, thresholds.host_tolerance)
             if row.verdict in ("unguarded", "~", "unstable"):

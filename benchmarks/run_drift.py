@@ -1,0 +1,154 @@
+"""How far a ratio's run median moves between runs of unchanged code on one host, and what that does to the gate:
+``python benchmarks/run_drift.py --baseline FILE RESULTS.json ...`` (seconds; no torch, nothing rerun).
+
+Inputs: suite runs of one profile (``results.json`` of ``pytest --flashckpt-suite ... --flashckpt-no-compare``,
+back to back, nothing changed between them) and that profile's pooled baseline, whose runs count as runs too.
+Writes ``reports/run-drift.md`` and ``.json`` (``--out``):
+
+- each scenario's run medians of the metric (default ``stall_vs_copy``), their spread (max / min - 1) and their
+  standard deviation relative to their mean (the between-run drift the within-run samples cannot see);
+- every run judged against the committed baseline with the real gate (``compare_scenario``), as README's first
+  command judges it: the false alarms a clean run meets at the shipped settings;
+- a tolerance sweep on every (two-run baseline, third run) choice from the runs (``judge_across_runs``, the spread
+  limit as ``sampled_limits`` widens it): the false-alarm rate, and the detection rate of the same run with its
+  samples scaled by ``1 + --inject`` (gate_power's ``stall=0.25`` injection moved the median +26.7%). The choices
+  reuse runs, so they are not independent trials; the rates say where a tolerance sits, not a confidence interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+from pytest_flashckpt.baselines.regression_verdicts import Thresholds, compare_scenario, judge_across_runs, sampled_limits
+from pytest_flashckpt.baselines.store import Baseline
+from pytest_flashckpt.config.record_file import read_record
+from pytest_flashckpt.core import metrics as vocabulary
+
+ROOT = Path(__file__).resolve().parents[1]
+TOLERANCES = (0.05, 0.10, 0.15, 0.20)
+
+
+def shown(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def collect(baseline: Baseline, records: list, metric: str) -> dict[str, list[tuple[str, list[float]]]]:
+    """scenario -> [(run label, samples)], the baseline's runs first, then each results file's."""
+    runs: dict[str, list[tuple[str, list[float]]]] = {}
+    for name, entry in baseline.scenarios.items():
+        for run in entry.runs:
+            if run.samples.get(metric):
+                runs.setdefault(name, []).append((f"baseline {run.label}", [float(v) for v in run.samples[metric]]))
+    for label, record in records:
+        for result in record.results:
+            if result.status == "measured" and result.samples.get(metric) and result.id in runs:
+                runs[result.id].append((label, [float(v) for v in result.samples[metric]]))
+    return runs
+
+
+def sweep(runs: list[list[float]], metric: str, inject: float) -> dict[float, dict[str, int]]:
+    """False alarms and detections over every (two-run baseline, third run) choice, per tolerance."""
+    out = {}
+    alpha, base_spread = Thresholds.alpha, Thresholds.max_spread
+    for tol in TOLERANCES:
+        counts = {"trials": 0, "false_alarms": 0, "unstable": 0, "detected": 0}
+        for i, j in itertools.combinations(range(len(runs)), 2):
+            for k in range(len(runs)):
+                if k in (i, j):
+                    continue
+                spread_limit = max(base_spread, tol)
+                clean = judge_across_runs("s", metric, [runs[i], runs[j]], runs[k], tol, alpha, spread_limit)
+                slow = judge_across_runs("s", metric, [runs[i], runs[j]], [v * (1 + inject) for v in runs[k]], tol, alpha,
+                                         spread_limit)
+                counts["trials"] += 1
+                counts["false_alarms"] += clean.verdict == "regressed"
+                counts["unstable"] += clean.verdict == "unstable"
+                counts["detected"] += slow.verdict == "regressed"
+        out[tol] = counts
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--baseline", type=Path, required=True)
+    parser.add_argument("--metric", default="stall_vs_copy")
+    parser.add_argument("--inject", type=float, default=0.25)
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "run-drift.md")
+    args = parser.parse_args()
+    baseline = Baseline.read(args.baseline)
+    records = [(shown(p.parent), read_record(p)) for p in args.results]
+    by_scenario = collect(baseline, records, args.metric)
+    tolerance, spread_limit = sampled_limits(args.metric, Thresholds())
+    cmd = (f"python benchmarks/run_drift.py --baseline {shown(args.baseline)} --metric {args.metric} --inject {args.inject} "
+           + " ".join(shown(p) for p in args.results))
+    lines = [
+        f"# Run-to-run drift of `{args.metric}` and the gate", "",
+        f"Command: `{cmd}`  ",
+        f"Profile: `{baseline.profile_id}`; {len(records)} runs beside the baseline's own. Shipped: tolerance "
+        f"{tolerance:.0%}, spread limit {spread_limit:.0%} for `{args.metric}` (`sampled_limits`; "
+        f"`Metric.run_drift` = {vocabulary.METRICS[args.metric].run_drift:.0%}), alpha {Thresholds.alpha}.", "",
+        "## Run medians", "",
+        "| scenario | runs | run medians (baseline's first) | spread | between-run sd / mean |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    data: dict = {"command": cmd, "profile": baseline.profile_id, "metric": args.metric, "shipped_tolerance": tolerance,
+                  "shipped_spread_limit": spread_limit, "scenarios": {}}
+    for name, runs in sorted(by_scenario.items()):
+        medians = [statistics.median(s) for _, s in runs]
+        rel_sd = statistics.stdev(medians) / statistics.mean(medians) if len(medians) > 1 else 0.0
+        spread = max(medians) / min(medians) - 1
+        lines.append(f"| `{name}` | {len(runs)} | {', '.join(f'{m:.3f}' for m in medians)} | {spread:.1%} | {rel_sd:.1%} |")
+        data["scenarios"][name] = {"labels": [label for label, _ in runs], "medians": medians, "spread": spread,
+                                   "relative_sd": rel_sd}
+    lines += ["", "## Each run against the committed baseline (the real gate, shipped settings)", "",
+              "| run | scenario | change vs pooled median | verdict |", "| --- | --- | ---: | --- |"]
+    alarms = judged = 0
+    for label, record in records:
+        for result in record.results:
+            stored = baseline.scenarios.get(result.id)
+            if result.status != "measured" or stored is None or not result.samples.get(args.metric):
+                continue
+            rows, _ = compare_scenario(result.id, stored, result.metrics, result.samples, result.probe, Thresholds())
+            for row in rows:
+                if row.metric == args.metric:
+                    judged += 1
+                    alarms += row.verdict == "regressed"
+                    change = f"{row.change:+.1%}" if row.change is not None else "-"
+                    lines.append(f"| `{label}` | `{row.scenario}` | {change} | {row.verdict} |")
+    lines += ["", f"Clean runs judged regressed: {alarms} of {judged}.", ""]
+    data["against_baseline"] = {"judged": judged, "regressed": alarms}
+    lines += ["## Tolerance sweep (every two-run baseline from the runs, every third run judged)", "",
+              f"| scenario | tolerance | choices | false alarms | unstable | detected at +{args.inject:.0%} |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    totals = {tol: {"trials": 0, "false_alarms": 0, "unstable": 0, "detected": 0} for tol in TOLERANCES}
+    for name, runs in sorted(by_scenario.items()):
+        if len(runs) < 3:
+            continue
+        result = sweep([s for _, s in runs], args.metric, args.inject)
+        data["scenarios"][name]["sweep"] = {str(t): c for t, c in result.items()}
+        for tol, c in result.items():
+            for key in c:
+                totals[tol][key] += c[key]
+            lines.append(f"| `{name}` | {tol:.0%} | {c['trials']} | {c['false_alarms']} | {c['unstable']} | {c['detected']} |")
+    lines += ["", "| all scenarios | tolerance | choices | false-alarm rate | unstable | detection rate |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for tol, c in totals.items():
+        n = max(c["trials"], 1)
+        lines.append(f"| | {tol:.0%} | {c['trials']} | {c['false_alarms'] / n:.1%} | {c['unstable'] / n:.1%} | "
+                     f"{c['detected'] / n:.1%} |")
+    data["sweep_totals"] = {str(t): c for t, c in totals.items()}
+    args.out.write_text("\n".join(lines) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
