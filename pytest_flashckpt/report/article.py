@@ -48,7 +48,8 @@ def _range(results: list[Result], key: str, fmt) -> str:
     values = [float(v) for v in (r.number(key) for r in results if r.status == "measured") if v is not None]
     if not values:
         return "not measured"
-    return fmt(values[0]) if min(values) == max(values) else f"{fmt(min(values))}-{fmt(max(values))}"
+    low, high = fmt(min(values)), fmt(max(values))
+    return low if low == high else f"{low}-{high}"  # values that differ below the shown precision read as one
 
 
 def _workloads(results: list[Result]) -> str:

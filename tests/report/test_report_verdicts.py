@@ -69,6 +69,18 @@ def test_a_row_over_workloads_is_a_count_and_a_range() -> None:
     assert "only 2 workloads" in judge_row(MEDIUM, results[:2]).cell()
 
 
+def test_a_range_whose_ends_read_alike_is_one_value() -> None:
+    """The article table's save column: shares that differ below the shown precision (74.6% and 75.2%) read "75%",
+    not "75%-75%"; shares that read apart keep their range."""
+    from pytest_flashckpt.report.article import _save_range
+
+    def column(*shares):
+        return _save_range(MEDIUM, [_row_result(MEDIUM, 0.5, 1.2, bytes_vs_full=share) for share in shares])
+
+    assert column(0.746, 0.752) == "75% of a full save's bytes"
+    assert column(0.70, 0.752) == "70%-75% of a full save's bytes"
+
+
 def test_reason_names_the_part_that_missed() -> None:
     verdict = judge(LARGE, _measured(0.55, 1.30))
     assert "saving 55.0% is below ~70% ± 10 pp" in verdict.reason
