@@ -81,20 +81,32 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, required=True)
     parser.add_argument("--metric", default="stall_vs_copy")
     parser.add_argument("--inject", type=float, default=0.25)
+    parser.add_argument("--first", type=int, default=0,
+                        help="judge each run on its first N samples only (what a run with N + 1 staged saves measures: "
+                             "saves are sequential, so those are the same saves); 0: all")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "run-drift.md")
     args = parser.parse_args()
     baseline = Baseline.read(args.baseline)
     records = [(shown(p.parent), read_record(p)) for p in args.results]
+    if args.first:
+        for _, record in records:
+            for result in record.results:
+                if result.samples.get(args.metric):
+                    result.samples[args.metric] = result.samples[args.metric][: args.first]
     by_scenario = collect(baseline, records, args.metric)
     tolerance, spread_limit = sampled_limits(args.metric, Thresholds())
+    default_out = args.out.resolve() == (ROOT / "reports" / "run-drift.md").resolve()
     cmd = (f"python benchmarks/run_drift.py --baseline {shown(args.baseline)} --metric {args.metric} --inject {args.inject} "
+           + (f"--first {args.first} " if args.first else "") + ("" if default_out else f"--out {shown(args.out)} ")
            + " ".join(shown(p) for p in args.results))
     lines = [
         f"# Run-to-run drift of `{args.metric}` and the gate", "",
         f"Command: `{cmd}`  ",
         f"Profile: `{baseline.profile_id}`; {len(records)} runs beside the baseline's own. Shipped: tolerance "
         f"{tolerance:.0%}, spread limit {spread_limit:.0%} for `{args.metric}` (`sampled_limits`; "
-        f"`Metric.run_drift` = {vocabulary.METRICS[args.metric].run_drift:.0%}), alpha {Thresholds.alpha}.", "",
+        f"`Metric.run_drift` = {vocabulary.METRICS[args.metric].run_drift:.0%}), alpha {Thresholds.alpha}."
+        + (f" Each run judged on its first {args.first} samples only: what a run of {args.first + 1} staged saves "
+           "measures (the first, cold save is not a sample)." if args.first else ""), "",
         "## Run medians", "",
         "| scenario | runs | run medians (baseline's first) | spread | between-run sd / mean |",
         "| --- | ---: | --- | ---: | ---: |",
