@@ -17,7 +17,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -165,6 +165,7 @@ class _Warm:
 
     trainer: Trainer
     op_names: frozenset[str]
+    notes: tuple[str, ...] = ()  # what applying the activation strategy noted on the result of the scenario that built it
 
 
 def _reference_warm(reference: Scenario, ctx: RunContext, backend: str) -> _Warm:
@@ -335,14 +336,39 @@ def _prepared_trainer(scenario: Scenario, ref_scenario: Scenario, ctx: RunContex
         warm = _reference_warm(ref_scenario, ctx, backend)
         result.kernel = detect_kernel(warm.op_names, backend)
         return warm.trainer
-    trainer = _build_trainer(scenario, ctx, backend)
-    _apply_activation(trainer, scenario, result)
-    op_names = _warmup(trainer, max(scenario.warmup, 1))
-    if ctx.inject is not None:
-        trainer.train_step = ctx.inject.slow_step(trainer.train_step)  # type: ignore[method-assign]
+
+    def build() -> _Warm:
+        trainer = _build_trainer(scenario, ctx, backend)
+        noted = len(result.notes)
+        _apply_activation(trainer, scenario, result)
+        return _Warm(trainer, frozenset(_warmup(trainer, max(scenario.warmup, 1))), tuple(result.notes[noted:]))
+
+    if ctx.inject is not None or scenario.world_size > 1:  # an injection slows this scenario's own step: never shared
+        warm = build()
+        warm.trainer.train_step = ctx.inject.slow_step(warm.trainer.train_step)  # type: ignore[method-assign]
         result.notes.append(ctx.inject.describe())
-    result.kernel = detect_kernel(op_names, result.backend or "sdpa")
-    return trainer
+    else:
+        warm = _shared_trainer(scenario, ctx, result, build)
+    result.kernel = detect_kernel(warm.op_names, result.backend or "sdpa")
+    return warm.trainer
+
+
+def _shared_trainer(scenario: Scenario, ctx: RunContext, result: Result, build: Callable[[], _Warm]) -> _Warm:
+    """One built, strategy-applied, warmed-up trainer per run for every scenario that trains the same step
+    (``CacheKey``: the article's rows and their activation-suite twins differ only in their save), as the reference's
+    is shared (``_reference_warm``): a step's time and memory do not depend on how far its weights have moved. Every
+    pass of such scenarios but the checkpoint pass was already measured once; this saves a second build and warm-up
+    step for that pass. The strategy's notes are copied to each scenario that shares it."""
+    built: list[bool] = []
+
+    def fresh() -> _Warm:
+        built.append(True)
+        return build()
+
+    warm = ctx.cached("trainer", scenario, fresh)
+    if not built:
+        result.notes.extend(warm.notes)
+    return warm
 
 
 def _shared_in_run(scenario: Scenario, ctx: RunContext, result: Result):

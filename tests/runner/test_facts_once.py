@@ -276,6 +276,38 @@ def test_scenarios_that_train_the_reference_step_share_its_trainer_and_its_sync_
         Scenario("k", model=card, batch_size=1, seq_len=32, activation=ActivationConfig("every_k", k=1)), ctx)
 
 
+def test_scenarios_that_train_one_strategys_step_share_its_trainer_and_its_notes(monkeypatch, tmp_path) -> None:
+    """The article's rows train their activation-suite twin's step and differ in their save: one trainer is built
+    and warmed up for all of them, each result still carries the strategy's note; another strategy builds its own,
+    and an injected slowdown always gets a trainer of its own (never a shared one)."""
+    from pytest_flashckpt.config.injection import Injection
+    from pytest_flashckpt.config.scenario import SaveConfig
+
+    built = _counted_builds(monkeypatch)
+    card = _micro(tmp_path)
+    full = ActivationConfig("full")
+
+    def scenario(name, measure, save=SaveConfig(), activation=full):
+        return Scenario(name, model=card, batch_size=1, seq_len=32, rounds=1, attention="eager", measure=measure,
+                        activation=activation, save=save)
+
+    twin = scenario("full", ("memory",))
+    row = scenario("row", ("memory", "checkpoint"), SaveConfig(strategy="async", saves=2, max_keep=2, time_lost_rounds=0))
+    other = scenario("every_k", ("memory",), activation=ActivationConfig("every_k", k=1))
+    ctx = _save_context(tmp_path)
+    results = [run_scenario(s, ctx) for s in (twin, row, other)]
+    assert [r.status for r in results] == ["measured"] * 3, [r.reason for r in results]
+    assert built == ["full", "full.reference", "every_k"], built  # the row trained the twin's trainer (and reference)
+    for result in results[:2]:
+        assert [n for n in result.notes if n.startswith("activation: ")] == [
+            n for n in results[0].notes if n.startswith("activation: ")] != []
+    built.clear()
+    (tmp_path / "inject").mkdir()
+    injected = run_scenario(row, _save_context(tmp_path / "inject", inject=Injection.parse("step=0.1")))
+    assert injected.status == "measured", injected.reason
+    assert built.count("row") == 1  # the control: with an injection the row builds its own
+
+
 def test_an_injected_slowdown_never_reaches_the_shared_reference(monkeypatch, tmp_path) -> None:
     """With ``--flashckpt-inject`` the scenario's own step is wrapped: it gets a trainer of its own, and its save
     pass is its own (the injected stall must not become the reference's)."""
