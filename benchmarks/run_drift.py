@@ -84,10 +84,22 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0,
                         help="judge each run on its first N samples only (what a run with N + 1 staged saves measures: "
                              "saves are sequential, so those are the same saves); 0: all")
+    parser.add_argument("--exclude", action="append", default=[], metavar="RESULTS.json:SCENARIO",
+                        help="leave one scenario of one run out (a run made while that scenario measured something "
+                             "else before its saves, e.g. time lost); repeat; listed in the report")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "run-drift.md")
     args = parser.parse_args()
     baseline = Baseline.read(args.baseline)
     records = [(shown(p.parent), read_record(p)) for p in args.results]
+    excluded = set()
+    for item in args.exclude:
+        path, _, scenario = item.partition(".json:")  # scenario ids hold "::"
+        path += ".json"
+        if not scenario or Path(path) not in args.results:
+            raise SystemExit(f"--exclude {item!r}: give RESULTS.json:SCENARIO with a results file named in the command")
+        excluded.add((shown(Path(path).parent), scenario))
+    for label, record in records:
+        record.results = [r for r in record.results if (label, r.id) not in excluded]
     if args.first:
         for _, record in records:
             for result in record.results:
@@ -98,6 +110,8 @@ def main() -> None:
     default_out = args.out.resolve() == (ROOT / "reports" / "run-drift.md").resolve()
     cmd = (f"python benchmarks/run_drift.py --baseline {shown(args.baseline)} --metric {args.metric} --inject {args.inject} "
            + (f"--first {args.first} " if args.first else "") + ("" if default_out else f"--out {shown(args.out)} ")
+           + "".join(f"--exclude {shown(Path(i.partition('.json:')[0] + '.json'))}:{i.partition('.json:')[2]} "
+                     for i in args.exclude)
            + " ".join(shown(p) for p in args.results))
     lines = [
         f"# Run-to-run drift of `{args.metric}` and the gate", "",
@@ -106,7 +120,9 @@ def main() -> None:
         f"{tolerance:.0%}, spread limit {spread_limit:.0%} for `{args.metric}` (`sampled_limits`; "
         f"`Metric.run_drift` = {vocabulary.METRICS[args.metric].run_drift:.0%}), alpha {Thresholds.alpha}."
         + (f" Each run judged on its first {args.first} samples only: what a run of {args.first + 1} staged saves "
-           "measures (the first, cold save is not a sample)." if args.first else ""), "",
+           "measures (the first, cold save is not a sample)." if args.first else "")
+        + (" Left out: " + ", ".join(f"`{s}` of `{label}`" for label, s in sorted(excluded))
+           + " (measured under another configuration of that scenario)." if excluded else ""), "",
         "## Run medians", "",
         "| scenario | runs | run medians (baseline's first) | spread | between-run sd / mean |",
         "| --- | ---: | --- | ---: | ---: |",
