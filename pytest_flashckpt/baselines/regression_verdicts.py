@@ -224,7 +224,12 @@ def judge_across_runs(
     side = f"{beyond:+.1%} beyond the {'highest' if worse else 'lowest'} run's median ({envelope})"
     if p < alpha:
         word: VerdictWord = "regressed" if worse else "improved"
-        return _row(scenario, metric, base_median, cur_median, change, p, word, floor, f"{side}; p = {p:.3g} < alpha {alpha}")
+        why = f"{side}; p = {p:.3g} < alpha {alpha}"
+        busy = noisy(placed, current)  # as judge_sampled: a note, never a pass
+        if busy:
+            why += (f"; this run's samples scatter {relative_mad(current):.1%} (relative MAD), the runs' "
+                    f"{relative_mad(placed):.1%}: a busy machine can shift a whole run, rerun on a quiet one to confirm")
+        return _row(scenario, metric, base_median, cur_median, change, p, word, floor, why, busy_machine=busy)
     why = f"{side} but p = {p:.3g} >= alpha {alpha}: the samples overlap the runs' scatter"
     return _row(scenario, metric, base_median, cur_median, change, p, "~", floor, why)
 

@@ -39,6 +39,16 @@ def test_a_change_beyond_the_highest_run_is_regressed():
     assert "beyond the highest run's median" in row.reason and "spread 6.0%" in row.reason
 
 
+def test_a_regression_on_a_busy_machine_says_so_and_still_fails():
+    """A clean run on a noisy VM read full-sdpa-s256's rounds 1.20-1.92 (baseline runs scatter ~1%): still regressed
+    (scatter never passes a regression), with the busy-machine note judge_sampled gives one-run baselines."""
+    quiet = judge([v * 1.06 * 1.10 for v in HOST_A[:5]])
+    assert quiet.verdict == "regressed" and not quiet.busy_machine and "busy machine" not in quiet.reason
+    busy = judge([1.694, 1.621, 1.321, 1.427, 1.197, 1.249, 1.922, 1.306], runs=([1.24, 1.25, 1.23, 1.24] * 5,
+                                                                             [1.21, 1.22, 1.20, 1.21] * 5))
+    assert busy.verdict == "regressed" and busy.busy_machine and "busy machine" in busy.reason
+
+
 def test_a_drop_below_the_lowest_run_is_improved():
     assert judge([v * 0.90 for v in HOST_A[:5]]).verdict == "improved"
 
