@@ -17,7 +17,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -339,36 +339,21 @@ def _prepared_trainer(scenario: Scenario, ref_scenario: Scenario, ctx: RunContex
 
     def build() -> _Warm:
         trainer = _build_trainer(scenario, ctx, backend)
-        noted = len(result.notes)
-        _apply_activation(trainer, scenario, result)
-        return _Warm(trainer, frozenset(_warmup(trainer, max(scenario.warmup, 1))), tuple(result.notes[noted:]))
+        noted = Result(scenario.suite, scenario.name, "measured", scenario)  # what the strategy notes, kept with it
+        _apply_activation(trainer, scenario, noted)
+        return _Warm(trainer, frozenset(_warmup(trainer, max(scenario.warmup, 1))), tuple(noted.notes))
 
-    if ctx.inject is not None or scenario.world_size > 1:  # an injection slows this scenario's own step: never shared
-        warm = build()
+    # one trainer per run for every scenario that trains the same step (``CacheKey``: the article's rows and their
+    # activation-suite twins differ only in their save), as the reference's is shared (``_reference_warm``): a step's
+    # time and memory do not depend on how far its weights have moved. An injection slows this scenario's own step:
+    # its trainer is never shared.
+    warm = build() if ctx.inject is not None else ctx.cached("trainer", scenario, build)
+    result.notes.extend(warm.notes)
+    if ctx.inject is not None:
         warm.trainer.train_step = ctx.inject.slow_step(warm.trainer.train_step)  # type: ignore[method-assign]
         result.notes.append(ctx.inject.describe())
-    else:
-        warm = _shared_trainer(scenario, ctx, result, build)
     result.kernel = detect_kernel(warm.op_names, result.backend or "sdpa")
     return warm.trainer
-
-
-def _shared_trainer(scenario: Scenario, ctx: RunContext, result: Result, build: Callable[[], _Warm]) -> _Warm:
-    """One built, strategy-applied, warmed-up trainer per run for every scenario that trains the same step
-    (``CacheKey``: the article's rows and their activation-suite twins differ only in their save), as the reference's
-    is shared (``_reference_warm``): a step's time and memory do not depend on how far its weights have moved. Every
-    pass of such scenarios but the checkpoint pass was already measured once; this saves a second build and warm-up
-    step for that pass. The strategy's notes are copied to each scenario that shares it."""
-    built: list[bool] = []
-
-    def fresh() -> _Warm:
-        built.append(True)
-        return build()
-
-    warm = ctx.cached("trainer", scenario, fresh)
-    if not built:
-        result.notes.extend(warm.notes)
-    return warm
 
 
 def _shared_in_run(scenario: Scenario, ctx: RunContext, result: Result):

@@ -279,7 +279,7 @@ def test_scenarios_that_train_the_reference_step_share_its_trainer_and_its_sync_
 def test_scenarios_that_train_one_strategys_step_share_its_trainer_and_its_notes(monkeypatch, tmp_path) -> None:
     """The article's rows train their activation-suite twin's step and differ in their save: one trainer is built
     and warmed up for all of them, each result still carries the strategy's note; another strategy builds its own,
-    and an injected slowdown always gets a trainer of its own (never a shared one)."""
+    and an injected slowdown always gets a trainer of its own (never a shared one), with the strategy's note too."""
     from pytest_flashckpt.config.injection import Injection
     from pytest_flashckpt.config.scenario import SaveConfig
 
@@ -306,6 +306,7 @@ def test_scenarios_that_train_one_strategys_step_share_its_trainer_and_its_notes
     injected = run_scenario(row, _save_context(tmp_path / "inject", inject=Injection.parse("step=0.1")))
     assert injected.status == "measured", injected.reason
     assert built.count("row") == 1  # the control: with an injection the row builds its own
+    assert any(n.startswith("activation: ") for n in injected.notes) and "injected" in " ".join(injected.notes).lower()
 
 
 def test_an_injected_slowdown_never_reaches_the_shared_reference(monkeypatch, tmp_path) -> None:
