@@ -59,11 +59,11 @@ def sweep(runs: list[list[float]], metric: str, inject: float) -> dict[float, di
     alpha, base_spread = Thresholds.alpha, Thresholds.max_spread
     for tol in TOLERANCES:
         counts = {"trials": 0, "false_alarms": 0, "unstable": 0, "detected": 0}
+        spread_limit = max(base_spread, tol)  # as sampled_limits widens it for a metric whose run_drift is tol
         for i, j in itertools.combinations(range(len(runs)), 2):
             for k in range(len(runs)):
                 if k in (i, j):
                     continue
-                spread_limit = max(base_spread, tol)
                 clean = judge_across_runs("s", metric, [runs[i], runs[j]], runs[k], tol, alpha, spread_limit)
                 slow = judge_across_runs("s", metric, [runs[i], runs[j]], [v * (1 + inject) for v in runs[k]], tol, alpha,
                                          spread_limit)
