@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 import weakref
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +35,7 @@ from pytest_flashckpt.checkpoint.errors import CheckpointError
 from pytest_flashckpt.checkpoint.store import os_failure
 
 LOCK_FILE = ".writer.lock"
+OWNER_WAIT_S = 2.0  # how long a refused writer waits for the holder to record its pid (it takes microseconds)
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
@@ -94,7 +96,7 @@ class WriterLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise FolderLockedError(self._held_message(self._owner(fd))) from None
+            raise FolderLockedError(self._held_message(self._recorded_owner(fd))) from None
         except OSError as exc:
             if exc.errno in _NO_FLOCK:
                 raise CheckpointError(
@@ -127,6 +129,15 @@ class WriterLock:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+    @classmethod
+    def _recorded_owner(cls, fd: int) -> dict | None:
+        """The holder's record, waiting up to ``OWNER_WAIT_S`` for it: a writer flocks the file before it writes its pid, so
+        a rival refused in between would otherwise read an empty (or half-written) file and name nobody."""
+        deadline = time.monotonic() + OWNER_WAIT_S
+        while (owner := cls._owner(fd)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return owner
 
     @staticmethod
     def _who(owner: dict) -> str:

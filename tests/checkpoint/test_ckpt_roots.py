@@ -11,6 +11,7 @@ trained parameter to the base does not warn.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -76,6 +77,37 @@ def test_a_second_writer_in_this_process_is_refused_naming_the_owner(tmp_path) -
     with CheckpointManager(tmp_path, model=trainer.model, optimizer=trainer.optimizer) as manager:  # free again
         manager.save(2)
     assert CheckpointStore(tmp_path).latest_name().endswith("step00000002")
+
+
+def _holder_between_flock_and_record(root: Path) -> int:
+    """A rival's state in the instant after its flock and before it writes its pid: the lock held, the file empty."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_a_writer_refused_while_the_holder_records_itself_names_the_holder(tmp_path) -> None:
+    fd = _holder_between_flock_and_record(tmp_path)
+    record = json.dumps({"pid": 4242, "host": socket.gethostname(), "since": "2026-12-06T00:00:00+00:00"}).encode()
+    writer = threading.Timer(0.2, lambda: os.pwrite(fd, record, 0))  # the holder records itself a moment later
+    writer.start()
+    try:
+        with pytest.raises(FolderLockedError, match=r"pid 4242 on host"):  # the CI failure of stop 49 read no pid here
+            Checkpointer(tmp_path, SaveConfig(strategy="sync"))
+    finally:
+        writer.join()
+        os.close(fd)
+
+
+def test_control_a_holder_that_never_records_itself_is_named_as_such_after_the_wait(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(lock_module, "OWNER_WAIT_S", 0.05)
+    fd = _holder_between_flock_and_record(tmp_path)
+    try:
+        with pytest.raises(FolderLockedError, match="a writer that has not recorded itself yet"):
+            Checkpointer(tmp_path, SaveConfig(strategy="sync"))
+    finally:
+        os.close(fd)
 
 
 def test_control_without_the_lock_two_writers_break_each_others_saves(tmp_path, monkeypatch) -> None:
