@@ -12,7 +12,8 @@ conflicts too (two managers in one process), and a child forked without exec inh
 exec) and keeps the root locked while it lives. The lock is a regular file opened for writing, not the folder:
 Linux's NFS client emulates ``flock`` with a byte-range lock, which needs a file open for writing.
 
-The JSON in the file (pid, host, since) only names the owner in the error. A file a crashed writer left on this host
+The JSON in the file (pid, host, since) only names the owner in the error; the owner writes it just after its flock, so
+a refused writer waits briefly for it (``OWNER_WAIT_S``). A file a crashed writer left on this host
 is taken over (its flock is gone). One naming another host is not: where ``flock`` does not reach across machines
 (NFS mounted ``nolock`` or ``local_lock=flock``, Lustre with ``localflock``) its writer may still be alive, so the
 error says to delete the file if that run is gone. A filesystem without ``flock`` (Lustre mounted ``noflock``) is
