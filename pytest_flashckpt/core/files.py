@@ -40,9 +40,9 @@ def atomic_write(path: Path | str) -> Iterator[BinaryIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     # a temporary name of this writer's own: two writers of one file at once never rename each other's half file
     name = f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
-    for attempt in range(10):  # another writer may remove the (empty) temp folder between our mkdir and open
-        tmp = _temp_folder(path.parent) / name
+    for attempt in range(10):  # another writer may remove the (empty) temp folder between our mkdir and opens
         try:
+            tmp = _temp_folder(path.parent) / name
             fh = open(tmp, "wb")
             break
         except FileNotFoundError:

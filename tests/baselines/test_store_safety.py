@@ -143,3 +143,26 @@ def test_a_live_writers_temp_file_and_files_not_ours_are_left_alone(tmp_path):
     atomic_write_text(tmp_path / "x.json", "{}")
     assert live.exists() and theirs.exists()
     assert remove_stale_temp(tmp_path) == []
+
+
+def test_a_write_whose_temp_folder_another_writer_removes_before_its_ignore_file_retries(tmp_path, monkeypatch):
+    """Another writer's cleanup can remove the empty temp folder between this writer's mkdir and its ``.gitignore``
+    (seen as a crashed baseline save on a loaded 2-core host): the write retries and lands."""
+    from pytest_flashckpt.core import files
+
+    real, raced = files._temp_folder, []
+
+    def removed_under_us(parent: Path) -> Path:
+        if not raced:
+            raced.append(True)
+            folder = parent / TEMP_FOLDER
+            folder.mkdir(exist_ok=True)
+            folder.rmdir()  # the other writer's remove_stale_temp, in the window
+            with open(folder / ".gitignore", "x", encoding="utf-8"):  # FileNotFoundError, as the real one meets it
+                pass
+        return real(parent)
+
+    monkeypatch.setattr(files, "_temp_folder", removed_under_us)
+    atomic_write_text(tmp_path / "b.json", "{}")
+    assert raced and (tmp_path / "b.json").read_text() == "{}"
+    assert list(tmp_path.iterdir()) == [tmp_path / "b.json"]
