@@ -6,7 +6,9 @@ activation checkpointing, then compile per block, then FSDP2), on gloo CPU ranks
 
 One torchrun launch of 2 ranks per (layout, strategy): FSDP2 alone (dp_shard 2) and tensor parallel alone (tp 2),
 each with no checkpointing and with ``full``, tensor parallel with ``every_k``, ``selective_op`` and
-``compile_budget`` (torch's ``activation_memory_budget`` 0.5; its eager side checkpoints nothing) too; a compiled tensor-parallel
+``compile_budget`` (torch's ``activation_memory_budget`` 0.5; its eager side checkpoints nothing) too, and ``full`` /
+``every_k`` with the checkpoint *outside* the compiled region (``:outside``: each block's own forward compiled, the
+strategy's ``torch.utils.checkpoint`` around the compiled call in eager; torch documents both orders); a compiled tensor-parallel
 model has its embedding's output settled first (``tensor_parallel.settle_embedding_output``: without it every
 compiled tensor-parallel row failed in backward, docs/compile.md); in each rank the eager step, then the compiled step
 (``spike_compiled_layouts_worker.py``). What is read: whether the compiled side runs, Dynamo's graphs and graph
@@ -33,7 +35,9 @@ from pytest_flashckpt.distributed import launcher  # noqa: E402
 
 WORKER = Path(__file__).with_name("spike_compiled_layouts_worker.py")
 CASES = [(2, 1, "none"), (2, 1, "full"), (1, 2, "none"), (1, 2, "full"), (1, 2, "every_k"), (1, 2, "selective_op"),
-         (1, 2, "compile_budget")]
+         (1, 2, "compile_budget"),
+         # the checkpoint outside the compiled region (``:outside``: ``compile.ac_wrapper: outside``)
+         (2, 1, "full:outside"), (1, 2, "full:outside"), (1, 2, "every_k:outside")]
 
 
 def run_case(dp: int, tp: int, strategy: str) -> tuple[dict, float]:
@@ -88,14 +92,28 @@ def _what_the_suite_builds(rows: list[tuple[tuple[int, int, str], dict, float]])
     from pytest_flashckpt.config.axes import CompileConfig
 
     accepted = set(CompileConfig.TENSOR_PARALLEL_STRATEGIES)
-    tp_ran = {s for (_, t, s), record, _ in rows if t > 1 and "error" not in record["compiled"]}
-    tp_tried = {s for (_, t, s), _, _ in rows if t > 1}
+    inside = [row for row in rows if ":" not in row[0][2]]  # the suite's order: the checkpoint inside the compiled block
+    tp_ran = {s for (_, t, s), record, _ in inside if t > 1 and "error" not in record["compiled"]}
+    tp_tried = {s for (_, t, s), _, _ in inside if t > 1}
     text = (f"What the suite builds from this: compiled FSDP2 ranks, and compiled tensor-parallel ranks with "
-            f"{', '.join(sorted(accepted))} (`config.axes.CompileConfig.TENSOR_PARALLEL_STRATEGIES`); the other "
-            "strategies are refused with tensor parallel before anything runs, naming this report.")
+            f"{', '.join(sorted(accepted))} (`config.axes.CompileConfig.TENSOR_PARALLEL_STRATEGIES`) with the "
+            "checkpoint inside the compiled block; the other strategies are refused there before anything runs, "
+            "naming this report.")
     if accepted & tp_tried - tp_ran or (tp_ran - accepted):
         text += (f" **Disagrees with this run**: accepted but failed here: {sorted(accepted & tp_tried - tp_ran)}; "
                  f"ran here but refused: {sorted(tp_ran - accepted)}.")
+    outside = [row for row in rows if ":" in row[0][2]]
+    if outside:
+        def named(ok: bool) -> str:
+            return ", ".join(f"dp_shard {d} x tp {t} {s.split(':')[0]}" for (d, t, s), record, _ in outside
+                             if ("error" not in record["compiled"]) == ok) or "none"
+        built = set(CompileConfig.OUTSIDE_STRATEGIES)
+        failed = {s.split(":")[0] for (_, _, s), record, _ in outside if "error" in record["compiled"]}
+        text += (f" With the checkpoint outside the compiled block: ran {named(True)}; failed {named(False)}; the "
+                 f"suite builds it for {', '.join(sorted(built))} (`compile.ac_wrapper: outside`, "
+                 "`CompileConfig.OUTSIDE_STRATEGIES`), under tensor parallel too.")
+        if built & failed:
+            text += f" **Disagrees with this run**: built but failed here: {sorted(built & failed)}."
     return text
 
 

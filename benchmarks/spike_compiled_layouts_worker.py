@@ -34,6 +34,7 @@ BATCH, SEQ, SEED = 4, 256, 1
 
 
 def build(mesh, layout: Layout, strategy: str, compiled: bool) -> tp.ParallelTrainer:
+    strategy, _, order = strategy.partition(":")  # "full:outside": the checkpoint outside the compiled block
     model = build_model(load_card("llama-tiny"), "sdpa", "cpu", torch.float32, seed=SEED)
     if layout.tp > 1:
         tp.apply_tp(model, mesh["tp"])
@@ -42,8 +43,10 @@ def build(mesh, layout: Layout, strategy: str, compiled: bool) -> tp.ParallelTra
     if compiled:
         if layout.tp > 1:
             tp.settle_embedding_output(model)  # without it the compiled TP block fails in backward
-        # the product's per-block compile (role hooks dropped), with the budget's backend where it is the strategy
-        compile_model(model, CompileConfig(scope="block"), budget_backend(0.5) if budget else None)
+        # the product's per-block compile (role hooks dropped), with the budget's backend where it is the strategy;
+        # ":outside" = compile.ac_wrapper outside (each checkpointed block's own forward compiled, the checkpoint eager)
+        config = CompileConfig(scope="block", ac_wrapper="outside" if order == "outside" else "inside")
+        compile_model(model, config, budget_backend(0.5) if budget else None)
     if layout.dp_shard > 1:
         for block in get_blocks(model):
             fully_shard(block, mesh=mesh["dp_shard"])

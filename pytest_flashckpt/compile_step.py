@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from pytest_flashckpt.activation.wrapper import drop_role_hooks
+from pytest_flashckpt.activation.wrapper import BlockForward, drop_role_hooks
 from pytest_flashckpt.config.axes import CompileConfig
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
@@ -50,7 +50,9 @@ def compiler_missing() -> str | None:
 def compile_model(model: nn.Module, config: CompileConfig, backend: Callable | None = None) -> int:
     """``model`` compiled in place (``nn.Module.compile``: parameter names stay the model's own) by ``config``:
     each block of its anatomy (the activation strategy's wrapper, installed first, runs inside the compiled block:
-    torchtitan's order) or the whole model. Returns the compiled regions one step runs.
+    torchtitan's order) or the whole model. With ``ac_wrapper: outside`` a checkpointed block's own forward is
+    compiled instead and the strategy's wrapper checkpoints the compiled call in eager (``_compile_under_wrapper``).
+    Returns the compiled regions one step runs.
 
     A strategy's role hooks are taken off the compiled blocks: Dynamo cannot trace their ``ContextVar``, and under
     compile the policy reads a matmul's role from the traced node instead (``activation.policy.traced_role``)."""
@@ -62,9 +64,25 @@ def compile_model(model: nn.Module, config: CompileConfig, backend: Callable | N
     if config.scope == "model":
         model.compile(**options)
         return 1
+    if config.ac_wrapper == "outside":
+        return sum(_compile_under_wrapper(block, options) for block in blocks)
     for block in blocks:
         block.compile(**options)
     return len(blocks)
+
+
+def _compile_under_wrapper(block: nn.Module, options: dict) -> int:
+    """A checkpointed block's original forward compiled inside its strategy's wrapper (``BlockForward``, which stays
+    eager), so no checkpoint is traced into a compiled graph: under tensor parallel on torch 2.13 a traced
+    checkpoint saves a ``DeviceMesh`` and fails in backward (reports/spike-compiled-layouts.md). The region runs twice
+    a step, in the forward and in the recomputation. A block the strategy leaves plain is compiled whole (one
+    region). Returns the block's regions per step."""
+    wrapper = block.__dict__.get("forward")
+    if isinstance(wrapper, BlockForward) and wrapper.option.kind != "none":
+        wrapper.forward = torch.compile(wrapper.forward, **options)
+        return 2
+    block.compile(**options)
+    return 1
 
 
 def budget_backend(budget: float) -> Callable:

@@ -112,18 +112,32 @@ class CompileConfig:
     marks a dimension dynamic when a second shape is seen; each compiled scenario compiles its own model, so rows
     of different sequence lengths never recompile one another's graphs).
 
-    Built: ``mode: default``; the other modes (CUDA graphs, autotuning) are refused until measured."""
+    Built: ``mode: default``; the other modes (CUDA graphs, autotuning) are refused until measured.
+
+    ``ac_wrapper`` (scope ``block``): where a checkpointing strategy's wrapper (``torch.utils.checkpoint``) sits, as
+    torch documents both: ``inside`` the compiled block (torchtitan's way: compile traces the checkpoint and its
+    partitioner decides what the block saves), or ``outside`` (each checkpointed block's own forward compiled, the
+    checkpoint around the compiled call in eager: the block's saved tensors are dropped after its forward region and
+    the region runs again in backward; ``compile_step.compile_model``). Outside is built for ``full`` and
+    ``every_k``, whose plan is a whole block; it is how they train compiled under tensor parallel on torch 2.13."""
 
     scope: Literal["none", "block", "model"] = "none"
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     fullgraph: bool = False
     dynamic: bool | None = None
+    ac_wrapper: Literal["inside", "outside"] = "inside"
 
     BUILT_MODES = ("default",)
+    OUTSIDE_STRATEGIES = ("full", "every_k")
+    """Strategies built with ``ac_wrapper: outside``: a whole block checkpointed (and ``none``, a compiled row's
+    reference, whose blocks compile whole either way). A ``selective_op`` policy reads
+    each op the block runs, which a compiled call hides from an eager checkpoint; ``compile_budget`` is compile's own
+    partitioner; ``budget`` plans per block inside."""
     TENSOR_PARALLEL_STRATEGIES = ("none", "selective_op", "compile_budget")
-    """What a compiled tensor-parallel block trains with on torch 2.13 (loss and every gradient against one eager
-    process, tests/distributed/test_compiled_tensor_parallel.py); ``full`` and ``every_k`` (torch's checkpoint
-    wrapper) fail in AOTAutograd's backward (reports/spike-compiled-layouts.md)."""
+    """What a compiled tensor-parallel block trains with on torch 2.13 with the checkpoint inside (loss and every
+    gradient against one eager process, tests/distributed/test_compiled_tensor_parallel.py); ``full`` and
+    ``every_k`` inside fail in AOTAutograd's backward, and train with the checkpoint outside
+    (reports/spike-compiled-layouts.md)."""
 
     def __post_init__(self) -> None:
         if self.mode not in self.BUILT_MODES:
@@ -134,6 +148,9 @@ class CompileConfig:
             if extra:
                 raise ValueError(f"compile.{extra[0]} is set but compile.scope is 'none' (eager); set compile.scope "
                                  f"to block or model, or drop compile.{extra[0]}")
+        if self.ac_wrapper == "outside" and self.scope != "block":
+            raise ValueError(f"compile.ac_wrapper: outside places the checkpoint around each compiled block, but "
+                             f"compile.scope is {self.scope!r}; set compile.scope to block, or drop compile.ac_wrapper")
 
     @property
     def enabled(self) -> bool:
@@ -147,12 +164,19 @@ class CompileConfig:
                 raise ValueError("activation.strategy compile_budget is torch.compile's activation_memory_budget: "
                                  "set compile.scope to block or model")
             return
-        if world_size > 1 and tensor_parallel and strategy not in self.TENSOR_PARALLEL_STRATEGIES:
+        if self.ac_wrapper == "outside" and strategy not in (*self.OUTSIDE_STRATEGIES, "none"):  # none: the reference
+            raise NotBuiltYet(f"compile.ac_wrapper: outside with activation.strategy {strategy} is not built (the "
+                              f"checkpoint around a compiled block is built for {' and '.join(self.OUTSIDE_STRATEGIES)}, "
+                              "a whole block checkpointed); use one of those, or drop compile.ac_wrapper")
+        if (world_size > 1 and tensor_parallel and self.ac_wrapper == "inside"
+                and strategy not in self.TENSOR_PARALLEL_STRATEGIES):
+            outside = (" or compile.ac_wrapper: outside (the checkpoint around the compiled block)"
+                       if strategy in self.OUTSIDE_STRATEGIES else "")
             raise NotBuiltYet(f"compile.scope: {self.scope!r} with layout.tp > 1 and activation.strategy {strategy} "
                               "is not built: torch's checkpoint wrapper in a compiled tensor-parallel block fails in "
                               "backward on torch 2.13 (a DeviceMesh among AOTAutograd's saved tensors, "
                               "reports/spike-compiled-layouts.md); use activation.strategy "
-                              f"{' or '.join(self.TENSOR_PARALLEL_STRATEGIES)}, drop compile, or drop layout.tp")
+                              f"{' or '.join(self.TENSOR_PARALLEL_STRATEGIES)}{outside}, drop compile, or drop layout.tp")
         if world_size > 1 and (self.scope != "block" or strategy == "budget"):
             raise NotBuiltYet(f"compile.scope: {self.scope!r} with activation.strategy {strategy} and world_size "
                               f"{world_size} is not built (ranks compile each block before fully_shard, torchtitan's "

@@ -213,6 +213,9 @@ def unsupported_reason(scenario, device: str = "cpu") -> str | None:
     None: what the simulator builds is a model card's model with the plain step, sdpa on fake CPU tensors."""
     if device != "cpu":
         return f"the simulator plans Inductor's CPU code; this row ran on {device}"
+    if scenario.compile.ac_wrapper == "outside":
+        return ("the checkpoint outside the compiled block (compile.ac_wrapper: outside) is not simulated compiled "
+                "(the simulator traces each strategy's wrapper inside its block)")
     if scenario.activation.strategy not in STRATEGIES:
         return (f"activation strategy {scenario.activation.strategy} is not simulated compiled (its registry row "
                 f"sets no simulated_compiled; simulated: {', '.join(STRATEGIES)})")

@@ -58,6 +58,9 @@ def test_unsupported_reason_names_what_the_simulator_does_not_build():
     assert "Hugging Face" in unsupported_reason(hf)
     assert "cuda" in unsupported_reason(scenario(compile={"scope": "block"}), "cuda")
     assert "eager" in unsupported_reason(scenario(compile={"scope": "block"}, attention="eager"))
+    outside = scenario(compile={"scope": "block", "ac_wrapper": "outside"}, activation={"strategy": "full"})
+    assert "compile.ac_wrapper: outside" in unsupported_reason(outside)  # control: inside, the same row is simulated
+    assert unsupported_reason(scenario(compile={"scope": "block"}, activation={"strategy": "full"})) is None
 
 
 EAGER_SUITE = """\

@@ -114,3 +114,47 @@ def test_a_compiled_budget_plan_holds_its_budget_on_compiled_blocks(fresh_dynamo
     # the plan was checked compiled: the check's simulation is of the plan kept, the same step as the row's
     assert m["budget_compiled_check_peak_bytes"] == m["compiled_simulated_peak_bytes"] <= m["budget_bytes"]
     assert m["budget_replans"] >= 0 and any("compiled check (simulate_compiled_step) holds" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("strategy", ["full", "every_k"])
+def test_the_checkpoint_outside_the_compiled_block_agrees_with_eager_and_recomputes_each_region(fresh_dynamo, strategy):
+    """compile.ac_wrapper: outside (each checkpointed block's own forward compiled, the checkpoint eager around it):
+    loss and gradients as eager, no graph break, and a checkpointed block's region runs twice a step (the forward and
+    the recomputation), a plain one (every_k's block 1) once."""
+    counters = fresh_dynamo
+    eager, trainer = _trainer(strategy), _trainer(strategy)
+    config = build(Scenario, {"name": "s", "activation": {"strategy": strategy},
+                              "compile": {"scope": "block", "ac_wrapper": "outside"}}, "t.yaml").compile
+    regions = compiled.compile_model(trainer.model, config)
+    blocks = len(get_blocks(trainer.model, get_anatomy(trainer.model)))
+    assert regions == (2 * blocks if strategy == "full" else 2 * 2 + 1)  # every_k (k 2) of 3 blocks: 0 and 2
+    x, y = eager.batch(0)
+
+    def loss_and_grads(side: Trainer):
+        loss = side.model(x, y)
+        loss.backward()
+        grads = [p.grad.clone() for p in side.model.parameters()]
+        side.optimizer.zero_grad(set_to_none=True)
+        return loss.detach(), grads
+
+    (want_loss, want_grads), (loss, grads) = loss_and_grads(eager), compiled.torch_hidden_warning(lambda: loss_and_grads(trainer))()
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert counters["frames"]["ok"] >= 1 and not counters["graph_break"]
+    step = compiled.torch_hidden_warning(trainer.train_step)
+    step()
+    assert compiled.read_step(step).compiled_regions == regions
+
+
+def test_a_compiled_scenario_with_the_checkpoint_outside_is_measured_and_said_not_simulated(fresh_dynamo):
+    scenario = build(Scenario, {"name": "compiled-full-outside", "model": "llama-tiny", "attention": "sdpa",
+                                "batch_size": 2, "seq_len": 128, "rounds": 1, "activation": {"strategy": "full"},
+                                "compile": {"scope": "block", "ac_wrapper": "outside"}, "measure": ["memory"]}, "t.yaml")
+    result = run_scenario(scenario, RunContext.resolve("cpu", "auto"))
+    assert result.status == "measured", (result.reason, result.notes)
+    m = result.metrics
+    assert m["compiled_regions"] == 6 and m["recompiles"] == 0  # 3 blocks, each region in the forward and recompute
+    assert m["reference_peak_bytes"] > m["peak_bytes"] > m["state_bytes"] > 0
+    assert "compiled_simulated_peak_bytes" not in m
+    assert any("compile.ac_wrapper: outside" in note for note in result.notes)

@@ -2,7 +2,7 @@
 card of ``tensor_parallel_worker``, every block compiled (Inductor) after the activation strategy and before
 ``fully_shard``, the embedding's output settled in eager first, as ``distributed.rank`` builds a compiled rank.
 
-Per strategy: the first step's loss and gradients (gathered from the DTensors; a parameter without a gradient is
+Per strategy (``full:outside``: with ``compile.ac_wrapper: outside``): the first step's loss and gradients (gathered from the DTensors; a parameter without a gradient is
 listed) beside one eager process on the full batch, Dynamo's graph and break counts, then two more steps.
 Writes ``rank-<r>.json``. Usage: ``compiled_tensor_parallel_worker.py OUT DP TP STRATEGIES [--no-settle]``.
 """
@@ -25,17 +25,16 @@ from pytest_flashckpt.distributed import tensor_parallel as tp
 
 from tensor_parallel_worker import BATCH, SEED, SEQ, _full, card, reference
 
-BLOCK = CompileConfig(scope="block")
-
-
 def compiled_trainer(layout: Layout, mesh, strategy: str, settle: bool):
+    strategy, _, wrapper = strategy.partition(":")  # "full:outside": compile.ac_wrapper outside
+    config = CompileConfig(scope="block", ac_wrapper=wrapper or "inside")  # type: ignore[arg-type]
     activation = ActivationConfig(strategy, budget=0.5) if strategy == "compile_budget" else ActivationConfig(strategy)
     backend = compile_step.budget_backend(0.5) if strategy == "compile_budget" else None
 
     def compile_blocks(model: torch.nn.Module) -> None:
         if settle:
             tp.settle_embedding_output(model)
-        compile_step.compile_model(model, BLOCK, backend)
+        compile_step.compile_model(model, config, backend)
 
     return tp.build_trainer(card(), layout, mesh, batch_size=BATCH, seq_len=SEQ, seed=SEED, activation=activation,
                             before_shard=compile_blocks)[0]

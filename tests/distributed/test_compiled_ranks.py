@@ -23,9 +23,13 @@ def _ranks(**kw) -> Scenario:
 
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(model="llama-tiny", layout=LayoutMesh(tp=2), activation=ActivationConfig("full")),
-     r"layout.tp > 1 and activation.strategy full is not built: .*reports/spike-compiled-layouts.md.*selective_op"),
+     r"layout.tp > 1 and activation.strategy full is not built: .*reports/spike-compiled-layouts.md.*selective_op"
+     r".*compile.ac_wrapper: outside"),
     (dict(model="llama-tiny", layout=LayoutMesh(tp=2), activation=ActivationConfig("every_k", k=2)),
      r"layout.tp > 1 and activation.strategy every_k is not built"),
+    (dict(model="llama-tiny", layout=LayoutMesh(tp=2), activation=ActivationConfig("selective_op"),
+          compile=CompileConfig(scope="block", ac_wrapper="outside")),
+     r"compile.ac_wrapper: outside with activation.strategy selective_op is not built .*full and every_k"),
     (dict(compile=CompileConfig(scope="model")), r"compile.scope: 'model' .* world_size 2 is not built"),
     (dict(activation=ActivationConfig("budget", budget=0.5)), r"activation.strategy budget and world_size 2 is not built"),
     (dict(save=SaveConfig(strategy="dcp")), r"compile.scope with a checkpoint pass is not built yet"),
@@ -49,6 +53,22 @@ def test_tensor_parallel_ranks_compile_with_what_trains_compiled(strategy) -> No
     for layout, world in ((LayoutMesh(tp=2), 2), (LayoutMesh(dp_shard=2, tp=2), 4)):
         scenario = _ranks(model="llama-tiny", layout=layout, activation=activation, world_size=world, batch_size=4)
         assert scenario.compile == BLOCK and scenario.layout.tensor_parallel
+
+
+@pytest.mark.parametrize("strategy", CompileConfig.OUTSIDE_STRATEGIES)
+def test_full_and_every_k_compile_under_tensor_parallel_with_the_checkpoint_outside(strategy) -> None:
+    outside = CompileConfig(scope="block", ac_wrapper="outside")
+    for layout, world in ((LayoutMesh(tp=2), 2), (LayoutMesh(dp_shard=2, tp=2), 4)):
+        scenario = _ranks(model="llama-tiny", layout=layout, activation=ActivationConfig(strategy, k=2),
+                          world_size=world, batch_size=4, compile=outside)
+        assert scenario.compile.ac_wrapper == "outside" and scenario.layout.tensor_parallel
+
+
+def test_the_checkpoint_outside_needs_per_block_compile_and_an_enabled_compile() -> None:
+    with pytest.raises(ValueError, match=r"compile.ac_wrapper: outside .* compile.scope is 'model'; set compile.scope to block"):
+        CompileConfig(scope="model", ac_wrapper="outside")
+    with pytest.raises(ValueError, match=r"compile.ac_wrapper is set but compile.scope is 'none'"):
+        CompileConfig(ac_wrapper="outside")
 
 
 def _rank(rank: int, recompiles: int = 0) -> dict:
