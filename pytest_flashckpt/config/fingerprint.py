@@ -12,7 +12,8 @@ number's expected value:
   sizes on their own, ``unguarded``);
 - which passes run: ``measure`` (a metric a pass no longer measures is ``missing``, one it adds is not compared);
 - the reserved axes at today's values (``config.axes``), and the axes added since fingerprints exist
-  (``step_impl``) at their defaults: a new axis changes no stored fingerprint until a scenario sets it; the
+  (``step_impl``) and keys added to an axis since (``compile.ac_wrapper``) at their defaults: a new axis or key
+  changes no stored fingerprint until a scenario sets it; the
   layout's pipeline keys (``schedule``, ``microbatches``, ``stages_per_rank``) unless it has stages (``pp`` > 1).
 
 Defaults a scenario leaves unset but another layer resolves at run time (``selective_op``'s save list and recompute
@@ -39,6 +40,7 @@ SAMPLE_COUNTS = ("rounds", "steps", "save.saves", "save.time_lost_rounds")
 PASSES = ("measure",)
 LEFT_OUT = (*LABELS, *SAMPLE_COUNTS, *PASSES)
 ADDED_AXES = ("step_impl",)  # axes added after fingerprints: left out while at their defaults
+ADDED_KEYS = {"compile.ac_wrapper": "inside"}  # keys added to an axis after fingerprints: left out at these defaults
 
 
 def fingerprinted(scenario: Scenario, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -52,7 +54,8 @@ def fingerprinted(scenario: Scenario, resolved: dict[str, Any] | None = None) ->
         for key in LayoutMesh.PIPELINE_KEYS:
             plain["layout"].pop(key)
     flat = {**_flatten(plain), **(resolved or {})}
-    return {key: flat[key] for key in sorted(flat) if key not in LEFT_OUT}
+    return {key: flat[key] for key in sorted(flat)
+            if key not in LEFT_OUT and not (key in ADDED_KEYS and flat[key] == ADDED_KEYS[key])}
 
 
 def same_configuration(stored_hash: str | None, stored_flat: dict[str, Any] | None, current: dict[str, Any]) -> bool:

@@ -31,3 +31,15 @@ def test_todays_values_are_accepted_and_leave_the_fingerprint_as_it_was():
     assert fingerprint(build(Scenario, {"name": "s", "seq_len": 256}, "suite.yaml")) != fingerprint(plain)  # control
     fused = build(Scenario, {"name": "s", "step_impl": {"optimizer": "adamw_fused"}}, "suite.yaml")
     assert fingerprint(fused) != fingerprint(plain)  # a built axis set away from its default enters the fingerprint
+
+
+def test_a_key_added_to_an_axis_changes_no_fingerprint_at_its_default():
+    """compile.ac_wrapper came after compiled rows were fingerprinted: at its default (inside) a compiled row's
+    fingerprint is what it was; set to outside, it changes."""
+    compiled = {"name": "s", "activation": {"strategy": "full"}}
+    before = build(Scenario, {**compiled, "compile": {"scope": "block"}}, "suite.yaml")
+    inside = build(Scenario, {**compiled, "compile": {"scope": "block", "ac_wrapper": "inside"}}, "suite.yaml")
+    outside = build(Scenario, {**compiled, "compile": {"scope": "block", "ac_wrapper": "outside"}}, "suite.yaml")
+    assert "compile.ac_wrapper" not in fingerprinted(before) and fingerprint(inside) == fingerprint(before)
+    assert fingerprinted(outside)["compile.ac_wrapper"] == "outside" and fingerprint(outside) != fingerprint(before)
+    assert fingerprinted(before)["compile.scope"] == "block"  # control: the axis's other keys are fingerprinted
