@@ -42,12 +42,9 @@ def _trainer(strategy: str) -> Trainer:
     return Trainer.create(model, 2, 32, seed=0)
 
 
-def test_a_block_compiled_selective_op_step_agrees_with_eager_and_runs_compiled(fresh_dynamo):
-    counters = fresh_dynamo
-    eager, trainer = _trainer("selective_op"), _trainer("selective_op")
-    config = build(Scenario, {"name": "s", "compile": {"scope": "block"}}, "t.yaml").compile
-    regions = compiled.compile_model(trainer.model, config)
-    assert regions == len(get_blocks(trainer.model, get_anatomy(trainer.model)))
+def _agrees_with_eager(eager: Trainer, trainer: Trainer) -> None:
+    """One forward + backward of both on batch 0: the compiled loss and gradients equal eager's within float32
+    reordering (compile reorders float sums)."""
     x, y = eager.batch(0)
 
     def loss_and_grads(side: Trainer):
@@ -58,9 +55,18 @@ def test_a_block_compiled_selective_op_step_agrees_with_eager_and_runs_compiled(
         return loss.detach(), grads
 
     (want_loss, want_grads), (loss, grads) = loss_and_grads(eager), compiled.torch_hidden_warning(lambda: loss_and_grads(trainer))()
-    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)  # fp32: compile reorders float sums
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, want_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_block_compiled_selective_op_step_agrees_with_eager_and_runs_compiled(fresh_dynamo):
+    counters = fresh_dynamo
+    eager, trainer = _trainer("selective_op"), _trainer("selective_op")
+    config = build(Scenario, {"name": "s", "compile": {"scope": "block"}}, "t.yaml").compile
+    regions = compiled.compile_model(trainer.model, config)
+    assert regions == len(get_blocks(trainer.model, get_anatomy(trainer.model)))
+    _agrees_with_eager(eager, trainer)
     assert counters["frames"]["ok"] >= 1 and not counters["graph_break"]
     assert counters["stats"]["unique_graphs"] == 1  # every block shares one graph (no guard on the block's name)
 
@@ -128,19 +134,7 @@ def test_the_checkpoint_outside_the_compiled_block_agrees_with_eager_and_recompu
     regions = compiled.compile_model(trainer.model, config)
     blocks = len(get_blocks(trainer.model, get_anatomy(trainer.model)))
     assert regions == (2 * blocks if strategy == "full" else 2 * 2 + 1)  # every_k (k 2) of 3 blocks: 0 and 2
-    x, y = eager.batch(0)
-
-    def loss_and_grads(side: Trainer):
-        loss = side.model(x, y)
-        loss.backward()
-        grads = [p.grad.clone() for p in side.model.parameters()]
-        side.optimizer.zero_grad(set_to_none=True)
-        return loss.detach(), grads
-
-    (want_loss, want_grads), (loss, grads) = loss_and_grads(eager), compiled.torch_hidden_warning(lambda: loss_and_grads(trainer))()
-    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
-    for got, want in zip(grads, want_grads):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    _agrees_with_eager(eager, trainer)
     assert counters["frames"]["ok"] >= 1 and not counters["graph_break"]
     step = compiled.torch_hidden_warning(trainer.train_step)
     step()
