@@ -33,8 +33,8 @@ def precision(r: Result) -> str:
 
 def describe_activation(r: Result) -> str:
     """``every_k (k=2)``, ``full``, ``selective_op``... as a reader wants to see it; a compiled row says how
-    (``full, compiled per block``, ``compile_budget 0.5, compiled model``), so tables and the Pareto plot keep it
-    apart from its eager twin."""
+    (``full, compiled per block``, ``full, compiled per block, checkpoint outside``, ``compile_budget 0.5, compiled
+    model``), so tables and the Pareto plot keep it apart from its eager twin and from the other placement."""
     strategy = activation_strategy(r)
     if strategy == "every_k":
         strategy = f"every_k (k={r.config.activation.k})"
@@ -43,6 +43,8 @@ def describe_activation(r: Result) -> str:
     scope = getattr(r.config, "compile", None)
     if scope is not None and scope.enabled:  # report.compiled
         strategy += ", compiled per block" if scope.scope == "block" else ", compiled model"
+        if scope.ac_wrapper == "outside":
+            strategy += ", checkpoint outside"
     return strategy
 
 

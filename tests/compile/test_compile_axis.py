@@ -126,3 +126,6 @@ def test_the_report_section_names_the_compile_and_flags_a_recompile():
     assert "**2 (flagged)**" in text and "| 0 " in text and "allocator events" in text
     assert compiled_section([Result("eager", "e", "measured", scenario(activation={"strategy": "full"}))]) == []  # control
     assert describe_activation(Result("eager", "e", "measured", scenario(activation={"strategy": "full"}))) == "full"
+    outside = Result("c", "o", "measured", scenario(compile={"scope": "block", "ac_wrapper": "outside"},
+                                                     activation={"strategy": "full"}))
+    assert describe_activation(outside) == "full, compiled per block, checkpoint outside"  # apart from the inside row
