@@ -90,6 +90,7 @@ def _what_the_suite_builds(rows: list[tuple[tuple[int, int, str], dict, float]])
     """The config's tensor-parallel strategies beside what ran compiled under tensor parallel here; a strategy the
     config accepts that failed here (or one that ran but is refused) is named, not hidden."""
     from pytest_flashckpt.config.axes import CompileConfig
+    from pytest_flashckpt.core import registry
 
     accepted = set(CompileConfig.TENSOR_PARALLEL_STRATEGIES)
     inside = [row for row in rows if ":" not in row[0][2]]  # the suite's order: the checkpoint inside the compiled block
@@ -107,11 +108,11 @@ def _what_the_suite_builds(rows: list[tuple[tuple[int, int, str], dict, float]])
         def named(ok: bool) -> str:
             return ", ".join(f"dp_shard {d} x tp {t} {s.split(':')[0]}" for (d, t, s), record, _ in outside
                              if ("error" not in record["compiled"]) == ok) or "none"
-        built = set(CompileConfig.OUTSIDE_STRATEGIES)
+        built = set(registry.whole_block_strategies())
         failed = {s.split(":")[0] for (_, _, s), record, _ in outside if "error" in record["compiled"]}
         text += (f" With the checkpoint outside the compiled block: ran {named(True)}; failed {named(False)}; the "
                  f"suite builds it for {', '.join(sorted(built))} (`compile.ac_wrapper: outside`, "
-                 "`CompileConfig.OUTSIDE_STRATEGIES`), under tensor parallel too.")
+                 "`core.registry.whole_block_strategies`), under tensor parallel too.")
         if built & failed:
             text += f" **Disagrees with this run**: built but failed here: {sorted(built & failed)}."
     return text

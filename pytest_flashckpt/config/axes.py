@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pytest_flashckpt.config.layout import PipelineSchedule
+from pytest_flashckpt.core.registry import whole_block_strategies
 
 
 class NotBuiltYet(ValueError):
@@ -118,8 +119,9 @@ class CompileConfig:
     torch documents both: ``inside`` the compiled block (torchtitan's way: compile traces the checkpoint and its
     partitioner decides what the block saves), or ``outside`` (each checkpointed block's own forward compiled, the
     checkpoint around the compiled call in eager: the block's saved tensors are dropped after its forward region and
-    the region runs again in backward; ``compile_step.compile_model``). Outside is built for ``full`` and
-    ``every_k``, whose plan is a whole block; it is how they train compiled under tensor parallel on torch 2.13."""
+    the region runs again in backward; ``compile_step.compile_model``). Outside is built for the strategies that
+    checkpoint whole blocks (``registry.whole_block_strategies``: ``full``, ``every_k``); it is how they train
+    compiled under tensor parallel on torch 2.13."""
 
     scope: Literal["none", "block", "model"] = "none"
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
@@ -128,11 +130,6 @@ class CompileConfig:
     ac_wrapper: Literal["inside", "outside"] = "inside"
 
     BUILT_MODES = ("default",)
-    OUTSIDE_STRATEGIES = ("full", "every_k")
-    """Strategies built with ``ac_wrapper: outside``: a whole block checkpointed (and ``none``, a compiled row's
-    reference, whose blocks compile whole either way). A ``selective_op`` policy reads
-    each op the block runs, which a compiled call hides from an eager checkpoint; ``compile_budget`` is compile's own
-    partitioner; ``budget`` plans per block inside."""
     TENSOR_PARALLEL_STRATEGIES = ("none", "selective_op", "compile_budget")
     """What a compiled tensor-parallel block trains with on torch 2.13 with the checkpoint inside (loss and every
     gradient against one eager process, tests/distributed/test_compiled_tensor_parallel.py); ``full`` and
@@ -164,14 +161,15 @@ class CompileConfig:
                 raise ValueError("activation.strategy compile_budget is torch.compile's activation_memory_budget: "
                                  "set compile.scope to block or model")
             return
-        if self.ac_wrapper == "outside" and strategy not in (*self.OUTSIDE_STRATEGIES, "none"):  # none: the reference
+        whole_blocks = whole_block_strategies()
+        if self.ac_wrapper == "outside" and strategy not in (*whole_blocks, "none"):  # none: a row's reference
             raise NotBuiltYet(f"compile.ac_wrapper: outside with activation.strategy {strategy} is not built (the "
-                              f"checkpoint around a compiled block is built for {' and '.join(self.OUTSIDE_STRATEGIES)}, "
+                              f"checkpoint around a compiled block is built for {' and '.join(whole_blocks)}, "
                               "a whole block checkpointed); use one of those, or drop compile.ac_wrapper")
         if (world_size > 1 and tensor_parallel and self.ac_wrapper == "inside"
                 and strategy not in self.TENSOR_PARALLEL_STRATEGIES):
             outside = (" or compile.ac_wrapper: outside (the checkpoint around the compiled block)"
-                       if strategy in self.OUTSIDE_STRATEGIES else "")
+                       if strategy in whole_blocks else "")
             raise NotBuiltYet(f"compile.scope: {self.scope!r} with layout.tp > 1 and activation.strategy {strategy} "
                               "is not built: torch's checkpoint wrapper in a compiled tensor-parallel block fails in "
                               "backward on torch 2.13 (a DeviceMesh among AOTAutograd's saved tensors, "

@@ -78,7 +78,11 @@ class ActivationStrategySpec:
       closed form and the tensor-parallel collectives of replayed blocks by the block options of its plan
       (``fit.time_model.replay_counts``), so nothing in fit names a strategy.
     - ``simulated_compiled``: how ``simulate.compiled`` runs it in a ``torch.compile``'d step (a key of
-      ``COMPILED_SIMULATIONS``; "" not simulated compiled: refused naming this attribute)."""
+      ``COMPILED_SIMULATIONS``; "" not simulated compiled: refused naming this attribute).
+
+    ``checkpoints_whole_blocks``: its plan checkpoints whole blocks with ``torch.utils.checkpoint`` and no per-op
+    policy, so ``compile.ac_wrapper: outside`` can put that checkpoint around each compiled block
+    (``config.axes.CompileConfig``; a policy that reads each op cannot see the ops of a compiled call)."""
 
     name: str
     description: str
@@ -88,6 +92,7 @@ class ActivationStrategySpec:
     runs_on_fake_ranks: bool = False
     fit_order: int | None = None
     simulated_compiled: str = ""
+    checkpoints_whole_blocks: bool = False
 
 
 _PLANS = "pytest_flashckpt.activation.plan"
@@ -128,9 +133,10 @@ for _spec in (
                            runs_on_fake_ranks=True, fit_order=0, simulated_compiled="traced"),
     ActivationStrategySpec("full", "every block recomputed in the backward pass; only block inputs kept",
                            f"{_PLANS}:recompute_every_block", runs_on_fake_ranks=True, fit_order=3,
-                           simulated_compiled="traced"),
+                           simulated_compiled="traced", checkpoints_whole_blocks=True),
     ActivationStrategySpec("every_k", "blocks 0, k, 2k, ... recomputed", f"{_PLANS}:recompute_every_kth_block",
-                           runs_on_fake_ranks=True, fit_order=2, simulated_compiled="traced"),
+                           runs_on_fake_ranks=True, fit_order=2, simulated_compiled="traced",
+                           checkpoints_whole_blocks=True),
     ActivationStrategySpec("selective_op", "matmul and attention outputs kept, pointwise ops recomputed "
                            "(a selective-checkpoint policy)", f"{_PLANS}:selective_op_blocks",
                            runs_on_fake_ranks=True, fit_order=1, simulated_compiled="traced"),
@@ -160,6 +166,12 @@ def fake_rank_strategies() -> tuple[str, ...]:
     """The strategies the real engine under fake mode lays out a rank with (``runs_on_fake_ranks``), in the
     registry's order."""
     return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if spec.runs_on_fake_ranks)
+
+
+def whole_block_strategies() -> tuple[str, ...]:
+    """The strategies that checkpoint whole blocks (``checkpoints_whole_blocks``): what ``compile.ac_wrapper:
+    outside`` is built for, in the registry's order."""
+    return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if spec.checkpoints_whole_blocks)
 
 
 def fit_strategies() -> tuple[str, ...]:

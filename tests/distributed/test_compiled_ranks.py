@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh, NotBuiltYet
+from pytest_flashckpt.core.registry import whole_block_strategies
 from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.core.result import Result
@@ -56,7 +57,7 @@ def test_tensor_parallel_ranks_compile_with_what_trains_compiled(strategy) -> No
         assert scenario.compile == BLOCK and scenario.layout.tensor_parallel
 
 
-@pytest.mark.parametrize("strategy", CompileConfig.OUTSIDE_STRATEGIES)
+@pytest.mark.parametrize("strategy", whole_block_strategies())
 def test_full_and_every_k_compile_under_tensor_parallel_with_the_checkpoint_outside(strategy) -> None:
     outside = CompileConfig(scope="block", ac_wrapper="outside")
     for layout, world in ((LayoutMesh(tp=2), 2), (LayoutMesh(dp_shard=2, tp=2), 4)):
