@@ -28,7 +28,7 @@ def current_profile(device: str, kernel: str | None = None) -> dict[str, Any]:
         device_name = torch.cuda.get_device_name(index)
         device_count = torch.cuda.device_count()
     else:
-        device_name = _cpu_name()
+        device_name = cpu_name()
         device_count = 1
     return {
         "device_type": device.split(":")[0],
@@ -80,7 +80,8 @@ def git_commit(cwd: str | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the platform's word where it cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
