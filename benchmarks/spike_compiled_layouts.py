@@ -89,15 +89,14 @@ def render(rows: list[tuple[tuple[int, int, str], dict, float]], command: str) -
 def _what_the_suite_builds(rows: list[tuple[tuple[int, int, str], dict, float]]) -> str:
     """The config's tensor-parallel strategies beside what ran compiled under tensor parallel here; a strategy the
     config accepts that failed here (or one that ran but is refused) is named, not hidden."""
-    from pytest_flashckpt.config.axes import CompileConfig
     from pytest_flashckpt.core import registry
 
-    accepted = set(CompileConfig.TENSOR_PARALLEL_STRATEGIES)
+    accepted = set(registry.tensor_parallel_compiled_strategies())
     inside = [row for row in rows if ":" not in row[0][2]]  # the suite's order: the checkpoint inside the compiled block
     tp_ran = {s for (_, t, s), record, _ in inside if t > 1 and "error" not in record["compiled"]}
     tp_tried = {s for (_, t, s), _, _ in inside if t > 1}
     text = (f"What the suite builds from this: compiled FSDP2 ranks, and compiled tensor-parallel ranks with "
-            f"{', '.join(sorted(accepted))} (`config.axes.CompileConfig.TENSOR_PARALLEL_STRATEGIES`) with the "
+            f"{', '.join(sorted(accepted))} (`core.registry.tensor_parallel_compiled_strategies`) with the "
             "checkpoint inside the compiled block; the other strategies are refused there before anything runs, "
             "naming this report.")
     if accepted & tp_tried - tp_ran or (tp_ran - accepted):

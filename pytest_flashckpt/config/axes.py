@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pytest_flashckpt.config.layout import PipelineSchedule
-from pytest_flashckpt.core.registry import whole_block_strategies
+from pytest_flashckpt.core.registry import tensor_parallel_compiled_strategies, whole_block_strategies
 
 
 class NotBuiltYet(ValueError):
@@ -130,11 +130,6 @@ class CompileConfig:
     ac_wrapper: Literal["inside", "outside"] = "inside"
 
     BUILT_MODES = ("default",)
-    TENSOR_PARALLEL_STRATEGIES = ("none", "selective_op", "compile_budget")
-    """What a compiled tensor-parallel block trains with on torch 2.13 with the checkpoint inside (loss and every
-    gradient against one eager process, tests/distributed/test_compiled_tensor_parallel.py); ``full`` and
-    ``every_k`` inside fail in AOTAutograd's backward, and train with the checkpoint outside
-    (reports/spike-compiled-layouts.md)."""
 
     def __post_init__(self) -> None:
         if self.mode not in self.BUILT_MODES:
@@ -161,20 +156,20 @@ class CompileConfig:
                 raise ValueError("activation.strategy compile_budget is torch.compile's activation_memory_budget: "
                                  "set compile.scope to block or model")
             return
-        whole_blocks = whole_block_strategies()
+        whole_blocks, inside_tp = whole_block_strategies(), tensor_parallel_compiled_strategies()
         if self.ac_wrapper == "outside" and strategy not in (*whole_blocks, "none"):  # none: a row's reference
             raise NotBuiltYet(f"compile.ac_wrapper: outside with activation.strategy {strategy} is not built (the "
                               f"checkpoint around a compiled block is built for {' and '.join(whole_blocks)}, "
                               "a whole block checkpointed); use one of those, or drop compile.ac_wrapper")
         if (world_size > 1 and tensor_parallel and self.ac_wrapper == "inside"
-                and strategy not in self.TENSOR_PARALLEL_STRATEGIES):
+                and strategy not in inside_tp):
             outside = (" or compile.ac_wrapper: outside (the checkpoint around the compiled block)"
                        if strategy in whole_blocks else "")
             raise NotBuiltYet(f"compile.scope: {self.scope!r} with layout.tp > 1 and activation.strategy {strategy} "
                               "is not built: torch's checkpoint wrapper in a compiled tensor-parallel block fails in "
                               "backward on torch 2.13 (a DeviceMesh among AOTAutograd's saved tensors, "
                               "reports/spike-compiled-layouts.md); use activation.strategy "
-                              f"{' or '.join(self.TENSOR_PARALLEL_STRATEGIES)}{outside}, drop compile, or drop layout.tp")
+                              f"{' or '.join(inside_tp)}{outside}, drop compile, or drop layout.tp")
         if world_size > 1 and (self.scope != "block" or strategy == "budget"):
             raise NotBuiltYet(f"compile.scope: {self.scope!r} with activation.strategy {strategy} and world_size "
                               f"{world_size} is not built (ranks compile each block before fully_shard, torchtitan's "

@@ -82,7 +82,11 @@ class ActivationStrategySpec:
 
     ``checkpoints_whole_blocks``: its plan checkpoints whole blocks with ``torch.utils.checkpoint`` and no per-op
     policy, so ``compile.ac_wrapper: outside`` can put that checkpoint around each compiled block
-    (``config.axes.CompileConfig``; a policy that reads each op cannot see the ops of a compiled call)."""
+    (``config.axes.CompileConfig``; a policy that reads each op cannot see the ops of a compiled call).
+    ``compiles_inside_tensor_parallel``: a compiled tensor-parallel block trains with its wrapper traced inside the
+    compiled region on the torch this project pins (loss and every gradient against one eager process,
+    tests/distributed/test_compiled_tensor_parallel.py); torch 2.13's AOTAutograd fails in backward for a whole-block
+    checkpoint there, which trains with ``compile.ac_wrapper: outside`` instead (reports/spike-compiled-layouts.md)."""
 
     name: str
     description: str
@@ -93,6 +97,7 @@ class ActivationStrategySpec:
     fit_order: int | None = None
     simulated_compiled: str = ""
     checkpoints_whole_blocks: bool = False
+    compiles_inside_tensor_parallel: bool = False
 
 
 _PLANS = "pytest_flashckpt.activation.plan"
@@ -130,7 +135,8 @@ def register_activation_strategy(spec: ActivationStrategySpec) -> ActivationStra
 
 for _spec in (
     ActivationStrategySpec("none", "nothing recomputed (the reference)", f"{_PLANS}:keep_every_block",
-                           runs_on_fake_ranks=True, fit_order=0, simulated_compiled="traced"),
+                           runs_on_fake_ranks=True, fit_order=0, simulated_compiled="traced",
+                           compiles_inside_tensor_parallel=True),
     ActivationStrategySpec("full", "every block recomputed in the backward pass; only block inputs kept",
                            f"{_PLANS}:recompute_every_block", runs_on_fake_ranks=True, fit_order=3,
                            simulated_compiled="traced", checkpoints_whole_blocks=True),
@@ -139,7 +145,8 @@ for _spec in (
                            checkpoints_whole_blocks=True),
     ActivationStrategySpec("selective_op", "matmul and attention outputs kept, pointwise ops recomputed "
                            "(a selective-checkpoint policy)", f"{_PLANS}:selective_op_blocks",
-                           runs_on_fake_ranks=True, fit_order=1, simulated_compiled="traced"),
+                           runs_on_fake_ranks=True, fit_order=1, simulated_compiled="traced",
+                           compiles_inside_tensor_parallel=True),
     ActivationStrategySpec("offload", "every block's saved tensors moved to pinned CPU memory (GPU only)",
                            f"{_PLANS}:offload_every_block",
                            not_simulated="offload copies activations to pinned host memory, which the step on the "
@@ -152,7 +159,7 @@ for _spec in (
                            f"{_PLANS}:keep_every_block",
                            not_simulated="compile_budget is torch.compile's partitioner deciding what to recompute, which the "
                            "eager step on the meta device does not model (not simulated yet); measure it with compile.scope set",
-                           simulated_compiled="partitioner"),
+                           simulated_compiled="partitioner", compiles_inside_tensor_parallel=True),
 ):
     register_activation_strategy(_spec)
 
@@ -172,6 +179,12 @@ def whole_block_strategies() -> tuple[str, ...]:
     """The strategies that checkpoint whole blocks (``checkpoints_whole_blocks``): what ``compile.ac_wrapper:
     outside`` is built for, in the registry's order."""
     return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if spec.checkpoints_whole_blocks)
+
+
+def tensor_parallel_compiled_strategies() -> tuple[str, ...]:
+    """The strategies a compiled tensor-parallel block trains with, the wrapper inside the compiled region
+    (``compiles_inside_tensor_parallel``), in the registry's order."""
+    return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if spec.compiles_inside_tensor_parallel)
 
 
 def fit_strategies() -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh, NotBuiltYet
-from pytest_flashckpt.core.registry import whole_block_strategies
+from pytest_flashckpt.core.registry import tensor_parallel_compiled_strategies, whole_block_strategies
 from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.core.result import Result
@@ -49,7 +49,14 @@ def test_fsdp_ranks_compile_per_block_with_a_fixed_strategy_or_compile_budget() 
     assert compiled[2].compile.ac_wrapper == "outside" and compiled[2].layout.tensor_parallel
 
 
-@pytest.mark.parametrize("strategy", CompileConfig.TENSOR_PARALLEL_STRATEGIES)
+def test_the_registry_names_what_trains_compiled_under_tensor_parallel() -> None:
+    # the strategies measured against one eager process in tests/distributed/test_compiled_tensor_parallel.py (the
+    # checkpoint inside), and those that need it outside (reports/spike-compiled-layouts.md)
+    assert tensor_parallel_compiled_strategies() == ("none", "selective_op", "compile_budget")
+    assert whole_block_strategies() == ("full", "every_k")
+
+
+@pytest.mark.parametrize("strategy", tensor_parallel_compiled_strategies())
 def test_tensor_parallel_ranks_compile_with_what_trains_compiled(strategy) -> None:
     activation = ActivationConfig(strategy, budget=0.5) if strategy == "compile_budget" else ActivationConfig(strategy)
     for layout, world in ((LayoutMesh(tp=2), 2), (LayoutMesh(dp_shard=2, tp=2), 4)):

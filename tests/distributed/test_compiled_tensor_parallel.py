@@ -1,8 +1,8 @@
 """Compiled tensor-parallel ranks (issue 32 item 7): tp 2 (world 2) and dp_shard 2 x tp 2 (world 4) of a small Llama,
 every block compiled by Inductor after the activation strategy and before ``fully_shard`` (torchtitan's order),
 the embedding's output settled in eager first (``tensor_parallel.settle_embedding_output``). Per strategy the
-config accepts (``CompileConfig.TENSOR_PARALLEL_STRATEGIES``, and ``registry.whole_block_strategies()`` with ``ac_wrapper: outside``): the first step's loss and every gradient against one
-eager process, one graph and no break, then steps that go on training. One torchrun launch per layout (~40 s and
+config accepts (``registry.tensor_parallel_compiled_strategies()``, and ``registry.whole_block_strategies()`` with
+``ac_wrapper: outside``): the first step's loss and every gradient against one eager process, one graph and no break, then steps that go on training. One torchrun launch per layout (~40 s and
 ~60 s with cold compiles on 2 cores), so ``slow``."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_flashckpt.config.axes import CompileConfig
-from pytest_flashckpt.core.registry import whole_block_strategies
+from pytest_flashckpt.core.registry import tensor_parallel_compiled_strategies, whole_block_strategies
 
 WORKER = Path(__file__).with_name("compiled_tensor_parallel_worker.py")
 # as the eager layouts (test_tensor_parallel): measured max |grad difference| 2.0e-8 for each strategy at tp 2 and 2 x 2
@@ -21,7 +20,7 @@ GRAD_ATOL = 1e-6
 LOSS_ATOL = 1e-5
 # what the config accepts under tensor parallel: the checkpoint inside the compiled block, and full / every_k with it
 # outside (compile.ac_wrapper, written "full:outside" to the worker)
-STRATEGIES = [*CompileConfig.TENSOR_PARALLEL_STRATEGIES, *(f"{s}:outside" for s in whole_block_strategies())]
+STRATEGIES = [*tensor_parallel_compiled_strategies(), *(f"{s}:outside" for s in whole_block_strategies())]
 
 
 @pytest.fixture(scope="module", params=[(1, 2), (2, 2)], ids=["tp2", "dp2xtp2"])
