@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
@@ -67,10 +69,30 @@ def against_one_process(layout: Layout, mesh, strategy: str, ref_loss: float, re
             "grad_ref_max": max(float(g.abs().max()) for g in ref_grads.values()), "n_grads": len(grads)}
 
 
+class _CollectiveBytes(TorchDispatchMode):
+    """Bytes of the inputs and outputs of every collective this thread issues (``c10d`` and functional ``c10d``
+    ops, their waits and autograd wrappers excepted): all gloo can stage or hold of a window's traffic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace in ("c10d", "_c10d_functional") and not func.__name__.startswith(("wait", "_wrap")):
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        return out
+
+
 def memory(layout: Layout, mesh, strategy: str, precision: str = "pure") -> dict:
     trainer = _trainer(layout, mesh, strategy, precision)
     trainer.train_step()
     record = tp.memory_step(trainer)
+    with _CollectiveBytes() as collectives:
+        tp.forward_backward(trainer)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    record["collective_fwd_bwd_bytes"] = collectives.bytes
     record["allocator_fwd_bwd_added_bytes"] = allocator_added_peak(lambda: tp.forward_backward(trainer))
     record["allocator_optimizer_added_bytes"] = allocator_added_peak(lambda: tp.optimizer_step(trainer))
     return record

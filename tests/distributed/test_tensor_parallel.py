@@ -67,20 +67,27 @@ def test_loss_and_gradients_match_one_process(launched) -> None:
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_rank_probe_beside_the_allocator(launched) -> None:
-    """The ordering of the strategies' peaks (full < selective_op < none) is asserted on the simulated rank in
-    ``test_simulated_rank_holds_what_the_gloo_rank_holds``, not here: a gloo rank's forward+backward peak includes
-    what gloo's worker thread still holds of finished collectives, and that moves run to run. In stop 42's CI at
-    dp 2 x tp 2 it was 65,536 B for ``full`` and 23,616 B for ``selective_op``, which put full (780,188 B) above
-    selective_op (770,652 B) where the simulated rank holds 714,652 < 747,036 B."""
+    """The allocator (every thread) and the probe (this thread's dispatcher) differ only by gloo: the copies its
+    worker thread stages outside the dispatcher and when that thread lets go of finished collectives' tensors.
+    Neither can exceed the collectives' own bytes in the window, so ``|allocator - probe| <=`` the inputs and outputs
+    of every collective the rank issued in an identical window (counted by the worker). Measured at tp 2 on a quiet
+    2-core AMD host, 12 repeats per strategy: -32,768 to +200,832 B against 0.98-1.28 MB of collectives; 278,528 B
+    in a loaded CI run (stop 51), which broke the former bound of 1.5 x the probe's added bytes. Power: it catches a
+    probe error larger than the window's collective traffic (1.2-2.4 x the probe's added bytes at tp 2, 2.8-3.7 x at
+    dp 2 x tp 2 on this card), so it guards against gross miscounting only; the byte-level check of the probe is the
+    fake rank's, below.
+
+    The ordering of the strategies' peaks (full < selective_op < none) is asserted on the simulated rank in
+    ``test_simulated_rank_holds_what_the_gloo_rank_holds``, not here, for the same reason: in stop 42's CI at
+    dp 2 x tp 2 gloo's hold was 65,536 B for ``full`` and 23,616 B for ``selective_op``, which put full (780,188 B)
+    above selective_op (770,652 B) where the simulated rank holds 714,652 < 747,036 B."""
     for record in launched[2]:
         by = record["strategies"]
-        for entry in by.values():
+        for strategy, entry in by.items():
             probe_added = entry["fwd_bwd_peak_bytes"] - entry["fwd_bwd_start_bytes"]
-            # the allocator's added bytes include gloo's staging of the collectives (not counted by the probe), so they
-            # stay under 1.5x what the probe counts. No lower bound: on the Intel 2-core CI host the allocator read
-            # 12.5% under the probe at tp 2 (457,928 vs 523,464 B), unexplained yet (issue 32's note); the
-            # fake rank's window starts equal the gloo rank's to the byte and its peak is bounded (tests/simulate/test_layouts.py)
-            assert entry["allocator_fwd_bwd_added_bytes"] <= probe_added * 1.5, entry
+            traffic = entry["collective_fwd_bwd_bytes"]
+            assert traffic > 0, (record["rank"], strategy)  # the counter sees the layout's collectives
+            assert abs(entry["allocator_fwd_bwd_added_bytes"] - probe_added) <= traffic, (record["rank"], strategy, entry)
     starts = {r["strategies"]["none"]["fwd_bwd_start_bytes"] for r in launched[2]}
     assert len(starts) == 1  # the ranks of a symmetric layout hold the same state (their peaks move with gloo's thread)
 
