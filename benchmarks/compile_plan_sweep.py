@@ -1,8 +1,8 @@
 """The compiled plan (``activation.budget.compile_policy``) over a budget sweep, beside compile's own knob and the
 fixed strategies, every block compiled.
 
-    python benchmarks/compile_plan_sweep.py                          # tiny + llama-tiny, 4 x 256, fp32, 3 rounds
-    python benchmarks/compile_plan_sweep.py --cards tiny --spans 0 50 100 --rounds 5
+    python benchmarks/compile_plan_sweep.py                          # tiny + llama-tiny, 4 x 256, fp32, 40 rounds
+    python benchmarks/compile_plan_sweep.py --cards tiny --spans 0 50 100 --rounds 20
 
 Per card, every configuration compiles each block (``nn.Module.compile``, Inductor on the CPU) in a fresh Dynamo
 state (``torch._dynamo.reset()``; Inductor's FX graph cache stays on unless ``--cold``), then:
@@ -10,9 +10,9 @@ state (``torch._dynamo.reset()``; Inductor's FX graph cache stays on unless ``--
 - **peak**: one warmed-up training step's added peak from the CPU allocator's events
   (``probes.compiled.measure_compiled_step``: refused if a block ran eager or recompiled), plus the resident state
   (parameters, buffers, optimizer state), so it reads in the plan's unit, the whole step's peak;
-- **time**: step time interleaved round by round with the eager no-checkpointing reference
-  (``runner.timing.interleaved``), the median of per-round ratios; compile time (first forward + backward and
-  optimizer step) apart;
+- **time**: every configuration of a card and the eager no-checkpointing reference side by side, each in a process
+  of its own, one step each per round in the same interleaved rounds (``compile_duel``); a ratio is the median of
+  per-round ratios with its ~95% interval; compile time (first forward + backward and optimizer step) apart;
 - **agreement**: the first loss and every gradient against the same model run eager.
 
 Configurations: ``plan, min + N%`` (our compiled plan at each budget of the sweep, ``--spans``, planned as the
@@ -21,7 +21,12 @@ runner plans it: checked compiled and priced against the fixed strategies); ``no
 block as the per-block policies it prices, ``fixed_policies``: ``selective_op`` as a torch selective-checkpoint
 policy saving the candidates its default list names, ``every_k`` with k = 2);
 ``knob B`` (no checkpoint, ``torch._functorch.config.activation_memory_budget = B`` while the blocks compile).
-The claims are judged from the measured rows and written to ``reports/compile-plan-sweep.{md,json}``.
+The claims are judged from the measured rows and written to ``reports/compile-plan-sweep.{md,json}``: each plan
+point against every fitting fixed strategy and every knob at equal or lower measured peak, paired round by round
+(process CPU time), in ``compile_duel.Paired``'s words (``faster``, ``not slower``, ``SLOWER``, ``unresolved``) read
+against the run's floor: the furthest its controls reached from 1.0x, where the controls are every two rows that
+are one configuration in two processes (``knob 1`` is torch's default, so ``fixed none``; a plan that is a fixed
+strategy).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ import time
 from pathlib import Path
 
 import torch
-from torch._dynamo.utils import counters
+
+import compile_duel  # benchmarks/ is first on sys.path when this file runs
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.budget.compile_policy import FIXED_CANDIDATES, compile_blocks, fixed_policies, plan_compiled, record_block_ops
@@ -45,7 +51,6 @@ from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.probes.compiled import import_inductor, measure_compiled_step, missing_compiler
-from pytest_flashckpt.runner.timing import interleaved
 from pytest_flashckpt.simulate.compiled import compiled_peak_check
 from pytest_flashckpt.simulate.costs import SimulatedCosts
 from pytest_flashckpt.training import Trainer
@@ -69,25 +74,15 @@ def loss_and_grads(trainer: Trainer) -> tuple[float, list[torch.Tensor]]:
     return loss.item(), grads
 
 
-
-
-def with_cpu_time(step, sink: list[float]):
-    """``step`` that also appends the process CPU time it took to ``sink``: on a machine shared with other sessions
-    (load average many times the cores) wall time mostly measures waiting for a core; CPU time does not."""
-
-    def timed():
-        start = time.process_time()
-        step()
-        sink.append(time.process_time() - start)
-
-    return timed
-
-
-def measure(name: str, card, shape, policies, knob: float | None, reference: Trainer, eager_check, rounds: int) -> dict:
-    """One configuration, compiled per block; ``policies``: per block a SavePolicy or None (no checkpoint)."""
+def measure(name: str, card, shape, policies, knob: float | None, eager_check) -> dict:
+    """One configuration, compiled per block (``policies``: per block a SavePolicy or None, no checkpoint): its
+    compile time, agreement with eager and peak; its time is measured side by side afterwards (``time_card``), from
+    the worker spec this row carries."""
     torch._dynamo.reset()
     torch._functorch.config.activation_memory_budget = 1.0 if knob is None else knob
-    row: dict = {"config": name, "knob": knob, "blocks": ["none" if p is None else p.name for p in policies]}
+    row: dict = {"config": name, "knob": knob, "blocks": ["none" if p is None else p.name for p in policies],
+                 "spec": {"card": card.name, "batch": shape[0], "seq": shape[1], "knob": knob, "threads": torch.get_num_threads(),
+                          "policies": compile_duel.policy_spec(policies)}}
     try:
         model = build_model(card, "sdpa")
         compile_blocks(model, policies)
@@ -104,17 +99,6 @@ def measure(name: str, card, shape, policies, knob: float | None, reference: Tra
         row["added_peak_bytes"] = reading.added_peak_bytes
         row["resident_bytes"] = resident_bytes(trainer)
         row["peak_bytes"] = reading.added_peak_bytes + row["resident_bytes"]
-        graphs = counters["stats"]["unique_graphs"]
-        ref_cpu, cpu = [], []
-        ref_s, s = interleaved([with_cpu_time(reference.train_step, ref_cpu), with_cpu_time(trainer.train_step, cpu)],
-                               rounds, 1, torch.device("cpu"))
-        row["recompiles_while_timed"] = counters["stats"]["unique_graphs"] - graphs
-        ratios = [a / b for a, b in zip(s, ref_s)]
-        cpu_ratios = [a / b for a, b in zip(cpu, ref_cpu)]
-        row.update(step_s=statistics.median(s), time_ratio=statistics.median(ratios),
-                   time_ratio_range=[min(ratios), max(ratios)], step_cpu_s=statistics.median(cpu),
-                   cpu_ratio=statistics.median(cpu_ratios), cpu_ratio_range=[min(cpu_ratios), max(cpu_ratios)],
-                   load_avg=os.getloadavg()[0])
     except Exception as exc:  # a configuration that fails is a finding, recorded with its message
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     finally:
@@ -123,11 +107,32 @@ def measure(name: str, card, shape, policies, knob: float | None, reference: Tra
     return row
 
 
+EAGER = "eager none (reference)"
+
+
+def time_card(rows: list[dict], spec: dict, rounds: int) -> dict:
+    """Every measured configuration of ``rows`` and the eager reference stepped side by side
+    (``compile_duel.run_duel``); each row gains its step time and its ratios to the reference (wall and CPU, median
+    and ~95% interval), its graphs compiled while timed; returns the per-round samples (the record keeps them)."""
+    timed = {r["config"]: r["spec"] for r in rows if "error" not in r}
+    specs = {EAGER: {**spec, "policies": None, "knob": None}, **timed}
+    started = time.perf_counter()
+    samples = compile_duel.run_duel(specs, rounds, on_round=lambda r, n: print(f"round {r}/{n}", file=sys.stderr, flush=True))
+    for row in rows:
+        if row["config"] not in timed:
+            continue
+        got = samples[row["config"]]
+        wall, cpu = (compile_duel.paired(samples, row["config"], EAGER, key) for key in ("wall", "cpu"))
+        row.update(step_s=statistics.median(got["wall"]), step_cpu_s=statistics.median(got["cpu"]),
+                   time_ratio=wall.median, time_ratio_interval=[wall.low, wall.high],
+                   cpu_ratio=cpu.median, cpu_ratio_interval=[cpu.low, cpu.high],
+                   recompiles_while_timed=got["recompiles"], load_avg=os.getloadavg()[0])
+    return {"rounds": rounds, "wall_s": time.perf_counter() - started, "samples": samples}
+
+
 def sweep_card(card_name: str, shape, spans, knobs, rounds: int) -> dict:
     card = load_card(card_name)
-    reference = Trainer.create(build_model(card, "sdpa"), *shape)
     eager_check = loss_and_grads(Trainer.create(build_model(card, "sdpa"), *shape))
-    reference.train_step()
     source = SimulatedCosts(card, "float32", "sdpa", "cpu", options=(NONE, FULL))
     costs = source.costs(*shape)
     planner_model = build_model(card, "sdpa")
@@ -155,12 +160,12 @@ def sweep_card(card_name: str, shape, spans, knobs, rounds: int) -> dict:
     block_ops = record_block_ops(planner_model, *shape)
     fixed = {name: fixed_policies(name, block_ops) for name in FIXED_CANDIDATES}  # the ones the plan is priced against
     for name, policies in fixed.items():
-        rows.append({"family": "fixed", **measure(f"fixed {name}", card, shape, policies, None, reference, eager_check, rounds)})
+        rows.append({"family": "fixed", **measure(f"fixed {name}", card, shape, policies, None, eager_check)})
     for knob in knobs:
-        rows.append({"family": "knob", **measure(f"knob {knob:g}", card, shape, [None] * n_blocks, knob, reference, eager_check, rounds)})
+        rows.append({"family": "knob", **measure(f"knob {knob:g}", card, shape, [None] * n_blocks, knob, eager_check)})
     for span, entry in plans.items():
         plan = entry["plan"]
-        row = measure(f"plan min + {span:g}%", card, shape, plan.policies, None, reference, eager_check, rounds)
+        row = measure(f"plan min + {span:g}%", card, shape, plan.policies, None, eager_check)
         rows.append({"family": "plan", "span": span, "budget_bytes": plan.shape_plan.budget_bytes,
                      "predicted_peak_bytes": plan.predicted_peak, "recompute_flops": plan.flops, "recompute_cost": plan.cost,
                      "plan_fixed": plan.fixed, "solved_recompute_cost": plan.shape_plan.plan.cost,
@@ -168,52 +173,88 @@ def sweep_card(card_name: str, shape, spans, knobs, rounds: int) -> dict:
                      "fixed_checks": [{"name": c.name, "cost": c.cost, "simulated_peak_bytes": c.simulated_peak} for c in plan.fixed_checks],
                      "plan_note": plan.fixed_note(),
                      "distinct_policies": plan.distinct_policies, "exact_menus": plan.exact_menus, "plan_s": entry["plan_s"], **row})
+    measured = [r for r in rows if "family" in r]
+    timing = time_card(measured, {"card": card.name, "batch": shape[0], "seq": shape[1], "threads": torch.get_num_threads()}, rounds)
     return {"card": card_name, "rows": rows, "min_peak_bytes": plans[spans[0]]["plan"].shape_plan.min_peak,
-            "none_peak_bytes": plans[spans[0]]["plan"].shape_plan.none_peak}
+            "none_peak_bytes": plans[spans[0]]["plan"].shape_plan.none_peak, "timing": timing}
 
 
-def judge(record: dict) -> list[dict]:
-    """Per plan point: peak <= budget; time vs the fastest fitting fixed strategy and vs the fastest knob row at
-    equal or lower measured peak (None where no such row exists)."""
+SEVERITY = ("faster", "not slower", "unresolved", "SLOWER")  # a point's verdict is its worst pairing's
+
+
+def judge(record: dict, floor: float) -> list[dict]:
+    """Per plan point: peak <= budget; time, paired round by round (process CPU time), against every fitting fixed
+    strategy and every knob row at equal or lower measured peak, in words read against the run's ``floor``; the
+    point's verdict on each side is its worst pairing's. A row that is the plan's own configuration (a plan that
+    is a fixed strategy; ``knob 1`` beside a plan of no checkpointing) is its twin, a control, not a rival."""
     verdicts = []
     for card in record["cards"]:
-        ok = [r for r in card["rows"] if "time_ratio" in r]
+        samples = card["timing"]["samples"]
+        ok = [r for r in card["rows"] if "cpu_ratio" in r]
         for plan in (r for r in ok if r.get("family") == "plan"):
             fitting = [r for r in ok if r.get("family") == "fixed" and r["peak_bytes"] <= plan["budget_bytes"]]
             lower_knobs = [r for r in ok if r.get("family") == "knob" and r["peak_bytes"] <= plan["peak_bytes"]]
-            key = "cpu_ratio" if "cpu_ratio" in plan else "time_ratio"
-            best_fixed = min(fitting, key=lambda r: r[key], default=None)
-            best_knob = min(lower_knobs, key=lambda r: r[key], default=None)
             verdicts.append({
                 "card": card["card"], "config": plan["config"], "budget_bytes": plan["budget_bytes"], "peak_bytes": plan["peak_bytes"],
-                "fits": plan["peak_bytes"] <= plan["budget_bytes"], "time_ratio": plan[key], "judged_by": key,
-                "ratio_range": plan[key + "_range"] if key == "cpu_ratio" else plan["time_ratio_range"],
-                "fastest_fitting_fixed": best_fixed and best_fixed["config"], "fixed_ratio": best_fixed and best_fixed[key],
-                "fixed_range": best_fixed and best_fixed[key + "_range" if key == "cpu_ratio" else "time_ratio_range"],
-                "fastest_knob_at_or_below": best_knob and best_knob["config"], "knob_ratio": best_knob and best_knob[key],
-                "knob_range": best_knob and best_knob[key + "_range" if key == "cpu_ratio" else "time_ratio_range"],
-                "knob_peak_bytes": best_knob and best_knob["peak_bytes"],
-                "plan_fixed": plan.get("plan_fixed"),
-                "vs_fixed": versus(plan, best_fixed, key, same=best_fixed is not None and best_fixed["blocks"] == plan["blocks"]),
-                "vs_knob": versus(plan, best_knob, key),
+                "fits": plan["peak_bytes"] <= plan["budget_bytes"], "cpu_ratio": plan["cpu_ratio"],
+                "cpu_ratio_interval": plan["cpu_ratio_interval"], "plan_fixed": plan.get("plan_fixed"),
+                "vs_fixed": pairings(samples, plan, [r for r in fitting if not _same(r, plan)], floor),
+                "vs_knob": pairings(samples, plan, [r for r in lower_knobs if not _same(r, plan)], floor),
+                "twin": pairings(samples, plan, [r for r in fitting + lower_knobs if _same(r, plan)], floor),
             })
+    for v in verdicts:
+        v["fixed_word"], v["knob_word"] = worst(v["vs_fixed"]), worst(v["vs_knob"])
     return verdicts
 
 
-def versus(plan: dict, other: dict | None, key: str, same: bool = False) -> str:
-    """Whether ``plan`` is never slower than ``other`` by the median per-round ratio ``key``: ``not slower``;
-    ``same configuration`` (the plan is that fixed strategy, measured again); ``within spread`` when slower by no
-    more than the larger relative half-range of the two rows' per-round ratios; ``SLOWER`` past it."""
-    if other is None:
-        return "no such row"
-    if same:
-        return "same configuration"
-    rkey = key + "_range"
-    spread = max((r[rkey][1] - r[rkey][0]) / 2 / r[key] for r in (plan, other))
-    diff = plan[key] / other[key] - 1
-    if diff <= 0:
-        return f"not slower ({diff:+.1%})"
-    return f"{'within spread' if diff <= spread else 'SLOWER'} ({diff:+.1%}, spread ±{spread:.1%})"
+def _same(a: dict, b: dict) -> bool:
+    """One configuration: the same per-block policies under the same activation_memory_budget (1.0, torch's
+    default, when no knob is set)."""
+    return a["blocks"] == b["blocks"] and (a.get("knob") if a.get("knob") is not None else 1.0) == \
+        (b.get("knob") if b.get("knob") is not None else 1.0)
+
+
+def controls(record: dict) -> tuple[list[dict], float]:
+    """Every two timed rows of a card that are one configuration in two processes, paired both ways (what the
+    method reads where the truth is 1.0x), and the run's floor they set (``compile_duel.floor_of``)."""
+    found, pairs = [], []
+    for card in record["cards"]:
+        samples = card["timing"]["samples"]
+        ok = [r for r in card["rows"] if "cpu_ratio" in r]
+        for i, a in enumerate(ok):
+            for b in ok[i + 1:]:
+                if _same(a, b):
+                    for x, y in ((a, b), (b, a)):
+                        pair = compile_duel.paired(samples, x["config"], y["config"], "cpu")
+                        pairs.append(pair)
+                        found.append({"card": card["card"], "a": x["config"], "b": y["config"], "median": pair.median,
+                                      "low": pair.low, "high": pair.high, "stray": pair.stray})
+    return found, compile_duel.floor_of(pairs)
+
+
+def pairings(samples: dict, plan: dict, others: list[dict], floor: float) -> list[dict]:
+    """The plan against each of ``others``, paired per round by process CPU time (``compile_duel.Paired``)."""
+    found = []
+    for other in others:
+        pair = compile_duel.paired(samples, plan["config"], other["config"], "cpu")
+        found.append({"against": other["config"], "peak_bytes": other["peak_bytes"], "median": pair.median,
+                      "low": pair.low, "high": pair.high, "word": pair.word(floor)})
+    return found
+
+
+def worst(found: list[dict]) -> str | None:
+    return max((p["word"] for p in found), key=SEVERITY.index, default=None)
+
+
+def judged(record: dict) -> dict:
+    """``record`` with its controls, floor and verdicts computed from the per-round samples it holds."""
+    record["controls"], record["floor"] = controls(record)
+    record["verdicts"] = judge(record, record["floor"])
+    return record
+
+
+def _pairing_text(p: dict) -> str:
+    return f"{p['against']}: {p['word']} {p['median']:.3f}x ({p['low']:.2f}-{p['high']:.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,15 +264,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--spans", type=float, nargs="+", default=[0.0, 25.0, 50.0, 75.0, 100.0], help="budgets as min + N%%")
     parser.add_argument("--knobs", type=float, nargs="+", default=[1.0, 0.6, 0.3, 0.0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=40, help="side-by-side rounds per card (compile_duel)")
     parser.add_argument("--out", default=str(ROOT / "reports" / "compile-plan-sweep"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--cold", action="store_true", help="Inductor's caches off: every compile time cold (slower)")
-    parser.add_argument("--render", action="store_true", help="only re-render the .md from the .json at --out")
+    parser.add_argument("--render", action="store_true",
+                        help="only re-judge the per-round samples of the .json at --out and re-render the .md")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.render:
-        write(json.loads(out.with_suffix(".json").read_text()), out)
+        record = judged(json.loads(out.with_suffix(".json").read_text()))
+        out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        write(record, out)
         return 0
     reason = missing_compiler()
     if reason is not None:
@@ -251,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     record["load_avg_end"] = os.getloadavg()
     record["wall_s"] = time.perf_counter() - start
-    record["verdicts"] = judge(record)
+    judged(record)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     write(record, out)
@@ -262,14 +306,10 @@ def _mib(n) -> str:
     return "—" if n is None else f"{n / MiB:.2f}"
 
 
-def _ratio(r, span=None) -> str:
+def _ratio(r, interval=None) -> str:
     if r is None:
         return "—"
-    return f"{r:.3f}x" if span is None else f"{r:.3f}x ({span[0]:.2f}-{span[1]:.2f})"
-
-
-def _cpu(row) -> str:
-    return _ratio(row.get("cpu_ratio"), row.get("cpu_ratio_range")) if "cpu_ratio" in row else "—"
+    return f"{r:.3f}x" if interval is None else f"{r:.3f}x ({interval[0]:.2f}-{interval[1]:.2f})"
 
 
 def write(record: dict, out: Path) -> None:
@@ -279,9 +319,13 @@ def write(record: dict, out: Path) -> None:
         f"# Compiled plan vs compile's knob and fixed strategies, every block compiled: batch {record['batch_size']} x {record['seq_len']}, fp32",
         "",
         f"Command: `{record['command']}` (torch {record['torch']}, {record['machine']}, {record['cpus']} CPUs, "
-        f"{record['threads']} torch threads; {record['rounds']} interleaved rounds per configuration against the eager "
-        f"reference; Inductor caches {'off (cold compiles)' if record['cold'] else 'on (a graph an earlier configuration compiled is a cache hit)'}; wall {record['wall_s']:.0f} s; load average {la0[0]:.2f} at the start, "
-        f"{la1[0]:.2f} at the end, on a machine shared with other sessions: read times as indicative).",
+        f"{record['threads']} torch threads; per card, every configuration and the eager reference in a process of "
+        f"its own, one step each in each of {record['rounds']} interleaved rounds (`compile_duel`); Inductor caches {'off (cold compiles)' if record['cold'] else 'on (a graph an earlier configuration compiled is a cache hit)'}; wall {record['wall_s']:.0f} s; load average {la0[0]:.2f} at the start, "
+        f"{la1[0]:.2f} at the end).",
+        "",
+        "Time: per round, a configuration's step / the reference's step in the same round; the median over the rounds"
+        " and its ~95% interval (order statistics). Wall time and the process CPU time are both shown; the claims are"
+        " judged on CPU time, which waiting for a core does not inflate.",
         "",
         "Peak: the whole step's, as the plan's budget reads it: the allocator's added peak of one warmed-up step"
         " (profiler memory events; every block ran compiled, no recompilation) plus the resident state.",
@@ -295,18 +339,18 @@ def write(record: dict, out: Path) -> None:
         for r in controls:
             lines.append(f"- {r['config']}: measured {_mib(r['peak_bytes'])} MiB, simulated {_mib(r['predicted_peak_bytes'])} MiB"
                          f" (difference {r['peak_bytes'] - r['predicted_peak_bytes']:+,} B)")
-        lines += ["", "| configuration | budget (MiB) | predicted (MiB) | measured peak (MiB) | wall step / eager (min-max) | CPU time / eager (min-max) | step (s) | compile (s) | blocks | loss diff | grad diff |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| configuration | budget (MiB) | predicted (MiB) | measured peak (MiB) | wall step / eager (95% interval) | CPU time / eager (95% interval) | step (s) | compile (s) | recompiles while timed | blocks | loss diff | grad diff |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in card["rows"] if "family" in r):
             if "error" in r:
-                lines.append(f"| {r['config']} | error: `{r['error']}` | | | | | | | | | |")
+                lines.append(f"| {r['config']} | error: `{r['error']}` | | | | | | | | | | |")
                 continue
-            lo, hi = r["time_ratio_range"]
             blocks = "; ".join(r["blocks"]) if len(set(r["blocks"])) > 1 else f"all {r['blocks'][0]}"
             label = r["config"] + (f" (fixed `{r['plan_fixed']}`)" if r.get("plan_fixed") else "")
             lines.append(f"| {label} | {_mib(r.get('budget_bytes'))} | {_mib(r.get('predicted_peak_bytes'))} | "
-                         f"{_mib(r['peak_bytes'])} | {r['time_ratio']:.3f}x ({lo:.2f}-{hi:.2f}) | {_cpu(r)} | {r['step_s']:.3f} | "
-                         f"{r['compile_s']:.0f} | {blocks} | {r['loss_abs_diff']:.1e} | {r['grad_max_abs_diff']:.1e} |")
+                         f"{_mib(r['peak_bytes'])} | {_ratio(r['time_ratio'], r['time_ratio_interval'])} | "
+                         f"{_ratio(r['cpu_ratio'], r['cpu_ratio_interval'])} | {r['step_s']:.3f} | "
+                         f"{r['compile_s']:.0f} | {r['recompiles_while_timed']} | {blocks} | {r['loss_abs_diff']:.1e} | {r['grad_max_abs_diff']:.1e} |")
         lines.append("")
         noted = [r for r in card["rows"] if r.get("family") == "plan" and "plan_note" in r]
         if noted:
@@ -317,16 +361,37 @@ def write(record: dict, out: Path) -> None:
                       for r in noted]
             lines.append("")
     lines += ["## Claims, per plan point", "",
-              "| card | plan | measured <= budget | plan | fastest fitting fixed | vs fixed | knob at equal or lower peak | vs knob |",
-              "|---|---|---|---|---|---|---|---|"]
+              "Each plan point paired round by round (CPU time, plan / rival) with every fitting fixed strategy and every "
+              f"knob at equal or lower measured peak, read against the run's floor F = {record['floor']:.1%} (below): "
+              "`faster` when the 95% interval lies wholly below 1 - F, `SLOWER` when it lies wholly above 1 + F, "
+              "`not slower` when its top is within 1 + F, `unresolved` otherwise (`compile_duel.Paired.word`). "
+              "A point's verdict on each side is its worst pairing's. A row that is the plan's own configuration (a plan "
+              "that is a fixed strategy; `knob 1`, torch's default, beside a plan of no checkpointing) is its twin: a "
+              "control, not a rival.", "",
+              "| card | plan | measured <= budget | CPU time / eager | vs fitting fixed | pairings | vs knob at or below | pairings | twin (control) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for v in record["verdicts"]:
-        fixed = "none fits" if v["fixed_ratio"] is None else f"{v['fastest_fitting_fixed']} {_ratio(v['fixed_ratio'], v.get('fixed_range'))}"
-        knob = ("none at or below" if v["knob_ratio"] is None else
-                f"{v['fastest_knob_at_or_below']} {_ratio(v['knob_ratio'], v.get('knob_range'))} ({_mib(v['knob_peak_bytes'])} MiB)")
         picked = f" (fixed `{v['plan_fixed']}`)" if v.get("plan_fixed") else ""
+        fixed = "; ".join(_pairing_text(p) for p in v["vs_fixed"]) or "none fits (other than itself)"
+        knob = "; ".join(f"{_pairing_text(p)} at {_mib(p['peak_bytes'])} MiB" for p in v["vs_knob"]) or "none at or below"
+        twin = "; ".join(_pairing_text(p) for p in v["twin"]) or "—"
         lines.append(f"| {v['card']} | {v['config']}{picked} | {'yes' if v['fits'] else 'NO'} ({_mib(v['peak_bytes'])} of {_mib(v['budget_bytes'])}) | "
-                     f"{_ratio(v['time_ratio'], v.get('ratio_range'))} ({v.get('judged_by', 'time_ratio')}) | {fixed} | {v.get('vs_fixed', '')} | "
-                     f"{knob} | {v.get('vs_knob', '')} |")
+                     f"{_ratio(v['cpu_ratio'], v['cpu_ratio_interval'])} | **{v['fixed_word'] or '—'}** | {fixed} | "
+                     f"**{v['knob_word'] or '—'}** | {knob} | {twin} |")
+    words = [w for v in record["verdicts"] for w in (v["fixed_word"], v["knob_word"]) if w is not None]
+    counts = ", ".join(f"{words.count(w)} {w}" for w in SEVERITY if words.count(w))
+    lines += ["", f"Over {len(record['verdicts'])} plan points and {len(words)} sides judged: {counts}."]
+    if record.get("controls"):
+        widest = max(record["controls"], key=lambda c: c["stray"])
+        lines += ["", "Controls: one configuration in two processes, paired both ways, where the truth is 1.0x. The furthest "
+                  "any of them reaches from 1.0x is the run's floor F (at least "
+                  f"{compile_duel.MIN_FLOOR:.0%}; a run past {compile_duel.FLOOR_CAP:.0%} claims nothing, `compile_duel.floor_of`):", ""]
+        lines += [f"- {c['card']}: {c['a']} / {c['b']}: {c['median']:.3f}x ({c['low']:.3f}-{c['high']:.3f})"
+                  for c in record["controls"]]
+        lines += ["", f"F = {record['floor']:.1%}, set by {widest['card']}: {widest['a']} / {widest['b']}"
+                  + (f": past the {compile_duel.FLOOR_CAP:.0%} cap, so this run claims nothing." if record["floor"] > compile_duel.FLOOR_CAP else ".")]
+    else:
+        lines += ["", "No controls in this run (no two rows of one configuration): no floor was measured, every word is `unresolved`."]
     lines += ["", "<!-- measured tables above, written by the script; discussion below, by hand -->", ""]
     md = out.with_suffix(".md")
     previous = md.read_text() if md.exists() else ""
