@@ -51,7 +51,7 @@ def compile_model(model: nn.Module, config: CompileConfig, backend: Callable | N
     """``model`` compiled in place (``nn.Module.compile``: parameter names stay the model's own) by ``config``:
     each block of its anatomy (the activation strategy's wrapper, installed first, runs inside the compiled block:
     torchtitan's order) or the whole model. With ``ac_wrapper: outside`` a checkpointed block's own forward is
-    compiled instead and the strategy's wrapper checkpoints the compiled call in eager (``_compile_under_wrapper``).
+    compiled instead and the strategy's wrapper checkpoints the compiled call in eager (``compile_under_wrapper``).
     Returns the compiled regions one step runs.
 
     A strategy's role hooks are taken off the compiled blocks: Dynamo cannot trace their ``ContextVar``, and under
@@ -65,13 +65,13 @@ def compile_model(model: nn.Module, config: CompileConfig, backend: Callable | N
         model.compile(**options)
         return 1
     if config.ac_wrapper == "outside":
-        return sum(_compile_under_wrapper(block, options) for block in blocks)
+        return sum(compile_under_wrapper(block, options) for block in blocks)
     for block in blocks:
         block.compile(**options)
     return len(blocks)
 
 
-def _compile_under_wrapper(block: nn.Module, options: dict) -> int:
+def compile_under_wrapper(block: nn.Module, options: dict) -> int:
     """A checkpointed block's original forward compiled inside its strategy's wrapper (``BlockForward``, which stays
     eager), so no checkpoint is traced into a compiled graph: under tensor parallel on torch 2.13 a traced
     checkpoint saves a ``DeviceMesh`` and fails in backward (reports/spike-compiled-layouts.md). The region runs twice

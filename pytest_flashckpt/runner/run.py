@@ -310,6 +310,7 @@ def _simulate_compiled(scenario: Scenario, ctx: RunContext, result: Result, poli
     training state plus the step's simulated peak over it), or a note saying why this row is not simulated
     (``report.compiled.NOT_SIMULATED``), which the report shows in the row."""
     from pytest_flashckpt.simulate.compiled import simulate_compiled_step, unsupported_reason
+    from pytest_flashckpt.simulate.scenario import simulated_card
 
     reason = unsupported_reason(scenario, ctx.device.type)
     if reason is not None:
@@ -317,11 +318,14 @@ def _simulate_compiled(scenario: Scenario, ctx: RunContext, result: Result, poli
         return
     ctx.phase("compiled-step simulation (fake tensors)")
     activation = scenario.activation
-    card = card_with_norm(ctx.cards.card(scenario.card, scenario.model.dropout), scenario.step_impl.norm)
+    if scenario.model.hf is not None:  # its config's card: the builder the measured row used (models.hf.card)
+        card = simulated_card(scenario)
+    else:
+        card = card_with_norm(ctx.cards.card(scenario.card, scenario.model.dropout), scenario.step_impl.norm)
     sim = simulate_compiled_step(card, scenario.batch_size, scenario.seq_len, activation.strategy,
                                  scenario.compile.scope, scenario.dtype, seed=scenario.seed, k=activation.k,
                                  budget=activation.budget if activation.strategy == "compile_budget" else None,  # type: ignore[arg-type]
-                                 policies=policies)
+                                 policies=policies, ac_wrapper=scenario.compile.ac_wrapper)
     result.record("compiled_simulated_peak_bytes", sim["state_bytes"] + sim["peak_bytes"])
     result.record("compiled_simulate_seconds", sim["seconds"])
 

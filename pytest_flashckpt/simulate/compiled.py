@@ -47,18 +47,23 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.wrapper import drop_role_hooks
+from pytest_flashckpt.compile_step import compile_under_wrapper
 from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.config.scenario import ActivationConfig
-from pytest_flashckpt.core.registry import compiled_strategies
+from pytest_flashckpt.core.registry import compiled_strategies, whole_block_strategies
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
 from pytest_flashckpt.models.cards import load_card
 from pytest_flashckpt.models.families import family_of
+from pytest_flashckpt.models.hf.card import HFCard
 from pytest_flashckpt.probes.compiled import dynamos_hidden_warnings, import_inductor, missing_compiler
+from pytest_flashckpt.simulate.kernels import simulated_backend
 from pytest_flashckpt.simulate.probe import AttributedStorages
 from pytest_flashckpt.simulate.workload import check_workload, dtype_name
 from pytest_flashckpt.training import Trainer
 
 SCOPES = ("block", "model")  # torchtitan's per-transformer-block compile, or the whole model as one region
+# where a checkpoint sits against its compiled block (config.axes.CompileConfig.ac_wrapper)
+AC_WRAPPERS = ("inside", "outside")
 # the registry's rows with a simulated_compiled kind (core.registry.COMPILED_SIMULATIONS): strategies whose wrapper
 # Dynamo traces inside a compiled region (selective_op's policy reads a matmul's role from the traced node), torch's
 # own activation_memory_budget (compile_budget: the partitioner decides) and the budget planner's compiled plan
@@ -68,6 +73,9 @@ STRATEGIES = compiled_strategies()
 # "fx", the alternative it is measured against: every op of the partitioned graphs run one by one (FX liveness),
 # Dynamo's aot_eager_decomp_partition backend (Inductor's decompositions and min-cut partitioner, no Inductor)
 PLANS = ("inductor", "fx")
+# what the checkpoint outside a compiled block is built for (config.axes.CompileConfig.check_scenario): a whole block
+# checkpointed, or none (a compiled row's reference)
+OUTSIDE_STRATEGIES = (*whole_block_strategies(), "none")
 
 
 @dataclass
@@ -193,17 +201,26 @@ class CompiledStepProbe(AttributedStorages):
         return True
 
 
-def compile_scope(model: torch.nn.Module, scope: str, backend: str = "inductor") -> torch.nn.Module:
+def compile_scope(model: torch.nn.Module, scope: str, backend: str = "inductor", ac_wrapper: str = "inside") -> torch.nn.Module:
     """``model`` compiled per transformer block (each block's call, an ``apply_ac`` wrapper included, as torchtitan
-    does) or as a whole; returns what the trainer calls. A strategy's role hooks are taken off first, as the
-    measured compiled step does (``activation.wrapper.drop_role_hooks``)."""
+    does) or as a whole; returns what the trainer calls. ``ac_wrapper`` ``outside``: a checkpointed block's own
+    forward compiled and its strategy's checkpoint around the compiled call, in eager, as the measured step does
+    (``compile_step.compile_under_wrapper``). A strategy's role hooks are taken off first, as the measured compiled
+    step does (``activation.wrapper.drop_role_hooks``)."""
+    if ac_wrapper not in AC_WRAPPERS:
+        raise ValueError(f"unknown ac_wrapper {ac_wrapper!r}; valid: {', '.join(AC_WRAPPERS)}")
     blocks = get_blocks(model, get_anatomy(model))
     drop_role_hooks(blocks)
     if scope == "block":
         for block in blocks:
-            block.compile(backend=backend)
+            if ac_wrapper == "outside":
+                compile_under_wrapper(block, {"backend": backend})
+            else:
+                block.compile(backend=backend)
         return model
     if scope == "model":
+        if ac_wrapper == "outside":
+            raise ValueError("ac_wrapper outside is per block; scope model compiles the whole model")
         return torch.compile(model, backend=backend)
     raise ValueError(f"unknown compile scope {scope!r}; valid: {', '.join(SCOPES)}")
 
@@ -213,14 +230,9 @@ def unsupported_reason(scenario, device: str = "cpu") -> str | None:
     None: what the simulator builds is a model card's model with the plain step, sdpa on fake CPU tensors."""
     if device != "cpu":
         return f"the simulator plans Inductor's CPU code; this row ran on {device}"
-    if scenario.compile.ac_wrapper == "outside":
-        return ("the checkpoint outside the compiled block (compile.ac_wrapper: outside) is not simulated compiled "
-                "(the simulator traces each strategy's wrapper inside its block)")
     if scenario.activation.strategy not in STRATEGIES:
         return (f"activation strategy {scenario.activation.strategy} is not simulated compiled (its registry row "
                 f"sets no simulated_compiled; simulated: {', '.join(STRATEGIES)})")
-    if scenario.model.hf is not None:
-        return "a Hugging Face model is not simulated compiled (the simulator builds a model card's model)"
     if scenario.precision != "pure":
         return f"precision {scenario.precision} (autocast) is not simulated compiled"
     if scenario.activation.save_ops is not None:
@@ -232,15 +244,26 @@ def unsupported_reason(scenario, device: str = "cpu") -> str | None:
     return None
 
 
-def _fake_model(config: ModelCard, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+def _fake_model(config: ModelCard | HFCard, dtype: torch.dtype, seed: int) -> torch.nn.Module:
     """``models.cards.build_model(config, "sdpa")`` under the active fake mode: the parameters made in ``dtype``
-    (the default dtype while building: a fake parameter cannot be converted in place afterwards)."""
+    (the default dtype while building: a fake parameter cannot be converted in place afterwards). A Hugging Face
+    config's card builds its transformers model with the CPU kernel SDPA picks called as one explicit op
+    (``simulate.kernels.simulated_backend``, ``models.hf.attention``): transformers' own ``sdpa`` prepares its causal
+    mask by reading tensor values, which fake tensors do not have, and the measured step builds no mask either
+    (causal SDPA, no padding), so only the attention call's route differs, not what it allocates."""
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             with torch.device("cpu"):
+                if isinstance(config, HFCard):
+                    backend = simulated_backend("sdpa", "cpu", dtype_name(dtype), config.dropout)
+                    if backend == "sdpa":
+                        raise ValueError(f"{config.name}: attention dropout {config.dropout} takes SDPA's math path on a "
+                                         "CPU, whose transformers call reads tensor values; not simulated compiled "
+                                         "(set the model's dropout to 0)")
+                    return config.build(backend, "cpu", dtype, seed=seed)
                 return family_of(config).build(config, "sdpa")
     finally:
         torch.set_default_dtype(default)
@@ -263,7 +286,7 @@ def windowed_step(trainer: Trainer, on_forward, on_backward) -> None:
 
 
 def simulate_compiled_step(
-    card: ModelCard | str,
+    card: ModelCard | HFCard | str,
     batch: int,
     seq: int,
     strategy: str = "none",
@@ -274,6 +297,7 @@ def simulate_compiled_step(
     k: int = 2,
     budget: float | None = None,
     policies: tuple | None = None,
+    ac_wrapper: str = "inside",
 ) -> dict:
     """One warmed-up training step of ``card`` compiled per ``scope`` with activation ``strategy``, on fake CPU
     tensors: bytes added over the training state at the step's peak (``peak_bytes``), at the forward + backward
@@ -286,7 +310,8 @@ def simulate_compiled_step(
     ``activation_memory_budget`` (set while the regions compile). ``state_bytes``: the training state the step
     starts from (parameters, gradients, AdamW state), so ``state_bytes + peak_bytes`` is the step's whole peak.
     ``policies``: budget's, the compiled plan's per-block ``SavePolicy`` (or None: no checkpoint), installed as the
-    measured step installs them (``compile_policy.install_policy_forwards``)."""
+    measured step installs them (``compile_policy.install_policy_forwards``). ``ac_wrapper`` ``outside``: the
+    strategy's checkpoint around each compiled block (``compile_scope``), for the whole-block strategies."""
     started = time.perf_counter()
     config = load_card(card) if isinstance(card, str) else card
     name = dtype_name(dtype)
@@ -304,6 +329,9 @@ def simulate_compiled_step(
                          f"got strategy {strategy!r} with budget {budget!r}")
     if plan not in PLANS:
         raise ValueError(f"unknown region plan {plan!r}; valid: {', '.join(PLANS)}")
+    if ac_wrapper == "outside" and strategy not in OUTSIDE_STRATEGIES:
+        raise ValueError(f"ac_wrapper outside is simulated for {', '.join(OUTSIDE_STRATEGIES)} (a whole block "
+                         f"checkpointed, or none), as the measured step builds it; got strategy {strategy!r}")
     import_inductor()
     missing = missing_compiler() if plan == "inductor" else None
     if missing is not None:  # Inductor's CPU codegen probes the vector ISA with the compiler, kernels stubbed or not
@@ -325,7 +353,7 @@ def simulate_compiled_step(
             elif strategy not in ("none", "compile_budget"):
                 apply_ac(model, ActivationConfig(strategy=strategy, k=k))
             backend = "inductor" if plan == "inductor" else "aot_eager_decomp_partition"
-            trainer = Trainer.create(compile_scope(model, scope, backend), batch, seq, seed=seed)
+            trainer = Trainer.create(compile_scope(model, scope, backend, ac_wrapper), batch, seq, seed=seed)
             with dynamos_hidden_warnings():
                 trainer.train_step()  # compiles every region's forward and backward; AdamW's state exists after it
             compiled = time.perf_counter()
@@ -343,6 +371,7 @@ def simulate_compiled_step(
         torch._dynamo.reset()  # no compiled fake model stays in Dynamo's caches, whatever happened
     return {
         "card": config.name, "batch": batch, "seq": seq, "strategy": strategy, "scope": scope, "dtype": name, "plan": plan,
+        "ac_wrapper": ac_wrapper,
         "state_bytes": start, "peak_bytes": probe.peak_bytes - start, "fwd_bwd_peak_bytes": seen["fwd_bwd_peak"] - start,
         "forward_kept_bytes": seen["forward"] - start,
         "regions": [_region_row(r) for r in plans.regions],

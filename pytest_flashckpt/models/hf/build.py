@@ -326,7 +326,8 @@ def build_hf_model(
         torch.manual_seed(seed)
         with torch.device(device):
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
-    model = model.to(dtype=dtype)
+    if any(t.dtype != dtype for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()):
+        model = model.to(dtype=dtype)  # only when needed: under fake tensors (simulate.compiled) it cannot swap
     found = anatomy_of(model, anatomy)
     model.anatomy = types.MethodType(_Stated(found), model)  # get_anatomy asks model.anatomy() first
     model.flashckpt_family = found.family
