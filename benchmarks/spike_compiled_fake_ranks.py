@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,8 @@ WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes",
 
 def compiled_rank_probe():
     """The rank probe (``simulate.rank_probe``'s, the same bytes as ``distributed.memory``'s) made to run under
-    compiled code: Dynamo skips every frame under a dispatch mode unless it says ``ignore_compile_internals``."""
+    compiled code: Dynamo skips every frame under a dispatch mode unless it says ``ignore_compile_internals``. It
+    also keeps, at each new peak, the sizes of the live storages and the op that reached it (``extra``)."""
     from pytest_flashckpt.simulate.rank_probe import ResizeTrackingRankProbe, _ResizeTrackingStorages
 
     class _CompiledRankStorages(_ResizeTrackingStorages):
@@ -54,10 +56,29 @@ def compiled_rank_probe():
         def ignore_compile_internals(cls) -> bool:
             return True
 
+        def _on_new_peak(self) -> None:
+            super()._on_new_peak()
+            self.peak_sizes = sorted(self._sizes.values())
+            self.peak_op_text = str(self._op)
+
     class CompiledRankProbe(ResizeTrackingRankProbe):
         mode_class = _CompiledRankStorages
 
+        def _read(self, mode, reading) -> None:
+            super()._read(mode, reading)
+            reading.extra.update(peak_sizes=getattr(mode, "peak_sizes", []), peak_op=getattr(mode, "peak_op_text", ""))
+
     return CompiledRankProbe
+
+
+def at_the_peak(trainer) -> dict:
+    """One more forward + backward under the probe: its peak, the op that reached it, the live storages' sizes."""
+    from pytest_flashckpt.distributed import tensor_parallel as tp
+
+    with compiled_rank_probe()("cpu").track(resident=tp._local(trainer.state_tensors())) as reading:
+        tp.forward_backward(trainer)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return {"peak_bytes": reading.peak_bytes, "op": reading.extra["peak_op"], "sizes": reading.extra["peak_sizes"]}
 
 
 def compiled_trainer(layout, mesh, strategy: str, model=None):
@@ -104,7 +125,8 @@ def gloo_rank(out: Path, dp: int, tp_size: int) -> None:
         graphs = compile_step.dynamo_counts()[0]
         probed = [tp.memory_step(trainer, probe_class=probe) for _ in range(3)]
         added = [compile_step.read_step(trainer.train_step).added_peak_bytes for _ in range(5)]
-        record[strategy] = {"probe": probed, "allocator_added": added,
+        peaks = [at_the_peak(trainer) for _ in range(3)]
+        record[strategy] = {"probe": probed, "allocator_added": added, "at_peak": min(peaks, key=lambda p: p["peak_bytes"]),
                             "recompiles": compile_step.dynamo_counts()[0] - graphs}
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
     dist.destroy_process_group()
@@ -143,6 +165,7 @@ def fake_rank(dp: int, tp_size: int, strategy: str) -> None:
             warm = time.perf_counter()
             graphs = compile_step.dynamo_counts()[0]
             record = tp.memory_step(trainer, probe_class=compiled_rank_probe())
+            record["at_peak"] = at_the_peak(trainer)
         record.update(regions=len(plans.regions), recompiles=compile_step.dynamo_counts()[0] - graphs,
                       warm_s=warm - started, measured_s=time.perf_counter() - warm)
     except Exception as exc:  # what the fake rank fails with is the finding
@@ -170,6 +193,10 @@ def run_layout(dp: int, tp_size: int) -> dict:
         fake[strategy] = json.loads(lines[-1]) if lines else {"error": f"exit {done.returncode}: {done.stderr[-300:]}"}
         fake[strategy]["process_s"] = time.perf_counter() - started
     return {"dp": dp, "tp": tp_size, "gloo_wall_s": wall, "ranks": ranks, "fake": fake}
+
+
+def _sizes(counts: Counter) -> str:
+    return ", ".join(f"{size:,} x {n}" for size, n in sorted(counts.items())) or "nothing"
 
 
 def render(layouts: list[dict], produced: str) -> str:
@@ -206,6 +233,18 @@ def render(layouts: list[dict], produced: str) -> str:
                 f"{probe_text} B | "
                 f"{gap:+,} B ({gap / peaks[0]:+.1%}) | {alloc[0]:,}-{alloc[-1]:,} B | {gap_alloc:+,} B ({gap_alloc / alloc[0]:+.1%}) | "
                 f"{fake['process_s']:.0f} s (warm-up {fake['warm_s']:.0f} s) |")
+    lines += ["", "At the forward+backward peak (one more window each side; the gloo rank's lowest of three): the op that "
+              "reached it, and the live storages one side holds that the other does not (bytes x count).", "",
+              "| layout | strategy | peak op: fake | peak op: gloo | only the fake rank holds | only the gloo rank holds |",
+              "|---|---|---|---|---|---|"]
+    for layout in layouts:
+        name = f"dp_shard {layout['dp']} x tp {layout['tp']}" if layout["dp"] > 1 else f"tp {layout['tp']}"
+        for strategy in STRATEGIES:
+            fake, real = layout["fake"][strategy].get("at_peak"), layout["ranks"][0][strategy]["at_peak"]
+            if fake is None:
+                continue
+            only_fake, only_real = Counter(fake["sizes"]) - Counter(real["sizes"]), Counter(real["sizes"]) - Counter(fake["sizes"])
+            lines.append(f"| {name} | {strategy} | `{fake['op']}` | `{real['op']}` | {_sizes(only_fake)} | {_sizes(only_real)} |")
     ran = [s for s in summary if s[2] is not None]
     lines += ["", "## What it says", ""]
     if not ran:
@@ -220,8 +259,9 @@ def render(layouts: list[dict], produced: str) -> str:
             f"{max(s[2] for s in ran):+.1%} off the gloo rank's probe (widest: {worst[0]}, {worst[1]}), above it in "
             f"{sum(1 for s in ran if s[2] > 0)} of {len(ran)}. The eager fake ranks sit at or under the gloo probe, "
             "by gloo's hold of finished collectives only (reports/fake-vs-gloo-layouts.md), which also moves the "
-            "gloo probe here from run to run; a fake rank above it holds something the compiled gloo rank does "
-            "not, not located in this spike. Against the allocator's whole step the fake rank reads "
+            "gloo probe here from run to run; a fake rank above it holds what the table above names (which storages, "
+            "at which op), and why it keeps them is not located yet. Against the allocator's whole step the fake "
+            "rank reads "
             f"{min(s[3] for s in ran):+.1%} to {max(s[3] for s in ran):+.1%}: the allocator adds gloo's staging of "
             "the collectives, outside the dispatcher, which a fake rank does not model (NCCL has none: "
             "distributed.memory).")

@@ -71,7 +71,7 @@ def _simulate(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy
 
 @functools.lru_cache(maxsize=64)
 def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int, dp_shard: int,
-                     tp: int, seed: int) -> tuple[int, int, int]:
+                     tp: int, seed: int, compile=None, budget: float | None = None) -> tuple[int, int, int]:
     import torch
 
     from pytest_flashckpt.config.layout import Layout
@@ -79,7 +79,8 @@ def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank  # the real engine under fake mode
 
     record = simulate_rank(load_card(card), Layout(dp_shard=dp_shard, tp=tp), batch_size=batch, seq_len=seq,
-                           strategy=strategy, k=k, dtype=getattr(torch, dtype), precision=precision, seed=seed)
+                           strategy=strategy, k=k, dtype=getattr(torch, dtype), precision=precision, seed=seed,
+                           compile=compile, budget=budget)
     return record["peak_bytes"], record["fwd_bwd_start_bytes"], record["optimizer_peak_bytes"]
 
 
@@ -140,8 +141,9 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     meta step (``simulate_step`` with ``world_size``)."""
     c = r.config
     strategy = c.activation.strategy
-    if c.compile.enabled:
-        return None, "a compiled rank: the compiled simulator (simulate.compiled) runs one process"
+    if c.compile.enabled and not _laid_out(r):
+        return None, ("a compiled rank of FSDP over every rank: the engine's compiled rank (simulate.fake_ranks) is "
+                      "built for tensor-parallel layouts; FSDP alone is simulated eager only")
     if _laid_out(r):
         records, why = engine_ranks(r)
         return (None, why) if records is None else (max(peak for peak, _, _ in records), "")
@@ -168,8 +170,10 @@ def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
         return None, why
     layout = c.parallel_layout
     try:
+        compiled = c.compile if c.compile.enabled else None  # a compiled rank: the engine compiled under fake mode
+        budget = c.activation.budget if c.activation.strategy == "compile_budget" else None
         return _simulate_layout(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
-                                c.activation.k, layout.dp_shard, layout.tp, c.seed), ""
+                                c.activation.k, layout.dp_shard, layout.tp, c.seed, compiled, budget), ""
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"
 
@@ -217,7 +221,10 @@ def comparison_section(chosen: list[Result]) -> list[str]:
         "`world_size` (FSDP2's reduce-scatter buffers and shard padding not modelled); a tensor-parallel layout by the "
         "engine the ranks ran, under fake mode (`simulate.fake_ranks`; pipeline stages by torch's schedule under fake "
         "mode, `simulate.pipeline`, every rank its own stages; the forward+backward peak of a gloo rank is "
-        "higher by what gloo's thread still holds of finished collectives, docs/layouts.md). *gloo staging*: what "
+        "higher by what gloo's thread still holds of finished collectives, docs/layouts.md); a compiled "
+        "tensor-parallel rank by the same engine compiled under fake mode with Inductor's own memory plans, its "
+        "measured peak the allocator's (gloo's staging included; reports/spike-compiled-fake-ranks.md sizes both "
+        "gaps). *gloo staging*: what "
         "gloo's uncounted copies of an in-flight all-gathers may add to the allocator's view on a CPU rank (up to 4 x "
         "the largest all-gather). *state / optimizer peak*: for an engine-simulated layout, the rank's state at the "
         "step's start and its optimizer-step peak, simulated against every measured rank.", "",

@@ -37,6 +37,7 @@ from torch.distributed.tensor import _decompositions as _dtensor_decompositions
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from pytest_flashckpt.config.axes import CompileConfig
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import tensor_parallel as tp
@@ -136,6 +137,8 @@ def simulate_rank(
     probe_class: type[ShardedLiveTensorProbe] = ResizeTrackingRankProbe,
     foreach: bool | None = None,
     warmup: str = "primed",
+    compile: CompileConfig | None = None,
+    budget: float | None = None,
 ) -> dict:
     """Rank ``rank`` of ``layout``: warmed up (``warm_up``: AdamW's state exists after it), then one step measured in the
     two windows of a real rank. Bytes are the rank's live tensors; ``*_s`` are this process's wall times.
@@ -145,15 +148,29 @@ def simulate_rank(
     ``extrapolated`` says whether the line held), else simulated whole. ``probe_class``: the rank probe
     (``simulate.rank_probe``'s by default, the same bytes as ``distributed.memory``'s, faster). ``foreach``: AdamW's
     implementation (None: torch's pick for the device, per-tensor on a CPU; True: the multi-tensor one CUDA runs).
-    ``warmup``: how the rank reaches its measured step (``warm_up``; ``"step"`` runs a real first step)."""
+    ``warmup``: how the rank reaches its measured step (``warm_up``; ``"step"`` runs a real first step).
+
+    ``compile`` (enabled): a compiled rank, built as ``distributed.rank`` builds one (the embedding's output settled
+    under tensor parallel, each block compiled before ``fully_shard``, ``budget`` as compile_budget's
+    ``activation_memory_budget``), its regions compiled by torch's Inductor into plans whose kernels do nothing
+    (``simulate.compiled.inductor_plans``); it warms up with two real steps (compiling), is probed by
+    ``rank_probe.CompiledRankProbe`` and simulated whole (no depth extrapolation). Against a gloo rank read by the
+    same probe: window starts and the optimizer peak equal to the byte, the forward+backward peak within what
+    ``reports/spike-compiled-fake-ranks.md`` measured."""
     if dist.is_initialized():
         raise RuntimeError("simulate_rank needs a process without a process group (it starts the fake one)")
     layout.check_card(card)
     layout.check_batch(batch_size)
-    run = functools.partial(_simulate_whole, layout=layout, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
-                            k=k, dtype=dtype, precision=precision, rank=rank, seed=seed, backend=backend,
-                            probe_class=probe_class, foreach=foreach, warmup=warmup)
-    depths = sample_depths(card.n_layer, strategy, k) if extrapolate and _has_depth(card) else []
+    compiled = compile is not None and compile.enabled
+    if compiled:
+        run = functools.partial(_simulate_compiled, layout=layout, batch_size=batch_size, seq_len=seq_len,
+                                strategy=strategy, k=k, dtype=dtype, precision=precision, rank=rank, seed=seed,
+                                backend=backend, foreach=foreach, compile=compile, budget=budget)
+    else:
+        run = functools.partial(_simulate_whole, layout=layout, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
+                                k=k, dtype=dtype, precision=precision, rank=rank, seed=seed, backend=backend,
+                                probe_class=probe_class, foreach=foreach, warmup=warmup)
+    depths = sample_depths(card.n_layer, strategy, k) if extrapolate and _has_depth(card) and not compiled else []
     records: dict[int, dict] = {}
     for depth in depths:
         records[depth] = run(dataclasses.replace(card, n_layer=depth))
@@ -237,6 +254,53 @@ def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, stra
         forget_meshes()
     record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
                   n_layer=card.n_layer)
+    return record
+
+
+def _simulate_compiled(card, *, layout: Layout, batch_size: int, seq_len: int, strategy: str, k: int,
+                       dtype: torch.dtype, precision: str, rank: int, seed: int, backend: str, foreach: bool | None,
+                       compile: CompileConfig, budget: float | None) -> dict:
+    """``_simulate_whole`` for a compiled rank (``simulate_rank``'s ``compile``)."""
+    from pytest_flashckpt import compile_step
+    from pytest_flashckpt.probes.compiled import dynamos_hidden_warnings, import_inductor
+    from pytest_flashckpt.simulate.compiled import inductor_plans
+    from pytest_flashckpt.simulate.rank_probe import CompiledRankProbe
+
+    reason = compile_step.compiler_missing()
+    if reason is not None:  # Inductor's CPU codegen probes the vector ISA with the compiler, kernels stubbed or not
+        raise RuntimeError(reason)
+    import_inductor()
+    backend_fn = compile_step.budget_backend(budget) if strategy == "compile_budget" else None  # type: ignore[arg-type]
+
+    def compile_blocks(model: torch.nn.Module) -> None:
+        if layout.tp > 1:
+            tp.settle_embedding_output(model)
+        compile_step.compile_model(model, compile, backend_fn)
+
+    started = time.perf_counter()
+    forget_meshes()
+    torch._dynamo.reset()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    try:
+        mesh = tp.make_mesh(layout)
+        with FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives(), inductor_plans():
+            model = _build_fake(card, backend, torch.float32 if precision == "mixed" else dtype, seed)
+            trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=batch_size, seq_len=seq_len, seed=seed,
+                                          dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k, budget=budget),
+                                          precision=precision, model=model, foreach=foreach, before_shard=compile_blocks)
+            built = time.perf_counter()
+            with dynamos_hidden_warnings():
+                for _ in range(2):  # the first compiles; the second runs what the measured step runs
+                    trainer.train_step()
+            warm = time.perf_counter()
+            record = tp.memory_step(trainer, probe_class=CompiledRankProbe)
+        done = time.perf_counter()
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
+        torch._dynamo.reset()  # no compiled fake model stays in Dynamo's caches
+    record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
+                  n_layer=card.n_layer, extrapolated=False, simulated_depths=[card.n_layer])
     return record
 
 

@@ -79,3 +79,22 @@ class ResizeTrackingRankProbe(ShardedLiveTensorProbe):
     """``ShardedLiveTensorProbe``, re-reading only the storages resized in place since the last op."""
 
     mode_class = _ResizeTrackingStorages
+
+
+class _CompiledRankStorages(_ResizeTrackingStorages):
+    """The rank probe's storages under compiled code: Dynamo skips every frame while a dispatch mode is active
+    unless the mode says ``ignore_compile_internals`` (off while compiling, on while the compiled wrapper runs, so
+    it counts the wrapper's buffers, as ``simulate.compiled.CompiledStepProbe`` does in one process)."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+class CompiledRankProbe(ResizeTrackingRankProbe):
+    """``ResizeTrackingRankProbe`` that a compiled rank runs under (its regions compiled, not run eager): the same
+    bytes, read on a fake rank and on a gloo rank alike (``reports/spike-compiled-fake-ranks.md``)."""
+
+    mode_class = _CompiledRankStorages

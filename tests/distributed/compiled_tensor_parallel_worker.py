@@ -3,7 +3,8 @@ card of ``tensor_parallel_worker``, every block compiled (Inductor) after the ac
 ``fully_shard``, the embedding's output settled in eager first, as ``distributed.rank`` builds a compiled rank.
 
 Per strategy (``full:outside``: with ``compile.ac_wrapper: outside``): the first step's loss and gradients (gathered from the DTensors; a parameter without a gradient is
-listed) beside one eager process on the full batch, Dynamo's graph and break counts, then two more steps.
+listed) beside one eager process on the full batch, Dynamo's graph and break counts, then two more steps and
+one step read by the rank probe made to run under compiled code (``simulate.rank_probe.CompiledRankProbe``).
 Writes ``rank-<r>.json``. Usage: ``compiled_tensor_parallel_worker.py OUT DP TP STRATEGIES [--no-settle]``.
 """
 
@@ -22,6 +23,7 @@ from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import fsdp
 from pytest_flashckpt.distributed import tensor_parallel as tp
+from pytest_flashckpt.simulate.rank_probe import CompiledRankProbe
 
 from tensor_parallel_worker import BATCH, SEED, SEQ, _full, card, reference
 
@@ -60,7 +62,8 @@ def against_one_process(layout: Layout, mesh, strategy: str, settle: bool, ref_l
     trainer.step += 1
     for _ in range(2):
         trainer.train_step()  # the compiled step goes on training
-    return {"loss": float(loss_t) / dist.get_world_size(), "ref_loss": ref_loss, "no_grad": no_grad,
+    memory = tp.memory_step(trainer, probe_class=CompiledRankProbe)  # the rank probe, run under compiled code
+    return {"memory": memory, "loss": float(loss_t) / dist.get_world_size(), "ref_loss": ref_loss, "no_grad": no_grad,
             "grad_max_abs": max(diffs.values(), default=0.0), "n_grads": len(grads),
             "graphs": graphs - graphs_before, "breaks": sum(breaks.values())}
 
