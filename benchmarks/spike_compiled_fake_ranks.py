@@ -12,8 +12,8 @@ trains (``none``, ``selective_op`` with the checkpoint inside the compiled block
 ``fully_shard``):
 
 - **gloo**: one torchrun launch per layout; each rank warms up two steps, then reads one step with the rank probe
-  made to run under compiled code (``CompiledRankProbe``: the rank probe of ``distributed.memory`` with
-  ``ignore_compile_internals``, so Dynamo does not skip frames under it; three repeats), and five steps with the CPU
+  made to run under compiled code (``simulate.rank_probe.CompiledRankProbe``: the rank probe of
+  ``distributed.memory`` with ``ignore_compile_internals``, so Dynamo does not skip frames under it; three repeats), and five steps with the CPU
   allocator's events (``compile_step.read_step``: what the distributed suite reports for a compiled rank);
 - **fake**: rank 0 of the same layout in a fresh process, the same build and probe under fake mode, the fake process
   group and Inductor's plans; no kernel runs.
@@ -44,31 +44,25 @@ WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes",
 
 
 def compiled_rank_probe():
-    """The rank probe (``simulate.rank_probe``'s, the same bytes as ``distributed.memory``'s) made to run under
-    compiled code: Dynamo skips every frame under a dispatch mode unless it says ``ignore_compile_internals``. It
-    also keeps, at each new peak, the sizes of the live storages and the op that reached it (``extra``)."""
-    from pytest_flashckpt.simulate.rank_probe import ResizeTrackingRankProbe, _ResizeTrackingStorages
+    """The rank probe made to run under compiled code (``simulate.rank_probe.CompiledRankProbe``: Dynamo skips every
+    frame under a dispatch mode unless it says ``ignore_compile_internals``), which here also keeps, at each new
+    peak, the sizes of the live storages and the op that reached it (``extra``)."""
+    from pytest_flashckpt.simulate.rank_probe import CompiledRankProbe, _CompiledRankStorages
 
-    class _CompiledRankStorages(_ResizeTrackingStorages):
-        supports_higher_order_operators = True
-
-        @classmethod
-        def ignore_compile_internals(cls) -> bool:
-            return True
-
+    class _PeakRecordingStorages(_CompiledRankStorages):
         def _on_new_peak(self) -> None:
             super()._on_new_peak()
             self.peak_sizes = sorted(self._sizes.values())
             self.peak_op_text = str(self._op)
 
-    class CompiledRankProbe(ResizeTrackingRankProbe):
-        mode_class = _CompiledRankStorages
+    class PeakRecordingProbe(CompiledRankProbe):
+        mode_class = _PeakRecordingStorages
 
         def _read(self, mode, reading) -> None:
             super()._read(mode, reading)
             reading.extra.update(peak_sizes=getattr(mode, "peak_sizes", []), peak_op=getattr(mode, "peak_op_text", ""))
 
-    return CompiledRankProbe
+    return PeakRecordingProbe
 
 
 def at_the_peak(trainer) -> dict:

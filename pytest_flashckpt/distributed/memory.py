@@ -84,3 +84,23 @@ class ShardedLiveTensorProbe(LiveTensorProbe):
     def _read(self, mode: _RankStorages, reading) -> None:
         super()._read(mode, reading)
         reading.extra["largest_allgather_bytes"] = mode.largest_allgather_bytes
+
+
+class _CompiledRankStorages(_RankStorages):
+    """The rank probe's storages under compiled code: Dynamo skips every frame while a dispatch mode is active
+    unless the mode says ``ignore_compile_internals`` (off while compiling, on while the compiled wrapper runs, so
+    it counts the wrapper's buffers as ``simulate.compiled``'s probe does in one process)."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+class CompiledShardedProbe(ShardedLiveTensorProbe):
+    """``ShardedLiveTensorProbe`` that a compiled rank runs under, its regions compiled (not run eager): what a
+    compiled tensor-parallel rank holds, window by window, beside the allocator's view of the same step
+    (``distributed.rank``) and the simulated rank (``simulate.rank_probe.CompiledRankProbe``, the same bytes)."""
+
+    mode_class = _CompiledRankStorages

@@ -40,7 +40,7 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build
 from pytest_flashckpt.core.metrics import spec as metric_spec
 from pytest_flashckpt.distributed import fsdp, pipeline, sharded_store, tensor_parallel
-from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
+from pytest_flashckpt.distributed.memory import CompiledShardedProbe, ShardedLiveTensorProbe
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.models.hf.card import hf_card
@@ -231,7 +231,9 @@ def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, me
     first, ``tensor_parallel.settle_embedding_output``), warmed up and checked
     as one process checks it (``compile_step.warmed_up``: a graph compiled, no break, every block's region ran), the
     peak read from one step's allocator events (the ``cpu`` probe is a dispatch mode: Dynamo would run the step
-    eager; ``runner.compiled``), times as an eager rank's, graphs compiled after the warm-up counted."""
+    eager; ``runner.compiled``), and under tensor parallel the next step's two windows by the rank probe made to run
+    under compiled code (``memory.CompiledShardedProbe``, what the simulated rank is compared with), times as an
+    eager rank's, graphs compiled after the warm-up counted."""
     reason = compile_step.compiler_missing()
     if reason is not None:
         raise StrategyUnavailable(reason)
@@ -257,6 +259,9 @@ def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, me
         start = _storage_bytes(_local(trainer.state_tensors()))
         reading = compile_step.check_regions(side, compile_step.read_step(trainer.train_step), scenario.name)
         out.update(peak_bytes=start + reading.added_peak_bytes, state_bytes=start, peak_source="allocator")
+        if mesh is not None:  # and the next step's two windows by the rank probe, run under compiled code
+            windows = tensor_parallel.memory_step(trainer, probe_class=CompiledShardedProbe)
+            out.update({k: windows[k] for k in ("fwd_bwd_peak_bytes", "optimizer_peak_bytes", "largest_allgather_bytes")})
     if "timing" in scenario.measure:
         out["step_time_s"] = _timed_rounds(trainer, scenario, device)
     out["recompiles"] = compile_step.dynamo_counts()[0] - graphs_after_warmup

@@ -18,6 +18,7 @@ import functools
 import torch
 
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe, _RankStorages
+from pytest_flashckpt.distributed.memory import _CompiledRankStorages as _CompiledSharded
 
 
 @contextlib.contextmanager
@@ -81,20 +82,14 @@ class ResizeTrackingRankProbe(ShardedLiveTensorProbe):
     mode_class = _ResizeTrackingStorages
 
 
-class _CompiledRankStorages(_ResizeTrackingStorages):
-    """The rank probe's storages under compiled code: Dynamo skips every frame while a dispatch mode is active
-    unless the mode says ``ignore_compile_internals`` (off while compiling, on while the compiled wrapper runs, so
-    it counts the wrapper's buffers, as ``simulate.compiled.CompiledStepProbe`` does in one process)."""
-
-    supports_higher_order_operators = True
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True
+class _CompiledRankStorages(_ResizeTrackingStorages, _CompiledSharded):
+    """``_ResizeTrackingStorages`` under compiled code (``distributed.memory._CompiledRankStorages``: Dynamo runs
+    compiled regions under it)."""
 
 
 class CompiledRankProbe(ResizeTrackingRankProbe):
-    """``ResizeTrackingRankProbe`` that a compiled rank runs under (its regions compiled, not run eager): the same
-    bytes, read on a fake rank and on a gloo rank alike (``reports/spike-compiled-fake-ranks.md``)."""
+    """``ResizeTrackingRankProbe`` that a compiled rank runs under (its regions compiled, not run eager): the bytes
+    of ``distributed.memory.CompiledShardedProbe``, read on a fake rank (``simulate.fake_ranks``) and a gloo rank
+    alike (``reports/spike-compiled-fake-ranks.md``)."""
 
     mode_class = _CompiledRankStorages
