@@ -161,15 +161,10 @@ def simulate_rank(
         raise RuntimeError("simulate_rank needs a process without a process group (it starts the fake one)")
     layout.check_card(card)
     layout.check_batch(batch_size)
-    compiled = compile is not None and compile.enabled
-    if compiled:
-        run = functools.partial(_simulate_compiled, layout=layout, batch_size=batch_size, seq_len=seq_len,
-                                strategy=strategy, k=k, dtype=dtype, precision=precision, rank=rank, seed=seed,
-                                backend=backend, foreach=foreach, compile=compile, budget=budget)
-    else:
-        run = functools.partial(_simulate_whole, layout=layout, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
-                                k=k, dtype=dtype, precision=precision, rank=rank, seed=seed, backend=backend,
-                                probe_class=probe_class, foreach=foreach, warmup=warmup)
+    run = functools.partial(_simulate_whole, layout=layout, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
+                            k=k, dtype=dtype, precision=precision, rank=rank, seed=seed, backend=backend,
+                            probe_class=probe_class, foreach=foreach, warmup=warmup, compile=compile, budget=budget)
+    compiled = compile is not None and compile.enabled  # simulated whole: each depth would compile again
     depths = sample_depths(card.n_layer, strategy, k) if extrapolate and _has_depth(card) and not compiled else []
     records: dict[int, dict] = {}
     for depth in depths:
@@ -232,76 +227,83 @@ def _extrapolated(records: dict[int, dict], line: dict[str, int], n_layer: int) 
 
 def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, strategy: str, k: int, dtype: torch.dtype,
                     precision: str, rank: int, seed: int, backend: str,
-                    probe_class: type[ShardedLiveTensorProbe], foreach: bool | None, warmup: str = "primed") -> dict:
-    """One fake process group, the card built and laid out, warmed up (``warm_up``) and the probed step."""
+                    probe_class: type[ShardedLiveTensorProbe], foreach: bool | None, warmup: str = "primed",
+                    compile: CompileConfig | None = None, budget: float | None = None) -> dict:
+    """One fake process group, the card built and laid out, warmed up (``warm_up``) and the probed step. A compiled
+    rank (``compile``, see ``simulate_rank``) compiles into Inductor's plans, warms up with two real steps and is
+    read by ``rank_probe.CompiledRankProbe``."""
+    compiled = _Compiled(layout, strategy, compile, budget) if compile is not None and compile.enabled else None
     started = time.perf_counter()
     forget_meshes()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
         mesh = tp.make_mesh(layout)
-        with FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives():
+        with contextlib.ExitStack() as stack:
+            for context in (FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives()):
+                stack.enter_context(context)
+            if compiled is not None:
+                stack.enter_context(compiled.plans())
             model = _build_fake(card, backend, torch.float32 if precision == "mixed" else dtype, seed)
             trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=batch_size, seq_len=seq_len, seed=seed,
-                                          dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k),
-                                          precision=precision, model=model, foreach=foreach)
+                                          dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k, budget=budget),
+                                          precision=precision, model=model, foreach=foreach,
+                                          before_shard=None if compiled is None else compiled.compile_blocks)
             built = time.perf_counter()
-            warm_up(trainer, list(trainer.model.parameters()), warmup)
+            if compiled is None:
+                warm_up(trainer, list(trainer.model.parameters()), warmup)
+            else:
+                compiled.warm_up(trainer)
+                probe_class = compiled.probe_class
             warm = time.perf_counter()
             record = tp.memory_step(trainer, probe_class=probe_class)
         done = time.perf_counter()
     finally:
         dist.destroy_process_group()
         forget_meshes()
+        if compiled is not None:
+            torch._dynamo.reset()  # no compiled fake model stays in Dynamo's caches
     record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
                   n_layer=card.n_layer)
     return record
 
 
-def _simulate_compiled(card, *, layout: Layout, batch_size: int, seq_len: int, strategy: str, k: int,
-                       dtype: torch.dtype, precision: str, rank: int, seed: int, backend: str, foreach: bool | None,
-                       compile: CompileConfig, budget: float | None) -> dict:
-    """``_simulate_whole`` for a compiled rank (``simulate_rank``'s ``compile``)."""
-    from pytest_flashckpt import compile_step
-    from pytest_flashckpt.probes.compiled import dynamos_hidden_warnings, import_inductor
-    from pytest_flashckpt.simulate.compiled import inductor_plans
-    from pytest_flashckpt.simulate.rank_probe import CompiledRankProbe
+class _Compiled:
+    """What a compiled rank adds to ``_simulate_whole``: each block compiled as ``distributed.rank`` compiles it (the
+    embedding's output settled under tensor parallel; compile_budget's backend), into Inductor's plans whose kernels
+    do nothing (``simulate.compiled.inductor_plans``), two real warm-up steps, the probe made for compiled code."""
 
-    reason = compile_step.compiler_missing()
-    if reason is not None:  # Inductor's CPU codegen probes the vector ISA with the compiler, kernels stubbed or not
-        raise RuntimeError(reason)
-    import_inductor()
-    backend_fn = compile_step.budget_backend(budget) if strategy == "compile_budget" else None  # type: ignore[arg-type]
+    def __init__(self, layout: Layout, strategy: str, compile: CompileConfig, budget: float | None) -> None:
+        from pytest_flashckpt import compile_step
+        from pytest_flashckpt.probes.compiled import import_inductor
+        from pytest_flashckpt.simulate.rank_probe import CompiledRankProbe
 
-    def compile_blocks(model: torch.nn.Module) -> None:
-        if layout.tp > 1:
+        reason = compile_step.compiler_missing()
+        if reason is not None:  # Inductor's CPU codegen probes the vector ISA with the compiler, kernels stubbed or not
+            raise RuntimeError(reason)
+        import_inductor()
+        torch._dynamo.reset()
+        self.layout, self.compile = layout, compile
+        self.backend = compile_step.budget_backend(budget) if strategy == "compile_budget" else None  # type: ignore[arg-type]
+        self.probe_class = CompiledRankProbe
+
+    def plans(self):
+        from pytest_flashckpt.simulate.compiled import inductor_plans
+
+        return inductor_plans()
+
+    def compile_blocks(self, model: torch.nn.Module) -> None:
+        from pytest_flashckpt import compile_step
+
+        if self.layout.tp > 1:
             tp.settle_embedding_output(model)
-        compile_step.compile_model(model, compile, backend_fn)
+        compile_step.compile_model(model, self.compile, self.backend)
 
-    started = time.perf_counter()
-    forget_meshes()
-    torch._dynamo.reset()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
-    try:
-        mesh = tp.make_mesh(layout)
-        with FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives(), inductor_plans():
-            model = _build_fake(card, backend, torch.float32 if precision == "mixed" else dtype, seed)
-            trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=batch_size, seq_len=seq_len, seed=seed,
-                                          dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k, budget=budget),
-                                          precision=precision, model=model, foreach=foreach, before_shard=compile_blocks)
-            built = time.perf_counter()
-            with dynamos_hidden_warnings():
-                for _ in range(2):  # the first compiles; the second runs what the measured step runs
-                    trainer.train_step()
-            warm = time.perf_counter()
-            record = tp.memory_step(trainer, probe_class=CompiledRankProbe)
-        done = time.perf_counter()
-    finally:
-        dist.destroy_process_group()
-        forget_meshes()
-        torch._dynamo.reset()  # no compiled fake model stays in Dynamo's caches
-    record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
-                  n_layer=card.n_layer, extrapolated=False, simulated_depths=[card.n_layer])
-    return record
+    def warm_up(self, trainer) -> None:
+        from pytest_flashckpt.probes.compiled import dynamos_hidden_warnings
+
+        with dynamos_hidden_warnings():
+            for _ in range(2):  # the first compiles; the second runs what the measured step runs
+                trainer.train_step()
 
 
 def main(argv: list[str] | None = None) -> None:
