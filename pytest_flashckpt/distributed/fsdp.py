@@ -14,6 +14,7 @@ FSDP2 casts the parameters, not the ops. No ``output_dtype``: a block's output s
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ class ShardedTrainer(Trainer):
     def device(self) -> torch.device:
         param = next(self.model.parameters())
         return param.device
+
+    def loss_context(self):
+        """Nothing around the loss under FSDP alone (a tensor-parallel trainer's is ``loss_parallel``), so one step
+        function (``tensor_parallel.forward_backward``) serves both."""
+        return contextlib.nullcontext()
 
 
 def mixed_precision_policy(compute_dtype: torch.dtype) -> MixedPrecisionPolicy:

@@ -231,7 +231,7 @@ def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, me
     first, ``tensor_parallel.settle_embedding_output``), warmed up and checked
     as one process checks it (``compile_step.warmed_up``: a graph compiled, no break, every block's region ran), the
     peak read from one step's allocator events (the ``cpu`` probe is a dispatch mode: Dynamo would run the step
-    eager; ``runner.compiled``), and under tensor parallel the next step's two windows by the rank probe made to run
+    eager; ``runner.compiled``), and the next step's two windows by the rank probe made to run
     under compiled code (``memory.CompiledShardedProbe``, what the simulated rank is compared with), times as an
     eager rank's, graphs compiled after the warm-up counted."""
     reason = compile_step.compiler_missing()
@@ -246,24 +246,26 @@ def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, me
             tensor_parallel.settle_embedding_output(model)
         regions.append(compile_step.compile_model(model, scenario.compile, compile_backend))
 
-    trainer, applied = _trainer(scenario, device, backend, mesh, compile_blocks)
-    out.update(backend=backend, activation=applied.describe(), layout=scenario.parallel_layout.describe(),
-               kernel=_eager_kernel(scenario, device, backend))
-    side = compile_step.warmed_up(trainer, scenario, regions[0], scenario.warmup)
-    out.update(compile_time_s=side.compile_time_s, compiled_regions=side.regions_per_step)
-    graphs_after_warmup = compile_step.dynamo_counts()[0]
-    if "memory" in scenario.measure:
-        if device.type != "cpu":
-            raise StrategyUnavailable("a compiled rank's peak is read from the CPU allocator's events; on a GPU rank "
-                                      "the allocator probe is not wired yet (issue 32 item 8)")
-        start = _storage_bytes(_local(trainer.state_tensors()))
-        reading = compile_step.check_regions(side, compile_step.read_step(trainer.train_step), scenario.name)
-        out.update(peak_bytes=start + reading.added_peak_bytes, state_bytes=start, peak_source="allocator")
-        if mesh is not None:  # and the next step's two windows by the rank probe, run under compiled code
+    with compile_step.fsdp_compiled_block_outputs():  # FSDP alone: Inductor's output views (compile_step)
+        trainer, applied = _trainer(scenario, device, backend, mesh, compile_blocks)
+        out.update(backend=backend, activation=applied.describe(), layout=scenario.parallel_layout.describe(),
+                   kernel=_eager_kernel(scenario, device, backend))
+        side = compile_step.warmed_up(trainer, scenario, regions[0], scenario.warmup)
+        out.update(compile_time_s=side.compile_time_s, compiled_regions=side.regions_per_step)
+        graphs_after_warmup = compile_step.dynamo_counts()[0]
+        if "memory" in scenario.measure:
+            if device.type != "cpu":
+                raise StrategyUnavailable("a compiled rank's peak is read from the CPU allocator's events; on a GPU rank "
+                                          "the allocator probe is not wired yet (issue 32 item 8)")
+            start = _storage_bytes(_local(trainer.state_tensors()))
+            reading = compile_step.check_regions(side, compile_step.read_step(trainer.train_step), scenario.name)
+            out.update(peak_bytes=start + reading.added_peak_bytes, state_bytes=start, peak_source="allocator")
+            # and the next step's two windows by the rank probe run under compiled code (what the simulated rank,
+            # simulate.fake_ranks, is compared with: FSDP alone or a tensor-parallel layout)
             windows = tensor_parallel.memory_step(trainer, probe_class=CompiledShardedProbe)
             out.update({k: windows[k] for k in ("fwd_bwd_peak_bytes", "optimizer_peak_bytes", "largest_allgather_bytes")})
-    if "timing" in scenario.measure:
-        out["step_time_s"] = _timed_rounds(trainer, scenario, device)
+        if "timing" in scenario.measure:
+            out["step_time_s"] = _timed_rounds(trainer, scenario, device)
     out["recompiles"] = compile_step.dynamo_counts()[0] - graphs_after_warmup
     return out
 

@@ -44,6 +44,12 @@ def _laid_out(r: Result) -> bool:
     return r.config.layout.tensor_parallel or r.config.layout.pp > 1
 
 
+def _by_the_engine(r: Result) -> bool:
+    """Whether the rank is simulated by the engine it ran (``simulate.fake_ranks``, ``simulate.pipeline``): a laid-out
+    rank, or a compiled one (FSDP alone too: its compiled regions are Inductor's, which no meta step models)."""
+    return _laid_out(r) or r.config.compile.enabled
+
+
 def _layout(r: Result) -> str:
     """``FSDP over N`` (every rank shards), or the ranks per axis of a layout (with a pipeline's schedule)."""
     c = r.config
@@ -129,6 +135,8 @@ def _engine_refusal(r: Result) -> str | None:
     c = r.config
     if c.activation.strategy not in LAYOUT_STRATEGIES:
         return f"the {c.activation.strategy} strategy is not simulated by the engine yet"
+    if c.model.hf is not None:
+        return "a Hugging Face model's rank is not laid out by the engine here"
     if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
         return "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
     return None
@@ -137,14 +145,12 @@ def _engine_refusal(r: Result) -> str | None:
 def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     """The simulator's per-rank peak for a measured distributed result, or None and why not. A tensor-parallel
     layout's rank is simulated by the engine the ranks ran (``parallelize_module`` + ``fully_shard`` under fake
-    mode, ``simulate.fake_ranks``: the same AdamW pick as the CPU rank); FSDP over every rank by the modelled
+    mode, ``simulate.fake_ranks``: the same AdamW pick as the CPU rank), and so is a compiled rank, FSDP alone
+    included (compiled under fake mode into Inductor's plans); an eager rank of FSDP over every rank by the modelled
     meta step (``simulate_step`` with ``world_size``)."""
     c = r.config
     strategy = c.activation.strategy
-    if c.compile.enabled and not _laid_out(r):
-        return None, ("a compiled rank of FSDP over every rank: the engine's compiled rank (simulate.fake_ranks) is "
-                      "built for tensor-parallel layouts; FSDP alone is simulated eager only")
-    if _laid_out(r):
+    if _by_the_engine(r):
         records, why = engine_ranks(r)
         return (None, why) if records is None else (max(peak for peak, _, _ in records), "")
     spec = ACTIVATION_STRATEGIES.get(strategy)  # simulated here: the registry's strategies that need no budget plan
@@ -181,7 +187,7 @@ def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
 def _exact_windows(r: Result) -> str:
     """For an engine-simulated layout: the state at the step's start and the optimizer step's peak, simulated
     against every measured rank (equal to the byte when the engine's rank holds what the gloo rank holds)."""
-    if not _laid_out(r):
+    if not _by_the_engine(r):
         return MISSING
     records, _ = engine_ranks(r)
     if records is None:
@@ -231,7 +237,7 @@ def comparison_section(chosen: list[Result]) -> list[str]:
         "engine the ranks ran, under fake mode (`simulate.fake_ranks`; pipeline stages by torch's schedule under fake "
         "mode, `simulate.pipeline`, every rank its own stages; the forward+backward peak of a gloo rank is "
         "higher by what gloo's thread still holds of finished collectives, docs/layouts.md); a compiled "
-        "tensor-parallel rank by the same engine compiled under fake mode with Inductor's own memory plans, against "
+        "rank (FSDP alone or tensor parallel) by the same engine compiled under fake mode with Inductor's own memory plans, against "
         "the rank probe run under compiled code (the row's peak elsewhere is the allocator's, gloo's staging "
         "included; reports/spike-compiled-fake-ranks.md sizes both gaps). *gloo staging*: what "
         "gloo's uncounted copies of an in-flight all-gathers may add to the allocator's view on a CPU rank (up to 4 x "

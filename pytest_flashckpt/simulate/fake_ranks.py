@@ -241,8 +241,8 @@ def _simulate_whole(card, *, layout: Layout, batch_size: int, seq_len: int, stra
         with contextlib.ExitStack() as stack:
             for context in (FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives()):
                 stack.enter_context(context)
-            if compiled is not None:
-                stack.enter_context(compiled.plans())
+            for context in () if compiled is None else compiled.contexts():
+                stack.enter_context(context)
             model = _build_fake(card, backend, torch.float32 if precision == "mixed" else dtype, seed)
             trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=batch_size, seq_len=seq_len, seed=seed,
                                           dtype=dtype, activation=ActivationConfig(strategy=strategy, k=k, budget=budget),
@@ -286,10 +286,13 @@ class _Compiled:
         self.backend = compile_step.budget_backend(budget) if strategy == "compile_budget" else None  # type: ignore[arg-type]
         self.probe_class = CompiledRankProbe
 
-    def plans(self):
+    def contexts(self) -> tuple:
+        """Inductor's plans whose kernels do nothing, and FSDP2's warning on Inductor's output views kept hidden
+        (FSDP alone: ``compile_step.fsdp_compiled_block_outputs``)."""
+        from pytest_flashckpt import compile_step
         from pytest_flashckpt.simulate.compiled import inductor_plans
 
-        return inductor_plans()
+        return inductor_plans(), compile_step.fsdp_compiled_block_outputs()
 
     def compile_blocks(self, model: torch.nn.Module) -> None:
         from pytest_flashckpt import compile_step

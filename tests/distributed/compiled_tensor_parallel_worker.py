@@ -1,6 +1,7 @@
-"""Started by torchrun from test_compiled_tensor_parallel.py: one rank of a dp_shard x tp layout of the small Llama
-card of ``tensor_parallel_worker``, every block compiled (Inductor) after the activation strategy and before
-``fully_shard``, the embedding's output settled in eager first, as ``distributed.rank`` builds a compiled rank.
+"""Started by torchrun from test_compiled_tensor_parallel.py: one rank of a dp_shard x tp layout (tp 1: FSDP alone) of
+the small Llama card of ``tensor_parallel_worker``, every block compiled (Inductor) after the activation strategy and
+before ``fully_shard``, under tensor parallel the embedding's output settled in eager first, as ``distributed.rank``
+builds a compiled rank.
 
 Per strategy (``full:outside``: with ``compile.ac_wrapper: outside``): the first step's loss and gradients (gathered from the DTensors; a parameter without a gradient is
 listed) beside one eager process on the full batch, Dynamo's graph and break counts, then two more steps and
@@ -70,7 +71,7 @@ def against_one_process(layout: Layout, mesh, strategy: str, settle: bool, ref_l
 
 if __name__ == "__main__":
     out, dp, tp_size, strategies = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
-    settle = "--no-settle" not in sys.argv[5:]
+    settle = "--no-settle" not in sys.argv[5:] and tp_size > 1  # FSDP alone: no tensor-parallel embedding to settle
     fsdp.init(timeout_s=240)
     layout = Layout(dp_shard=dp, tp=tp_size)
     layout.check_world(dist.get_world_size())
@@ -78,6 +79,7 @@ if __name__ == "__main__":
     ref_loss, ref_grads = reference()
     record = {"rank": dist.get_rank(), "strategies": {}}
     for strategy in strategies:
-        record["strategies"][strategy] = against_one_process(layout, mesh, strategy, settle, ref_loss, ref_grads)
+        with compile_step.fsdp_compiled_block_outputs():  # as distributed.rank runs a compiled rank
+            record["strategies"][strategy] = against_one_process(layout, mesh, strategy, settle, ref_loss, ref_grads)
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
     dist.destroy_process_group()

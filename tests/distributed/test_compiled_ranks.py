@@ -84,21 +84,32 @@ def _rank(rank: int, recompiles: int = 0) -> dict:
     return {"rank": rank, "world_size": 2, "status": "measured", "backend": "sdpa", "kernel": "sdpa-flash-cpu",
             "activation": "full", "layout": "dp_shard 2 x tp 1", "peak_bytes": 3000 + rank, "state_bytes": 1000,
             "peak_source": "allocator", "compile_time_s": 9.0 + rank, "compiled_regions": 4, "recompiles": recompiles,
-            "step_time_s": [0.2, 0.3]}
+            "step_time_s": [0.2, 0.3], "fwd_bwd_peak_bytes": 2800 + rank, "optimizer_peak_bytes": 2000,
+            "largest_allgather_bytes": 500}
 
 
-def test_a_compiled_rank_record_is_one_steps_allocator_peak_with_its_compile_facts() -> None:
+def test_a_compiled_rank_record_is_one_steps_allocator_peak_with_its_compile_facts(monkeypatch) -> None:
     result = Result("distributed", "c", "measured", _ranks(activation=ActivationConfig("full")), device="cpu x2 (gloo)")
     aggregate(result, [_rank(0), _rank(1, recompiles=2)])
     m = result.metrics
     assert m["peak_bytes"] == 3001 and m["compile_time_s"] == 10.0 and m["compiled_regions"] == 4 and m["recompiles"] == 2
-    assert "fwd_bwd_peak_bytes" not in m and result.probe == "allocator"
+    assert m["fwd_bwd_peak_bytes"] == 2801 and result.probe == "allocator"  # the probe's windows beside the row's peak
     assert any("recompiles" in note for note in result.notes)  # control beside: no note without recompiles
     quiet = Result("distributed", "c", "measured", _ranks(activation=ActivationConfig("full")))
     aggregate(quiet, [_rank(0), _rank(1)])
     assert not any("recompiles" in note for note in quiet.notes)
+    # FSDP alone compiled is simulated by the engine (dp_shard 2 x tp 1, compiled under fake mode), against the probe
+    calls = []
+
+    def engine(*args):
+        calls.append(args)
+        return 2850, 1000, 2000  # peak, state at the step's start, optimizer peak
+
+    monkeypatch.setattr(report, "_simulate_layout", engine)
     text = "\n".join(report.distributed_section([result]))
-    assert "FSDP over 2, compiled per block" in text and "FSDP alone is simulated eager only" in text
+    assert "FSDP over 2, compiled per block" in text and "not simulated" not in text
+    assert calls and all(args[7:9] == (2, 1) and args[10] == BLOCK for args in calls)
+    assert "equal to the byte (2 ranks)" in text and "+1.7%" in text  # (2850 - 2801) / 2801: the probe's peak
 
 
 @pytest.mark.distributed
@@ -123,11 +134,8 @@ def test_the_suites_compiled_scenarios_run_compiled_on_every_rank(scenario, tmp_
     assert m["compiled_regions"] == per_block * blocks and m["recompiles"] == 0
     assert m["compile_time_s"] > m["step_time_s"] and m["peak_bytes"] > m["state_bytes"] > 0
     assert result.probe == "allocator" and result.kernel == "sdpa-flash-cpu"
-    # a compiled tensor-parallel rank is simulated by the engine compiled under fake mode; FSDP alone is not (yet)
+    # every compiled rank (FSDP alone and tensor parallel) is simulated by the engine compiled under fake mode; against
+    # the rank probe run under compiled code on the gloo ranks, its state and optimizer peak equal to the byte
     simulated, why = report.simulated_rank_peak(result)
-    if scenario.layout.tensor_parallel:
-        assert why == "" and m["state_bytes"] < simulated, why
-        # the rank probe run under compiled code on the gloo ranks: the simulated rank's state and optimizer peak
-        assert report._exact_windows(result).startswith("equal to the byte"), report._exact_windows(result)
-    else:
-        assert simulated is None and "FSDP alone" in why
+    assert why == "" and m["state_bytes"] < simulated, why
+    assert report._exact_windows(result).startswith("equal to the byte"), report._exact_windows(result)

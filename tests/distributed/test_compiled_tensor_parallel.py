@@ -1,9 +1,12 @@
-"""Compiled tensor-parallel ranks (issue 32 item 7): tp 2 (world 2) and dp_shard 2 x tp 2 (world 4) of a small Llama,
-every block compiled by Inductor after the activation strategy and before ``fully_shard`` (torchtitan's order),
-the embedding's output settled in eager first (``tensor_parallel.settle_embedding_output``). Per strategy the
-config accepts (``registry.tensor_parallel_compiled_strategies()``, and ``registry.whole_block_strategies()`` with
-``ac_wrapper: outside``): the first step's loss and every gradient against one eager process, one graph and no break, then steps that go on training. One torchrun launch per layout (~40 s and
-~60 s with cold compiles on 2 cores), so ``slow``."""
+"""Compiled ranks laid out by the engine (issue 32 item 7, issue 33): tp 2 (world 2), dp_shard 2 x tp 2 (world 4) and
+FSDP alone over 2 ranks (dp_shard 2, tp 1) of a small Llama, every block compiled by Inductor after the activation
+strategy and before ``fully_shard`` (torchtitan's order), under tensor parallel the embedding's output settled in
+eager first (``tensor_parallel.settle_embedding_output``). Per strategy the config accepts
+(``registry.tensor_parallel_compiled_strategies()``, and ``registry.whole_block_strategies()`` with ``ac_wrapper:
+outside``; FSDP alone those inside too): the first step's loss and every gradient against one eager process, one
+graph and no break, then steps that go on training; and the rank simulated by the engine compiled under fake mode
+against the gloo rank's probe. One torchrun launch per layout (~40-90 s with cold compiles on 2 cores), so
+``slow``."""
 
 from __future__ import annotations
 
@@ -21,10 +24,17 @@ LOSS_ATOL = 1e-5
 # what the config accepts under tensor parallel: the checkpoint inside the compiled block, and full / every_k with it
 # outside (compile.ac_wrapper, written "full:outside" to the worker)
 STRATEGIES = [*tensor_parallel_compiled_strategies(), *(f"{s}:outside" for s in whole_block_strategies())]
+# FSDP alone (dp_shard 2, tp 1) compiles every fixed strategy with the checkpoint inside the block too
+FSDP_STRATEGIES = [*STRATEGIES, *whole_block_strategies()]
 
 
-@pytest.fixture(scope="module", params=[(1, 2), (2, 2)], ids=["tp2", "dp2xtp2"])
-def launched(request, tmp_path_factory) -> list[dict]:
+def _strategies(tp: int) -> list[str]:
+    return STRATEGIES if tp > 1 else FSDP_STRATEGIES
+
+
+@pytest.fixture(scope="module", params=[(1, 2), (2, 2), (2, 1)], ids=["tp2", "dp2xtp2", "fsdp2"])
+def launched(request, tmp_path_factory) -> tuple[int, int, list[dict]]:
+    """(dp_shard, tp, every rank's record)."""
     from pytest_flashckpt.compile_step import compiler_missing
     from pytest_flashckpt.distributed import launcher
 
@@ -32,17 +42,18 @@ def launched(request, tmp_path_factory) -> list[dict]:
         pytest.skip(compiler_missing())
     dp, tp = request.param
     out = tmp_path_factory.mktemp(f"tpc-{dp}x{tp}")
-    strategies = ",".join(STRATEGIES)
+    strategies = ",".join(_strategies(tp))
     launcher.run(launcher.Launch(dp * tp, timeout_s=600), str(WORKER), [str(out), str(dp), str(tp), strategies],
                  log_path=out / "launch.log")
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(dp * tp)]
+    return dp, tp, [json.loads((out / f"rank-{r}.json").read_text()) for r in range(dp * tp)]
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_compiled_tensor_parallel_block_trains_as_one_eager_process(launched) -> None:
-    for record in launched:
-        assert set(record["strategies"]) == set(STRATEGIES)
+    _, tp, records = launched
+    for record in records:
+        assert set(record["strategies"]) == set(_strategies(tp))
         for strategy, entry in record["strategies"].items():
             where = (record["rank"], strategy)
             assert "error" not in entry, (where, entry.get("error"))
@@ -70,14 +81,14 @@ def test_the_engine_compiled_under_fake_mode_holds_what_the_gloo_rank_holds(laun
 
     from tensor_parallel_worker import BATCH, CARD, SEED, SEQ, card
 
-    dp, tp = {2: (1, 2), 4: (2, 2)}[len(launched)]
+    dp, tp, records = launched
     activation = BATCH // dp * SEQ * CARD["n_embd"] * 4  # one float32 (rows, seq, width) activation of this rank
-    for strategy in STRATEGIES:
+    for strategy in _strategies(tp):
         name, _, wrapper = strategy.partition(":")
         sim = simulate_rank(card(), Layout(dp_shard=dp, tp=tp), batch_size=BATCH, seq_len=SEQ, strategy=name, seed=SEED,
                             compile=CompileConfig(scope="block", ac_wrapper=wrapper or "inside"),  # type: ignore[arg-type]
                             budget=0.5 if name == "compile_budget" else None)
-        for record in launched:
+        for record in records:
             real, where = record["strategies"][strategy]["memory"], (record["rank"], strategy)
             for key in ("fwd_bwd_start_bytes", "optimizer_start_bytes", "optimizer_peak_bytes"):
                 assert sim[key] == real[key], (where, key, sim[key], real[key])
