@@ -51,7 +51,9 @@ ROWS = ("eager none", "eager offload", "compiled none", "compiled offload outsid
 
 
 def _hooks(kind: str, packed: list[int]):
-    """The hooks a row runs under, each counting the bytes it packs into ``packed[0]``:
+    """The hooks a row runs under, each counting the bytes it packs into ``packed[0]`` and the bytes those tensors
+    span at their strides into ``packed[1]`` (more for a view that skips elements: a stride-keeping copy back is
+    allocated at that extent):
 
     - ``simulated``: device memory as offload leaves it, no data (``SimulatedOffload``'s idea, with each tensor's
       strides kept: a compiled backward asserts the strides of what it saved);
@@ -64,6 +66,8 @@ def _hooks(kind: str, packed: list[int]):
     def counted(pack):
         def wrapper(tensor):
             packed[0] += tensor.numel() * tensor.element_size()
+            extent = 1 + sum((n - 1) * step for n, step in zip(tensor.size(), tensor.stride())) if tensor.numel() else 0
+            packed[1] += extent * tensor.element_size()
             return pack(tensor)
         return wrapper
 
@@ -112,7 +116,7 @@ def run_row(card_name: str, row: str, hooks_kind: str) -> dict:
     counters.clear()
     model = build_model(load_card(card_name), "sdpa", "cpu", torch.float32, seed=0)
     anatomy, blocks = get_anatomy(model), get_blocks(model)
-    packed = [0]
+    packed = [0, 0]
     hooks = _hooks(hooks_kind, packed)
     if row.startswith("compiled offload outside, save_on_cpu"):
         row, hooks_kind = "compiled offload outside", "save_on_cpu"
@@ -157,9 +161,9 @@ def run_row(card_name: str, row: str, hooks_kind: str) -> dict:
                 trainer.loss(x, y).backward()
             grads_step = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
             trainer.optimizer.zero_grad(set_to_none=True)
-        packed[0] = 0
+        packed[0] = packed[1] = 0
         peak, regions = allocator_step(step)
-    return {"peak_bytes": peak, "regions": regions, "packed_bytes": packed[0], "warm_s": round(warm, 2),
+    return {"peak_bytes": peak, "regions": regions, "packed_bytes": packed[0], "packed_extent_bytes": packed[1], "warm_s": round(warm, 2),
             "graph_breaks": sum(counters["graph_break"].values()), "break_reasons": sorted(counters["graph_break"])[:2],
             "grads": grads_step}
 
@@ -201,19 +205,22 @@ def render(data: dict) -> str:
         f"{env['python']}. What each row runs and why memory is read with data-free hooks that keep strides and gradients "
         "with a host round trip that keeps them: the script's docstring. Peak: the CPU allocator's most bytes over the step's start (one step "
         "after two warm-up steps; parameters, gradients and AdamW state are resident, so a row's saving is the "
-        "activations it lets go). *saved vs none*: 1 - peak / the same card's `compiled none` (compiled rows) or "
+        "activations it lets go). *their extent*: what the packed tensors span at their strides (above the packed "
+        "bytes where a saved tensor is a view that skips elements, as the tiny GPT's q, k, v of one qkv buffer; a "
+        "stride-keeping copy back is allocated at that extent, and a compiled region brings back all it saved at "
+        "the start of its backward, pytorch/pytorch#148222). *saved vs none*: 1 - peak / the same card's `compiled none` (compiled rows) or "
         "`eager none` (eager rows).", "",
     ]
     for card in CARDS:
         rows = data[card]
         lines += [f"## {card}, {BATCH} x {SEQ}, fp32", "",
-                  "| row | peak | saved vs none | packed by the hooks | compiled regions | graph breaks | max abs grad diff vs eager none |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| row | peak | saved vs none | packed by the hooks | their extent | compiled regions | graph breaks | max abs grad diff vs eager none |",
+                  "|---|---|---|---|---|---|---|---|"]
         failures = []
         for row in ROWS:
             r = rows[row]
             if "error" in r:
-                lines.append(f"| {row} | failed (below) | | {mib(r['packed_bytes'])} before failing | | {r['graph_breaks']} | |")
+                lines.append(f"| {row} | failed (below) | | {mib(r['packed_bytes'])} before failing | | | {r['graph_breaks']} | |")
                 failures.append(f"`{row}` failed in its warm-up steps: `{r['error']}`")
                 continue
             base = rows["compiled none" if row.startswith("compiled") else "eager none"]["peak_bytes"]
@@ -222,7 +229,8 @@ def render(data: dict) -> str:
             if "grad_error" in r:
                 grad = "failed (below)"
                 failures.append(f"`{row}` with the host round trip failed: `{r['grad_error']}`")
-            lines.append(f"| {row} | {mib(r['peak_bytes'])} | {saved} | {mib(r['packed_bytes'])} | {r['regions']} | "
+            lines.append(f"| {row} | {mib(r['peak_bytes'])} | {saved} | {mib(r['packed_bytes'])} | "
+                         f"{mib(r['packed_extent_bytes'])} | {r['regions']} | "
                          f"{r['graph_breaks']} | {grad} |")
         lines += [""] + [f"- {f}" for f in failures]
         reasons = {row: rows[row]["break_reasons"] for row in ROWS if rows[row]["graph_breaks"]}
