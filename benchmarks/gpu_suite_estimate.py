@@ -7,7 +7,8 @@ for attention (score and value matmuls, forward and backward, full square: an up
 times 4/3 for a fully recomputed forward. Time = FLOPs / an assumed sustained throughput (``--tflops``, default 250:
 about a quarter of an H200's dense bf16 peak, what models of this size reach) + checkpoint bytes written and read
 back / an assumed disk bandwidth (``--disk-GBps``, default 1.5) + a fixed per-scenario cost (model build, optimizer
-state, allocator warm-up; ``--setup-s``, default 3). The inputs are stated assumptions, printed with the result;
+state, allocator warm-up; ``--setup-s``, default 3) + for a compiled scenario an assumed cold compile of its blocks'
+graph (``--compile-s``, default 30) twice: a compiled row compiles its own reference (docs/compile.md). The inputs are stated assumptions, printed with the result;
 the measured wall time of a real run is what README reports.
 """
 
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--tflops", type=float, default=250.0)
     parser.add_argument("--disk-GBps", type=float, default=1.5)
     parser.add_argument("--setup-s", type=float, default=3.0)
+    parser.add_argument("--compile-s", type=float, default=30.0)
     args = parser.parse_args()
     suite = load_suite(args.suite)
     total = 0.0
@@ -62,7 +64,7 @@ def main() -> None:
         steps, ref_steps = scenario_steps(s)
         flops = step_flops(card, s.batch_size, s.seq_len, s.activation.strategy)
         ref_flops = step_flops(card, s.batch_size, s.seq_len, "none")
-        ref_key = repr((s.card, s.batch_size, s.seq_len, s.model.dropout, s.precision))
+        ref_key = repr((s.card, s.batch_size, s.seq_len, s.model.dropout, s.precision, s.compile))
         if not s.is_reference and ref_key not in warmed:
             warmed.add(ref_key)
             ref_steps += max(s.warmup, 1) + 1  # the reference's warm-up and memory pass, once per run
@@ -72,10 +74,11 @@ def main() -> None:
             per_save = state_bytes(card) / 1e9
             ckpt_gb = per_save * (s.save.saves + 1) * (2 if s.save.strategy != "sync" else 1)
         seconds = (steps * flops + ref_steps * ref_flops) / (args.tflops * 1e12) + ckpt_gb / args.disk_GBps + args.setup_s
+        seconds += 2 * args.compile_s if s.compile.enabled else 0.0
         total += seconds
         print(f"{s.name:45s} {steps + ref_steps:5d} {flops / 1e12:10.1f} {ckpt_gb:8.1f} {seconds:7.1f}")
     print(f"\n{len(suite.scenarios)} scenarios: estimated {total / 60:.1f} min at {args.tflops:g} TFLOP/s sustained, "
-          f"{args.disk_GBps:g} GB/s disk, {args.setup_s:g} s setup each")
+          f"{args.disk_GBps:g} GB/s disk, {args.setup_s:g} s setup each, {args.compile_s:g} s a compile")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from pytest_flashckpt.activation.wrapper import BlockForward, drop_role_hooks
+from pytest_flashckpt.activation.wrapper import (BlockForward, drop_role_hooks, save_on_host,
+                                                save_on_host_keeping_strides)
 from pytest_flashckpt.config.axes import CompileConfig
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.models.anatomy import get_anatomy, get_blocks
@@ -77,12 +78,18 @@ def compile_under_wrapper(block: nn.Module, options: dict) -> int:
     """A checkpointed block's original forward compiled inside its strategy's wrapper (``BlockForward``, which stays
     eager), so no checkpoint is traced into a compiled graph: under tensor parallel on torch 2.13 a traced
     checkpoint saves a ``DeviceMesh`` and fails in backward (reports/spike-compiled-layouts.md). The region runs twice
-    a step, in the forward and in the recomputation. A block the strategy leaves plain is compiled whole (one
-    region). Returns the block's regions per step."""
+    a step, in the forward and in the recomputation. An offloaded block's hooks sit around the compiled call the same
+    way (Dynamo breaks the graph at hooks entered inside it); they keep each saved tensor's strides, which Inductor's
+    backward asserts (``save_on_host_keeping_strides``), and its region runs once. A block the strategy leaves
+    plain is compiled whole (one region). Returns the block's regions per step."""
     wrapper = block.__dict__.get("forward")
     if isinstance(wrapper, BlockForward) and wrapper.option.kind != "none":
         wrapper.forward = torch.compile(wrapper.forward, **options)
-        return 2
+        if wrapper.option.kind != "offload":
+            return 2
+        if wrapper.offload_context is save_on_host:  # the simulator's hooks, swapped in before, stay
+            wrapper.offload_context = save_on_host_keeping_strides
+        return 1
     block.compile(**options)
     return 1
 

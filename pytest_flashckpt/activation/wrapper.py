@@ -6,8 +6,9 @@ original forward, with whatever positional and keyword arguments the block takes
 masks):
 
 - ``none``, or any option while gradients are off (no graph, so nothing to save or recompute): the plain forward;
-- ``offload``: under ``offload_context`` (``save_on_cpu(pin_memory=True)``; the simulator swaps in hooks that do to
-  device memory what it does, on ``meta`` where no data can be copied);
+- ``offload``: under ``offload_context`` (``save_on_cpu(pin_memory=True)``; around a compiled block, hooks that keep
+  each saved tensor's strides, ``save_on_host_keeping_strides``; the simulator swaps in hooks that do to device
+  memory what it does, on ``meta`` where no data can be copied);
 - ``full``: under ``torch.utils.checkpoint`` (non-reentrant, RNG state preserved, so recomputation reproduces
   dropout masks bit for bit);
 - ``by_role`` / ``by_op``: the same, with the role policy's selective-checkpoint contexts (``activation.policy``).
@@ -46,6 +47,28 @@ COMPILED_WHERE = "a compiled block"  # how the policy's errors name a block trac
 def save_on_host():
     """``offload``'s saved-tensor hooks on a real device: every saved tensor to pinned host memory."""
     return torch.autograd.graph.save_on_cpu(pin_memory=True)
+
+
+def save_on_host_keeping_strides():
+    """``offload``'s saved-tensor hooks around a compiled block: ``save_on_host``'s round trip, with each tensor
+    brought back with the strides it was saved with. Inductor's compiled backward asserts the size and stride of
+    every tensor it saved (``assert_size_stride``); ``save_on_cpu`` brings a saved view back contiguous, and the
+    compiled backward fails on it (reports/spike-compiled-offload.md). The host copy stays compact (pinned where a
+    GPU can pin it); the copy back is allocated at the saved strides, which for a view that skips elements spans its
+    extent (``empty_strided``)."""
+    pinnable = torch.cuda.is_available()
+
+    def pack(tensor: torch.Tensor) -> tuple[torch.device, tuple[int, ...], torch.Tensor]:
+        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pinnable)
+        host.copy_(tensor, non_blocking=pinnable)
+        return tensor.device, tensor.stride(), host
+
+    def unpack(saved: tuple[torch.device, tuple[int, ...], torch.Tensor]) -> torch.Tensor:
+        device, stride, host = saved
+        back = torch.empty_strided(host.size(), stride, dtype=host.dtype, device=device)
+        return back.copy_(host, non_blocking=pinnable)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 class BlockForward:

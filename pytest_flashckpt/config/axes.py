@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pytest_flashckpt.config.layout import PipelineSchedule
-from pytest_flashckpt.core.registry import tensor_parallel_compiled_strategies, whole_block_strategies
+from pytest_flashckpt.core.registry import (outside_only_strategies, tensor_parallel_compiled_strategies,
+                                            whole_block_strategies)
 
 
 class NotBuiltYet(ValueError):
@@ -121,7 +122,9 @@ class CompileConfig:
     checkpoint around the compiled call in eager: the block's saved tensors are dropped after its forward region and
     the region runs again in backward; ``compile_step.compile_model``). Outside is built for the strategies that
     checkpoint whole blocks (``registry.whole_block_strategies``: ``full``, ``every_k``); it is how they train
-    compiled under tensor parallel on torch 2.13."""
+    compiled under tensor parallel on torch 2.13. It is also the only place ``offload``'s saved-tensor hooks train
+    compiled (``registry.outside_only_strategies``: one process, the hooks around each compiled block, keeping
+    strides; reports/spike-compiled-offload.md)."""
 
     scope: Literal["none", "block", "model"] = "none"
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
@@ -157,10 +160,13 @@ class CompileConfig:
                                  "set compile.scope to block or model")
             return
         whole_blocks, inside_tp = whole_block_strategies(), tensor_parallel_compiled_strategies()
-        if self.ac_wrapper == "outside" and strategy not in (*whole_blocks, "none"):  # none: a row's reference
+        outside_only = outside_only_strategies()
+        if self.ac_wrapper == "outside" and strategy not in (*whole_blocks, *outside_only, "none"):  # none: a reference
             raise NotBuiltYet(f"compile.ac_wrapper: outside with activation.strategy {strategy} is not built (the "
-                              f"checkpoint around a compiled block is built for {' and '.join(whole_blocks)}, "
-                              "a whole block checkpointed); use one of those, or drop compile.ac_wrapper")
+                              f"wrapper around a compiled block is built for {', '.join((*whole_blocks, *outside_only))}:"
+                              " a whole block checkpointed or offloaded); use one of those, or drop compile.ac_wrapper")
+        if strategy in outside_only:
+            self._check_outside_only(strategy, world_size)
         if (world_size > 1 and tensor_parallel and self.ac_wrapper == "inside"
                 and strategy not in inside_tp):
             outside = (" or compile.ac_wrapper: outside (the checkpoint around the compiled block)"
@@ -178,13 +184,28 @@ class CompileConfig:
         if "checkpoint" in measure:
             raise NotBuiltYet("compile.scope with a checkpoint pass is not built yet (issue 33 measures the compiled "
                               "step: memory, timing, flops); drop the checkpoint settings or compile")
-        if strategy == "offload":
-            raise NotBuiltYet("compile.scope with activation.strategy offload is not built yet (offload's saved-tensor "
-                              "hooks are measured eager only); drop compile or pick another strategy")
         if strategy == "budget" and self.scope != "block":
             raise NotBuiltYet(f"compile.scope {self.scope!r} with activation.strategy budget is not built yet (the "
                               "compiled plan is one selective-checkpoint policy per block, "
                               "activation.budget.compile_policy); set compile.scope to block, or use compile_budget")
+
+    def _check_outside_only(self, strategy: str, world_size: int) -> None:
+        """A strategy of saved-tensor hooks compiles only around each compiled block, in one process; each refusal
+        carries what reports/spike-compiled-offload.md measured."""
+        if self.scope == "model":
+            raise ValueError(f"compile.scope: model with activation.strategy {strategy}: its saved-tensor hooks "
+                             "would be entered inside the compiled model, where they break Dynamo's graph, and "
+                             "around a whole compiled model they let go of far less than around each block (on the "
+                             "tiny card the peak rose above no offload; reports/spike-compiled-offload.md); set compile.scope: block and "
+                             "compile.ac_wrapper: outside")
+        if self.ac_wrapper != "outside":
+            raise ValueError(f"compile.scope: block with activation.strategy {strategy} needs compile.ac_wrapper: "
+                             "outside: its saved-tensor hooks entered inside a compiled block break Dynamo's graph "
+                             "there (reports/spike-compiled-offload.md); set compile.ac_wrapper: outside")
+        if world_size > 1:
+            raise NotBuiltYet(f"compile.scope with activation.strategy {strategy} and world_size {world_size} is not "
+                              "built (compiled offload is measured in one process only); use world_size: 1, or "
+                              "drop compile")
 
 
 RESERVED_AXES: dict[str, type] = {"layout": LayoutMesh, "compile": CompileConfig}

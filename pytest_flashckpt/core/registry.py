@@ -83,6 +83,9 @@ class ActivationStrategySpec:
     ``checkpoints_whole_blocks``: its plan checkpoints whole blocks with ``torch.utils.checkpoint`` and no per-op
     policy, so ``compile.ac_wrapper: outside`` can put that checkpoint around each compiled block
     (``config.axes.CompileConfig``; a policy that reads each op cannot see the ops of a compiled call).
+    ``compiles_outside_only``: its wrapper is saved-tensor hooks, which train compiled only outside the compiled block
+    (``compile.ac_wrapper: outside``, one process): entered inside, Dynamo breaks the graph at them, and around a
+    whole compiled model they let go of far less (reports/spike-compiled-offload.md).
     ``compiles_inside_tensor_parallel``: a compiled tensor-parallel block trains with its wrapper traced inside the
     compiled region on the torch this project pins (loss and every gradient against one eager process,
     tests/distributed/test_compiled_tensor_parallel.py); torch 2.13's AOTAutograd fails in backward for a whole-block
@@ -97,6 +100,7 @@ class ActivationStrategySpec:
     fit_order: int | None = None
     simulated_compiled: str = ""
     checkpoints_whole_blocks: bool = False
+    compiles_outside_only: bool = False
     compiles_inside_tensor_parallel: bool = False
 
 
@@ -150,7 +154,8 @@ for _spec in (
     ActivationStrategySpec("offload", "every block's saved tensors moved to pinned CPU memory (GPU only)",
                            f"{_PLANS}:offload_every_block",
                            not_simulated="offload copies activations to pinned host memory, which the step on the "
-                           "meta device does not model; measure it on a GPU"),
+                           "meta device does not model; measure it on a GPU",
+                           compiles_outside_only=True),
     ActivationStrategySpec("budget", "per input shape, the plan with the least recomputation whose measured peak "
                            "fits activation.budget", f"{_PLANS}:planned_for_budget", takes_budget=True,
                            simulated_compiled="policies"),
@@ -179,6 +184,12 @@ def whole_block_strategies() -> tuple[str, ...]:
     """The strategies that checkpoint whole blocks (``checkpoints_whole_blocks``): what ``compile.ac_wrapper:
     outside`` is built for, in the registry's order."""
     return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if spec.checkpoints_whole_blocks)
+
+
+def outside_only_strategies() -> tuple[str, ...]:
+    """The strategies that train compiled only with their wrapper outside the compiled block
+    (``compiles_outside_only``), in the registry's order."""
+    return tuple(name for name, spec in ACTIVATION_STRATEGIES.items() if spec.compiles_outside_only)
 
 
 def tensor_parallel_compiled_strategies() -> tuple[str, ...]:

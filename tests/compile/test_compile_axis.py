@@ -56,7 +56,10 @@ def test_budget_on_compiled_blocks_is_the_compiled_plan_and_accepted():
     ({"compile": {"scope": "threads"}}, ["compile.scope", "block"]),
     ({"compile": {"scope": "model"}, "world_size": 2}, ["'model'", "world_size 2", "not built"]),  # ranks compile blocks
     ({"compile": {"scope": "block"}, "checkpoint": {"strategy": "sync"}}, ["checkpoint pass", "not built yet"]),
-    ({"compile": {"scope": "block"}, "activation": {"strategy": "offload"}}, ["offload", "not built yet"]),
+    ({"compile": {"scope": "block"}, "activation": {"strategy": "offload"}}, ["offload", "break Dynamo's graph", "compile.ac_wrapper: outside"]),
+    ({"compile": {"scope": "model"}, "activation": {"strategy": "offload"}}, ["compile.scope: model", "offload", "spike-compiled-offload.md", "compile.scope: block"]),
+    ({"compile": {"scope": "block", "ac_wrapper": "outside"}, "activation": {"strategy": "offload"}, "world_size": 2}, ["offload", "world_size 2", "not", "built"]),
+    ({"compile": {"scope": "block", "ac_wrapper": "outside"}, "activation": {"strategy": "selective_op"}}, ["outside", "selective_op", "full, every_k, offload"]),
     ({"compile": {"scope": "model"}, "activation": {"strategy": "budget", "budget": 0.6}}, ["'model' with activation.strategy budget", "not built yet", "compile.scope to block"]),
     ({"activation": {"strategy": "compile_budget", "budget": 0.5}}, ["compile_budget", "set compile.scope"]),
     ({"compile": {"scope": "model"}, "activation": {"strategy": "compile_budget"}}, ["activation.budget", "[0, 1]"]),
@@ -68,6 +71,12 @@ def test_what_a_compiled_scenario_cannot_be_is_refused_before_anything_runs(raw,
         scenario(**raw)
     text = str(info.value)
     assert text.startswith("suite.yaml: ") and all(w in text for w in words), text
+
+
+def test_offload_compiles_with_its_hooks_around_each_compiled_block():
+    ok = scenario(compile={"scope": "block", "ac_wrapper": "outside"}, activation={"strategy": "offload"})
+    assert ok.activation.strategy == "offload" and ok.compile.ac_wrapper == "outside"
+    assert ok.reference().activation.strategy == "none" and ok.reference().compile == ok.compile
 
 
 def test_compile_budget_is_a_registered_strategy_the_simulator_refuses_with_its_reason():
