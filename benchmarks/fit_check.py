@@ -8,7 +8,10 @@
    global batch, steps interleaved round by round. The time model (``fit.time_model``) is given this machine's
    rates, measured by the same ranks: the bf16 matmul FLOP/s of one rank's thread as the peak (at ``mfu`` 1) and
    the gloo all-gather bandwidth as every link. Reported: the model's order against the measured order, and each
-   layout's predicted / measured step time.
+   layout's predicted / measured step time, twice: at ``mfu`` 1 (the matmul rate as if the step were all matmuls)
+   and at the ``mfu`` a user would set from a measured run (``flashckpt fit --mfu``): the compute the model
+   predicts for one rank's unsharded step at dp_shard 4's local batch over that step's time, measured by every rank
+   in the same rounds with no collective (apart from the three layouts it is used to rank).
 2. **torchtitan's published runs** (pytorch/torchtitan ``docs/performance.md``, cited per row): the model's
    tokens/s per GPU at the default MFU assumption against torchtitan's measured ones, for the layouts and batches
    torchtitan ran.
@@ -27,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from fit_check_worker import CARD, GLOBAL_BATCH, LAYOUTS, SEQ, STRATEGY  # noqa: E402  one definition of the workload
+from fit_check_worker import CARD, GLOBAL_BATCH, LAYOUTS, ONE_RANK, SEQ, STRATEGY  # noqa: E402  one definition of the workload
 from report_output import write_or_print  # noqa: E402
 
 from pytest_flashckpt.config.model_card import load_card  # noqa: E402
@@ -66,13 +69,17 @@ def gloo_check(rounds: int) -> tuple[dict, list[dict]]:
     cpu = Device("cpu-gloo", platform.processor() or "this CPU", rate, 64 * 2**30, 10e9, link, link, 4,
                  ("measured by benchmarks/fit_check_worker.py on the same ranks",), 0.0, hop, hop)
     model = StepTimeModel(card, SEQ, cpu, mfu=1.0)
+    one_rank = Candidate(1, 1, 1, GLOBAL_BATCH // LAYOUTS[0][0], 1, STRATEGY, "pure")
+    record["calibrated_mfu"] = model.step(one_rank).compute_s / record["median_step_s"][ONE_RANK]
+    calibrated = StepTimeModel(card, SEQ, cpu, mfu=min(record["calibrated_mfu"], 1.0))
     rows = []
     for dp, tp in LAYOUTS:
         c = Candidate(4, dp, tp, GLOBAL_BATCH // dp, 1, STRATEGY, "pure")
-        predicted = model.step(c)
+        predicted, at_mfu = model.step(c), calibrated.step(c)
         rows.append({"layout": c.describe(), "measured_s": record["median_step_s"][f"{dp}x{tp}"],
                      "predicted_s": predicted.step_s, "compute_s": predicted.compute_s, "tp_s": predicted.tp_s,
-                     "fsdp_exposed_s": predicted.fsdp_exposed_s})
+                     "fsdp_exposed_s": predicted.fsdp_exposed_s, "calibrated_s": at_mfu.step_s,
+                     "calibrated_compute_s": at_mfu.compute_s, "calibrated_fsdp_exposed_s": at_mfu.fsdp_exposed_s})
     return record, rows
 
 
@@ -93,6 +100,7 @@ def render(record: dict, gloo: list[dict], published: list[dict], command: str) 
     import torch
 
     measured, predicted = _order(gloo, "measured_s"), _order(gloo, "predicted_s")
+    calibrated = _order(gloo, "calibrated_s")
     lines = [
         "# Does fit's time model rank layouts right? (issue 32 item 5)", "",
         f"Produced by `{command}` on {platform.node()} ({os.cpu_count()} cores, shared by other jobs), torch "
@@ -105,24 +113,34 @@ def render(record: dict, gloo: list[dict], published: list[dict], command: str) 
         f"{record['allgather_bytes_per_s'] / 1e6:.0f} MB/s per rank gloo all-gather of 8 MiB (as every link), "
         f"{record['allgather_hop_latency_s'] * 1e6:.0f} us per ring hop of a few-element all-gather (as every hop's "
         "latency).", "",
-        "| layout | measured step | predicted step | predicted / measured | predicted compute / TP / FSDP exposed |",
-        "|---|---|---|---|---|",
+        f"The calibrated columns set mfu {record['calibrated_mfu']:.3f}: the model's compute for one rank's "
+        f"unsharded step at local batch {GLOBAL_BATCH // LAYOUTS[0][0]} over that step's measured median, "
+        f"{record['median_step_s'][ONE_RANK] * 1e3:.1f} ms (every rank at once, no collective, in the same rounds).", "",
+        "| layout | measured step | predicted step (mfu 1) | predicted / measured | predicted compute / TP / FSDP exposed "
+        "| predicted step (calibrated mfu) | calibrated / measured | calibrated compute / FSDP exposed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in gloo:
         lines.append(f"| {r['layout']} | {r['measured_s'] * 1e3:.1f} ms | {r['predicted_s'] * 1e3:.1f} ms | "
                      f"{r['predicted_s'] / r['measured_s']:.2f} | {r['compute_s'] * 1e3:.1f} / {r['tp_s'] * 1e3:.1f} / "
-                     f"{r['fsdp_exposed_s'] * 1e3:.1f} ms |")
+                     f"{r['fsdp_exposed_s'] * 1e3:.1f} ms | {r['calibrated_s'] * 1e3:.1f} ms | "
+                     f"{r['calibrated_s'] / r['measured_s']:.2f} | {r['calibrated_compute_s'] * 1e3:.1f} / "
+                     f"{r['calibrated_fsdp_exposed_s'] * 1e3:.1f} ms |")
     same = measured == predicted
     spans = {r["layout"]: (min(record["step_s"][k]), max(record["step_s"][k]))
              for r, k in zip(gloo, (f"{dp}x{tp}" for dp, tp in LAYOUTS))}
     overlapping = [f"{a} and {b}" for a, b in zip(measured, measured[1:]) if spans[a][1] >= spans[b][0]]
     ratios = [r["predicted_s"] / r["measured_s"] for r in gloo]
-    lines += ["", f"Measured order (fastest first): {', '.join(measured)}. Model's order: {', '.join(predicted)}. "
-              f"{'The same order.' if same else 'Not the same order.'} "
+    calibrated_ratios = [r["calibrated_s"] / r["measured_s"] for r in gloo]
+    lines += ["", f"Measured order (fastest first): {', '.join(measured)}. Model's order at mfu 1: "
+              f"{', '.join(predicted)}: {'the same order' if same else 'not the same order'}. At the calibrated mfu: "
+              f"{', '.join(calibrated)}: {'the same order' if calibrated == measured else 'not the same order'} "
+              f"(calibrated / measured {min(calibrated_ratios):.2f} to {max(calibrated_ratios):.2f}). "
               + (f"The round-to-round ranges of {'; '.join(overlapping)} overlap: that part of the measured order is "
                  "within this machine's noise. " if overlapping else "No two layouts' round-to-round ranges overlap. ")
-              + f"Predicted / measured: {min(ratios):.2f} to {max(ratios):.2f}: the model's absolute time misses most "
-              "of this CPU step (below).",
+              + f"Predicted / measured at mfu 1: {min(ratios):.2f} to {max(ratios):.2f}: the matmul rate alone "
+              "misses most of this CPU step (below); the calibrated mfu carries what one rank's own step measured, "
+              "as `flashckpt fit --mfu` does.",
               "Per-round samples (s): `" + json.dumps(record["step_s"]) + "`.", "",
               "What the model leaves out on CPU: the step's non-matmul ops (norms, rotary, softmax, AdamW's per-tensor "
               "loop), Python and dispatcher overhead per op (large at this size: it scales with the number of ops, "

@@ -2,6 +2,9 @@
 Llama at three layouts (dp_shard 4, dp_shard 2 x tp 2, tp 4), interleaved round by round so the shared machine's
 load falls on all three alike, and calibrates the time model's two rates on the same ranks: a bf16 matmul of the
 step's shape (FLOP/s of one rank's thread) and a gloo all-gather over the 4 ranks (bytes/s per rank, ring form).
+In the same rounds every rank also times a step of its own, unsharded model at dp_shard 4's local batch, with no
+collective: what one rank's compute reaches on this machine (its fraction of the matmul rate is the ``--mfu`` a user
+sets from a measured run), measured apart from the layouts it is used to rank.
 Rank 0 writes ``OUT/rank-0.json``. Usage: ``fit_check_worker.py OUT ROUNDS``.
 """
 
@@ -19,11 +22,13 @@ import torch.distributed as dist
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import tensor_parallel as tp
-from pytest_flashckpt.models.cards import load_card
+from pytest_flashckpt.models.cards import build_model, load_card
+from pytest_flashckpt.training import Trainer
 
 CARD = {"n_layer": 2, "n_embd": 512, "n_head": 8, "n_kv_head": 4, "intermediate_size": 1376, "vocab_size": 2048}
 GLOBAL_BATCH, SEQ, STRATEGY, STEPS = 8, 256, "none", 2
 LAYOUTS = ((4, 1), (2, 2), (1, 4))
+ONE_RANK = "one rank"  # the unsharded step at dp_shard 4's local batch, no collective
 
 
 def card():
@@ -75,15 +80,19 @@ def main() -> None:
         trainers[(dp, t)] = tp.build_trainer(card(), layout, mesh, batch_size=GLOBAL_BATCH, seq_len=SEQ, seed=0,
                                              dtype=torch.bfloat16, activation=ActivationConfig(strategy=STRATEGY))[0]
         trainers[(dp, t)].train_step()  # warm: AdamW's state exists
-    times: dict[str, list[float]] = {f"{dp}x{t}": [] for dp, t in LAYOUTS}
+    alone = Trainer.create(build_model(card(), "sdpa", "cpu", torch.bfloat16, seed=0), GLOBAL_BATCH // LAYOUTS[0][0],
+                           SEQ, seed=0)
+    alone.train_step()
+    timed = {**{f"{dp}x{t}": trainer for (dp, t), trainer in trainers.items()}, ONE_RANK: alone}
+    times: dict[str, list[float]] = {key: [] for key in timed}
     for _ in range(rounds):
-        for (dp, t), trainer in trainers.items():
+        for key, trainer in timed.items():
             dist.barrier()
             start = time.perf_counter()
             for _ in range(STEPS):
                 trainer.train_step()
             dist.barrier()
-            times[f"{dp}x{t}"].append((time.perf_counter() - start) / STEPS)
+            times[key].append((time.perf_counter() - start) / STEPS)
     c = card()
     rows = GLOBAL_BATCH // 2 * SEQ  # the dp2 x tp2 rank's tokens: a middle shape
     record = {
