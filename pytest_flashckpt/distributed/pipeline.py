@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -397,9 +398,11 @@ def build_pipeline(
     activation: ActivationConfig | None = None,
     mp_policy: MixedPrecisionPolicy | None = None,
     device: torch.device | str = "cpu",
+    before_shard: Callable[[nn.Module], None] | None = None,
 ) -> PipelineTrainer:
     """This rank's stages of ``model`` (built whole, the same weights at every layout), laid out and scheduled.
-    ``model`` is consumed: its stages own copies of their parameters."""
+    ``model`` is consumed: its stages own copies of their parameters. ``before_shard`` (a compiled scenario's block
+    compile) is called on each stage's part after its activation strategy and before ``fully_shard``."""
     pipeline.check(layout, batch_size=batch_size, n_blocks=len(get_blocks(model)))
     layout.check_batch(batch_size)
     n_stages = layout.pp * pipeline.stages_per_rank
@@ -416,6 +419,8 @@ def build_pipeline(
         if tp_mesh.size() > 1:  # TP first, then activation checkpointing, then FSDP (torchtitan's order)
             apply_stage_tp(stage, tp_mesh)
         applied.append(f"stage {stage.index}: {apply_ac(stage.part, activation or ActivationConfig()).describe()}")
+        if before_shard is not None:
+            before_shard(stage.part)
         if dp_mesh.size() > 1 or mp_policy is not None:
             kwargs = {"mesh": dp_mesh, "reshard_after_forward": layout.pp == 1}
             kwargs |= {} if mp_policy is None else {"mp_policy": mp_policy}
