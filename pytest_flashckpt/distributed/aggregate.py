@@ -55,7 +55,8 @@ def aggregate(result: Result, ranks: list[dict[str, Any]]) -> None:
             result.record("largest_allgather_bytes", max(r["largest_allgather_bytes"] for r in ranks))
     if "compile_time_s" in first:  # a compiled rank: its first step compiled; graphs compiled after warm-up
         result.record("compile_time_s", max(r["compile_time_s"] for r in ranks))
-        result.record("compiled_regions", first["compiled_regions"])
+        regions = [r["compiled_regions"] for r in ranks]  # pipeline ranks compile their own stages' blocks
+        result.record("compiled_regions", first["compiled_regions"], per_rank=regions)
         recompiles = max(r["recompiles"] for r in ranks)
         result.record("recompiles", recompiles)
         if recompiles:

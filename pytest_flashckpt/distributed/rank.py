@@ -119,7 +119,7 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
     layout = scenario.parallel_layout
-    if layout.pp > 1:  # eager (config.scenario refuses compiled stages)
+    if layout.pp > 1:  # eager or compiled stages
         return _measure_pipeline(scenario, device, backend, probe_name, ckpt_root, out)
     mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
     if scenario.compile.enabled:
@@ -188,7 +188,7 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
     layout, schedule = scenario.parallel_layout, scenario.layout.pipeline_schedule()
     mesh = pipeline.make_mesh(layout, device.type)
 
-    def stages() -> pipeline.PipelineTrainer:
+    def stages(before_shard=None) -> pipeline.PipelineTrainer:
         mixed = scenario.precision == "mixed"
         dtype = DTYPES[scenario.dtype]  # (a layout's model is a card's: config.scenario refuses model.hf)
         model = build_model(_card(scenario), backend, device, torch.float32 if mixed else dtype, seed=scenario.seed)
@@ -196,8 +196,11 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
             model, layout, mesh, schedule, batch_size=scenario.batch_size,
             seq_len=scenario.seq_len, seed=scenario.seed, activation=scenario.activation,
             mp_policy=fsdp.mixed_precision_policy(dtype) if mixed else None, device=device,
+            before_shard=before_shard,
         )  # fmt: skip
 
+    if scenario.compile.enabled:
+        return _measure_compiled_stages(scenario, device, backend, stages, out)
     trainer = stages()
     out.update(backend=backend, activation=trainer.activation, layout=f"{layout.describe()}, {schedule.describe()}")
     out["kernel"] = _warm_up(trainer, scenario, backend)
@@ -208,6 +211,42 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
         out["step_time_s"] = _timed_rounds(trainer, scenario, device)
     if scenario.save.strategy == "dcp":  # the stages under the whole model's names (PipelineTrainer.model)
         _save_and_load_back(scenario, trainer, stages, ckpt_root, out, per_rank=True)
+    return out
+
+
+def _measure_compiled_stages(scenario: Scenario, device: torch.device, backend: str, stages, out: dict[str, Any]) -> dict[str, Any]:
+    """A rank of compiled pipeline stages: every block of each stage compiled after the activation strategy and
+    before ``fully_shard`` (``build_pipeline``'s ``before_shard``, torchtitan's order), warmed up and checked as a
+    compiled rank is (a graph compiled, no break, every block's region ran once per microbatch, or twice with the
+    checkpoint outside), the peak read from one step's allocator events over the rank's state and receive buffers,
+    the next step's two windows by the rank probe run under compiled code (``memory.CompiledShardedProbe``), times
+    as an eager rank's, graphs compiled after the warm-up counted (reports/spike-compiled-stages.md)."""
+    reason = compile_step.compiler_missing()
+    if reason is not None:
+        raise StrategyUnavailable(reason)
+    if device.type != "cpu":
+        raise StrategyUnavailable("a compiled rank's peak is read from the CPU allocator's events; on a GPU rank the "
+                                  "allocator probe is not wired yet (issue 32 item 8)")
+    torch._dynamo.reset()
+    regions: list[int] = []
+    schedule = scenario.layout.pipeline_schedule()
+    with compile_step.fsdp_compiled_block_outputs():  # FSDP inside the stages: Inductor's output views (compile_step)
+        trainer = stages(lambda part: regions.append(compile_step.compile_model(part, scenario.compile)))
+        out.update(backend=backend, activation=trainer.activation, kernel=_eager_kernel(scenario, device, backend),
+                   layout=f"{scenario.parallel_layout.describe()}, {schedule.describe()}")
+        side = compile_step.warmed_up(trainer, scenario, sum(regions) * schedule.microbatches, scenario.warmup)
+        out.update(compile_time_s=side.compile_time_s, compiled_regions=side.regions_per_step)
+        graphs_after_warmup = compile_step.dynamo_counts()[0]
+        if "memory" in scenario.measure:
+            start = _storage_bytes(_local(trainer.state_tensors()) + pipeline.communication_buffers(trainer))
+            reading = compile_step.check_regions(side, compile_step.read_step(trainer.train_step), scenario.name)
+            out.update(peak_bytes=start + reading.added_peak_bytes, state_bytes=start, peak_source="allocator")
+            windows = pipeline.memory_step(trainer, device.type, probe_class=CompiledShardedProbe)
+            out.update({k: windows[k] for k in ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes",
+                                                "optimizer_peak_bytes", "largest_allgather_bytes")})
+        if "timing" in scenario.measure:
+            out["step_time_s"] = _timed_rounds(trainer, scenario, device)
+    out["recompiles"] = compile_step.dynamo_counts()[0] - graphs_after_warmup
     return out
 
 

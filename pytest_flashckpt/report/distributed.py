@@ -93,7 +93,7 @@ def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int
 @functools.lru_cache(maxsize=64)
 def _simulate_stage_rank(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int,
                          dp_shard: int, tp: int, pp: int, schedule: str, microbatches: int, stages_per_rank: int,
-                         seed: int, rank: int) -> tuple[int, int, int]:
+                         seed: int, rank: int, compile=None) -> tuple[int, int, int]:
     import torch
 
     from pytest_flashckpt.config.layout import Layout, PipelineSchedule
@@ -103,7 +103,7 @@ def _simulate_stage_rank(card: str, dtype: str, precision: str, batch: int, seq:
     record = simulate_pipeline_rank(load_card(card), Layout(dp_shard=dp_shard, tp=tp, pp=pp),
                                     PipelineSchedule(schedule, microbatches, stages_per_rank), batch_size=batch,
                                     seq_len=seq, strategy=strategy, k=k, dtype=getattr(torch, dtype),
-                                    precision=precision, seed=seed, rank=rank)
+                                    precision=precision, seed=seed, rank=rank, compile=compile)
     return record["peak_bytes"], record["fwd_bwd_start_bytes"], record["optimizer_peak_bytes"]
 
 
@@ -122,7 +122,8 @@ def engine_ranks(r: Result) -> tuple[list[tuple[int, int, int]] | None, str]:
     try:
         return [_simulate_stage_rank(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
                                      c.activation.k, layout.dp_shard, layout.tp, layout.pp, pipeline.schedule,
-                                     pipeline.microbatches, pipeline.stages_per_rank, c.seed, rank)
+                                     pipeline.microbatches, pipeline.stages_per_rank, c.seed, rank,
+                                     c.compile if c.compile.enabled else None)
                 for rank in range(c.world_size)], ""
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"

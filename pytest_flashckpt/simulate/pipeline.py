@@ -43,12 +43,14 @@ from torch.distributed.pipelining.stage import InferenceMode
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from pytest_flashckpt.config.axes import CompileConfig
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import pipeline as pp
 from pytest_flashckpt.distributed.fsdp import mixed_precision_policy
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.simulate.fake_ranks import (
+    _Compiled,
     _build_fake,
     _eager_collectives,
     _extrapolated,
@@ -127,6 +129,7 @@ def simulate_pipeline_rank(
     extrapolate: bool = True,
     probe_class: type[ShardedLiveTensorProbe] = ResizeTrackingRankProbe,
     warmup: str = "primed",
+    compile: CompileConfig | None = None,
 ) -> dict:
     """Rank ``rank`` of a ``pp x dp_shard x tp`` layout (rank ``r`` holds pipeline rank ``r // (dp_shard * tp)``'s
     stages, tensor parallel over the ``tp`` ranks of its group when ``layout.tp`` > 1): one warm step, then one
@@ -148,16 +151,21 @@ def simulate_pipeline_rank(
     lines are checked against the whole step to the byte (tests/simulate/test_pipeline_extrapolation.py).
     ``probe_class``: the rank probe (``simulate.rank_probe``'s by default, the same bytes as
     ``distributed.memory``'s, faster). ``warmup``: how the rank reaches its measured step (``fake_ranks.warm_up``;
-    ``"primed"`` initialises the stages with the schedule's own code, ``_initialize_stages``)."""
+    ``"primed"`` initialises the stages with the schedule's own code, ``_initialize_stages``). ``compile``: compiled
+    stages (each block compiled before ``fully_shard``, as ``distributed.rank`` compiles them) into Inductor's plans,
+    two real warm-up steps and the probe made for compiled code (``fake_ranks._Compiled``); simulated whole (the
+    depth and microbatch lines are checked eager only)."""
     if dist.is_initialized():
         raise RuntimeError("simulate_pipeline_rank needs a process without a process group (it starts the fake one)")
     layout.check_batch(batch_size)
     layout.check_card(card)
     pipeline.check(layout, batch_size=batch_size, n_blocks=card.n_layer)
     layout.check_stage_shards(seq_len, card.vocab_size)
+    compiled = compile is not None and compile.enabled
+    extrapolate = extrapolate and not compiled
     run = functools.partial(_simulate_stage, card, layout, seq_len=seq_len, strategy=strategy, k=k, dtype=dtype,
                             precision=precision, rank=rank, seed=seed, backend=backend, extrapolate=extrapolate,
-                            probe_class=probe_class, warmup=warmup)
+                            probe_class=probe_class, warmup=warmup, compile=compile if compiled else None)
     counts = sample_microbatches(layout, pipeline) if extrapolate else []
     rows_per_microbatch = batch_size // pipeline.microbatches  # (over the data-parallel ranks)
     records, line = _first_line(
@@ -249,11 +257,12 @@ def sample_microbatches(layout: Layout, pipeline: PipelineSchedule) -> list[int]
 
 def _simulate_stage(card, layout: Layout, pipeline: PipelineSchedule, batch_size: int, *, seq_len: int,
                     strategy: str, k: int, dtype: torch.dtype, precision: str, rank: int, seed: int, backend: str,
-                    extrapolate: bool, probe_class: type[ShardedLiveTensorProbe], warmup: str) -> dict:
+                    extrapolate: bool, probe_class: type[ShardedLiveTensorProbe], warmup: str,
+                    compile: CompileConfig | None = None) -> dict:
     """The rank at one microbatch count: read off the depth line where it is cheaper, else the card whole."""
     run = functools.partial(_simulate_stage_whole, layout=layout, pipeline=pipeline, batch_size=batch_size,
                             seq_len=seq_len, strategy=strategy, k=k, dtype=dtype, precision=precision, rank=rank,
-                            seed=seed, backend=backend, probe_class=probe_class, warmup=warmup)
+                            seed=seed, backend=backend, probe_class=probe_class, warmup=warmup, compile=compile)
     stages = layout.pp * pipeline.stages_per_rank
     depths = sample_depths(card.n_layer, strategy, k, stages=stages, first=FIRST_BLOCKS) if extrapolate else []
     if sum(depths[:POINTS]) >= card.n_layer:  # (stage blocks grow with the depth: the samples would cost more)
@@ -287,31 +296,45 @@ def _initialize_stages(trainer: pp.PipelineTrainer) -> None:
 
 def _simulate_stage_whole(card, *, layout: Layout, pipeline: PipelineSchedule, batch_size: int, seq_len: int,
                           strategy: str, k: int, dtype: torch.dtype, precision: str, rank: int, seed: int, backend: str,
-                          probe_class: type[ShardedLiveTensorProbe], warmup: str = "primed") -> dict:
-    """One fake process group, the card built and split, warmed up (``fake_ranks.warm_up``) and the probed step."""
+                          probe_class: type[ShardedLiveTensorProbe], warmup: str = "primed",
+                          compile: CompileConfig | None = None) -> dict:
+    """One fake process group, the card built and split, warmed up (``fake_ranks.warm_up``) and the probed step. A
+    compiled rank (``compile``) compiles each stage's blocks into Inductor's plans, warms up with two real steps
+    and is read by ``rank_probe.CompiledRankProbe`` (``fake_ranks._Compiled``)."""
+    compiled = _Compiled(layout, strategy, compile, None) if compile is not None and compile.enabled else None
     started = time.perf_counter()
     forget_meshes()  # (a previous rank's DTensor caches hold its meshes: simulate.fake_ranks)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
         mesh = pp.make_mesh(layout)
         mixed = precision == "mixed"
-        with FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives():
+        with contextlib.ExitStack() as stack:
+            for context in (FakeTensorMode(allow_non_fake_inputs=True), _real_meshes(), _eager_collectives(),
+                            *(() if compiled is None else compiled.contexts())):
+                stack.enter_context(context)
             model = _build_fake(card, backend, torch.float32 if mixed else dtype, seed)
             trainer = pp.build_pipeline(model, layout, mesh, pipeline, batch_size=batch_size, seq_len=seq_len,
                                         seed=seed, activation=ActivationConfig(strategy=strategy, k=k),
-                                        mp_policy=mixed_precision_policy(dtype) if mixed else None)
+                                        mp_policy=mixed_precision_policy(dtype) if mixed else None,
+                                        before_shard=None if compiled is None else compiled.compile_blocks)
             del model
             built = time.perf_counter()
             with _static_warmup(trainer.schedule), _works_hold_their_tensors():
-                if warmup == "primed":
-                    _initialize_stages(trainer)
-                warm_up(trainer, trainer.parameters(), warmup)
+                if compiled is not None:
+                    compiled.warm_up(trainer)
+                    probe_class = compiled.probe_class
+                else:
+                    if warmup == "primed":
+                        _initialize_stages(trainer)
+                    warm_up(trainer, trainer.parameters(), warmup)
                 warm = time.perf_counter()
                 record = pp.memory_step(trainer, probe_class=probe_class)
         done = time.perf_counter()
     finally:
         dist.destroy_process_group()
         forget_meshes()
+        if compiled is not None:
+            torch._dynamo.reset()  # no compiled fake model stays in Dynamo's caches
     record.update(rank=rank, layout_s=built - started, warm_step_s=warm - built, measured_step_s=done - warm,
                   n_layer=card.n_layer)
     return record

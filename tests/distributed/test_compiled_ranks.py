@@ -44,7 +44,8 @@ def test_fsdp_ranks_compile_per_block_with_a_fixed_strategy_or_compile_budget() 
     assert _ranks(activation=ActivationConfig("full")).compile == BLOCK
     assert _ranks(activation=ActivationConfig("compile_budget", budget=0.5)).compile == BLOCK
     compiled = [s for s in load_suite("distributed").scenarios if s.compile.enabled]
-    assert [s.name for s in compiled] == ["fsdp2-full-compiled", "tp2-selective-compiled", "tp2-full-compiled-outside"]
+    assert [s.name for s in compiled] == ["fsdp2-full-compiled", "tp2-selective-compiled", "tp2-full-compiled-outside",
+                                          "pp2-full-compiled"]
     assert all(s.save.strategy == "none" for s in compiled) and compiled[1].layout.tensor_parallel
     assert compiled[2].compile.ac_wrapper == "outside" and compiled[2].layout.tensor_parallel
 
@@ -117,6 +118,7 @@ def test_a_compiled_rank_record_is_one_steps_allocator_peak_with_its_compile_fac
 @pytest.mark.parametrize("scenario", [s for s in load_suite("distributed").scenarios if s.compile.enabled], ids=lambda s: s.name)
 def test_the_suites_compiled_scenarios_run_compiled_on_every_rank(scenario, tmp_path) -> None:
     from pytest_flashckpt.compile_step import compiler_missing
+    from pytest_flashckpt.distributed.pipeline import stage_ranges
     from pytest_flashckpt.distributed.scenario_run import run_distributed
     from pytest_flashckpt.models.anatomy import get_blocks
     from pytest_flashckpt.models.cards import build_model, load_card
@@ -128,14 +130,72 @@ def test_the_suites_compiled_scenarios_run_compiled_on_every_rank(scenario, tmp_
     m = result.metrics
     blocks = len(get_blocks(build_model(load_card(scenario.card), "sdpa", "meta")))
     # every block ran compiled, no recompile; with the checkpoint outside (the suite's row: full) a block's region runs
-    # in the forward and again in the recomputation
+    # in the forward and again in the recomputation; a pipeline rank runs its own stage's blocks once per microbatch
     per_block = 2 if scenario.compile.ac_wrapper == "outside" else 1
     assert scenario.compile.ac_wrapper == "inside" or scenario.activation.strategy == "full"
-    assert m["compiled_regions"] == per_block * blocks and m["recompiles"] == 0
+    pipeline = scenario.layout.pipeline_schedule() if scenario.layout.pp > 1 else None
+    on_rank = ([len(r) * pipeline.microbatches for r in stage_ranges(blocks, scenario.layout.pp)]
+               if pipeline is not None else [blocks] * scenario.world_size)
+    assert result.per_rank["compiled_regions"] == [per_block * n for n in on_rank] and m["recompiles"] == 0
     assert m["compile_time_s"] > m["step_time_s"] and m["peak_bytes"] > m["state_bytes"] > 0
     assert result.probe == "allocator" and result.kernel == "sdpa-flash-cpu"
     # every compiled rank (FSDP alone and tensor parallel) is simulated by the engine compiled under fake mode; against
     # the rank probe run under compiled code on the gloo ranks, its state and optimizer peak equal to the byte
     simulated, why = report.simulated_rank_peak(result)
     assert why == "" and m["state_bytes"] < simulated, why
+    assert report._exact_windows(result).startswith("equal to the byte"), report._exact_windows(result)
+
+
+def test_compiled_pipeline_stages_are_built_without_tensor_parallel_inside() -> None:
+    stages = _ranks(model="llama-tiny", layout=LayoutMesh(pp=2, microbatches=2), activation=ActivationConfig("full"))
+    assert stages.compile.enabled and stages.layout.pp == 2
+    with pytest.raises(NotBuiltYet, match=r"layout.pp 2 with layout.tp 2 and compile.scope block: .*spike-compiled-stages.md"):
+        _ranks(model="llama-tiny", world_size=4, layout=LayoutMesh(tp=2, pp=2, microbatches=2))
+    with pytest.raises(NotBuiltYet, match=r"'model' .* world_size 2 is not built"):  # per model: not on ranks
+        _ranks(model="llama-tiny", layout=LayoutMesh(pp=2, microbatches=2), compile=CompileConfig(scope="model"))
+
+
+def test_a_compiled_pipeline_row_is_simulated_by_the_pipeline_engine_compiled(monkeypatch) -> None:
+    scenario = _ranks(model="llama-tiny", layout=LayoutMesh(pp=2, microbatches=2), activation=ActivationConfig("full"))
+    result = Result("distributed", "c", "measured", scenario, device="cpu x2 (gloo)", backend="sdpa")
+    calls = []
+
+    def stage(*args):
+        calls.append(args)
+        return 3000 + args[14], 1000, 2000  # peak, state at the step's start, optimizer peak (by rank)
+
+    monkeypatch.setattr(report, "_simulate_stage_rank", stage)
+    simulated, why = report.simulated_rank_peak(result)
+    assert why == "" and simulated == 3001 and [args[14] for args in calls] == [0, 1]
+    assert all(args[15] == BLOCK for args in calls)  # each stage compiled as the ranks compile it
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, ac_wrapper", [("none", "inside"), ("full", "outside")])
+def test_compiled_pipeline_stages_run_compiled_on_every_rank(strategy, ac_wrapper, tmp_path) -> None:
+    """pp 2 on 2 gloo ranks (1F1B, 2 microbatches), every block of each stage compiled before ``fully_shard``: each
+    rank's blocks ran compiled once per microbatch (twice with the checkpoint outside: forward and recomputation),
+    no recompile, the peak from the allocator over the rank's state, the rank probe's windows beside it, and each
+    rank simulated compiled by the pipeline engine."""
+    from pytest_flashckpt.compile_step import compiler_missing
+    from pytest_flashckpt.distributed.scenario_run import run_distributed
+
+    if compiler_missing():
+        pytest.skip(compiler_missing())
+    scenario = _ranks(model="llama-tiny", layout=LayoutMesh(pp=2, microbatches=2), rounds=2,
+                      activation=ActivationConfig(strategy), compile=CompileConfig(scope="block", ac_wrapper=ac_wrapper))
+    result = run_distributed(scenario, "cpu", "cpu", tmp_path)
+    assert result.status == "measured", (result.reason, result.notes[-1:])
+    m = result.metrics
+    per_block = 2 if ac_wrapper == "outside" else 1
+    blocks = [2, 1]  # llama-tiny's 3 blocks over 2 stages
+    assert result.per_rank["compiled_regions"] == [per_block * n * 2 for n in blocks] and m["recompiles"] == 0
+    assert result.probe == "allocator" and result.kernel == "sdpa-flash-cpu"
+    assert m["peak_bytes"] > m["state_bytes"] > 0 and m["fwd_bwd_peak_bytes"] > 0
+    assert m["compile_time_s"] > m["step_time_s"]
+    # each rank's stages simulated compiled under fake mode (simulate.pipeline): against the rank probe run under
+    # compiled code on the gloo ranks, the state and the optimizer peak equal to the byte on both ranks
+    simulated, why = report.simulated_rank_peak(result)
+    assert why == "" and simulated > m["state_bytes"], why
     assert report._exact_windows(result).startswith("equal to the byte"), report._exact_windows(result)

@@ -48,12 +48,15 @@ def test_a_layout_the_ranks_cannot_hold_is_refused_naming_the_key(kw, message) -
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(save=SaveConfig(), activation=ActivationConfig("budget", budget=0.5)),
      r"layout.pp 2 with activation.strategy budget: pipeline stages run none, full, every_k, selective_op"),
-    (dict(save=SaveConfig(), compile=CompileConfig(scope="block")), r"layout.pp 2 with compile.scope block: compiled "
-                                                                     r"pipeline stages are not built yet"),
+    (dict(save=SaveConfig(), compile=CompileConfig(scope="block"), world_size=4, layout=LayoutMesh(tp=2, pp=2)),
+     r"layout.pp 2 with layout.tp 2 and compile.scope block: compiled stages with tensor parallel inside them are not "
+     r"built"),
+    (dict(save=DCP, compile=CompileConfig(scope="block")), r"compile.scope with a checkpoint pass is not built yet"),
 ])
 def test_what_measured_pipeline_stages_cannot_be_is_refused_naming_the_key(kw, message) -> None:
+    kw = {"world_size": 2, "layout": LayoutMesh(pp=2), **kw}
     with pytest.raises(NotBuiltYet, match=message):
-        _scenario(world_size=2, layout=LayoutMesh(pp=2), **kw)
+        _scenario(**kw)
 
 
 def test_measured_pipeline_stages_run_eager_with_or_without_sharded_saves() -> None:
@@ -242,7 +245,7 @@ def test_a_pipeline_row_shows_each_rank_beside_its_own_simulated_stage(monkeypat
     aggregate(result, [_stage_rank(0, "stage 0: none"), _stage_rank(1, "stage 1: none")])
     assert result.notes[0] == "activation: rank 0: stage 0: none; rank 1: stage 1: none"
     simulated = {0: (900, 500, 700), 1: (899, 499, 699)}  # what the engine would simulate for each rank's stages
-    monkeypatch.setattr(report, "_simulate_stage_rank", lambda *args: simulated[args[-1]])
+    monkeypatch.setattr(report, "_simulate_stage_rank", lambda *args: simulated[args[14]])  # by rank
     text = "\n".join(report.distributed_section([result]))
     assert "dp_shard 1 x tp 1 x pp 2, 1f1b over 4 microbatches" in text and "equal to the byte (2 ranks)" in text
     simulated[1] = (899, 498, 699)  # control: rank 1's state off by a byte is shown, not hidden
