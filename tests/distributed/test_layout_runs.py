@@ -58,7 +58,8 @@ def test_a_pipeline_scenario_runs_loads_back_bitwise_and_every_rank_holds_what_t
     assert result.status == "measured", (result.reason, result.notes[-1:])
     layout, pipeline = scenario.parallel_layout, scenario.layout.pipeline_schedule()
     assert f"layout: {layout.describe()}, {pipeline.schedule} over {pipeline.microbatches} microbatches" in result.notes
-    assert result.number("roundtrip_differences") == 0  # the stages' checkpoint loaded back into fresh stages
+    if not scenario.compile.enabled:  # (compiled stages save nothing: config.axes refuses their checkpoint pass)
+        assert result.number("roundtrip_differences") == 0  # the stages' checkpoint loaded back into fresh stages
     simulated, why = engine_ranks(result)
     assert why == "" and len(simulated) == scenario.world_size
     # each rank's state and optimizer peak equal to the byte to its own stages simulated
