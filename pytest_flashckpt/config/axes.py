@@ -39,7 +39,7 @@ class LayoutMesh:
 
     Built: ``dp_shard`` x ``tp`` measured on the ranks of a run and simulated; ``pp`` simulated, and measured on
     ranks eager or compiled per block (``config.scenario.MEASURED_PIPELINE_STRATEGIES``; compiled stages without
-    tensor parallel inside them, not simulated yet); ``cp`` simulated only (a
+    tensor parallel inside them); ``cp`` simulated only (a
     scenario with ``simulate: {enabled: true}``, ``simulate.layouts``; ``Scenario`` refuses it in a measured
     scenario, naming issue 32); a ``cp`` rank is labelled modelled (``simulate.context_parallel``).
     The pipeline keys apply with ``pp`` > 1 only; ``microbatches`` None means one per stage, the fewest torch's

@@ -215,39 +215,21 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
 
 
 def _measure_compiled_stages(scenario: Scenario, device: torch.device, backend: str, stages, out: dict[str, Any]) -> dict[str, Any]:
-    """A rank of compiled pipeline stages: every block of each stage compiled after the activation strategy and
-    before ``fully_shard`` (``build_pipeline``'s ``before_shard``, torchtitan's order), warmed up and checked as a
-    compiled rank is (a graph compiled, no break, every block's region ran once per microbatch, or twice with the
-    checkpoint outside), the peak read from one step's allocator events over the rank's state and receive buffers,
-    the next step's two windows by the rank probe run under compiled code (``memory.CompiledShardedProbe``), times
-    as an eager rank's, graphs compiled after the warm-up counted (reports/spike-compiled-stages.md)."""
-    reason = compile_step.compiler_missing()
-    if reason is not None:
-        raise StrategyUnavailable(reason)
-    if device.type != "cpu":
-        raise StrategyUnavailable("a compiled rank's peak is read from the CPU allocator's events; on a GPU rank the "
-                                  "allocator probe is not wired yet (issue 32 item 8)")
-    torch._dynamo.reset()
-    regions: list[int] = []
+    """A rank of compiled pipeline stages (reports/spike-compiled-stages.md): every block of each stage compiled
+    after the activation strategy and before ``fully_shard`` (``build_pipeline``'s ``before_shard``), measured as
+    ``_compiled_rank`` measures a compiled rank; each block's region runs once per microbatch (twice with the
+    checkpoint outside), and the rank's state counts its stages' receive buffers, as the eager stage's does."""
     schedule = scenario.layout.pipeline_schedule()
-    with compile_step.fsdp_compiled_block_outputs():  # FSDP inside the stages: Inductor's output views (compile_step)
-        trainer = stages(lambda part: regions.append(compile_step.compile_model(part, scenario.compile)))
-        out.update(backend=backend, activation=trainer.activation, kernel=_eager_kernel(scenario, device, backend),
-                   layout=f"{scenario.parallel_layout.describe()}, {schedule.describe()}")
-        side = compile_step.warmed_up(trainer, scenario, sum(regions) * schedule.microbatches, scenario.warmup)
-        out.update(compile_time_s=side.compile_time_s, compiled_regions=side.regions_per_step)
-        graphs_after_warmup = compile_step.dynamo_counts()[0]
-        if "memory" in scenario.measure:
-            start = _storage_bytes(_local(trainer.state_tensors()) + pipeline.communication_buffers(trainer))
-            reading = compile_step.check_regions(side, compile_step.read_step(trainer.train_step), scenario.name)
-            out.update(peak_bytes=start + reading.added_peak_bytes, state_bytes=start, peak_source="allocator")
-            windows = pipeline.memory_step(trainer, device.type, probe_class=CompiledShardedProbe)
-            out.update({k: windows[k] for k in ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes",
-                                                "optimizer_peak_bytes", "largest_allgather_bytes")})
-        if "timing" in scenario.measure:
-            out["step_time_s"] = _timed_rounds(trainer, scenario, device)
-    out["recompiles"] = compile_step.dynamo_counts()[0] - graphs_after_warmup
-    return out
+
+    def build(compile_blocks):
+        trainer = stages(compile_blocks)
+        return trainer, trainer.activation
+
+    return _compiled_rank(
+        scenario, device, backend, out, build, layout=f"{scenario.parallel_layout.describe()}, {schedule.describe()}",
+        runs_per_step=schedule.microbatches,
+        resident=lambda trainer: _local(trainer.state_tensors()) + pipeline.communication_buffers(trainer),
+        windows=lambda trainer: pipeline.memory_step(trainer, device.type, probe_class=CompiledShardedProbe))
 
 
 def _timed_rounds(trainer, scenario: Scenario, device: torch.device) -> list[float]:
@@ -264,15 +246,36 @@ def _timed_rounds(trainer, scenario: Scenario, device: torch.device) -> list[flo
 
 
 def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, mesh, out: dict[str, Any]) -> dict[str, Any]:
-    """A compiled rank (FSDP2 over every rank, or ``mesh``: tensor parallel then FSDP2 over its dp_shard dimension;
-    ``config.axes.CompileConfig`` refuses what does not compile): each block compiled after the activation strategy
-    and before ``fully_shard`` (torchtitan's order; under tensor parallel the embedding's output waited for in eager
-    first, ``tensor_parallel.settle_embedding_output``), warmed up and checked
-    as one process checks it (``compile_step.warmed_up``: a graph compiled, no break, every block's region ran), the
-    peak read from one step's allocator events (the ``cpu`` probe is a dispatch mode: Dynamo would run the step
-    eager; ``runner.compiled``), and the next step's two windows by the rank probe made to run
-    under compiled code (``memory.CompiledShardedProbe``, what the simulated rank is compared with), times as an
-    eager rank's, graphs compiled after the warm-up counted."""
+    """A compiled rank of FSDP2 over every rank, or (``mesh``) tensor parallel then FSDP2 over its dp_shard
+    dimension (``config.axes.CompileConfig`` refuses what does not compile), measured by ``_compiled_rank``; under
+    tensor parallel the embedding's output is waited for in eager before the compiled blocks
+    (``tensor_parallel.settle_embedding_output``)."""
+    def build(compile_blocks):
+        def before_shard(model: torch.nn.Module) -> None:
+            if mesh is not None:
+                tensor_parallel.settle_embedding_output(model)
+            compile_blocks(model)
+
+        trainer, applied = _trainer(scenario, device, backend, mesh, before_shard)
+        return trainer, applied.describe()
+
+    return _compiled_rank(
+        scenario, device, backend, out, build,
+        layout=scenario.parallel_layout.describe(), runs_per_step=1,
+        resident=lambda trainer: _local(trainer.state_tensors()),
+        windows=lambda trainer: tensor_parallel.memory_step(trainer, probe_class=CompiledShardedProbe))
+
+
+def _compiled_rank(scenario: Scenario, device: torch.device, backend: str, out: dict[str, Any], build, *, layout: str,
+                   runs_per_step: int, resident, windows) -> dict[str, Any]:
+    """A compiled rank: ``build(compile_blocks)`` lays the rank out with ``compile_blocks`` called on each model part
+    after the activation strategy and before ``fully_shard`` (torchtitan's order) and returns (trainer, what the
+    strategy applied); the rank is warmed up and checked as one process checks it (``compile_step.warmed_up``: a
+    graph compiled, no break, every block's region ran, ``runs_per_step`` times a step), its peak read from one
+    step's allocator events over its ``resident(trainer)`` tensors (the ``cpu`` probe is a dispatch mode: Dynamo
+    would run the step eager; ``runner.compiled``), the next step's two ``windows(trainer)`` by the rank probe made
+    to run under compiled code (``memory.CompiledShardedProbe``, what the simulated rank is compared with), times as
+    an eager rank's, graphs compiled after the warm-up counted."""
     reason = compile_step.compiler_missing()
     if reason is not None:
         raise StrategyUnavailable(reason)
@@ -281,28 +284,25 @@ def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, me
     compile_backend = compile_step.budget_backend(scenario.activation.budget) if scenario.activation.strategy == "compile_budget" else None  # type: ignore[arg-type]
 
     def compile_blocks(model: torch.nn.Module) -> None:
-        if mesh is not None:
-            tensor_parallel.settle_embedding_output(model)
         regions.append(compile_step.compile_model(model, scenario.compile, compile_backend))
 
     with compile_step.fsdp_compiled_block_outputs():  # FSDP alone: Inductor's output views (compile_step)
-        trainer, applied = _trainer(scenario, device, backend, mesh, compile_blocks)
-        out.update(backend=backend, activation=applied.describe(), layout=scenario.parallel_layout.describe(),
-                   kernel=_eager_kernel(scenario, device, backend))
-        side = compile_step.warmed_up(trainer, scenario, regions[0], scenario.warmup)
+        trainer, activation = build(compile_blocks)
+        out.update(backend=backend, activation=activation, layout=layout, kernel=_eager_kernel(scenario, device, backend))
+        side = compile_step.warmed_up(trainer, scenario, sum(regions) * runs_per_step, scenario.warmup)
         out.update(compile_time_s=side.compile_time_s, compiled_regions=side.regions_per_step)
         graphs_after_warmup = compile_step.dynamo_counts()[0]
         if "memory" in scenario.measure:
             if device.type != "cpu":
                 raise StrategyUnavailable("a compiled rank's peak is read from the CPU allocator's events; on a GPU rank "
                                           "the allocator probe is not wired yet (issue 32 item 8)")
-            start = _storage_bytes(_local(trainer.state_tensors()))
+            start = _storage_bytes(resident(trainer))
             reading = compile_step.check_regions(side, compile_step.read_step(trainer.train_step), scenario.name)
             out.update(peak_bytes=start + reading.added_peak_bytes, state_bytes=start, peak_source="allocator")
             # and the next step's two windows by the rank probe run under compiled code (what the simulated rank,
-            # simulate.fake_ranks, is compared with: FSDP alone or a tensor-parallel layout)
-            windows = tensor_parallel.memory_step(trainer, probe_class=CompiledShardedProbe)
-            out.update({k: windows[k] for k in ("fwd_bwd_peak_bytes", "optimizer_peak_bytes", "largest_allgather_bytes")})
+            # simulate.fake_ranks / simulate.pipeline, is compared with)
+            counted = windows(trainer)
+            out.update({k: counted[k] for k in ("fwd_bwd_peak_bytes", "optimizer_peak_bytes", "largest_allgather_bytes")})
         if "timing" in scenario.measure:
             out["step_time_s"] = _timed_rounds(trainer, scenario, device)
     out["recompiles"] = compile_step.dynamo_counts()[0] - graphs_after_warmup
