@@ -25,15 +25,18 @@ def print_only_flag(doc: str | None) -> bool:
 
 
 def produced_by(script: str, load_before: float) -> str:
-    """A report's provenance line: the command as run (``sys.argv``), this machine, torch, and the load average
-    (1 min) before the run and now (torch imported here for its version)."""
+    """A report's provenance line: the command as run (``sys.argv``), this machine and its CPU model (hosts of one
+    profile differ in speed: times are comparable only on one CPU), torch, and the load average (1 min) before the
+    run and now (torch imported here for its version)."""
     import os
     import platform
     import sys
 
     import torch
 
+    from pytest_flashckpt.runner.profile import cpu_name
+
     argv = " ".join(sys.argv[1:])
     return (f"Produced by `python benchmarks/{script}{(' ' + argv) if argv else ''}` on {platform.node()} "
-            f"({os.cpu_count()} cores, shared), torch {torch.__version__}; load average (1 min) before / after: "
+            f"({os.cpu_count()} cores of {cpu_name()}, shared), torch {torch.__version__}; load average (1 min) before / after: "
             f"{load_before:.2f} / {os.getloadavg()[0]:.2f}.")

@@ -11,9 +11,13 @@ trains (``none``, ``selective_op`` with the checkpoint inside the compiled block
 ``distributed.rank`` builds a compiled rank (the embedding's output settled, each block compiled before
 ``fully_shard``):
 
-- **gloo**: one torchrun launch per layout; each rank warms up two steps, then reads one step with the rank probe
-  made to run under compiled code (``simulate.rank_probe.CompiledRankProbe``: the rank probe of
-  ``distributed.memory`` with ``ignore_compile_internals``, so Dynamo does not skip frames under it; three repeats), and five steps with the CPU
+- **gloo**: two torchrun launches per layout, one per way Inductor's CPU buffers are allocated: ``helper``, its own
+  fast path (``torch._C._dynamo.guards._empty_strided_cpu``, which skips the dispatcher: no dispatch mode sees a
+  buffer only C++ kernels touch), and ``dispatched``, through ``torch.empty_strided`` while a dispatch mode is active
+  (``probes.compiled.inductor_buffers_dispatched``: what ``distributed.rank`` runs a compiled rank under). Each rank
+  warms up two steps, then reads one step with the rank probe made to run under compiled code
+  (``simulate.rank_probe.CompiledRankProbe``: the rank probe of ``distributed.memory`` with
+  ``ignore_compile_internals``, so Dynamo does not skip frames under it; three repeats), and five steps with the CPU
   allocator's events (``compile_step.read_step``: what the distributed suite reports for a compiled rank);
 - **fake**: rank 0 of the same layout in a fresh process, the same build and probe under fake mode, the fake process
   group and Inductor's plans; no kernel runs.
@@ -40,6 +44,7 @@ sys.path.insert(0, str(ROOT / "tests" / "distributed"))
 
 LAYOUTS = [(1, 2), (2, 2)]
 STRATEGIES = ["none", "selective_op", "full:outside"]
+BUFFERS = ("helper", "dispatched")  # how Inductor's CPU buffers are allocated on the gloo ranks (module docstring)
 WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
 
 
@@ -96,8 +101,11 @@ def compiled_trainer(layout, mesh, strategy: str, model=None):
                             activation=ActivationConfig(name), model=model, before_shard=compile_blocks)[0]
 
 
-def gloo_rank(out: Path, dp: int, tp_size: int) -> None:
-    """Under torchrun: this rank's probe and allocator readings per strategy, written to ``out/rank-<r>.json``."""
+def gloo_rank(out: Path, dp: int, tp_size: int, buffers: str) -> None:
+    """Under torchrun: this rank's probe and allocator readings per strategy, written to ``out/rank-<r>.json``,
+    Inductor's buffers allocated as ``buffers`` says (``BUFFERS``)."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
@@ -105,6 +113,7 @@ def gloo_rank(out: Path, dp: int, tp_size: int) -> None:
     from pytest_flashckpt.config.layout import Layout
     from pytest_flashckpt.distributed import fsdp
     from pytest_flashckpt.distributed import tensor_parallel as tp
+    from pytest_flashckpt.probes.compiled import inductor_buffers_dispatched
 
     fsdp.init(timeout_s=240)
     layout = Layout(dp_shard=dp, tp=tp_size)
@@ -113,17 +122,26 @@ def gloo_rank(out: Path, dp: int, tp_size: int) -> None:
     record = {}
     for strategy in STRATEGIES:
         torch._dynamo.reset()
-        trainer = compiled_trainer(layout, mesh, strategy)
-        for _ in range(2):
-            trainer.train_step()
-        graphs = compile_step.dynamo_counts()[0]
-        probed = [tp.memory_step(trainer, probe_class=probe) for _ in range(3)]
-        added = [compile_step.read_step(trainer.train_step).added_peak_bytes for _ in range(5)]
-        peaks = [at_the_peak(trainer) for _ in range(3)]
-        record[strategy] = {"probe": probed, "allocator_added": added, "at_peak": min(peaks, key=lambda p: p["peak_bytes"]),
-                            "recompiles": compile_step.dynamo_counts()[0] - graphs}
+        with inductor_buffers_dispatched() if buffers == "dispatched" else contextlib.nullcontext():
+            trainer = compiled_trainer(layout, mesh, strategy)
+            record[strategy] = _gloo_readings(trainer, probe)
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
     dist.destroy_process_group()
+
+
+def _gloo_readings(trainer, probe) -> dict:
+    """Two warm-up steps (they compile), then three probed steps, five allocator steps and three peaks."""
+    from pytest_flashckpt import compile_step
+    from pytest_flashckpt.distributed import tensor_parallel as tp
+
+    for _ in range(2):
+        trainer.train_step()
+    graphs = compile_step.dynamo_counts()[0]
+    probed = [tp.memory_step(trainer, probe_class=probe) for _ in range(3)]
+    added = [compile_step.read_step(trainer.train_step).added_peak_bytes for _ in range(5)]
+    peaks = [at_the_peak(trainer) for _ in range(3)]
+    return {"probe": probed, "allocator_added": added, "at_peak": min(peaks, key=lambda p: p["peak_bytes"]),
+            "recompiles": compile_step.dynamo_counts()[0] - graphs}
 
 
 def fake_rank(dp: int, tp_size: int, strategy: str) -> None:
@@ -172,11 +190,13 @@ def fake_rank(dp: int, tp_size: int, strategy: str) -> None:
 def run_layout(dp: int, tp_size: int) -> dict:
     from pytest_flashckpt.distributed import launcher
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        wall = launcher.run(launcher.Launch(dp * tp_size, timeout_s=600), str(Path(__file__).resolve()),
-                            ["--gloo", str(out), str(dp), str(tp_size)], log_path=out / "launch.log")
-        ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(dp * tp_size)]
+    ranks, wall = {}, {}
+    for buffers in BUFFERS:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            wall[buffers] = launcher.run(launcher.Launch(dp * tp_size, timeout_s=600), str(Path(__file__).resolve()),
+                                         ["--gloo", str(out), str(dp), str(tp_size), buffers], log_path=out / "launch.log")
+            ranks[buffers] = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(dp * tp_size)]
     fake = {}
     for strategy in STRATEGIES:
         started = time.perf_counter()
@@ -193,78 +213,109 @@ def _sizes(counts: Counter) -> str:
     return ", ".join(f"{size:,} x {n}" for size, n in sorted(counts.items())) or "nothing"
 
 
+def _layout_name(layout: dict) -> str:
+    return f"dp_shard {layout['dp']} x tp {layout['tp']}" if layout["dp"] > 1 else f"tp {layout['tp']}"
+
+
+def _against(fake: dict, real: dict) -> dict:
+    """The fake rank's windows against one gloo rank's readings (its three probed steps, five allocator steps)."""
+    probes = real["probe"]
+    peaks = sorted({p["fwd_bwd_peak_bytes"] for p in probes})
+    alloc = sorted(probes[0]["fwd_bwd_start_bytes"] + a for a in real["allocator_added"])
+    return {"equal": all(fake[k] == p[k] for p in probes for k in WINDOWS if k != "fwd_bwd_peak_bytes"),
+            "peaks": peaks, "gap": fake["fwd_bwd_peak_bytes"] - peaks[0], "alloc": alloc,
+            "gap_alloc": fake["peak_bytes"] - alloc[0]}
+
+
+def _range(values: list[int]) -> str:
+    return f"{values[0]:,}" if values[0] == values[-1] else f"{values[0]:,}-{values[-1]:,}"
+
+
 def render(layouts: list[dict], produced: str) -> str:
     lines = ["# Spike: compiled tensor-parallel ranks simulated under fake mode (issue 32 item 4, issue 33 item 4)", "",
              produced, "",
              "Per layout and strategy: rank 0's windows from the fake rank against the gloo rank's probe (three repeats: "
-             "min-max where they moved) and the allocator's whole-step peak (state + added, five steps, min-max). "
-             "Differences are fake - gloo.", "",
-             "| layout | strategy | fake rank | starts and optimizer peak vs gloo probe | fwd+bwd peak: fake | gloo probe | "
-             "fake - probe | allocator peak (gloo) | fake - allocator (min) | fake rank wall |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "min-max where they moved), on gloo ranks whose Inductor buffers come from Inductor's own helper "
+             "(`helper`: out of a dispatch mode's sight) and on ranks where they are allocated through the dispatcher "
+             "(`dispatched`: what `distributed.rank` runs), and the allocator's whole-step peak of the `dispatched` ranks "
+             "(state + added, five steps, min-max). Differences are fake - gloo.", "",
+             "| layout | strategy | fake rank | starts and optimizer peak vs gloo probe | fwd+bwd peak: fake | "
+             "gloo probe, helper | fake - probe | gloo probe, dispatched | fake - probe | allocator peak (gloo) | "
+             "fake - allocator (min) | fake rank wall |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = []
     for layout in layouts:
-        name = f"dp_shard {layout['dp']} x tp {layout['tp']}" if layout["dp"] > 1 else f"tp {layout['tp']}"
-        gloo = layout["ranks"][0]
+        name = _layout_name(layout)
         for strategy in STRATEGIES:
-            fake, real = layout["fake"][strategy], gloo[strategy]
+            fake = layout["fake"][strategy]
             if "error" in fake:
-                lines.append(f"| {name} | {strategy} | fails: `{fake['error']}` | | | | | | | {fake['process_s']:.0f} s |")
-                summary.append((name, strategy, None, None, False, fake["process_s"]))
+                lines.append(f"| {name} | {strategy} | fails: `{fake['error']}` |" + " |" * 8 + f" {fake['process_s']:.0f} s |")
+                summary.append({"name": name, "strategy": strategy, "ran": False, "process_s": fake["process_s"]})
                 continue
-            probes = real["probe"]
-            equal = all(fake[k] == p[k] for p in probes for k in WINDOWS if k != "fwd_bwd_peak_bytes")
-            peaks = sorted({p["fwd_bwd_peak_bytes"] for p in probes})
-            start = probes[0]["fwd_bwd_start_bytes"]
-            alloc = sorted(start + a for a in real["allocator_added"])
-            gap = fake["fwd_bwd_peak_bytes"] - peaks[0]
-            gap_alloc = fake["peak_bytes"] - alloc[0]
-            summary.append((name, strategy, gap / peaks[0], gap_alloc / alloc[0], equal, fake["process_s"]))
-            probe_text = f"{peaks[0]:,}" if len(peaks) == 1 else f"{peaks[0]:,}-{peaks[-1]:,}"
+            by = {b: _against(fake, layout["ranks"][b][0][strategy]) for b in BUFFERS}
+            helper, dispatched = by["helper"], by["dispatched"]
+            equal = all(b["equal"] for b in by.values())
+            summary.append({"name": name, "strategy": strategy, "ran": True, "equal": equal, "process_s": fake["process_s"],
+                            **{f"{b}_gap": by[b]["gap"] / by[b]["peaks"][0] for b in BUFFERS},
+                            **{f"{b}_bytes": by[b]["gap"] for b in BUFFERS},
+                            "alloc_gap": dispatched["gap_alloc"] / dispatched["alloc"][0]})
             lines.append(
                 f"| {name} | {strategy} | runs ({fake['regions']} Inductor graphs, {fake['recompiles']} recompiles) | "
                 f"{'equal to the byte' if equal else '**differ**'} | {fake['fwd_bwd_peak_bytes']:,} B | "
-                f"{probe_text} B | "
-                f"{gap:+,} B ({gap / peaks[0]:+.1%}) | {alloc[0]:,}-{alloc[-1]:,} B | {gap_alloc:+,} B ({gap_alloc / alloc[0]:+.1%}) | "
+                + " | ".join(f"{_range(by[b]['peaks'])} B | {by[b]['gap']:+,} B ({by[b]['gap'] / by[b]['peaks'][0]:+.1%})"
+                             for b in BUFFERS)
+                + f" | {_range(dispatched['alloc'])} B | {dispatched['gap_alloc']:+,} B "
+                f"({dispatched['gap_alloc'] / dispatched['alloc'][0]:+.1%}) | "
                 f"{fake['process_s']:.0f} s (warm-up {fake['warm_s']:.0f} s) |")
     lines += ["", "At the forward+backward peak (one more window each side; the gloo rank's lowest of three): the op that "
               "reached it, and the live storages one side holds that the other does not (bytes x count).", "",
-              "| layout | strategy | peak op: fake | peak op: gloo | only the fake rank holds | only the gloo rank holds |",
-              "|---|---|---|---|---|---|"]
+              "| layout | strategy | peak op: fake | peak op: gloo, helper | only the fake rank holds (vs helper) | "
+              "peak op: gloo, dispatched | only the fake rank holds (vs dispatched) | only the gloo rank holds (dispatched) |",
+              "|---|---|---|---|---|---|---|---|"]
     for layout in layouts:
-        name = f"dp_shard {layout['dp']} x tp {layout['tp']}" if layout["dp"] > 1 else f"tp {layout['tp']}"
         for strategy in STRATEGIES:
-            fake, real = layout["fake"][strategy].get("at_peak"), layout["ranks"][0][strategy]["at_peak"]
+            fake = layout["fake"][strategy].get("at_peak")
             if fake is None:
                 continue
-            only_fake, only_real = Counter(fake["sizes"]) - Counter(real["sizes"]), Counter(real["sizes"]) - Counter(fake["sizes"])
-            lines.append(f"| {name} | {strategy} | `{fake['op']}` | `{real['op']}` | {_sizes(only_fake)} | {_sizes(only_real)} |")
-    ran = [s for s in summary if s[2] is not None]
+            helper, dispatched = (layout["ranks"][b][0][strategy]["at_peak"] for b in BUFFERS)
+            held = Counter(fake["sizes"])
+            lines.append(f"| {_layout_name(layout)} | {strategy} | `{fake['op']}` | `{helper['op']}` | "
+                         f"{_sizes(held - Counter(helper['sizes']))} | `{dispatched['op']}` | "
+                         f"{_sizes(held - Counter(dispatched['sizes']))} | {_sizes(Counter(dispatched['sizes']) - held)} |")
+    ran = [s for s in summary if s["ran"]]
     lines += ["", "## What it says", ""]
     if not ran:
         lines.append("No compiled fake rank ran: the route is closed as tried here.")
-    else:
-        worst = max(ran, key=lambda s: abs(s[2]))
-        equal = sum(1 for s in ran if s[4])
-        lines.append(
-            f"{len(ran)} of {len(summary)} compiled fake ranks ran, each in {min(s[5] for s in ran):.0f}-"
-            f"{max(s[5] for s in ran):.0f} s of one process. Window starts and the optimizer peak equal the gloo rank's "
-            f"probe to the byte in {equal} of {len(ran)}. The forward+backward peak is {min(s[2] for s in ran):+.1%} to "
-            f"{max(s[2] for s in ran):+.1%} off the gloo rank's probe (widest: {worst[0]}, {worst[1]}), above it in "
-            f"{sum(1 for s in ran if s[2] > 0)} of {len(ran)}. The eager fake ranks sit at or under the gloo probe, "
-            "by gloo's hold of finished collectives only (reports/fake-vs-gloo-layouts.md), which also moves the "
-            "gloo probe here from run to run; a fake rank above it holds what the table above names (which storages, "
-            "at which op), and why it keeps them is not located yet. Against the allocator's whole step the fake "
-            "rank reads "
-            f"{min(s[3] for s in ran):+.1%} to {max(s[3] for s in ran):+.1%}: the allocator adds gloo's staging of "
-            "the collectives, outside the dispatcher, which a fake rank does not model (NCCL has none: "
-            "distributed.memory).")
+        return "\n".join(lines) + "\n"
+
+    def spread(key: str) -> str:
+        return f"{min(s[key] for s in ran):+.1%} to {max(s[key] for s in ran):+.1%}"
+
+    exact = sum(1 for s in ran if s["dispatched_bytes"] == 0)
+    lines.append(
+        f"{len(ran)} of {len(summary)} compiled fake ranks ran, each in {min(s['process_s'] for s in ran):.0f}-"
+        f"{max(s['process_s'] for s in ran):.0f} s of one process. Window starts and the optimizer peak equal the gloo "
+        f"rank's probe to the byte in {sum(1 for s in ran if s['equal'])} of {len(ran)}, both ways of allocating.")
+    lines += ["", f"- **Inductor's helper**: the forward+backward peak is {spread('helper_gap')} off the gloo rank's "
+              f"probe, above it in {sum(1 for s in ran if s['helper_bytes'] > 0)} of {len(ran)}. What the fake rank "
+              "holds beyond it (the table above) are Inductor's buffers: the fake rank allocates them through "
+              "`torch.empty_strided` (`simulate.compiled`), the gloo rank through a helper that skips the dispatcher, "
+              "so its probe does not see a buffer that only C++ kernels touch before it is freed.",
+              f"- **Buffers dispatched** (the same bytes from the same allocator, seen): "
+              + (f"equal to the byte in {exact} of {len(ran)} (the gloo rank's lowest of three steps). " if exact == len(ran)
+                 else f"{spread('dispatched_gap')} off, equal to the byte in {exact} of {len(ran)}. ")
+              + "A gloo rank above the fake one holds what gloo's thread "
+              "keeps of finished collectives (the eager fake ranks differ by that alone: "
+              "reports/fake-vs-gloo-layouts.md).",
+              f"- Against the allocator's whole step the fake rank reads {spread('alloc_gap')}: the allocator adds "
+              "gloo's staging of the collectives, outside the dispatcher, which a fake rank does not model (NCCL has "
+              "none: distributed.memory)."]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--gloo":
-        gloo_rank(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--gloo":
+        gloo_rank(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return
     if len(sys.argv) == 5 and sys.argv[1] == "--fake":
         fake_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

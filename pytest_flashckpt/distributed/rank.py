@@ -45,6 +45,7 @@ from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, res
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.models.hf.card import hf_card
 from pytest_flashckpt.probes import make_probe
+from pytest_flashckpt.probes.compiled import inductor_buffers_dispatched
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -286,7 +287,8 @@ def _compiled_rank(scenario: Scenario, device: torch.device, backend: str, out: 
     def compile_blocks(model: torch.nn.Module) -> None:
         regions.append(compile_step.compile_model(model, scenario.compile, compile_backend))
 
-    with compile_step.fsdp_compiled_block_outputs():  # FSDP alone: Inductor's output views (compile_step)
+    # FSDP alone: Inductor's output views (compile_step); every buffer seen by the rank probe (probes.compiled)
+    with compile_step.fsdp_compiled_block_outputs(), inductor_buffers_dispatched():
         trainer, activation = build(compile_blocks)
         out.update(backend=backend, activation=activation, layout=layout, kernel=_eager_kernel(scenario, device, backend))
         side = compile_step.warmed_up(trainer, scenario, sum(regions) * runs_per_step, scenario.warmup)

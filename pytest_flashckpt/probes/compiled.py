@@ -133,3 +133,31 @@ def dynamos_hidden_warnings() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=NON_LEAF_GRAD, category=UserWarning)
         yield
+
+
+@contextlib.contextmanager
+def inductor_buffers_dispatched() -> Iterator[None]:
+    """While active, Inductor's CPU buffers of code compiled meanwhile are allocated where a dispatch mode sees them.
+
+    The Python wrapper Inductor generates binds ``empty_strided_cpu`` to ``torch._C._dynamo.guards._empty_strided_cpu``
+    when its module loads: a fast path to the allocator that skips the dispatcher. So a rank probe run under compiled
+    code (``distributed.memory.CompiledShardedProbe``) never sees a buffer that only generated C++ kernels touch
+    before it is freed, and read up to 4.5% under the simulated rank, which allocates them through the dispatcher
+    (reports/spike-compiled-fake-ranks.md measures the probe both ways). The simulator swaps that helper for
+    ``torch.empty_strided`` in the modules it loads (``simulate.compiled``). Here every module loaded while this is
+    active gets a helper that allocates through ``torch.empty_strided`` when a dispatch mode is on the stack (the
+    same bytes from the same allocator, now seen), and through the fast path when none is (timed steps keep
+    Inductor's path, plus one Python call per buffer)."""
+    guards = torch._C._dynamo.guards
+    fast = guards._empty_strided_cpu
+
+    def empty_strided_cpu(size, stride, dtype):
+        if torch._C._len_torch_dispatch_stack():
+            return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
+        return fast(size, stride, dtype)
+
+    guards._empty_strided_cpu = empty_strided_cpu
+    try:
+        yield
+    finally:
+        guards._empty_strided_cpu = fast

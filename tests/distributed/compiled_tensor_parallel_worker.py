@@ -5,7 +5,8 @@ builds a compiled rank.
 
 Per strategy (``full:outside``: with ``compile.ac_wrapper: outside``): the first step's loss and gradients (gathered from the DTensors; a parameter without a gradient is
 listed) beside one eager process on the full batch, Dynamo's graph and break counts, then two more steps and
-one step read by the rank probe made to run under compiled code (``simulate.rank_probe.CompiledRankProbe``).
+one step read by the rank probe made to run under compiled code (``simulate.rank_probe.CompiledRankProbe``), Inductor's
+buffers allocated where it sees them (``probes.compiled.inductor_buffers_dispatched``).
 Writes ``rank-<r>.json``. Usage: ``compiled_tensor_parallel_worker.py OUT DP TP STRATEGIES [--no-settle]``.
 """
 
@@ -24,6 +25,7 @@ from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import fsdp
 from pytest_flashckpt.distributed import tensor_parallel as tp
+from pytest_flashckpt.probes.compiled import inductor_buffers_dispatched
 from pytest_flashckpt.simulate.rank_probe import CompiledRankProbe
 
 from tensor_parallel_worker import BATCH, SEED, SEQ, _full, card, reference
@@ -79,7 +81,8 @@ if __name__ == "__main__":
     ref_loss, ref_grads = reference()
     record = {"rank": dist.get_rank(), "strategies": {}}
     for strategy in strategies:
-        with compile_step.fsdp_compiled_block_outputs():  # as distributed.rank runs a compiled rank
+        # as distributed.rank runs a compiled rank: Inductor's buffers where the rank probe sees them
+        with compile_step.fsdp_compiled_block_outputs(), inductor_buffers_dispatched():
             record["strategies"][strategy] = against_one_process(layout, mesh, strategy, settle, ref_loss, ref_grads)
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
     dist.destroy_process_group()

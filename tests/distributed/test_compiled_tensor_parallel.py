@@ -68,12 +68,11 @@ def test_a_compiled_tensor_parallel_block_trains_as_one_eager_process(launched) 
 def test_the_engine_compiled_under_fake_mode_holds_what_the_gloo_rank_holds(launched) -> None:
     """The compiled rank simulated (``simulate_rank(compile=...)``: the same build under fake mode and torch's fake
     process group, Inductor's own plans, kernels stubbed) against each gloo rank read by the same probe: every
-    window's start and the optimizer peak equal to the byte. The forward+backward peak: the gloo rank's is higher by
-    what gloo's thread still holds of finished collectives (bounded as for the eager layouts, test_tensor_parallel),
-    and lower by what the fake rank keeps that the gloo rank has let go (named in
-    reports/spike-compiled-fake-ranks.md: small statistics, a sequence shard of the loss's backward, and under
-    ``selective_op`` a backward plan holding larger MLP buffers at its peak; up to 44,288 B at tp 2, 1.35 of this
-    card's activations), bounded at two activations."""
+    window's start and the optimizer peak equal to the byte. The forward+backward peak: the gloo rank's is higher
+    only by what gloo's thread still holds of finished collectives, bounded as for the eager layouts
+    (test_tensor_parallel). That holds because the worker allocates Inductor's buffers through the dispatcher
+    (``probes.compiled.inductor_buffers_dispatched``, as ``distributed.rank`` does): through Inductor's own helper
+    the probe missed some, and the fake rank read above it (reports/spike-compiled-fake-ranks.md)."""
     from pytest_flashckpt.config.axes import CompileConfig
     from pytest_flashckpt.config.layout import Layout
     from pytest_flashckpt.distributed.memory import GLOO_STAGING_FACTOR
@@ -93,4 +92,4 @@ def test_the_engine_compiled_under_fake_mode_holds_what_the_gloo_rank_holds(laun
             for key in ("fwd_bwd_start_bytes", "optimizer_start_bytes", "optimizer_peak_bytes"):
                 assert sim[key] == real[key], (where, key, sim[key], real[key])
             gap = real["fwd_bwd_peak_bytes"] - sim["fwd_bwd_peak_bytes"]
-            assert -2 * activation <= gap <= GLOO_STAGING_FACTOR * activation + sim["largest_allgather_bytes"], (where, gap)
+            assert 0 <= gap <= GLOO_STAGING_FACTOR * activation + sim["largest_allgather_bytes"], (where, gap)
