@@ -4,6 +4,8 @@ without graph breaks or recompiles, and what does compile do to its forward + ba
 
     python benchmarks/spike_compiled_stages.py           # 2 gloo ranks (pp 2), writes reports/spike-compiled-stages.md
     python benchmarks/spike_compiled_stages.py --print
+    python benchmarks/spike_compiled_stages.py --tp 2    # 4 gloo ranks (pp 2 x tp 2 inside each stage),
+                                                         # writes reports/spike-compiled-tp-stages.md
 
 The ranks run ``benchmarks/spike_compiled_stages_worker.py`` (what each configuration records: its docstring).
 Recorded, not asserted.
@@ -11,6 +13,7 @@ Recorded, not asserted.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -20,20 +23,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report_output import print_only_flag, produced_by, write_or_print  # noqa: E402
+from report_output import produced_by, write_or_print  # noqa: E402
 from spike_compiled_stages_worker import BATCH, CARD, SEQ  # noqa: E402
 
 from pytest_flashckpt.distributed import launcher  # noqa: E402
 
-REPORT = ROOT / "reports" / "spike-compiled-stages.md"
+REPORTS = {1: ROOT / "reports" / "spike-compiled-stages.md", 2: ROOT / "reports" / "spike-compiled-tp-stages.md"}
 WORKER = ROOT / "benchmarks" / "spike_compiled_stages_worker.py"
 
 
-def measure() -> list[dict]:
+def measure(tp: int) -> list[dict]:
+    world = 2 * tp
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        launcher.run(launcher.Launch(2, timeout_s=1800), str(WORKER), [str(out)], log_path=out / "launch.log")
-        return [json.loads((out / f"rank-{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]
+        launcher.run(launcher.Launch(world, timeout_s=1800), str(WORKER), [str(out), str(tp)], log_path=out / "launch.log")
+        return [json.loads((out / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(world)]
 
 
 def mib(n: int) -> str:
@@ -41,8 +45,11 @@ def mib(n: int) -> str:
 
 
 def render(ranks: list[dict], provenance: str) -> str:
-    lines = ["# Spike: compiled pipeline stages (issue 32 item 7)", "", provenance, "",
-             f"pp 2 on 2 gloo ranks, a Llama card (`llama-tiny` with `{json.dumps(CARD)}`), fp32, batch {BATCH} x {SEQ}, "
+    tp = ranks[0].get("tp", 1)
+    title = "compiled pipeline stages" + (f" with tensor parallel {tp} inside" if tp > 1 else "")
+    layout = f"pp 2 x tp {tp} on {2 * tp} gloo ranks (tensor parallel inside each stage)" if tp > 1 else "pp 2 on 2 gloo ranks"
+    lines = [f"# Spike: {title} (issue 32 item 7)", "", provenance, "",
+             f"{layout}, a Llama card (`llama-tiny` with `{json.dumps(CARD)}`), fp32, batch {BATCH} x {SEQ}, "
              "every block of each stage compiled (Inductor, `compile.scope: block`). *grad diff*: the largest absolute "
              "difference of the rank's gradients from one eager process on the full batch (first step). *added*: "
              "the CPU allocator's forward + backward peak over its start, one step after two warm steps, compiled "
@@ -70,12 +77,16 @@ def render(ranks: list[dict], provenance: str) -> str:
 
 
 def main() -> None:
-    print_only = print_only_flag(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--print", action="store_true", help="print the report instead of writing it")
+    parser.add_argument("--tp", type=int, choices=sorted(REPORTS), default=1, help="tensor-parallel ranks inside each stage")
+    args = parser.parse_args()
     load = os.getloadavg()[0]
-    ranks = measure()
-    write_or_print(render(ranks, produced_by("spike_compiled_stages.py", load)), REPORT, print_only=print_only)
-    if not print_only:
-        REPORT.with_suffix(".json").write_text(json.dumps(ranks, indent=1) + "\n", encoding="utf-8")
+    ranks = measure(args.tp)
+    report = REPORTS[args.tp]
+    write_or_print(render(ranks, produced_by("spike_compiled_stages.py", load)), report, print_only=args.print)
+    if not args.print:
+        report.with_suffix(".json").write_text(json.dumps(ranks, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,11 @@ Per configuration (schedule x strategy x where the checkpoint sits): the first s
 one eager process on the full batch; Dynamo's counters (frames compiled, graph breaks, graphs); the compile time of
 the first step; graphs compiled after two warm steps (recompiles); and one step's forward + backward by the CPU
 allocator's events, beside an eager pipeline of the same configuration, and by the rank probe made to run under
-compiled code (``memory.CompiledShardedProbe``). Writes ``rank-<r>.json``. Usage: ``..._worker.py OUT``.
+compiled code (``memory.CompiledShardedProbe``), Inductor's buffers allocated where it sees them
+(``probes.compiled.inductor_buffers_dispatched``, as ``distributed.rank`` runs a compiled rank). With ``TP`` 2,
+tensor parallel inside each stage (``layout.tp``, world 4): the first stage's embedding output settled in eager
+before its blocks are compiled, as a compiled tensor-parallel rank is built (``tensor_parallel.settle_embedding_output``).
+Writes ``rank-<r>.json``. Usage: ``..._worker.py OUT [TP]``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
+from torch.distributed.tensor import DTensor
 
 from pytest_flashckpt import compile_step
 from pytest_flashckpt.config.axes import CompileConfig
@@ -27,9 +32,11 @@ from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import fsdp
 from pytest_flashckpt.distributed import pipeline as pp
+from pytest_flashckpt.distributed import tensor_parallel as tp_
 from pytest_flashckpt.distributed.memory import CompiledShardedProbe
 from pytest_flashckpt.models.cards import build_model, load_card
 from pytest_flashckpt.probes.allocator import allocator_added_peak
+from pytest_flashckpt.probes.compiled import inductor_buffers_dispatched
 from pytest_flashckpt.training import make_batch
 
 CARD = {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256, "block_size": 64}
@@ -38,6 +45,10 @@ BATCH, SEQ, SEED = 4, 32, 1
 CONFIGS = (
     ("1f1b", 1, 2, "none", False), ("1f1b", 1, 2, "selective_op", False), ("1f1b", 1, 2, "full", False),
     ("1f1b", 1, 2, "full", True), ("gpipe", 1, 2, "full", False), ("interleaved_1f1b", 2, 2, "full", False),
+)
+TP_CONFIGS = (  # tensor parallel inside the stages: what a compiled tensor-parallel rank trains (test_compiled_ranks)
+    ("1f1b", 1, 2, "none", False), ("1f1b", 1, 2, "selective_op", False), ("1f1b", 1, 2, "full", True),
+    ("gpipe", 1, 2, "full", True),
 )
 
 
@@ -56,9 +67,19 @@ def reference():
 def trainer(layout, mesh, schedule, per_rank, microbatches, strategy, outside, compiled, regions):
     model = build_model(card(), "sdpa", "cpu", torch.float32, seed=SEED)
     config = CompileConfig(scope="block", ac_wrapper="outside" if outside else "inside")
-    before = (lambda part: regions.append(compile_step.compile_model(part, config))) if compiled else None
+
+    def compile_blocks(part) -> None:
+        if layout.tp > 1:  # the first stage's embedding (on a later stage a no-op: it receives plain hidden states)
+            tp_.settle_embedding_output(part)
+        regions.append(compile_step.compile_model(part, config))
+
+    before = compile_blocks if compiled else None
     return pp.build_pipeline(model, layout, mesh, PipelineSchedule(schedule, microbatches, per_rank), batch_size=BATCH,
                              seq_len=SEQ, seed=SEED, activation=ActivationConfig(strategy=strategy), before_shard=before)
+
+
+def _full(tensor):
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def run(layout, mesh, ref_loss, ref_grads, schedule, per_rank, microbatches, strategy, outside) -> dict:
@@ -69,7 +90,7 @@ def run(layout, mesh, ref_loss, ref_grads, schedule, per_rank, microbatches, str
     started = time.perf_counter()
     loss = compile_step.torch_hidden_warning(compiled.forward_backward)()
     compile_s = time.perf_counter() - started
-    diffs = {stage.names[n]: float((p.grad - ref_grads[stage.names[n]]).abs().max())
+    diffs = {stage.names[n]: float((_full(p.grad) - ref_grads[stage.names[n]]).abs().max())
              for stage in compiled.stages for n, p in stage.named_parameters()}
     compiled.optimizer.zero_grad(set_to_none=True)
     for _ in range(2):
@@ -92,16 +113,18 @@ def run(layout, mesh, ref_loss, ref_grads, schedule, per_rank, microbatches, str
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1])
+    out, tp = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1
     fsdp.init(timeout_s=600)
-    layout = Layout(dp_shard=1, pp=2)
+    layout = Layout(dp_shard=1, tp=tp, pp=2)
     mesh = pp.make_mesh(layout)
     ref_loss, ref_grads = reference()
-    record = {"rank": dist.get_rank(), "configs": {}}
-    for schedule, per_rank, microbatches, strategy, outside in CONFIGS:
+    record = {"rank": dist.get_rank(), "tp": tp, "configs": {}}
+    for schedule, per_rank, microbatches, strategy, outside in CONFIGS if tp == 1 else TP_CONFIGS:
         key = f"{schedule} {strategy}" + (" outside" if outside else "")
         try:
-            record["configs"][key] = run(layout, mesh, ref_loss, ref_grads, schedule, per_rank, microbatches, strategy, outside)
+            with inductor_buffers_dispatched():
+                record["configs"][key] = run(layout, mesh, ref_loss, ref_grads, schedule, per_rank, microbatches,
+                                             strategy, outside)
         except Exception as exc:  # what a configuration fails with is its record (both ranks fail alike or hang)
             record["configs"][key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300],
                                       "traceback": traceback.format_exc()[-2000:]}

@@ -38,8 +38,8 @@ class LayoutMesh:
     split over the ranks, torch's ring attention; alone, so far).
 
     Built: ``dp_shard`` x ``tp`` measured on the ranks of a run and simulated; ``pp`` simulated, and measured on
-    ranks eager or compiled per block (``config.scenario.MEASURED_PIPELINE_STRATEGIES``; compiled stages without
-    tensor parallel inside them); ``cp`` simulated only (a
+    ranks eager or compiled per block (``config.scenario.MEASURED_PIPELINE_STRATEGIES``), tensor parallel inside the
+    stages or not; ``cp`` simulated only (a
     scenario with ``simulate: {enabled: true}``, ``simulate.layouts``; ``Scenario`` refuses it in a measured
     scenario, naming issue 32); a ``cp`` rank is labelled modelled (``simulate.context_parallel``).
     The pipeline keys apply with ``pp`` > 1 only; ``microbatches`` None means one per stage, the fewest torch's

@@ -219,11 +219,18 @@ def _measure_compiled_stages(scenario: Scenario, device: torch.device, backend: 
     """A rank of compiled pipeline stages (reports/spike-compiled-stages.md): every block of each stage compiled
     after the activation strategy and before ``fully_shard`` (``build_pipeline``'s ``before_shard``), measured as
     ``_compiled_rank`` measures a compiled rank; each block's region runs once per microbatch (twice with the
-    checkpoint outside), and the rank's state counts its stages' receive buffers, as the eager stage's does."""
+    checkpoint outside), and the rank's state counts its stages' receive buffers, as the eager stage's does. With
+    tensor parallel inside the stages (reports/spike-compiled-tp-stages.md) the first stage's embedding output is
+    waited for in eager before its compiled blocks, as on a compiled tensor-parallel rank."""
     schedule = scenario.layout.pipeline_schedule()
 
     def build(compile_blocks):
-        trainer = stages(compile_blocks)
+        def before_shard(part: torch.nn.Module) -> None:
+            if scenario.layout.tensor_parallel:  # the first stage's embedding output (a later stage's is plain)
+                tensor_parallel.settle_embedding_output(part)
+            compile_blocks(part)
+
+        trainer = stages(before_shard)
         return trainer, trainer.activation
 
     return _compiled_rank(
