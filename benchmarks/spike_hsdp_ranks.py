@@ -1,0 +1,212 @@
+"""Spike for issue 32 (HSDP inside pipeline stages): does an HSDP rank hold what the FSDP rank of its shard group
+holds, alone and inside pipeline stages? ``flashckpt fit`` simulates an HSDP candidate as the rank of its
+``dp_shard`` group (``fit.memory``: "HSDP replicas add nothing to a rank"); this measures that claim on gloo ranks.
+
+    python benchmarks/spike_hsdp_ranks.py            # 4 gloo ranks, writes reports/spike-hsdp-ranks.md
+    python benchmarks/spike_hsdp_ranks.py --print
+
+One torchrun launch of 4 ranks. Each configuration is built twice on the same ranks, from the same weights and
+batch, with the project's own builders (``tensor_parallel.build_trainer``, ``pipeline.build_pipeline``):
+
+- **FSDP** (the reference): ``fully_shard`` over the mesh's ``dp_shard`` dimension only, so each replica trains on
+  its own (as an FSDP run over the shard group's ranks would);
+- **HSDP**: ``fully_shard`` over the 2D ``(dp_replicate, dp_shard)`` mesh, FSDP2's HSDP (gradients reduce-scattered
+  in the shard group, then all-reduced across the replicas), torch's own, by handing the builders' ``fully_shard``
+  that mesh.
+
+Layouts: ``hsdp 2x2`` (mesh ``dp_replicate 2 x dp_shard 2``, fp32) and ``pp 2 x hsdp 2x1`` (mesh ``pp 2 x
+dp_replicate 2 x dp_shard 1``, 1F1B over 2 microbatches, mixed precision so FSDP2 wraps each stage in both builds).
+Per rank, one step in the two windows (forward + backward, optimizer) read by the rank probe
+(``distributed.memory.ShardedLiveTensorProbe``) after a warm step, three repeats, and the loss. Recorded, not
+asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
+CARD = {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256, "block_size": 64}
+BATCH, SEQ, SEED = 4, 32, 1
+STRATEGIES = ("none", "full")
+REPEATS = 3
+
+
+@contextlib.contextmanager
+def fully_shard_over(module, mesh):
+    """While active, ``module``'s ``fully_shard`` (the builder's import of torch's) shards over ``mesh`` instead of
+    the mesh the builder passes: the builder's ``dp_shard`` dimension becomes the 2D HSDP mesh."""
+    real = module.fully_shard
+
+    def hsdp(target, *, mesh=None, **kwargs):  # noqa: ARG001 (the builder's 1D mesh, replaced)
+        return real(target, mesh=hsdp_mesh, **kwargs)
+
+    hsdp_mesh = mesh
+    module.fully_shard = hsdp
+    try:
+        yield
+    finally:
+        module.fully_shard = real
+
+
+def _readings(step, memory_step, parameter) -> dict:
+    """A warm step (the optimizer state made), then the probed steps; and how a parameter is placed on the mesh
+    (HSDP: replicated over ``dp_replicate``, sharded over ``dp_shard``)."""
+    step()
+    probed = [memory_step() for _ in range(REPEATS)]
+    return {"windows": probed, "placements": str(tuple(parameter.placements)), "mesh": str(parameter.device_mesh.mesh_dim_names)}
+
+
+def fsdp_layout(strategy: str, hsdp: bool) -> dict:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from pytest_flashckpt.config.layout import Layout
+    from pytest_flashckpt.config.scenario import ActivationConfig
+    from pytest_flashckpt.distributed import tensor_parallel as tp
+    from pytest_flashckpt.models.cards import load_card
+
+    mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    card = load_card("llama-tiny", **CARD)
+    with fully_shard_over(tp, mesh["dp_replicate", "dp_shard"]) if hsdp else contextlib.nullcontext():
+        trainer, _ = tp.build_trainer(card, Layout(dp_shard=2, tp=1), mesh, batch_size=BATCH, seq_len=SEQ, seed=SEED,
+                                      activation=ActivationConfig(strategy))
+    loss = float(tp.forward_backward(trainer).detach())
+    trainer.optimizer.zero_grad(set_to_none=True)
+    record = _readings(trainer.train_step, lambda: tp.memory_step(trainer), next(trainer.model.parameters()))
+    del trainer
+    torch._dynamo.reset()
+    return {**record, "loss": loss}
+
+
+def pipeline_layout(strategy: str, hsdp: bool) -> dict:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+    from pytest_flashckpt.config.scenario import ActivationConfig
+    from pytest_flashckpt.distributed import pipeline as pp
+    from pytest_flashckpt.distributed.fsdp import mixed_precision_policy
+    from pytest_flashckpt.models.cards import build_model, load_card
+
+    mesh = init_device_mesh("cpu", (2, 2, 1, 1), mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    model = build_model(load_card("llama-tiny", **CARD), "sdpa", "cpu", torch.float32, seed=SEED)
+    with fully_shard_over(pp, mesh["dp_replicate", "dp_shard"]) if hsdp else contextlib.nullcontext():
+        trainer = pp.build_pipeline(model, Layout(dp_shard=1, pp=2), mesh, PipelineSchedule("1f1b", 2), batch_size=BATCH,
+                                    seq_len=SEQ, seed=SEED, activation=ActivationConfig(strategy),
+                                    mp_policy=mixed_precision_policy(torch.bfloat16))
+    loss = trainer.forward_backward()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    record = _readings(trainer.train_step, lambda: pp.memory_step(trainer), trainer.parameters()[0])
+    return {**record, "loss": None if loss is None else float(loss)}
+
+
+LAYOUTS = {"hsdp 2x2": fsdp_layout, "pp 2 x hsdp 2x1": pipeline_layout}
+
+
+def gloo_rank(out: Path) -> None:
+    import torch.distributed as dist
+
+    from pytest_flashckpt.distributed import fsdp
+
+    fsdp.init(timeout_s=300)
+    record = {"rank": dist.get_rank(), "layouts": {}}
+    for name, run in LAYOUTS.items():
+        for strategy in STRATEGIES:
+            for hsdp in (False, True):
+                key = f"{name} | {strategy} | {'hsdp' if hsdp else 'fsdp'}"
+                try:
+                    record["layouts"][key] = run(strategy, hsdp)
+                except Exception as exc:  # what a configuration fails with is the finding
+                    record["layouts"][key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+                dist.barrier()
+    (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
+    dist.destroy_process_group()
+
+
+def measure() -> list[dict]:
+    from pytest_flashckpt.distributed import launcher
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        launcher.run(launcher.Launch(4, timeout_s=900), str(Path(__file__).resolve()), ["--gloo", str(out)],
+                     log_path=out / "launch.log")
+        return [json.loads((out / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(4)]
+
+
+def _range(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
+def render(ranks: list[dict], produced: str) -> str:
+    lines = ["# Spike: HSDP ranks, alone and inside pipeline stages (issue 32)", "", produced, "",
+             f"4 gloo ranks, a Llama card (`llama-tiny` with `{json.dumps(CARD)}`), batch {BATCH} x {SEQ} per replica. "
+             "Each configuration built twice on the same ranks: `fsdp`, `fully_shard` over the `dp_shard` dimension "
+             "only (each replica on its own: the FSDP rank of the shard group), and `hsdp`, over the 2D "
+             "`(dp_replicate, dp_shard)` mesh (FSDP2's HSDP). Windows read by the rank probe after a warm step, "
+             f"{REPEATS} repeats (min-max where they moved).", "",
+             "| layout | strategy | rank | parameter placements fsdp / hsdp | fsdp: fwd+bwd start -> peak | hsdp: fwd+bwd "
+             "start -> peak | fsdp: optimizer start -> peak | hsdp: optimizer start -> peak | hsdp - fsdp (peaks) | "
+             "loss fsdp / hsdp |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    equal, total, errors = 0, 0, []
+    for name in LAYOUTS:
+        for strategy in STRATEGIES:
+            for rank in ranks:
+                fsdp = rank["layouts"][f"{name} | {strategy} | fsdp"]
+                hsdp = rank["layouts"][f"{name} | {strategy} | hsdp"]
+                if "error" in fsdp or "error" in hsdp:
+                    errors.append(f"- {name}, {strategy}, rank {rank['rank']}: `{fsdp.get('error') or hsdp.get('error')}`")
+                    continue
+
+                def window(r: dict, start: str, peak: str) -> str:
+                    return f"{_range([w[start] for w in r['windows']])} -> {_range([w[peak] for w in r['windows']])}"
+
+                same = all(a[k] == b[k] for a in fsdp["windows"] for b in hsdp["windows"] for k in WINDOWS)
+                total += 1
+                equal += same
+                gaps = {k: min(b[k] for b in hsdp["windows"]) - min(a[k] for a in fsdp["windows"])
+                        for k in ("fwd_bwd_peak_bytes", "optimizer_peak_bytes")}
+                loss = "" if fsdp["loss"] is None else f"{fsdp['loss']:.6f} / {hsdp['loss']:.6f}"
+                lines.append(f"| {name} | {strategy} | {rank['rank']} | `{fsdp['mesh']}` {fsdp['placements']} / "
+                             f"`{hsdp['mesh']}` {hsdp['placements']} | "
+                             f"{window(fsdp, 'fwd_bwd_start_bytes', 'fwd_bwd_peak_bytes')} | "
+                             f"{window(hsdp, 'fwd_bwd_start_bytes', 'fwd_bwd_peak_bytes')} | "
+                             f"{window(fsdp, 'optimizer_start_bytes', 'optimizer_peak_bytes')} | "
+                             f"{window(hsdp, 'optimizer_start_bytes', 'optimizer_peak_bytes')} | "
+                             f"{'equal to the byte' if same else ', '.join(f'{v:+,} B' for v in gaps.values())} | {loss} |")
+    lines += ["", "## What it says", "",
+              f"In {equal} of {total} rank x layout x strategy cases every window of the HSDP rank (start and peak, "
+              "forward+backward and optimizer, every repeat) equals the FSDP rank of its shard group to the byte."]
+    if errors:
+        lines += ["", "Failed:", *errors]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--gloo":
+        gloo_rank(Path(sys.argv[2]))
+        return
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from report_output import print_only_flag, produced_by, write_or_print
+
+    print_only = print_only_flag(__doc__)
+    load = os.getloadavg()[0]
+    ranks = measure()
+    report = ROOT / "reports" / "spike-hsdp-ranks.md"
+    write_or_print(render(ranks, produced_by("spike_hsdp_ranks.py", load)), report, print_only=print_only)
+    if not print_only:
+        report.with_suffix(".json").write_text(json.dumps(ranks, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
