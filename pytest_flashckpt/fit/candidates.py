@@ -8,8 +8,9 @@ precision x pipeline stages: ``pp`` ranks (``--pp``), each schedule (torch's ``S
 ``ScheduleInterleaved1F1B`` with 2 stages per rank, ``ScheduleGPipe`` on request), where ``accumulation`` is the
 schedule's microbatch count (one schedule step per optimizer step: the microbatches are the pipeline's). Pipeline
 stages are composed with FSDP and tensor parallel (``distributed.pipeline``: the ``(pp, dp_shard, tp)`` mesh; a tp
-degree inside stages also divides the sequence and the vocabulary, what the stages send and return; no HSDP inside
-stages yet) and FSDP2 keeps the gathered blocks over the microbatches (``reshard_after_forward`` false, torchtitan's default under
+degree inside stages also divides the sequence and the vocabulary, what the stages send and return; HSDP replicas
+inside stages too, a replica's rank holding what the stage rank of its shard group holds:
+reports/spike-hsdp-ranks.md) and FSDP2 keeps the gathered blocks over the microbatches (``reshard_after_forward`` false, torchtitan's default under
 pipelining) x context parallel: ``cp`` ranks sharing each sequence (``--cp``; by default searched from 32K tokens
 on), simulated alone as ``simulate.context_parallel`` does: no FSDP, TP or stages with it, so each cp group holds a
 whole replica of the state in pure bf16 (the ring simulation runs no mixed precision yet), and the groups are
@@ -165,7 +166,7 @@ def enumerate_candidates(
             if sequences % dp:
                 continue
             per_rank = sequences // dp
-            for replicate in divisors(dp) if hsdp and p == 1 else [1]:
+            for replicate in divisors(dp) if hsdp else [1]:
                 shard = dp // replicate
                 if replicate > 1 and (shard * t) % gpus_per_node:
                     continue  # HSDP shards over whole nodes (replicas across nodes), as torchtitan lays it out

@@ -39,10 +39,19 @@ def test_pipeline_candidates_are_what_torchs_schedules_run() -> None:
     found = enumerate_candidates(DEEP, 64, seq_len=8192, global_batch_tokens=128 * 8192, gpus_per_node=8,
                                  pp=(1, 8), schedules=("1f1b", "interleaved_1f1b", "gpipe"))
     staged = [c for c in found if c.pp > 1]
-    assert staged and all(c.dp_replicate == 1 and not c.reshard_after_forward for c in staged)
+    assert staged and not any(c.reshard_after_forward for c in staged)
+    # HSDP inside the stages (reports/spike-hsdp-ranks.md): replicas of a shard group spanning whole nodes; at pp 8
+    # a stage's 8 GPUs are one node, so none there
+    assert not any(c.dp_replicate > 1 for c in staged)
+    two = enumerate_candidates(DEEP, 64, seq_len=8192, global_batch_tokens=128 * 8192, gpus_per_node=8, pp=(2,))
+    replicated = [c for c in two if c.dp_replicate > 1]
+    assert replicated and all(c.dp_shard * c.tp % 8 == 0 and c.dp * c.tp * c.pp == 64 for c in replicated)
+    assert {"hsdp 2x16 x pp 2 (1f1b)", "hsdp 2x2 x tp 8 x pp 2 (1f1b)"} <= {c.describe() for c in replicated}
+    assert not any(c.dp_replicate > 1 for c in enumerate_candidates(
+        DEEP, 64, seq_len=8192, global_batch_tokens=128 * 8192, gpus_per_node=8, pp=(2,), hsdp=False))
     # tensor parallel inside the stages: every degree of a node that divides the heads (8 kv heads), pp x tp x FSDP
     assert {c.tp for c in staged} == {1, 2, 4, 8}
-    assert all(c.dp_shard * c.tp * c.pp == 64 and c.microbatch * c.accumulation == 128 // c.dp_shard for c in staged)
+    assert all(c.dp * c.tp * c.pp == 64 and c.microbatch * c.accumulation == 128 // c.dp for c in staged)
     assert "fsdp 1 x tp 8 x pp 8 (1f1b)" in {c.describe() for c in staged}
     assert all(c.accumulation >= 8 for c in staged if c.schedule == "1f1b")  # a microbatch per stage at least
     assert {c.stages_per_rank for c in staged if c.schedule == "interleaved_1f1b"} == {2}
@@ -64,6 +73,20 @@ def test_a_pipeline_candidate_is_simulated_as_a_pipeline_with_nothing_modelled_o
     fsdp = RankMemoryModel(CARD, 256, simulate=lambda *a, **k: stage_stand_in([])(
         a[0], Layout(dp_shard=4, pp=1), PipelineSchedule("1f1b", 1), **k)).memory(flat)
     assert fsdp.added["accumulated gradients"] > 0 and fsdp.added["unsharded block parameters"] > 0
+
+
+def test_hsdp_replicas_inside_stages_share_the_stage_simulation_and_add_an_all_reduce() -> None:
+    """A replica's stage rank holds what the stage rank of its shard group holds (measured on gloo ranks, to the
+    byte: reports/spike-hsdp-ranks.md), so both read one simulation; the replicas' all-reduce is time only."""
+    calls: list = []
+    memory = RankMemoryModel(CARD, 256, simulate=lambda *a, **k: pytest.fail("the FSDP rank was simulated"),
+                             simulate_stage=stage_stand_in(calls))
+    fsdp = Candidate(gpus=4, dp_shard=2, tp=1, microbatch=1, accumulation=4, strategy="full", precision="mixed",
+                     reshard_after_forward=False, pp=2)
+    hsdp = Candidate(**{**vars(fsdp), "gpus": 8, "dp_replicate": 2})
+    assert memory.memory(hsdp) == memory.memory(fsdp) and len(calls) == 1
+    times = StepTimeModel(CARD, 256, DEVICES["h100-sxm"])
+    assert times.step(hsdp).fsdp_s > times.step(fsdp).fsdp_s
 
 
 def test_the_bubble_shrinks_with_microbatches_and_virtual_stages() -> None:
