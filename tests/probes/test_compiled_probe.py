@@ -112,3 +112,27 @@ def test_missing_compiler_names_the_fix(tmp_path, monkeypatch, fresh_compiler_se
 @needs_compiler
 def test_control_the_same_search_finds_this_machines_compiler(fresh_compiler_search):
     assert missing_compiler() is None
+
+
+def test_inductor_buffers_are_allocated_where_a_dispatch_mode_sees_them_while_one_is_active():
+    """``inductor_buffers_dispatched`` swaps the helper Inductor's wrapper binds at module load
+    (``torch._C._dynamo.guards._empty_strided_cpu``): under a dispatch mode it allocates through
+    ``torch.empty_strided`` (seen by the mode), with none it takes the fast path; the same tensor either way, and the
+    helper restored after. Control: the fast path itself is invisible to the mode."""
+    from pytest_flashckpt.probes.compiled import inductor_buffers_dispatched
+
+    guards = torch._C._dynamo.guards
+    fast = guards._empty_strided_cpu
+    seen = _LiveStorages()
+    with seen:
+        fast((4, 8), (8, 1), torch.float32)  # control: the fast path skips the dispatcher
+    assert seen.peak_bytes == 0
+    with inductor_buffers_dispatched():
+        helper = guards._empty_strided_cpu  # what a module loaded now binds
+        assert helper is not fast
+        with seen:
+            buffer = helper((4, 8), (8, 1), torch.float32)
+            assert seen.live_bytes == 4 * 8 * 4
+        plain = helper((4, 8), (8, 1), torch.float32)  # no mode: the fast path
+        assert (buffer.shape, buffer.stride(), buffer.dtype) == (plain.shape, plain.stride(), plain.dtype)
+    assert guards._empty_strided_cpu is fast
