@@ -50,6 +50,7 @@ CASES = {
 TIMEOUT_S = 900
 MODELLED = """import json, sys, time
 from pytest_flashckpt.simulate import simulate_step
+from pytest_flashckpt.runner.profile import cpu_name
 t = time.perf_counter()
 p = simulate_step(sys.argv[1], "bf16", int(sys.argv[2]), int(sys.argv[3]), "flash", sys.argv[4], world_size=int(sys.argv[5]))
 g = p.sharding["all_gathered_bytes"]
@@ -122,7 +123,7 @@ def render(results: dict, load: tuple, command: str) -> str:
     import torch
 
     lines = ["# Simulated rank of Llama-3 under FSDP x TP: answers and time (issue 32)", "",
-             f"Produced by `{command}` on {platform.node()} ({os.cpu_count()} cores, shared), torch {torch.__version__}. "
+             f"Produced by `{command}` on {platform.node()} ({os.cpu_count()} cores of {cpu_name()}, shared), torch {torch.__version__}. "
              f"Load average before / after: {load[0][0]:.2f} / {load[1][0]:.2f} (1 min): wall times are on a loaded machine.", "",
              f"Rank 0, {DTYPE}, activation strategy {STRATEGY}; `depths` = the depths simulated (the card's own: whole); "
              "`build`, `warm` (first step, unprobed) and `measured` (the probed step) are summed over the depths; "

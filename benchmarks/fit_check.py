@@ -39,6 +39,7 @@ from pytest_flashckpt.fit.assumptions import DEFAULT_MFU  # noqa: E402
 from pytest_flashckpt.fit.candidates import Candidate  # noqa: E402
 from pytest_flashckpt.fit.hardware import DEVICES, Device  # noqa: E402
 from pytest_flashckpt.fit.time_model import StepTimeModel  # noqa: E402
+from pytest_flashckpt.runner.profile import cpu_name  # noqa: E402
 
 REPORT = ROOT / "reports" / "fit-check.md"
 WORKER = ROOT / "benchmarks" / "fit_check_worker.py"
@@ -103,7 +104,7 @@ def render(record: dict, gloo: list[dict], published: list[dict], command: str) 
     calibrated = _order(gloo, "calibrated_s")
     lines = [
         "# Does fit's time model rank layouts right? (issue 32 item 5)", "",
-        f"Produced by `{command}` on {platform.node()} ({os.cpu_count()} cores, shared by other jobs), torch "
+        f"Produced by `{command}` on {platform.node()} ({os.cpu_count()} cores of {cpu_name()}, shared by other jobs), torch "
         f"{torch.__version__}; load average (1 min) at the end: {os.getloadavg()[0]:.2f}.", "",
         "## 1. Measured gloo step times at world 4 against the model", "",
         f"A Llama card (`llama-tiny` with `{json.dumps(CARD)}`), bf16, global batch {GLOBAL_BATCH} x {SEQ} tokens, "

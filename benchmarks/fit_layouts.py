@@ -25,6 +25,8 @@ from pathlib import Path
 
 from report_output import write_or_print  # benchmarks/ is first on sys.path when this file runs
 
+from pytest_flashckpt.runner.profile import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--seq", "8192", "--device", "h100-sxm", "--device-memory", "80GiB", "--precision", "both",
           "--strategies", "full,selective_op", "--top", "2", "--max-simulations", "12"]
@@ -62,7 +64,7 @@ def run_case(name: str) -> str:
 
     return "\n".join([
         f"# flashckpt fit: {name} (issue 32 item 5)", "",
-        f"Produced by `python benchmarks/fit_layouts.py --only {name}` on {platform.node()} ({os.cpu_count()} cores, "
+        f"Produced by `python benchmarks/fit_layouts.py --only {name}` on {platform.node()} ({os.cpu_count()} cores of {cpu_name()}, "
         f"shared), torch {torch.__version__}; load average (1 min) before / after: {load_before:.2f} / "
         f"{os.getloadavg()[0]:.2f}.", "",
         f"Command: `{command}`; {status}; wall time {wall:.0f} s (torch import and every rank "

@@ -441,8 +441,10 @@ def _mib(n) -> str:
 def _render(results: dict, command: str, load: tuple, seconds: float) -> str:
     import torch
 
+    from pytest_flashckpt.runner.profile import cpu_name
+
     lines = ["# Spike: real parallel layouts under FakeTensorMode + fake process group (issue 32)", "",
-             f"Produced by `{command}` in {seconds:.0f} s on {platform.node()} ({os.cpu_count()} cores, shared), "
+             f"Produced by `{command}` in {seconds:.0f} s on {platform.node()} ({os.cpu_count()} cores of {cpu_name()}, shared), "
              f"torch {torch.__version__}, Python {platform.python_version()}. Load average before / after: "
              f"{load[0][0]:.2f} / {load[1][0]:.2f} (1 min), {load[0][1]:.2f} / {load[1][1]:.2f} (5 min): wall times "
              "are on a loaded machine.", "",
