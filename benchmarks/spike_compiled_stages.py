@@ -53,7 +53,9 @@ def render(ranks: list[dict], provenance: str) -> str:
              "every block of each stage compiled (Inductor, `compile.scope: block`). *grad diff*: the largest absolute "
              "difference of the rank's gradients from one eager process on the full batch (first step). *added*: "
              "the CPU allocator's forward + backward peak over its start, one step after two warm steps, compiled "
-             "and eager; *probe*: the rank probe under compiled code over the same window (start -> peak).", "",
+             "and eager; *probe*: the rank probe under compiled code over the same window (start -> peak), Inductor's "
+             "buffers allocated where it sees them (`probes.compiled.inductor_buffers_dispatched`, as "
+             "`distributed.rank` runs a compiled rank).", "",
              "| configuration | rank | loss (last stage) vs one process | grad diff | regions | frames / graphs | "
              "graph breaks | recompiles | first step (compile) | added, compiled | added, eager | probe start -> peak |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
