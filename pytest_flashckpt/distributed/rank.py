@@ -219,18 +219,12 @@ def _measure_compiled_stages(scenario: Scenario, device: torch.device, backend: 
     """A rank of compiled pipeline stages (reports/spike-compiled-stages.md): every block of each stage compiled
     after the activation strategy and before ``fully_shard`` (``build_pipeline``'s ``before_shard``), measured as
     ``_compiled_rank`` measures a compiled rank; each block's region runs once per microbatch (twice with the
-    checkpoint outside), and the rank's state counts its stages' receive buffers, as the eager stage's does. With
-    tensor parallel inside the stages (reports/spike-compiled-tp-stages.md) the first stage's embedding output is
-    waited for in eager before its compiled blocks, as on a compiled tensor-parallel rank."""
+    checkpoint outside), and the rank's state counts its stages' receive buffers, as the eager stage's does; tensor
+    parallel inside the stages as reports/spike-compiled-tp-stages.md measured it."""
     schedule = scenario.layout.pipeline_schedule()
 
     def build(compile_blocks):
-        def before_shard(part: torch.nn.Module) -> None:
-            if scenario.layout.tensor_parallel:  # the first stage's embedding output (a later stage's is plain)
-                tensor_parallel.settle_embedding_output(part)
-            compile_blocks(part)
-
-        trainer = stages(before_shard)
+        trainer = stages(compile_blocks)
         return trainer, trainer.activation
 
     return _compiled_rank(
@@ -255,16 +249,9 @@ def _timed_rounds(trainer, scenario: Scenario, device: torch.device) -> list[flo
 
 def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, mesh, out: dict[str, Any]) -> dict[str, Any]:
     """A compiled rank of FSDP2 over every rank, or (``mesh``) tensor parallel then FSDP2 over its dp_shard
-    dimension (``config.axes.CompileConfig`` refuses what does not compile), measured by ``_compiled_rank``; under
-    tensor parallel the embedding's output is waited for in eager before the compiled blocks
-    (``tensor_parallel.settle_embedding_output``)."""
+    dimension (``config.axes.CompileConfig`` refuses what does not compile), measured by ``_compiled_rank``."""
     def build(compile_blocks):
-        def before_shard(model: torch.nn.Module) -> None:
-            if mesh is not None:
-                tensor_parallel.settle_embedding_output(model)
-            compile_blocks(model)
-
-        trainer, applied = _trainer(scenario, device, backend, mesh, before_shard)
+        trainer, applied = _trainer(scenario, device, backend, mesh, compile_blocks)
         return trainer, applied.describe()
 
     return _compiled_rank(
@@ -277,8 +264,9 @@ def _measure_compiled(scenario: Scenario, device: torch.device, backend: str, me
 def _compiled_rank(scenario: Scenario, device: torch.device, backend: str, out: dict[str, Any], build, *, layout: str,
                    runs_per_step: int, resident, windows) -> dict[str, Any]:
     """A compiled rank: ``build(compile_blocks)`` lays the rank out with ``compile_blocks`` called on each model part
-    after the activation strategy and before ``fully_shard`` (torchtitan's order) and returns (trainer, what the
-    strategy applied); the rank is warmed up and checked as one process checks it (``compile_step.warmed_up``: a
+    after the activation strategy and before ``fully_shard`` (torchtitan's order; under tensor parallel the
+    embedding's output is waited for in eager first, ``tensor_parallel.settle_embedding_output``, a no-op on a
+    pipeline stage that receives hidden states) and returns (trainer, what the strategy applied); the rank is warmed up and checked as one process checks it (``compile_step.warmed_up``: a
     graph compiled, no break, every block's region ran, ``runs_per_step`` times a step), its peak read from one
     step's allocator events over its ``resident(trainer)`` tensors (the ``cpu`` probe is a dispatch mode: Dynamo
     would run the step eager; ``runner.compiled``), the next step's two ``windows(trainer)`` by the rank probe made
@@ -292,6 +280,8 @@ def _compiled_rank(scenario: Scenario, device: torch.device, backend: str, out: 
     compile_backend = compile_step.budget_backend(scenario.activation.budget) if scenario.activation.strategy == "compile_budget" else None  # type: ignore[arg-type]
 
     def compile_blocks(model: torch.nn.Module) -> None:
+        if scenario.layout.tensor_parallel:
+            tensor_parallel.settle_embedding_output(model)
         regions.append(compile_step.compile_model(model, scenario.compile, compile_backend))
 
     # FSDP alone: Inductor's output views (compile_step); every buffer seen by the rank probe (probes.compiled)
