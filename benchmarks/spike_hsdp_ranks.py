@@ -41,15 +41,14 @@ REPEATS = 3
 
 
 @contextlib.contextmanager
-def fully_shard_over(module, mesh):
-    """While active, ``module``'s ``fully_shard`` (the builder's import of torch's) shards over ``mesh`` instead of
-    the mesh the builder passes: the builder's ``dp_shard`` dimension becomes the 2D HSDP mesh."""
+def fully_shard_over(module, hsdp_mesh):
+    """While active, ``module``'s ``fully_shard`` (the builder's import of torch's) shards over ``hsdp_mesh`` instead
+    of the mesh the builder passes: the builder's ``dp_shard`` dimension becomes the 2D HSDP mesh."""
     real = module.fully_shard
 
     def hsdp(target, *, mesh=None, **kwargs):  # noqa: ARG001 (the builder's 1D mesh, replaced)
         return real(target, mesh=hsdp_mesh, **kwargs)
 
-    hsdp_mesh = mesh
     module.fully_shard = hsdp
     try:
         yield
@@ -66,7 +65,6 @@ def _readings(step, memory_step, parameter) -> dict:
 
 
 def fsdp_layout(strategy: str, hsdp: bool) -> dict:
-    import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     from pytest_flashckpt.config.layout import Layout
@@ -82,8 +80,6 @@ def fsdp_layout(strategy: str, hsdp: bool) -> dict:
     loss = float(tp.forward_backward(trainer).detach())
     trainer.optimizer.zero_grad(set_to_none=True)
     record = _readings(trainer.train_step, lambda: tp.memory_step(trainer), next(trainer.model.parameters()))
-    del trainer
-    torch._dynamo.reset()
     return {**record, "loss": loss}
 
 

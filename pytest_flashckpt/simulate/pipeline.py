@@ -301,7 +301,7 @@ def _simulate_stage_whole(card, *, layout: Layout, pipeline: PipelineSchedule, b
     """One fake process group, the card built and split, warmed up (``fake_ranks.warm_up``) and the probed step. A
     compiled rank (``compile``) compiles each stage's blocks into Inductor's plans, warms up with two real steps
     and is read by ``rank_probe.CompiledRankProbe`` (``fake_ranks._Compiled``)."""
-    compiled = _Compiled(layout, strategy, compile, None) if compile is not None and compile.enabled else None
+    compiled = None if compile is None else _Compiled(layout, strategy, compile, None)  # (enabled: the caller's check)
     started = time.perf_counter()
     forget_meshes()  # (a previous rank's DTensor caches hold its meshes: simulate.fake_ranks)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
