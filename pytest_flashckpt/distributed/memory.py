@@ -6,7 +6,10 @@ Three things differ from a single process, and each would make the plain ``cpu``
   but reports the *global* (unsharded) size. A ``TorchDispatchMode`` sees the DTensors (modes run before the
   DTensor subclass unwraps them), so the probe counted every AdamW temporary at the unsharded size and put every
   rank's peak in the optimizer step. Here a DTensor counts as its local shard (``_local_tensor``): what the rank
-  holds.
+  holds. The same holds for the ``AsyncCollectiveTensor`` an eager functional collective returns (a wrapper
+  subclass whose storage reports the result's size): it counts as the result it wraps (``elem``). Without that a
+  context-parallel rank counted each all-gathered K/V of torch's ring attention twice while the wrapper lived
+  (reports/spike-cp-ranks.md).
 - **Gathered parameters are freed in place.** FSDP2 frees a block's all-gathered (unsharded) parameters with
   ``untyped_storage().resize_(0)`` and re-grows the same storage for the next all-gather. A storage resize is not an
   aten op, so the sizes of the tracked storages are re-read before every op (one ``nbytes()`` per live storage per
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 
 import torch
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten
 
@@ -51,8 +55,8 @@ class _RankStorages(_LiveStorages):
         self._allgathers = _allgather_ops()
 
     def add(self, tensor: torch.Tensor) -> None:
-        if isinstance(tensor, DTensor):
-            tensor = tensor._local_tensor
+        while isinstance(tensor, (DTensor, AsyncCollectiveTensor)):  # wrappers: count what they hold
+            tensor = tensor._local_tensor if isinstance(tensor, DTensor) else tensor.elem
         super().add(tensor)
 
     def _rescan(self) -> None:

@@ -39,22 +39,41 @@ from torch.distributed.tensor.parallel import (
 from pytest_flashckpt.activation import AppliedActivation, apply_ac
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed import context_parallel
 from pytest_flashckpt.distributed.fsdp import ShardedTrainer, mixed_precision_policy
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
 from pytest_flashckpt.models.cards import build_model
 
 MESH_DIMS = ("dp_shard", "tp")
+CP_MESH_DIMS = ("dp_shard", "cp", "tp")
 COLUMN_ROLES = ("q", "k", "v", "gate", "up")  # output features sharded: whole heads / MLP columns per rank
 ROW_ROLES = ("o", "down")  # input features sharded: partial sums reduce-scattered to sequence shards
 
 
 def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
-    """The 2D mesh (dp_shard, tp) of the current process group; a size-1 axis is kept so the plan is one shape."""
-    if layout.pp > 1 or layout.cp > 1:
-        raise ValueError(f"layout {layout.describe()}: tensor parallel is composed with dp_shard only; pipeline stages "
-                         "are distributed.pipeline's, context parallel is simulated (simulate.context_parallel)")
-    return init_device_mesh(device_type, (layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
+    """The 2D mesh (dp_shard, tp) of the current process group; a size-1 axis is kept so the plan is one shape.
+    With context parallel, the 3D mesh (dp_shard, cp, tp) and its flattened ``dp_shard_cp`` dimension, which FSDP2
+    shards over (torchtitan's mesh; ``distributed.context_parallel``)."""
+    if layout.pp > 1:
+        raise ValueError(f"layout {layout.describe()}: tensor parallel is composed with dp_shard and cp here; pipeline "
+                         "stages are distributed.pipeline's")
+    if layout.cp == 1:
+        return init_device_mesh(device_type, (layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
+    mesh = init_device_mesh(device_type, (layout.dp_shard, layout.cp, layout.tp), mesh_dim_names=CP_MESH_DIMS)
+    # torch asks callers to keep the flattened mesh themselves (slicing it from the root is deprecated)
+    setattr(mesh, _FLATTENED, mesh["dp_shard", "cp"]._flatten("dp_shard_cp"))
+    return mesh
+
+
+_FLATTENED = "_flashckpt_dp_shard_cp"  # where make_mesh keeps a cp mesh's flattened dp_shard x cp dimension
+
+
+def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP2 shards over: ``dp_shard``, or the flattened ``dp_shard_cp`` of ``make_mesh`` where the mesh
+    has context parallel."""
+    flattened = getattr(mesh, _FLATTENED, None)
+    return mesh["dp_shard"] if flattened is None else flattened
 
 
 def _gather_sequence(n_args: int) -> PrepareModuleInput:
@@ -169,7 +188,7 @@ def parallelize(
     before_shard: Callable[[nn.Module], None] | None = None,
 ) -> AppliedActivation:
     """TP on ``mesh["tp"]`` (when it has more than one rank), then the activation strategy, then ``before_shard``
-    (a compiled scenario compiles each block there), then ``fully_shard`` per block and root on ``mesh["dp_shard"]``
+    (a compiled scenario compiles each block there), then ``fully_shard`` per block and root on ``fsdp_mesh(mesh)``
     (when it has more than one rank, or for mixed precision, which is FSDP2's ``MixedPrecisionPolicy``):
     torchtitan's order."""
     if mesh["tp"].size() > 1:
@@ -177,8 +196,9 @@ def parallelize(
     applied = apply_ac(model, activation or ActivationConfig())
     if before_shard is not None:
         before_shard(model)
-    if mesh["dp_shard"].size() > 1 or mp_policy is not None:
-        kwargs = {"mesh": mesh["dp_shard"]} | ({} if mp_policy is None else {"mp_policy": mp_policy})
+    shard_mesh = fsdp_mesh(mesh)
+    if shard_mesh.size() > 1 or mp_policy is not None:
+        kwargs = {"mesh": shard_mesh} | ({} if mp_policy is None else {"mp_policy": mp_policy})
         for block in get_blocks(model):
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
@@ -192,10 +212,33 @@ class ParallelTrainer(ShardedTrainer):
     and backward inside it, as torch requires)."""
 
     tensor_parallel: bool = False
+    context_mesh: DeviceMesh | None = None  # the cp ranks sharing this rank's sequences (context parallel), or None
+
+    def batch(self, position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The data-parallel rank's rows; under context parallel, this cp rank's share of their tokens."""
+        x, y = super().batch(position)
+        if self.context_mesh is None:
+            return x, y
+        x, y = context_parallel.shard_sequence(self.context_mesh, [x, y])
+        return x, y
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The model's loss; under context parallel with the positions of the tokens this rank holds (the same
+        sharding as ``batch``'s)."""
+        if self.context_mesh is None:
+            return super().loss(x, y)
+        positions = context_parallel.local_positions(self.context_mesh, self.seq_len, x.device)
+        return self.model(x, y, positions=positions)
 
     def loss_context(self):
-        """``loss_parallel()`` under TP (the head leaves the logits sharded), else nothing."""
-        return loss_parallel() if self.tensor_parallel else contextlib.nullcontext()
+        """``loss_parallel()`` under TP (the head leaves the logits sharded) and torch's ring attention under context
+        parallel, else nothing."""
+        stack = contextlib.ExitStack()
+        if self.tensor_parallel:
+            stack.enter_context(loss_parallel())
+        if self.context_mesh is not None:
+            stack.enter_context(context_parallel.ring_attention(self.context_mesh))
+        return stack
 
     def train_step(self) -> torch.Tensor:
         with self.loss_context():
@@ -224,13 +267,17 @@ def build_trainer(
     run before anything is built."""
     layout.check_card(card)
     layout.check_batch(batch_size)
+    layout.check_sequence(seq_len)
     mixed = precision == "mixed"
     if model is None:
+        if layout.cp > 1:  # the ring runs the device's explicit flash op (distributed.context_parallel)
+            backend = context_parallel.ring_backend(torch.device(device).type)
         model = build_model(card, backend, device, torch.float32 if mixed else dtype, seed=seed)
     applied = parallelize(model, mesh, activation, mixed_precision_policy(dtype) if mixed else None, before_shard)
     trainer = ParallelTrainer.create(model, batch_size, seq_len, seed=seed, foreach=foreach)  # foreach: AdamW's (None: torch's pick)
     trainer.rank, trainer.world_size = mesh["dp_shard"].get_local_rank(), layout.dp_shard
     trainer.tensor_parallel = layout.tp > 1
+    trainer.context_mesh = mesh["cp"] if layout.cp > 1 else None
     return trainer, applied
 
 
@@ -242,7 +289,7 @@ def forward_backward(trainer: ParallelTrainer) -> torch.Tensor:
     """One forward and backward on the trainer's next batch (inside ``loss_parallel`` under TP); the loss."""
     x, y = trainer.batch()
     with trainer.loss_context():
-        loss = trainer.model(x, y)
+        loss = trainer.loss(x, y)
         loss.backward()
     return loss.detach()
 

@@ -1,21 +1,24 @@
-"""Context parallel, simulated (modelled): one cp rank's training step on ``meta`` with torch's own ring attention.
+"""Context parallel with the CUDA flash op, simulated (modelled): one cp rank's training step on ``meta`` with
+torch's own ring attention.
 
 torch's ``context_parallel`` shards the sequence over ``cp`` ranks and runs every attention call as ring attention
 (``torch.distributed.tensor.experimental._context_parallel._attention``): a rank's queries stay, the keys and
-values of the other ranks come to it. It does not run on a CPU (``aten._scaled_dot_product_flash_attention_for_cpu``
-has no sharding strategy, measured on gloo for issue 32) and the CUDA flash op aborts under fake mode, so a cp rank
-is simulated on ``meta``, where the CUDA flash op returns its true shapes:
+values of the other ranks come to it. A cp rank composed with FSDP and tensor parallel runs on gloo ranks and is
+simulated by the real engine under fake mode with the CPU flash op (``distributed.context_parallel``,
+``simulate.fake_ranks``: equal to the byte, reports/spike-cp-ranks.md). This module is the other route: the CUDA
+flash op aborts under fake mode, so a cp rank with the op a GPU runs is simulated on ``meta``, where that op returns
+its true shapes:
 
 - the rank's step is the project's meta step (``simulate.simulate_step``: the real model, activation strategy and
   AdamW, counted by the attributed probe) at ``seq / cp`` tokens: every activation a rank holds;
 - each attention call is torch's ring attention itself, forward and backward (its
   ``_scaled_dot_product_ring_flash_attention`` and ``..._backward``, the functions ``context_parallel`` dispatches
-  the flash op to), run over a fake process group of ``cp`` ranks (``_ring_attention``). So what they allocate is
-  counted as torch allocates it: with torch's default rotation (``allgather``) the forward all-gathers every
-  rank's K/V once (``cp`` x the local K and V) and merges block outputs in float32 (``convert_to_f32``), the
-  backward all-gathers K/V again and rotates the K/V gradients (float32) with all-to-all; ``alltoall`` rotates one
-  neighbour's K/V at a time. The load-balanced ring (each rank holds chunk ``r`` and ``2 cp - 1 - r``, torch's
-  default) needs ``seq`` divisible by ``2 cp`` (``config.layout``).
+  the flash op to), run over a fake process group of ``cp`` ranks (``distributed.context_parallel.ring_attention``).
+  So what they allocate is counted as torch allocates it: with torch's default rotation (``allgather``) the
+  forward all-gathers every rank's K/V once (``cp`` x the local K and V) and merges block outputs in float32
+  (``convert_to_f32``), the backward all-gathers K/V again and rotates the K/V gradients (float32) with
+  all-to-all; ``alltoall`` rotates one neighbour's K/V at a time. The load-balanced ring (each rank holds chunk
+  ``r`` and ``2 cp - 1 - r``, torch's default) needs ``seq`` divisible by ``2 cp`` (``config.layout``).
 
 What the ring adds to a rank's peak (``ring_extra_bytes``, against the same step with each rank's attention over
 its own chunk) depends on where the peak falls. Outside attention the exchange buffers are gone and one copy per
@@ -24,74 +27,24 @@ so the model's reshape before ``o_proj`` copies it (a query-sized tensor saved f
 on llama-tiny at cp 2, exactly that). When the peak falls inside a ring backward, its K/V and float32 K/V
 gradient exchange buffers add to it (llama-tiny, 1 block, at cp 4).
 
-Labelled ``modelled``, not simulated by the real engine end to end: the model's rotary positions are the local
-chunk's (same shapes, other values), the sequence is not sharded by ``context_parallel``'s buffer sharding but
-built at ``seq / cp``, and the CUDA allocator has not measured any of it (the GPU suite will). Parameters,
-gradients and optimizer state are a whole replica's (cp ranks replicate them unless FSDP shards over dp x cp; cp
-is composed with nothing else here).
+Labelled ``modelled``: the model's rotary positions are the local chunk's (same shapes, other values), the sequence
+is built at ``seq / cp`` rather than sharded, and the CUDA allocator has not measured any of it (the GPU suite
+will). Parameters, gradients and optimizer state are a whole replica's: this route composes cp with nothing else
+(the composed rank is ``simulate.fake_ranks``').
 """
 
 from __future__ import annotations
 
-import contextlib
-
-import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from pytest_flashckpt.config.layout import Layout
-from pytest_flashckpt.models import attention
+from pytest_flashckpt.distributed.context_parallel import ROTATIONS, ring_attention
 from pytest_flashckpt.simulate.step import simulate_step
 from pytest_flashckpt.simulate.workload import dtype_name
 
-ROTATIONS = ("allgather", "alltoall")
 LABEL = "modelled"  # until the GPU suite measures a cp rank
-
-
-class _RingFlashAttention(torch.autograd.Function):
-    """The CUDA flash op as ``context_parallel`` runs it: torch's ring forward, and its ring backward with what
-    the flash op saves for backward (q, k, v, out, logsumexp, the RNG state)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mesh: DeviceMesh, dropout_p: float):
-        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, *_ = ring._scaled_dot_product_ring_flash_attention(
-            mesh, q, k, v, dropout_p, True)
-        ctx.save_for_backward(q, k, v, out, lse, cum_q, cum_k, seed, offset)
-        ctx.mesh, ctx.dropout_p, ctx.max_q, ctx.max_k = mesh, dropout_p, max_q, max_k
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, cum_q, cum_k, seed, offset = ctx.saved_tensors
-        grad_q, grad_k, grad_v, *_ = ring._scaled_dot_product_ring_flash_attention_backward(
-            ctx.mesh, grad_out, q, k, v, out, lse, cum_q, cum_k, ctx.max_q, ctx.max_k, ctx.dropout_p, True, seed,
-            offset)
-        return grad_q, grad_k, grad_v, None, None
-
-
-@contextlib.contextmanager
-def _ring_attention(mesh: DeviceMesh, rotation: str, load_balanced: bool):
-    """While active, the models' explicit CUDA flash op (``models.attention``) runs as torch's ring attention over
-    ``mesh``, with ``rotation`` and load balancing set in torch's own context-parallel options."""
-    explicit = attention._explicit_op
-    options = ring._cp_options
-    saved = (options.rotate_method, options.enable_load_balance)
-
-    def ring_op(q, k, v, backend, dropout_p):
-        if backend != "sdpa-flash":
-            raise ValueError(f"context parallel is simulated with the CUDA flash op; the step ran {backend}")
-        return _RingFlashAttention.apply(q, k, v, mesh, dropout_p)
-
-    ring.set_rotate_method(rotation)
-    options.enable_load_balance = load_balanced
-    attention._explicit_op = ring_op
-    try:
-        yield
-    finally:
-        attention._explicit_op = explicit
-        options.rotate_method, options.enable_load_balance = saved
 
 
 def check_request(card, layout: Layout, *, batch_size: int, seq_len: int, kernel: str, dtype: str,
@@ -102,7 +55,8 @@ def check_request(card, layout: Layout, *, batch_size: int, seq_len: int, kernel
     others = {axis: getattr(layout, axis) for axis in ("dp_shard", "tp", "pp") if getattr(layout, axis) > 1}
     if others:
         named = ", ".join(f"{axis} {size}" for axis, size in others.items())
-        raise ValueError(f"layout {layout.describe()}: context parallel is simulated alone so far ({named}); use cp only")
+        raise ValueError(f"layout {layout.describe()}: the CUDA-op ring on meta simulates cp alone ({named}); a cp rank "
+                         "composed with dp_shard or tp is simulate.fake_ranks' (the CPU flash op), or use cp only")
     dtype = dtype_name(dtype)
     if rotation not in ROTATIONS:
         raise ValueError(f"context parallel rotation {rotation!r} is unknown; use one of {', '.join(ROTATIONS)}")
@@ -144,7 +98,7 @@ def simulate_cp_rank(
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.cp)
     try:
         mesh = init_device_mesh("cpu", (layout.cp,), mesh_dim_names=("cp",))
-        with _ring_attention(mesh, rotation, load_balanced):
+        with ring_attention(mesh, rotation, load_balanced):
             ringed = simulate_step(**step)
     finally:
         dist.destroy_process_group()

@@ -40,6 +40,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from pytest_flashckpt.config.axes import CompileConfig
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed import context_parallel
 from pytest_flashckpt.distributed import tensor_parallel as tp
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.families import family_of
@@ -63,13 +64,36 @@ def _eager_collectives():
     op by op on the 2-block Llama of tests/distributed at tp 2; docs/layouts.md)."""
     modules = [_functional_collectives, _dtensor_decompositions, _dtensor_collectives]
     saved = [m._are_we_tracing for m in modules]
+    wrap, wait = _functional_collectives._wrap_tensor_autograd, _functional_collectives.wait_tensor
     for m in modules:
         m._are_we_tracing = _eager_are_we_tracing
+    _functional_collectives._wrap_tensor_autograd = functools.partial(_wrap_as_a_real_rank, wrap)
+    _functional_collectives.wait_tensor = _waited_as_a_real_rank
     try:
         yield
     finally:
         for m, original in zip(modules, saved):
             m._are_we_tracing = original
+        _functional_collectives._wrap_tensor_autograd, _functional_collectives.wait_tensor = wrap, wait
+
+
+def _wrap_as_a_real_rank(wrap, result: torch.Tensor) -> torch.Tensor:
+    """A collective's result wrapped as on a real rank: ``AsyncCollectiveTensor(result)``, which holds ``result``
+    and allocates nothing. torch's fake kernel of the ``_wrap_tensor_autograd`` op returns ``empty_like(result)``
+    instead, a second buffer of the result's size that lived beside it while the wrapper was made: where that fell
+    on a peak the fake rank read one gathered buffer above the gloo rank (the all-gathered K/V of context
+    parallel's ring, reports/spike-cp-ranks.md). A result that requires grad keeps torch's op (its autograd
+    passes gradients through the wrapper)."""
+    if result.requires_grad:
+        return wrap(result)
+    return _functional_collectives.AsyncCollectiveTensor(result)
+
+
+def _waited_as_a_real_rank(result: torch.Tensor) -> torch.Tensor:
+    """An ``AsyncCollectiveTensor``'s wait as on a real rank, where ``wait_tensor`` returns the result itself (the
+    fake process group's collectives are complete when issued); torch's meta kernel of the op returns
+    ``empty_like(result)``, a second buffer the gloo rank never holds."""
+    return result
 
 
 @contextlib.contextmanager
@@ -161,6 +185,9 @@ def simulate_rank(
         raise RuntimeError("simulate_rank needs a process without a process group (it starts the fake one)")
     layout.check_card(card)
     layout.check_batch(batch_size)
+    layout.check_sequence(seq_len)
+    if layout.cp > 1:  # the ring runs the CPU flash op, as a gloo rank's does (distributed.context_parallel)
+        backend = context_parallel.ring_backend("cpu")
     run = functools.partial(_simulate_whole, layout=layout, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
                             k=k, dtype=dtype, precision=precision, rank=rank, seed=seed, backend=backend,
                             probe_class=probe_class, foreach=foreach, warmup=warmup, compile=compile, budget=budget)

@@ -49,10 +49,10 @@ def test_possible_requests_pass_the_same_checks() -> None:  # the control of the
     Layout(pp=3).check_stages(3)
 
 
-def test_the_tensor_parallel_mesh_refuses_pipeline_and_context_axes() -> None:
+def test_the_tensor_parallel_mesh_refuses_pipeline_axes() -> None:
     from pytest_flashckpt.distributed import pipeline, tensor_parallel
 
-    with pytest.raises(ValueError, match=r"layout dp_shard 1 x tp 2 x pp 2: tensor parallel is composed with dp_shard only"):
+    with pytest.raises(ValueError, match=r"layout dp_shard 1 x tp 2 x pp 2: tensor parallel is composed with dp_shard and cp here"):
         tensor_parallel.make_mesh(Layout(tp=2, pp=2))
     # the pipeline mesh takes tp (pp x dp_shard x tp); context parallel stays refused, before any process group
     with pytest.raises(ValueError, match=r"pipeline stages are composed with FSDP \(dp_shard\) and tensor parallel \(tp\) only"):

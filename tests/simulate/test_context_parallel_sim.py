@@ -9,6 +9,7 @@ import torch
 from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.models import attention
 from pytest_flashckpt.models.cards import load_card
+from pytest_flashckpt.distributed.context_parallel import ring
 from pytest_flashckpt.simulate import context_parallel as cp_sim
 
 CARD = {"n_layer": 1, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256, "block_size": 256}
@@ -16,7 +17,7 @@ CARD = {"n_layer": 1, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_s
 
 def test_a_cp_rank_runs_torchs_ring_attention_on_its_share_of_the_sequence(monkeypatch) -> None:
     calls = {"forward": 0, "backward": 0}
-    forward, backward = cp_sim.ring._templated_ring_attention, cp_sim.ring._templated_ring_attention_backward
+    forward, backward = ring._templated_ring_attention, ring._templated_ring_attention_backward
 
     def counted(name, fn):
         def run(*args, **kwargs):
@@ -24,8 +25,8 @@ def test_a_cp_rank_runs_torchs_ring_attention_on_its_share_of_the_sequence(monke
             return fn(*args, **kwargs)
         return run
 
-    monkeypatch.setattr(cp_sim.ring, "_templated_ring_attention", counted("forward", forward))
-    monkeypatch.setattr(cp_sim.ring, "_templated_ring_attention_backward", counted("backward", backward))
+    monkeypatch.setattr(ring, "_templated_ring_attention", counted("forward", forward))
+    monkeypatch.setattr(ring, "_templated_ring_attention_backward", counted("backward", backward))
     card = load_card("llama-tiny", **CARD)
     two, four = (cp_sim.simulate_cp_rank(card, Layout(cp=n), batch_size=1, seq_len=256) for n in (2, 4))
     assert calls == {"forward": 4, "backward": 4}  # 2 steps (warm, measured) x 1 block, per cp size
@@ -48,7 +49,8 @@ def test_a_cp_rank_runs_torchs_ring_attention_on_its_share_of_the_sequence(monke
         (dict(layout=Layout(cp=4), seq_len=100), r"layout cp 4: sequence 100 is not divisible by 2 x cp = 8"),
         (dict(layout=Layout(cp=3), seq_len=100, load_balanced=False), r"sequence 100 is not divisible by cp 3"),
         (dict(layout=Layout(cp=1)), r"cp 1: context parallel needs cp >= 2"),
-        (dict(layout=Layout(dp_shard=2, cp=2)), r"simulated alone so far \(dp_shard 2\); use cp only"),
+        (dict(layout=Layout(dp_shard=2, cp=2)), r"the CUDA-op ring on meta simulates cp alone \(dp_shard 2\); a cp rank composed with dp_shard or tp is "
+                                                r"simulate.fake_ranks'"),
         (dict(layout=Layout(cp=2), kernel="efficient"), r"CUDA flash op .* got kernel efficient.*--kernel flash"),
         (dict(layout=Layout(cp=2), dtype="float32"), r"got kernel flash in float32"),
         (dict(layout=Layout(cp=2), rotation="ring"), r"rotation 'ring' is unknown; use one of allgather, alltoall"),

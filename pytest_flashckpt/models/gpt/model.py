@@ -126,12 +126,14 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab) without targets; the mean cross-entropy loss with them."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) without targets; the mean cross-entropy loss with them. ``positions`` (T,): the
+        tokens' places in the sequence where they are not 0 .. T - 1 (a context-parallel rank's share)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size} of {self.config.name}")
-        pos = torch.arange(T, device=idx.device)
+        pos = torch.arange(T, device=idx.device) if positions is None else positions
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
             x = block(x)

@@ -65,10 +65,15 @@ def make_norm(config: LlamaConfig) -> nn.Module:
     return RMSNorm(config.n_embd, config.norm_eps)
 
 
-def rotary_tables(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, (seq_len, head_dim), for rotating pairs (i, i + head_dim/2) by position * theta^(-2i/head_dim)."""
+def rotary_tables(seq_len: int, head_dim: int, theta: float, device, dtype,
+                  positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (seq_len, head_dim), for rotating pairs (i, i + head_dim/2) by position * theta^(-2i/head_dim).
+    The positions are 0 .. seq_len - 1, or ``positions`` (seq_len,) where given (a context-parallel rank's tokens
+    come from two places in the sequence: ``distributed.context_parallel``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    if positions is None:
+        positions = torch.arange(seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(positions.to(torch.float32), inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -156,13 +161,15 @@ class Llama(nn.Module):
         if head not in state_dict and embedding in state_dict:
             state_dict[head] = state_dict[embedding]
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab) without targets; the mean cross-entropy loss with them."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) without targets; the mean cross-entropy loss with them. ``positions`` (T,): the
+        tokens' places in the sequence where they are not 0 .. T - 1 (a context-parallel rank's share)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size} of {self.config.name}")
         x = self.embed_tokens(idx)
-        cos, sin = rotary_tables(T, self.config.head_dim, self.config.rope_theta, idx.device, x.dtype)
+        cos, sin = rotary_tables(T, self.config.head_dim, self.config.rope_theta, idx.device, x.dtype, positions)
         for block in self.blocks:
             x = block(x, cos, sin)
         logits = self.lm_head(self.norm(x))

@@ -1,0 +1,234 @@
+"""Spike for issue 32 (context parallel on measured ranks, composed with FSDP and tensor parallel): does torch's own
+ring attention run on CPU gloo ranks, train what one process trains, and hold what the simulated rank holds?
+
+    python benchmarks/spike_cp_ranks.py            # 4 gloo ranks, writes reports/spike-cp-ranks.md (+ .json)
+    python benchmarks/spike_cp_ranks.py --print
+
+torch's ``context_parallel`` context manager does not run on a CPU (the CPU flash op has no ring dispatch), so
+context parallel was simulated only, on ``meta`` with the CUDA flash op, and labelled "modelled". The ring itself
+(``_templated_ring_attention`` and its backward) takes the attention op as an argument;
+``distributed.context_parallel`` runs it with the CPU flash op and its backward. One torchrun launch of 4 ranks
+builds each layout with the project's builder (``tensor_parallel.build_trainer``: FSDP2 over the flattened
+``dp_shard x cp`` mesh, tensor parallel inside, the sequence sharded by torch's ``_context_parallel_shard`` with
+its head-tail load balancer, the tokens' own positions):
+
+- **training**: the first step's loss (the mean over ranks of each rank's local mean: equal token counts) and every
+  parameter's gradient (FSDP2's reduced shard, gathered) against one process on the whole batch and sequence;
+- **memory**: a warm step, then three probed steps (the rank probe, ``distributed.memory``), each window against
+  the same rank simulated by the real engine under fake mode (``simulate.fake_ranks.simulate_rank``: the same
+  builder, the fake process group, the ring with the same op), in this process after the launch.
+
+Layouts: ``cp 4``, ``dp_shard 2 x cp 2``, ``cp 2 x tp 2`` on a Llama card (grouped-query attention, rotary
+positions) and ``cp 4`` on a GPT card (learned positions); ``none`` and ``full``; fp32. Recorded, not asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WORLD = 4
+WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
+LLAMA = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256,
+         "block_size": 64}
+GPT = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "block_size": 64}
+BATCH, SEQ, SEED = 2, 64, 1
+STRATEGIES = ("none", "full")
+REPEATS = 3
+CASES = {  # name -> (card, overrides, dp_shard, cp, tp)
+    "llama cp 4": ("llama-tiny", LLAMA, 1, 4, 1),
+    "llama dp_shard 2 x cp 2": ("llama-tiny", LLAMA, 2, 2, 1),
+    "llama cp 2 x tp 2": ("llama-tiny", LLAMA, 1, 2, 2),
+    "gpt cp 4": ("tiny", GPT, 1, 4, 1),
+}
+
+
+def _layout(case: str):
+    from pytest_flashckpt.config.layout import Layout
+
+    _, _, dp, cp, tp = CASES[case]
+    return Layout(dp_shard=dp, cp=cp, tp=tp)
+
+
+def _card(case: str):
+    from pytest_flashckpt.models.cards import load_card
+
+    name, overrides, *_ = CASES[case]
+    return load_card(name, **overrides)
+
+
+def _reference(card) -> tuple[float, dict]:
+    """One process, the whole batch and sequence: the loss and every gradient of the first step."""
+    import torch
+
+    from pytest_flashckpt.models.cards import build_model
+    from pytest_flashckpt.training import make_batch
+
+    model = build_model(card, "sdpa", "cpu", torch.float32, seed=SEED)
+    x, y = make_batch(card.vocab_size, BATCH, SEQ, SEED, 0)
+    loss = model(x, y)
+    loss.backward()
+    return float(loss), {name: p.grad for name, p in model.named_parameters()}
+
+
+def run_case(case: str, strategy: str) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from pytest_flashckpt.config.scenario import ActivationConfig
+    from pytest_flashckpt.distributed import tensor_parallel as tp
+
+    card, layout = _card(case), _layout(case)
+    ref_loss, ref_grads = _reference(card)
+    mesh = tp.make_mesh(layout)
+    trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=BATCH, seq_len=SEQ, seed=SEED,
+                                  activation=ActivationConfig(strategy))
+    loss = tp.forward_backward(trainer)
+    loss = (loss.full_tensor() if isinstance(loss, DTensor) else loss).clone()  # tp: loss_parallel's replicated loss
+    dist.all_reduce(loss)
+    worst_abs, worst_rel = 0.0, 0.0
+    for name, param in trainer.model.named_parameters():
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        ref = ref_grads[name]
+        worst_abs = max(worst_abs, float((grad - ref).abs().max()))
+        worst_rel = max(worst_rel, float((grad - ref).norm() / ref.norm().clamp_min(1e-30)))
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.train_step()  # the warm step: AdamW's state made
+    windows = [tp.memory_step(trainer) for _ in range(REPEATS)]
+    return {"loss": float(loss) / dist.get_world_size(), "reference_loss": ref_loss, "grad_max_abs": worst_abs,
+            "grad_max_rel": worst_rel, "windows": windows, "backend": getattr(trainer.model.config, "name", "")}
+
+
+def gloo_rank(out: Path) -> None:
+    import torch.distributed as dist
+
+    from pytest_flashckpt.distributed import fsdp
+
+    fsdp.init(timeout_s=300)
+    record = {"rank": dist.get_rank(), "cases": {}}
+    for case in CASES:
+        for strategy in STRATEGIES:
+            key = f"{case} | {strategy}"
+            try:
+                record["cases"][key] = run_case(case, strategy)
+            except Exception as exc:  # what a configuration fails with is the finding
+                record["cases"][key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+            dist.barrier()
+    (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
+    dist.destroy_process_group()
+
+
+def measure() -> list[dict]:
+    from pytest_flashckpt.distributed import launcher
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        launcher.run(launcher.Launch(WORLD, timeout_s=900), str(Path(__file__).resolve()), ["--gloo", str(out)],
+                     log_path=out / "launch.log")
+        return [json.loads((out / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(WORLD)]
+
+
+def simulate(ranks: list[dict]) -> None:
+    """Each measured rank's simulated twin (``simulate.fake_ranks.simulate_rank``), added to its record."""
+    from pytest_flashckpt.config.scenario import ActivationConfig  # noqa: F401 (the builder's config, imported early)
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+
+    for case in CASES:
+        for strategy in STRATEGIES:
+            for rank in ranks:
+                measured = rank["cases"][f"{case} | {strategy}"]
+                if "error" in measured:
+                    continue
+                try:
+                    measured["simulated"] = simulate_rank(_card(case), _layout(case), batch_size=BATCH, seq_len=SEQ,
+                                                          strategy=strategy, rank=rank["rank"], seed=SEED,
+                                                          extrapolate=False, warmup="step")
+                except Exception as exc:
+                    measured["simulated"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+
+
+def _range(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
+def render(ranks: list[dict], produced: str) -> str:
+    lines = ["# Spike: context parallel on gloo ranks, with FSDP and tensor parallel (issue 32)", "", produced, "",
+             f"{WORLD} gloo ranks; batch {BATCH} x {SEQ} tokens, fp32, seed {SEED}; Llama card `llama-tiny` with "
+             f"`{json.dumps(LLAMA)}`, GPT card `tiny` with `{json.dumps(GPT)}`. torch's ring attention "
+             "(`_templated_ring_attention`, all-gather rotation, head-tail load balance) with the CPU flash op "
+             "(`distributed.context_parallel`); FSDP2 over the flattened `dp_shard x cp` mesh. Loss: the mean of "
+             "the ranks' local means; gradients: FSDP2's reduced shards gathered, against one process on the whole "
+             f"batch. Memory: rank probe after a warm step, {REPEATS} repeats (min-max where they moved), against "
+             "the simulated rank (`simulate.fake_ranks`, fake mode, same builder).", "",
+             "| layout | strategy | rank | loss / one process | gradient max abs diff (rel. norm) | fwd+bwd start -> "
+             "peak (measured) | simulated | optimizer start -> peak (measured) | simulated | simulated - measured |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    equal, total, errors, worst_grad, worst_loss = 0, 0, [], 0.0, 0.0
+    for case in CASES:
+        for strategy in STRATEGIES:
+            for rank in ranks:
+                r = rank["cases"][f"{case} | {strategy}"]
+                if "error" in r:
+                    errors.append(f"- {case}, {strategy}, rank {rank['rank']}: `{r['error']}`")
+                    continue
+                sim = r.get("simulated", {"error": "not simulated"})
+                ws = r["windows"]
+
+                def window(start: str, peak: str) -> str:
+                    return f"{_range([w[start] for w in ws])} -> {_range([w[peak] for w in ws])}"
+
+                if "error" in sim:
+                    errors.append(f"- {case}, {strategy}, rank {rank['rank']} (simulated): `{sim['error']}`")
+                    simulated, gap = ("error",) * 2, "error"
+                else:
+                    total += 1
+                    same = all(sim[k] == min(w[k] for w in ws) for k in WINDOWS)
+                    equal += same
+                    simulated = (f"{sim['fwd_bwd_start_bytes']:,} -> {sim['fwd_bwd_peak_bytes']:,}",
+                                 f"{sim['optimizer_start_bytes']:,} -> {sim['optimizer_peak_bytes']:,}")
+                    gap = "equal to the byte" if same else ", ".join(
+                        f"{k.replace('_bytes', '')} {sim[k] - min(w[k] for w in ws):+,} B" for k in WINDOWS
+                        if sim[k] != min(w[k] for w in ws))
+                worst_grad = max(worst_grad, r["grad_max_abs"])
+                worst_loss = max(worst_loss, abs(r["loss"] - r["reference_loss"]))
+                lines.append(f"| {case} | {strategy} | {rank['rank']} | {r['loss']:.7f} / {r['reference_loss']:.7f} | "
+                             f"{r['grad_max_abs']:.1e} ({r['grad_max_rel']:.1e}) | "
+                             f"{window('fwd_bwd_start_bytes', 'fwd_bwd_peak_bytes')} | {simulated[0]} | "
+                             f"{window('optimizer_start_bytes', 'optimizer_peak_bytes')} | {simulated[1]} | {gap} |")
+    lines += ["", "## What it says", "",
+              f"- Training: the loss is within {worst_loss:.1e} of one process's and every gradient within "
+              f"{worst_grad:.1e} (absolute), over every layout, strategy and rank that ran.",
+              f"- Memory: in {equal} of {total} rank x layout x strategy cases every window of the simulated rank "
+              "(start and peak, forward+backward and optimizer) equals the measured rank's lowest repeat to the byte."]
+    if errors:
+        lines += ["", "Failed:", *errors]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--gloo":
+        gloo_rank(Path(sys.argv[2]))
+        return
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from report_output import print_only_flag, produced_by, write_or_print
+
+    print_only = print_only_flag(__doc__)
+    load = os.getloadavg()[0]
+    ranks = measure()
+    simulate(ranks)
+    report = ROOT / "reports" / "spike-cp-ranks.md"
+    write_or_print(render(ranks, produced_by("spike_cp_ranks.py", load)), report, print_only=print_only)
+    if not print_only:
+        report.with_suffix(".json").write_text(json.dumps(ranks, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

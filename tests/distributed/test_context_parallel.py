@@ -1,0 +1,101 @@
+"""Context parallel through torch's ring attention (``distributed.context_parallel``): the sequence shards and
+positions a cp rank holds, the models' positions, the 3D mesh FSDP2 shards over, and the two places the fake
+rank and the rank probe had to be made to count what a real rank holds. In one process, with torch's fake process
+group; the gloo ranks themselves are ``test_cp_ranks.py`` (slow)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed._functional_collectives import AsyncCollectiveTensor, all_gather_single
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from pytest_flashckpt.config.layout import Layout
+from pytest_flashckpt.distributed import context_parallel, tensor_parallel
+from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe, _RankStorages
+from pytest_flashckpt.models.cards import build_model, load_card
+
+
+@contextlib.contextmanager
+def fake_group(rank: int, world_size: int):
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("rank", "load_balanced", "expected"), [
+    (0, True, [0, 1, 6, 7]), (1, True, [2, 3, 4, 5]), (1, False, [4, 5, 6, 7])])
+def test_a_cp_rank_holds_torchs_head_tail_shard_with_its_positions(rank, load_balanced, expected) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with fake_group(rank, 2):
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("cp",))
+        tokens = torch.arange(100, 108).repeat(3, 1)  # (B 3, seq 8): token i at place i
+        (local,) = context_parallel.shard_sequence(mesh, [tokens], load_balanced)
+        positions = context_parallel.local_positions(mesh, 8, "cpu", load_balanced)
+    assert positions.tolist() == expected
+    assert local.tolist() == [[100 + p for p in expected]] * 3
+
+
+@pytest.mark.parametrize("card", ["llama-tiny", "tiny"])
+def test_the_models_take_the_positions_of_their_tokens(card) -> None:
+    model = build_model(load_card(card, n_layer=1, block_size=16), "sdpa", "cpu", torch.float32, seed=0)
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    plain = model(tokens)
+    assert torch.equal(model(tokens, positions=torch.arange(8)), plain)  # the default places, bit for bit
+    assert not torch.allclose(model(tokens, positions=torch.arange(8, 16)), plain)  # other places: other logits
+
+
+def test_the_cp_mesh_flattens_dp_shard_and_cp_for_fsdp() -> None:
+    with fake_group(3, 8):
+        mesh = tensor_parallel.make_mesh(Layout(dp_shard=2, cp=2, tp=2))
+        assert mesh.mesh_dim_names == ("dp_shard", "cp", "tp")
+        assert tensor_parallel.fsdp_mesh(mesh).size() == 4 and mesh["cp"].size() == 2 and mesh["tp"].size() == 2
+        plain = tensor_parallel.make_mesh(Layout(dp_shard=4, tp=2))
+        assert tensor_parallel.fsdp_mesh(plain).mesh_dim_names == ("dp_shard",)
+
+
+def test_the_rank_probe_counts_a_collectives_wrapper_as_the_result_it_holds() -> None:
+    mode = _RankStorages("cpu")
+    result = torch.empty(1000)
+    mode.add(AsyncCollectiveTensor(result))
+    mode.add(result)
+    assert mode.live_bytes == 4000  # the wrapper's own storage reports 4000 B and holds none
+
+
+def test_a_fake_ranks_gather_holds_one_result_as_a_real_rank_does() -> None:
+    """torch's fake kernels of ``_wrap_tensor_autograd`` and ``wait_tensor`` return ``empty_like`` copies; the fake
+    rank wraps and waits as a real rank does, so an all-gather costs its input and one result."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pytest_flashckpt.simulate.fake_ranks import _eager_collectives
+
+    from torch.distributed import _functional_collectives as funcol
+
+    @contextlib.contextmanager
+    def eager_with_torchs_fake_kernels():  # what the fake rank did before: eager wrapping, torch's fake kernels
+        saved = funcol._are_we_tracing
+        funcol._are_we_tracing = lambda: False
+        try:
+            yield
+        finally:
+            funcol._are_we_tracing = saved
+
+    def peak(as_a_real_rank: bool) -> int:
+        with fake_group(0, 4), FakeTensorMode(allow_non_fake_inputs=True):
+            local = torch.empty(256)  # 1 KiB; the gathered result is 4 KiB
+            context = _eager_collectives() if as_a_real_rank else eager_with_torchs_fake_kernels()
+            with context, ShardedLiveTensorProbe("cpu").track(resident=[local]) as reading:
+                gathered = all_gather_single(local, 0, dist.group.WORLD)
+                if isinstance(gathered, AsyncCollectiveTensor):
+                    gathered = gathered.wait()
+                del gathered
+        return reading.peak_bytes
+
+    assert peak(as_a_real_rank=True) == 1024 + 4096
+    assert peak(as_a_real_rank=False) == 1024 + 2 * 4096  # the control: torch's fake kernels copy the result
