@@ -12,12 +12,12 @@ degree inside stages also divides the sequence and the vocabulary, what the stag
 inside stages too, a replica's rank holding what the stage rank of its shard group holds:
 reports/spike-hsdp-ranks.md) and FSDP2 keeps the gathered blocks over the microbatches (``reshard_after_forward`` false, torchtitan's default under
 pipelining) x context parallel: ``cp`` ranks sharing each sequence (``--cp``; by default searched from 32K tokens
-on), simulated alone as ``simulate.context_parallel`` does: no FSDP, TP or stages with it, so each cp group holds a
-whole replica of the state in pure bf16 (the ring simulation runs no mixed precision yet), and the groups are
-``dp_replicate`` data-parallel replicas (DDP). Only models whose whole state fits a GPU can take it.
+on), composed as torchtitan composes it (``distributed.context_parallel``): FSDP2 shards over ``dp_shard x cp``
+(every rank of a cp group holds a shard of the state), tensor parallel inside, HSDP replicas over whole nodes, in
+either precision; not with pipeline stages (the pipeline mesh has no cp dimension).
 
 The first prune is exact and needs no simulation: the training state a rank must hold (parameters, gradients, the
-two AdamW moments), with the parameters split evenly over ``dp_shard x tp`` ranks, is a lower bound of its peak
+two AdamW moments), with the parameters split evenly over ``dp_shard x cp x tp x pp`` ranks, is a lower bound of its peak
 (FSDP2 pads shards and TP replicates the norms, which only adds); a layout whose state alone exceeds the usable
 memory cannot fit.
 """
@@ -69,8 +69,7 @@ class Candidate:
         return self.dp_shard * self.dp_replicate
 
     def describe(self) -> str:
-        if self.cp > 1 and self.dp_shard == 1:  # context parallel alone: replicas of a cp group
-            return " x ".join([f"ddp {self.dp_replicate}"] * (self.dp_replicate > 1) + [f"cp {self.cp}"])
+        """``fsdp 2 x tp 4 x cp 2``: FSDP2 shards over ``dp_shard x cp`` ranks where cp is there (torchtitan's)."""
         parts = [f"hsdp {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else f"fsdp {self.dp_shard}"]
         parts += [f"{axis} {getattr(self, axis)}" for axis in ("tp", "pp", "cp") if getattr(self, axis) > 1]
         if self.pp > 1:
@@ -182,7 +181,8 @@ def enumerate_candidates(
                                     found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision,
                                                            reshard, replicate, pp=p, k=k, schedule=schedule,
                                                            stages_per_rank=virtual))
-    found += _context_parallel(card, gpus, sequences, seq_len, cp, strategies, precisions, max_microbatch, k)
+    found += _context_parallel(card, gpus, sequences, seq_len, cp, degrees, strategies, precisions, max_microbatch, k,
+                               hsdp, gpus_per_node)
     if not found:
         smallest_dp = gpus // max(degrees) // max(pp)
         raise InputError(
@@ -207,18 +207,31 @@ def cp_degrees(card, gpus: int, seq_len: int, requested: tuple[int, ...] | None 
     return [c for c in options if c > 1 and gpus % c == 0 and seq_len % (2 * c) == 0]
 
 
-def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[int, ...], strategies, precisions,
-                      max_microbatch: int, k: int) -> list[Candidate]:
-    """The cp candidates (see the module doc): ``gpus / cp`` replicas of a cp group, pure precision."""
+def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[int, ...], degrees: list[int],
+                      strategies, precisions, max_microbatch: int, k: int, hsdp: bool,
+                      gpus_per_node: int) -> list[Candidate]:
+    """The cp candidates (see the module doc): ``gpus / (cp x tp)`` data-parallel ranks, each a cp group of ``cp x
+    tp`` GPUs, FSDP2 sharding over ``dp_shard x cp``; HSDP replicas over whole nodes."""
     found = []
     for c in cp:
-        replicas = gpus // c
-        if gpus % c or sequences % replicas or "pure" not in precisions:
-            continue
-        per_rank = sequences // replicas
-        for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
-            for strategy in strategies:
-                found.append(Candidate(gpus, 1, 1, mb, per_rank // mb, strategy, "pure", True, replicas, cp=c, k=k))
+        for t in degrees:
+            if gpus % (c * t) or (seq_len // c) % t:  # sequence parallel splits a rank's share of the sequence
+                continue
+            dp = gpus // (c * t)
+            if sequences % dp:
+                continue
+            per_rank = sequences // dp
+            for replicate in divisors(dp) if hsdp else [1]:
+                shard = dp // replicate
+                if replicate > 1 and (shard * c * t) % gpus_per_node:
+                    continue
+                for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
+                    for strategy in strategies:
+                        for precision in precisions:
+                            reshards = (True, False) if shard * c > 1 else (True,)
+                            for reshard in reshards:
+                                found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision,
+                                                       reshard, replicate, cp=c, k=k))
     return found
 
 
@@ -245,5 +258,5 @@ def _schedulable(schedule: str, pp: int, virtual: int, microbatches: int, n_bloc
 
 def state_lower_bound(parameters: int, candidate: Candidate) -> int:
     """The bytes of training state a rank of ``candidate`` holds at least (see the module doc)."""
-    shards = candidate.dp_shard * candidate.tp * candidate.pp
+    shards = candidate.dp_shard * candidate.cp * candidate.tp * candidate.pp
     return -(-parameters // shards) * STATE_BYTES_PER_PARAM[candidate.precision]

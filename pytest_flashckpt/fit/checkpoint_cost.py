@@ -67,10 +67,9 @@ def lost_fraction(save_s: float, interval_s: float, mtbf_s: float) -> float:
 def checkpoint_cost(parameters: int, candidate: Candidate, gpus_per_node: int, *, state_bytes: int | None = None,
                     storage_gbps: float = DEFAULT_STORAGE_GBPS, mtbf_hours: float | None = None) -> CheckpointCost:
     """The cost of one DCP save of ``candidate`` (see the module doc); ``state_bytes``: the simulated rank's state."""
-    group = candidate.dp_shard * candidate.tp * candidate.pp  # context-parallel ranks hold the same shards too
+    group = candidate.dp_shard * candidate.cp * candidate.tp * candidate.pp  # FSDP2 shards over dp_shard x cp
     shards = state_bytes if state_bytes is not None else -(-parameters // group) * SAVED_BYTES_PER_PARAM[candidate.precision]
-    copies = candidate.dp_replicate * candidate.cp
-    per_rank = -(-shards // copies)
+    per_rank = -(-shards // candidate.dp_replicate)
     node_bytes = per_rank * min(gpus_per_node, candidate.gpus)
     save_s = node_bytes / (storage_gbps * 1e9)
     mtbf_s = job_mtbf_hours(candidate.gpus, mtbf_hours) * 3600

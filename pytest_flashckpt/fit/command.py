@@ -71,8 +71,8 @@ def add_parser(sub) -> None:
                    f"torchtitan TOML's pipeline_parallel_schedule, else {','.join(DEFAULT_SCHEDULES)}; interleaved_1f1b "
                    "holds 2 stages per rank)")
     p.add_argument("--cp", help="context-parallel degrees to search, comma-separated (default: a torchtitan TOML's "
-                   "context_parallel_degree, else 2,4,8 from 32768 tokens on); modelled (torch's ring attention on "
-                   "meta), alone: a cp group holds a whole pure-bf16 replica")
+                   "context_parallel_degree, else 2,4,8 from 32768 tokens on); composed with FSDP (over dp_shard x "
+                   "cp) and tp, torch's ring attention simulated on the fake process group")
     p.add_argument("--max-microbatch", type=int, default=16, help="largest microbatch per data-parallel rank (default 16)")
     p.add_argument("--no-hsdp", action="store_true", help="do not search HSDP replicas (dp_replicate)")
     p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="fraction of the device's bf16 peak the step's matmuls "
@@ -153,9 +153,6 @@ def request_from(args: argparse.Namespace):
 
     pp = tuple(sorted({d for g in gpus for d in pp_degrees(model.card, g, pp_requested, schedules)})) or (1,)
     cp = tuple(sorted({d for g in gpus for d in cp_degrees(model.card, g, seq, cp_requested)}))
-    if cp and "pure" not in precisions:
-        raise InputError(f"--cp {','.join(map(str, cp))}: a context-parallel rank is simulated in pure bf16 only (the "
-                         "ring simulation runs no mixed precision yet); add --precision pure or both, or --cp 1")
     return model, FitRequest(model.card, seq, tokens, gpus, device, memory, strategies=strategies, pp=pp, cp=cp,
                              schedules=schedules,
                              precisions=precisions, tp=tp, max_microbatch=args.max_microbatch, hsdp=not args.no_hsdp,
@@ -199,7 +196,8 @@ def describe(request, model, results) -> list[str]:
         f"searched: FSDP / HSDP x tp x pp {','.join(map(str, request.pp))}"
         f"{schedules} x "
         f"microbatch x reshard_after_forward x strategy x precision; cp {','.join(map(str, request.cp)) or 'none'} "
-        "(modelled, alone, pure bf16); a pipeline's peak is the larger of its first and last rank's",
+        "(with FSDP over dp_shard x cp and tp, not inside pipeline stages); a pipeline's peak is the larger of its "
+        "first and last rank's",
         "", TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1),
     ]
     i = 0

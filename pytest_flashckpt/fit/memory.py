@@ -9,10 +9,10 @@ microbatch); ``pp`` is simulated by the same engine running torch's pipelining s
 in-flight microbatches and receive buffers), a deep card's stage read off the line through fewer blocks per stage.
 A pipeline candidate's peak is the larger of its first and its last pipeline rank's (the first stage holds the most
 in-flight microbatches under 1F1B and the embedding, the last the head, its logits and the loss; the stages between
-hold neither and fewer in flight, and are not simulated). ``cp`` is **modelled**
-(``simulate.context_parallel.simulate_cp_rank``: the meta step at ``seq / cp`` tokens with torch's own ring
-attention, the CUDA flash op; labelled so in the table until the GPU suite measures a cp rank); a cp rank is simulated
-alone (no FSDP, TP or stages), in pure bf16.
+hold neither and fewer in flight, and are not simulated). ``cp`` is simulated by the same engine as ``dp_shard``
+and ``tp``: ``simulate_rank`` of the ``dp_shard x cp x tp`` layout runs torch's ring attention on the fake process
+group (``distributed.context_parallel``, with the CPU flash op as every fake rank here runs; equal to the byte to
+gloo ranks, reports/spike-cp-ranks.md), FSDP2 sharding over ``dp_shard x cp``.
 
 On top of the simulated step, two things the step does not contain are modelled and labelled so:
 
@@ -69,7 +69,7 @@ class RankMemory:
     gradient_bytes: int
     added: dict[str, int]  # modelled additions by name
     simulated_s: float
-    label: str = "simulated"  # how the rank's step is known: simulated by the engine, or modelled (context parallel)
+    label: str = "simulated"  # how the rank's step is known
 
     @property
     def source(self) -> str:
@@ -86,7 +86,7 @@ AXIS_SOURCES: dict[str, Callable[[Candidate], str | None]] = {
     "tp": _simulated_axes,
     "dp_replicate": _simulated_axes,  # the dp_shard x tp rank itself
     "pp": _simulated_axes,  # simulate.pipeline: the first and the last pipeline rank
-    "cp": _simulated_axes,  # modelled: simulate.context_parallel (the ring on meta), labelled in the table
+    "cp": _simulated_axes,  # the dp_shard x cp x tp rank: torch's ring on the fake process group
 }
 
 
@@ -101,12 +101,6 @@ def _simulate_stages(card, layout: Layout, pipeline: PipelineSchedule, **kwargs)
     return simulate_first_and_last(card, layout, pipeline, jobs=side_by_side_jobs(), **kwargs)
 
 
-def _simulate_context(card, layout: Layout, **kwargs) -> dict:
-    from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank
-
-    return simulate_cp_rank(card, layout, **kwargs)
-
-
 def block_parameters(card) -> int:
     """The parameters outside the embedding and an untied head: what FSDP2 all-gathers block by block."""
     tied = getattr(card, "tie_word_embeddings", True)
@@ -117,21 +111,18 @@ class RankMemoryModel:
     """Per-rank peaks of candidates of one card and sequence length, simulated once per distinct ``RankInputs``."""
 
     def __init__(self, card, seq_len: int, simulate: Callable[..., dict] = simulate_rank,
-                 simulate_stage: Callable[..., dict] | None = None,
-                 simulate_context: Callable[..., dict] | None = None) -> None:
+                 simulate_stage: Callable[..., dict] | None = None) -> None:
         self.card = card
         self.seq_len = seq_len
         self.simulate = simulate
         self.simulate_stage = simulate_stage or _simulate_stages
-        self.simulate_context = simulate_context or _simulate_context
         self.records: dict[RankInputs, dict] = {}
 
     def inputs(self, candidate: Candidate) -> RankInputs:
         c = candidate
-        if c.cp > 1:
-            return RankInputs(1, 1, c.microbatch, self.seq_len, c.strategy, c.k, c.precision, cp=c.cp)
         if c.pp == 1:
-            return RankInputs(c.dp_shard, c.tp, c.microbatch * c.dp_shard, self.seq_len, c.strategy, c.k, c.precision)
+            return RankInputs(c.dp_shard, c.tp, c.microbatch * c.dp_shard, self.seq_len, c.strategy, c.k, c.precision,
+                              cp=c.cp)
         return RankInputs(c.dp_shard, c.tp, c.microbatch * c.accumulation * c.dp_shard, self.seq_len, c.strategy, c.k,
                           c.precision, c.pp, c.schedule, c.accumulation, c.stages_per_rank)
 
@@ -143,11 +134,7 @@ class RankMemoryModel:
         key = self.inputs(candidate)
         if key not in self.records:
             try:
-                if key.cp > 1:
-                    self.records[key] = self.simulate_context(
-                        self.card, Layout(cp=key.cp), batch_size=key.batch_size, seq_len=key.seq_len,
-                        dtype="bfloat16", strategy=key.strategy, k=key.k)
-                elif key.pp > 1:
+                if key.pp > 1:
                     self.records[key] = self.simulate_stage(
                         self.card, Layout(dp_shard=key.dp_shard, tp=key.tp, pp=key.pp),
                         PipelineSchedule(key.schedule, key.microbatches, key.stages_per_rank), batch_size=key.batch_size,
@@ -155,7 +142,7 @@ class RankMemoryModel:
                         precision=key.precision)
                 else:
                     self.records[key] = self.simulate(
-                        self.card, Layout(dp_shard=key.dp_shard, tp=key.tp), batch_size=key.batch_size,
+                        self.card, Layout(dp_shard=key.dp_shard, tp=key.tp, cp=key.cp), batch_size=key.batch_size,
                         seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16,
                         precision=key.precision)
             except ValueError as exc:
@@ -169,8 +156,6 @@ class RankMemoryModel:
         if why is not None:
             raise ValueError(why)
         record = self.record(candidate)
-        if candidate.cp > 1:
-            return self._context_memory(candidate, record)
         state = record["fwd_bwd_start_bytes"]
         gradients = record["optimizer_start_bytes"] - state
         pipelined = candidate.pp > 1  # the schedule's microbatches and FSDP2's kept blocks are in the simulation
@@ -183,16 +168,7 @@ class RankMemoryModel:
         return RankMemory(max(fwd_bwd, record["optimizer_peak_bytes"]), record["peak_bytes"], state, gradients,
                           added, sum(record.get(key, 0.0) for key in ("layout_s", "warm_step_s", "measured_step_s")))
 
-    def _context_memory(self, candidate: Candidate, record: dict) -> RankMemory:
-        """A cp rank (modelled, see the module doc): the meta step's peak with the ring; with accumulation, the whole
-        replica's bf16 gradients added unless the peak is in the optimizer step (where they already are)."""
-        gradients = self.card.num_params() * COMPUTE_BYTES
-        accumulated = gradients if candidate.accumulation > 1 and record["peak_phase"] != "optimizer" else 0
-        added = {"accumulated gradients": accumulated}
-        return RankMemory(record["peak_bytes"] + accumulated, record["peak_bytes"], record["start_bytes"], gradients,
-                          added, record.get("seconds", 0.0),
-                          label=f"modelled: torch's ring attention on meta, {record['seq_per_rank']} tokens per rank")
-
     def unsharded_blocks(self, candidate: Candidate) -> int:
         held = block_parameters(self.card) // (candidate.tp * candidate.pp)
-        return held * COMPUTE_BYTES * (candidate.dp_shard - 1) // candidate.dp_shard
+        shards = candidate.dp_shard * candidate.cp  # FSDP2's group: dp_shard x cp
+        return held * COMPUTE_BYTES * (shards - 1) // shards

@@ -120,14 +120,12 @@ def holds_at_least(c: Candidate, over: Candidate) -> bool:
 
 def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
            progress: Callable[[str], None] | None = None,
-           simulate_stage: Callable[..., dict] | None = None,
-           simulate_context: Callable[..., dict] | None = None) -> list[GpuCountResult]:
+           simulate_stage: Callable[..., dict] | None = None) -> list[GpuCountResult]:
     """The ranked fitting layouts per GPU count of ``request`` (see the module doc); ``simulate``: the rank
     simulation (None: ``simulate.fake_ranks.simulate_rank``; a test hands a stand-in), ``simulate_stage`` the
-    pipeline ranks' (None: ``fit.memory``'s first and last rank of ``simulate.pipeline``), ``simulate_context`` a cp
-    rank's (None: ``simulate.context_parallel.simulate_cp_rank``)."""
+    pipeline ranks' (None: ``fit.memory``'s first and last rank of ``simulate.pipeline``)."""
     card = request.card
-    memory = RankMemoryModel(card, request.seq_len, simulate or simulate_rank, simulate_stage, simulate_context)
+    memory = RankMemoryModel(card, request.seq_len, simulate or simulate_rank, simulate_stage)
     times = StepTimeModel(card, request.seq_len, request.device, request.mfu)
     parameters = card.num_params()
     enumerated = {  # every GPU count's request checked before anything simulates

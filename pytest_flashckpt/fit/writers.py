@@ -87,8 +87,8 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
              "scenarios": [scenario_entry(card_name, c, seq_len, with_layout=with_layout)]}
     replicas = f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n" if c.dp_replicate > 1 else ""
     if c.cp > 1:
-        replicas += (f"# context parallel: cp {c.cp} (modelled; the suite has no cp axis yet): the scenario below "
-                     "simulates one replica's step at the whole sequence on one rank\n")
+        replicas += (f"# context parallel: cp {c.cp} with FSDP over dp_shard x cp (the suite's layout axis takes cp "
+                     "alone so far): the scenario below simulates the dp_shard x tp rank at the whole sequence\n")
     if c.pp > 1:
         replicas += (f"# pipeline: pp {c.pp}, schedule {c.schedule}, {c.stages_per_rank} stage(s) per rank, "
                      f"{c.accumulation} microbatches of {c.microbatch}  -- {note}\n")

@@ -1,5 +1,6 @@
-"""Context parallel in ``flashckpt fit``: cp groups (alone, pure bf16) replicated over the GPUs, their memory from
-``simulate.context_parallel`` labelled modelled, the ring's K/V exchange in the time model, and the errors."""
+"""Context parallel in ``flashckpt fit``: cp composed as torchtitan composes it (FSDP2 over ``dp_shard x cp``, tensor
+parallel inside, HSDP replicas), its rank simulated by the fake-rank engine with torch's ring attention, the ring's
+K/V exchange in the time model, and the errors."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 from pytest_flashckpt.cli import main
 from pytest_flashckpt.config.errors import InputError
 from pytest_flashckpt.config.model_card import load_card
-from pytest_flashckpt.fit.candidates import Candidate, cp_degrees, enumerate_candidates
+from pytest_flashckpt.fit.candidates import Candidate, cp_degrees, enumerate_candidates, state_lower_bound
 from pytest_flashckpt.fit.hardware import DEVICES
-from pytest_flashckpt.fit.memory import RankMemoryModel
+from pytest_flashckpt.fit.memory import RankMemoryModel, block_parameters
 from pytest_flashckpt.fit.search import FitRequest, search
 from pytest_flashckpt.fit.time_model import StepTimeModel
 
@@ -18,12 +19,13 @@ CARD = load_card("llama-tiny")
 SMALL = load_card("llama3.2-1b")
 
 
-def context_stand_in(calls: list, phase: str = "backward"):
-    def simulate(card, layout, *, batch_size, seq_len, dtype, strategy, k):
-        calls.append((layout.cp, batch_size, seq_len, strategy))
-        start = card.num_params() * 6
-        return {"label": "modelled", "peak_bytes": start + batch_size * seq_len // layout.cp * 1000, "peak_phase": phase,
-                "start_bytes": start, "seq_per_rank": seq_len // layout.cp, "seconds": 0.0}
+def rank_stand_in(calls: list):
+    def simulate(card, layout, *, batch_size, seq_len, strategy, k, dtype, precision):
+        calls.append((layout.dp_shard, layout.tp, layout.cp, batch_size, seq_len, strategy, precision))
+        state = card.num_params() * 8 // (layout.dp_shard * layout.cp * layout.tp)
+        fwd_bwd = state + batch_size * seq_len // (layout.cp * layout.dp_shard) * 1000
+        return {"fwd_bwd_start_bytes": state, "fwd_bwd_peak_bytes": fwd_bwd, "optimizer_start_bytes": 2 * state,
+                "optimizer_peak_bytes": 3 * state, "peak_bytes": max(fwd_bwd, 3 * state)}
     return simulate
 
 
@@ -36,28 +38,36 @@ def test_cp_degrees_start_at_long_sequences_and_requested_ones_are_checked() -> 
         cp_degrees(SMALL, 4, 100, (4,))
 
 
-def test_cp_candidates_are_replicas_of_a_cp_group_in_pure_precision() -> None:
+def test_cp_candidates_shard_over_dp_shard_x_cp_with_tp_inside_in_either_precision() -> None:
     found = enumerate_candidates(SMALL, 8, seq_len=131072, global_batch_tokens=4 * 131072, gpus_per_node=8,
                                  precisions=("pure", "mixed"), cp=(2, 4))
     contexted = [c for c in found if c.cp > 1]
-    assert contexted and all(c.precision == "pure" and (c.dp_shard, c.tp, c.pp) == (1, 1, 1) for c in contexted)
-    assert all(c.dp_replicate * c.cp == 8 and c.microbatch * c.accumulation * c.dp_replicate == 4 for c in contexted)
-    assert {c.describe() for c in contexted} == {"ddp 4 x cp 2", "ddp 2 x cp 4"}
-    assert not [c for c in enumerate_candidates(SMALL, 8, seq_len=131072, global_batch_tokens=4 * 131072,
-                                                gpus_per_node=8, precisions=("mixed",), cp=(2, 4)) if c.cp > 1]
+    assert contexted and {c.precision for c in contexted} == {"pure", "mixed"} and {c.pp for c in contexted} == {1}
+    assert all(c.dp * c.cp * c.tp == 8 and c.microbatch * c.accumulation * c.dp == 4 for c in contexted)
+    described = {c.describe() for c in contexted}
+    assert {"fsdp 4 x cp 2", "fsdp 2 x cp 4", "fsdp 1 x tp 2 x cp 4", "fsdp 2 x tp 2 x cp 2",
+            "fsdp 1 x tp 4 x cp 2"} <= described
+    assert "fsdp 1 x tp 8 x cp 2" not in described  # control: cp x tp is more than the GPUs
+    assert not [d for d in described if d.startswith("hsdp")]  # one node: HSDP replicas span whole nodes
+    two_nodes = enumerate_candidates(SMALL, 16, seq_len=131072, global_batch_tokens=8 * 131072, gpus_per_node=8,
+                                     precisions=("mixed",), cp=(2,))
+    assert "hsdp 2x4 x cp 2" in {c.describe() for c in two_nodes}
+    # the exact state bound counts the cp ranks among the shards
+    one = next(c for c in contexted if c.describe() == "fsdp 2 x cp 4" and c.precision == "pure")
+    assert state_lower_bound(SMALL.num_params(), one) == -(-SMALL.num_params() // 8) * 8
 
 
-@pytest.mark.parametrize("phase, added", [("backward", True), ("optimizer", False)])
-def test_a_cp_rank_is_modelled_and_accumulation_adds_the_gradients_outside_the_optimizer(phase, added) -> None:
+def test_a_cp_rank_is_the_fake_rank_of_its_dp_shard_x_cp_x_tp_layout() -> None:
     calls: list = []
-    memory = RankMemoryModel(SMALL, 131072, simulate=lambda *a, **k: pytest.fail("an FSDP rank was simulated"),
-                             simulate_context=context_stand_in(calls, phase))
-    base = dict(gpus=8, dp_shard=1, tp=1, microbatch=1, strategy="full", precision="pure", dp_replicate=2, cp=4)
-    one, two = memory.memory(Candidate(**base, accumulation=1)), memory.memory(Candidate(**base, accumulation=2))
-    assert calls == [(4, 1, 131072, "full")]  # one simulation: the accumulation is modelled on top
-    assert one.source.startswith("modelled: torch's ring attention on meta, 32768 tokens per rank")
-    assert one.peak_bytes == one.simulated_peak_bytes and not any(one.added.values())
-    assert (two.peak_bytes - one.peak_bytes == SMALL.num_params() * 2) is added
+    memory = RankMemoryModel(SMALL, 131072, simulate=rank_stand_in(calls))
+    base = dict(gpus=8, dp_shard=2, tp=2, microbatch=1, strategy="full", precision="mixed", cp=2)
+    one = memory.memory(Candidate(**base, accumulation=1))
+    two = memory.memory(Candidate(**base, accumulation=2))
+    kept = memory.memory(Candidate(**base, accumulation=1, reshard_after_forward=False))
+    assert calls == [(2, 2, 2, 2, 131072, "full", "mixed")]  # one simulation; the rest is modelled on top
+    assert one.source == "simulated" and two.added["accumulated gradients"] == one.gradient_bytes
+    # FSDP2's group is dp_shard x cp = 4: a rank keeping the gathered blocks holds 3/4 of a TP rank's blocks
+    assert kept.added["unsharded block parameters"] == block_parameters(SMALL) // 2 * 2 * 3 // 4
 
 
 def test_the_ring_is_on_the_critical_path_and_compute_is_shared() -> None:
@@ -70,9 +80,11 @@ def test_the_ring_is_on_the_critical_path_and_compute_is_shared() -> None:
 
 
 @pytest.mark.slow
-def test_the_search_on_the_real_cp_rank_reads_its_modelled_peak() -> None:
+def test_the_search_on_the_real_cp_rank_reads_the_simulated_fake_rank() -> None:
+    import torch
+
     from pytest_flashckpt.config.layout import Layout
-    from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
 
     card = load_card("llama-tiny", n_layer=1)
     request = FitRequest(card=card, seq_len=256, global_batch_tokens=256, gpus=(2,), device=DEVICES["h100-sxm"],
@@ -80,13 +92,12 @@ def test_the_search_on_the_real_cp_rank_reads_its_modelled_peak() -> None:
                          max_simulations=5, cp=(2,))
     (found,) = search(request)
     (ringed,) = [r for r in found.fitting if r.candidate.cp == 2]
-    expected = simulate_cp_rank(card, Layout(cp=2), batch_size=1, seq_len=256, strategy="full")
-    assert ringed.memory.peak_bytes == expected["peak_bytes"] and "modelled" in ringed.memory.source
+    expected = simulate_rank(card, Layout(cp=2), batch_size=1, seq_len=256, strategy="full", dtype=torch.bfloat16)
+    assert ringed.memory.simulated_peak_bytes == expected["peak_bytes"] and ringed.memory.source == "simulated"
 
 
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "4", "--cp", "3"], "--cp 3: does not divide --gpus 4"),
-    (["--gpus", "4", "--cp", "2"], "--cp 2: a context-parallel rank is simulated in pure bf16 only"),
     (["--gpus", "4", "--cp", "4", "--seq", "100", "--global-batch-tokens", "400"], "--cp 4: --seq 100 is not divisible"),
 ])
 def test_impossible_cp_requests_are_one_line_errors(args, message, capsys) -> None:
