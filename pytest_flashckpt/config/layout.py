@@ -200,3 +200,10 @@ def stage_shard_refusal(tp: int, seq_len: int, vocab: int) -> str | None:
             return (f"layout tp {tp} inside pipeline stages: {what} {size} is not divisible by tp ({why}); "
                     f"choose a tp that divides {size}")
     return None
+
+
+def context_composed(layout: Layout, precision: str) -> bool:
+    """A cp layout the fake-rank engine simulates (``simulate.fake_ranks``: cp with FSDP or tensor parallel, or in
+    mixed precision); cp alone in pure precision is simulated on meta with the CUDA flash op's ring
+    (``simulate.context_parallel``, labelled modelled)."""
+    return layout.cp > 1 and (layout.dp_shard > 1 or layout.tp > 1 or precision == "mixed")

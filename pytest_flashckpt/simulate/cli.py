@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b"), help="--pp: the pipeline schedule (default 1f1b)")
     p.add_argument("--microbatches", type=int, default=1, help="--pp: microbatches per step of a data-parallel rank (default 1)")
     p.add_argument("--stages-per-rank", type=int, default=1, help="--pp with interleaved_1f1b: stages each rank holds (default 1)")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks sharing the sequence (= --world-size): one rank with torch's ring attention, modelled (default 1)")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks sharing the sequence: one rank with torch's ring attention; with FSDP (--world-size above cp x tp, FSDP2 over dp_shard x cp), --tp or mixed precision the fake-rank engine's, alone the CUDA-op ring on meta, modelled (default 1)")
     p.add_argument("--device-memory", metavar="SIZE", help="device memory, e.g. 80GiB or '40 GB'")
     p.add_argument("--norm", choices=tuple(NORMS), help="RMSNorm: plain (Hugging Face) or fused (nn.RMSNorm, torchtitan); llama cards (default: the card's)")
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS), help="optimizer implementation (default adamw: foreach on CUDA)")

@@ -7,11 +7,14 @@ the command line.
 ``--pp``: rank 0 (the first stage, which holds the most in-flight microbatches) of a ``pp x dp_shard x tp`` layout
 (``--tp``: tensor parallel inside the stages, ``distributed.pipeline``), run by torch's
 ``torch.distributed.pipelining`` schedule under fake mode (``simulate.pipeline``; a deep card's stage read off
-the line through fewer blocks per stage). ``--cp``: one rank of
-``cp`` ranks sharing the sequence, the meta step at ``seq / cp`` tokens with torch's ring attention
-(``simulate.context_parallel``), labelled "modelled" until the GPU suite measures it. Every input is checked
-before anything is built (``config.layout``); an error is one line naming the option and the fix. Combining cp with
-tp, pp or FSDP ranks is refused (not built yet: docs/layouts.md).
+the line through fewer blocks per stage). ``--cp``: one rank of ``cp`` ranks sharing the sequence. Composed with
+FSDP (``--world-size`` above ``cp x tp``: FSDP2 over ``dp_shard x cp``), with ``--tp`` or in mixed precision, it
+is the rank of the real engine under fake mode (``simulate.fake_ranks``: torch's ring attention with the CPU flash
+op on the fake process group, equal to the byte to gloo ranks, reports/spike-cp-ranks.md); alone in pure precision,
+the meta step at ``seq / cp`` tokens with torch's ring and the CUDA flash op (``simulate.context_parallel``),
+labelled "modelled" until the GPU suite measures it. Every input is checked before anything is built
+(``config.layout``); an error is one line naming the option and the fix. cp with pp is refused (the pipeline mesh
+has no cp dimension: docs/layouts.md).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 from pytest_flashckpt.config.errors import InputError
-from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+from pytest_flashckpt.config.layout import Layout, PipelineSchedule, context_composed
 from pytest_flashckpt.simulate.devices import REPORT_DEVICES, gib, parse_device_memory, verdict
 from pytest_flashckpt.simulate.layouts import LAYOUT_STRATEGIES, engine_cannot_run
 from pytest_flashckpt.simulate.workload import dtype_name
@@ -39,12 +42,9 @@ def check_args(args: argparse.Namespace):
         raise InputError(f"{_where(args)}: {refusal}")
     if args.pp != 1 and args.cp != 1:
         raise InputError(f"{_where(args)}: pipeline and context parallel together are not built yet; choose --pp or --cp")
-    if args.tp != 1 and args.cp != 1:
-        raise InputError(f"{_where(args)}: tensor parallel with context parallel is not built yet; use --tp 1 with --cp")
     try:
         layout = Layout.for_world(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp)
-        if args.cp != 1 and layout.dp_shard != 1:
-            raise ValueError(f"context parallel is simulated alone: --world-size must equal --cp ({args.cp})")
+        layout.check_sequence(args.seq)
         card = load_card(args.model)
         layout.check_card(card)
         layout.check_stages(card.n_layer, args.stages_per_rank)
@@ -89,13 +89,32 @@ def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple
                 f"by torch's pipelining schedule + {'parallelize_module + ' if layout.tp > 1 else ''}fully_shard under "
                 f"FakeTensorMode{how}")
         return record, what
-    if args.precision != "pure":
-        raise InputError(f"{_where(args)}: --precision {args.precision} is not simulated with context parallel yet; use pure")
     from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank
+
+    if context_composed(layout, args.precision):
+        return _composed_context_record(args, card, layout, dtype)
 
     record = simulate_cp_rank(card, layout, batch_size=args.batch, seq_len=args.seq, dtype=dtype, strategy=args.strategy, k=args.k)
     what = (f"one of {layout.cp} ranks at {record['seq_per_rank']} tokens with torch's ring attention "
             f"(modelled: ring adds {gib(record['ring_extra_bytes'])} over local attention)")
+    return record, what
+
+
+def _composed_context_record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple[dict, str]:
+    import torch
+
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+    from pytest_flashckpt.simulate.layouts import CUDA_ADAMW_FOREACH
+
+    record = simulate_rank(card, layout, batch_size=args.batch, seq_len=args.seq, strategy=args.strategy,
+                           dtype=getattr(torch, dtype), precision=args.precision, k=args.k, foreach=CUDA_ADAMW_FOREACH)
+    depths = record.get("simulated_depths", [])
+    how = (f"; depths {', '.join(map(str, depths))} simulated, the card's {card.n_layer} blocks read off their line"
+           if record.get("extrapolated") else "")
+    tensor_parallel = f", tensor parallel over {layout.tp}" if layout.tp > 1 else ""
+    what = (f"one of {layout.cp} context-parallel ranks at {args.seq // layout.cp} tokens (FSDP2 over dp_shard x cp = "
+            f"{layout.dp_shard * layout.cp} ranks{tensor_parallel}), simulated by torch's ring attention (CPU flash op) "
+            f"+ {'parallelize_module + ' if layout.tp > 1 else ''}fully_shard under FakeTensorMode{how}")
     return record, what
 
 

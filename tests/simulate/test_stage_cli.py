@@ -58,18 +58,32 @@ def test_cp_prints_a_modelled_ring_rank(capsys) -> None:
     assert "one of 2 ranks at 128 tokens with torch's ring attention (modelled" in out and _peak(out) > 0
 
 
+@pytest.mark.slow
+def test_cp_with_fsdp_and_tp_prints_the_fake_rank_of_the_composed_layout(capsys) -> None:
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+
+    argv = ["simulate", "--model", "llama-tiny", "--seq", "256", "--batch", "2", "--strategy", "full", "--world-size",
+            "8", "--cp", "2", "--tp", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "one of 2 context-parallel ranks at 128 tokens (FSDP2 over dp_shard x cp = 4 ranks, tensor parallel over 2)" in out
+    assert "layout dp_shard 2 x tp 2 x cp 2 (8 ranks)" in out
+    record = simulate_rank(load_card("llama-tiny"), Layout(dp_shard=2, tp=2, cp=2), batch_size=2, seq_len=256,
+                           strategy="full", dtype=torch.bfloat16, foreach=True)
+    assert _peak(out) == record["peak_bytes"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--world-size", "2", "--pp", "2", "--cp", "2"], "pipeline and context parallel together are not built yet"),
-        (["--world-size", "4", "--cp", "2", "--tp", "2"], "tensor parallel with context parallel is not built yet"),
+        (["--world-size", "4", "--cp", "2", "--tp", "4"], "world size 4 is not divisible by tp 4 x pp 1 x cp 2 = 8"),
         # tensor parallel inside stages: whole heads, no more stages than blocks, a sequence the stages can shard
         (["--world-size", "8", "--pp", "2", "--tp", "4"], "model card 'llama-tiny' has n_head 6, not divisible by tp"),
         (["--world-size", "8", "--pp", "4", "--tp", "2"], "4 pipeline stages (4 ranks x 1 per rank) for 3 blocks"),
         (["--world-size", "4", "--pp", "2", "--tp", "2", "--seq", "127"], "sequence 127 is not divisible by tp"),
         (["--world-size", "4", "--pp", "8"], "world size 4 is not divisible by tp 1 x pp 8 x cp 1 = 8"),
         (["--world-size", "2", "--pp", "2", "--microbatches", "3"], "microbatch"),
-        (["--world-size", "4", "--cp", "2"], "--world-size must equal --cp (2)"),
         (["--world-size", "2", "--cp", "2", "--seq", "130"], "--cp 2"),
         (["--world-size", "2", "--pp", "2", "--budget", "0.5"], "--strategy budget is not simulated by the engine yet"),
     ],
