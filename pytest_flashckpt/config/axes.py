@@ -35,13 +35,13 @@ class LayoutMesh:
     ``parallelize_module`` on a 2D ``DeviceMesh``, ``distributed.tensor_parallel``), and pipeline stages (``pp``,
     torch's ``torch.distributed.pipelining`` run by ``schedule`` over ``microbatches`` per step, ``stages_per_rank``
     stages on each pipeline rank; ``config.layout.PipelineSchedule``) and context parallel (``cp``: the sequence
-    split over the ranks, torch's ring attention; alone, so far).
+    split over the ranks, torch's ring attention, ``distributed.context_parallel``; FSDP2 shards over
+    ``dp_shard x cp``, tensor parallel inside; not with ``pp``).
 
-    Built: ``dp_shard`` x ``tp`` measured on the ranks of a run and simulated; ``pp`` simulated, and measured on
-    ranks eager or compiled per block (``config.scenario.MEASURED_PIPELINE_STRATEGIES``), tensor parallel inside the
-    stages or not; ``cp`` simulated only (a
-    scenario with ``simulate: {enabled: true}``, ``simulate.layouts``; ``Scenario`` refuses it in a measured
-    scenario, naming issue 32); a ``cp`` rank is labelled modelled (``simulate.context_parallel``).
+    Built: ``dp_shard`` x ``cp`` x ``tp`` measured on the ranks of a run (eager) and simulated by the engine;
+    ``pp`` simulated, and measured on ranks eager or compiled per block
+    (``config.scenario.MEASURED_PIPELINE_STRATEGIES``), tensor parallel inside the stages or not. A simulated ``cp``
+    rank alone in pure precision is the CUDA-op ring on meta, labelled modelled (``simulate.context_parallel``).
     The pipeline keys apply with ``pp`` > 1 only; ``microbatches`` None means one per stage, the fewest torch's
     1F1B schedules run."""
 
@@ -63,9 +63,9 @@ class LayoutMesh:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 what = "number of ranks" if key in ("dp_shard", "tp", "pp", "cp") else "integer"
                 raise ValueError(f"layout.{key} must be a positive {what}, got {value!r}")
-        if self.cp != 1 and (self.tp != 1 or self.pp != 1 or self.dp_shard not in (None, 1)):
-            raise ValueError(f"layout.cp {self.cp}: context parallel is simulated alone so far (the cp ranks are the "
-                             "scenario's ranks): drop layout.tp, layout.pp and layout.dp_shard, or layout.cp")
+        if self.cp != 1 and self.pp != 1:
+            raise ValueError(f"layout.cp {self.cp} with layout.pp {self.pp}: the pipeline's mesh has no context-parallel "
+                             "dimension; drop layout.pp or layout.cp")
         if self.pp == 1:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
             set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != defaults[key]]
@@ -88,21 +88,17 @@ class LayoutMesh:
         return PipelineSchedule(self.schedule, microbatches, self.stages_per_rank)
 
     def ranks(self, world_size: int) -> tuple[int, int]:
-        """``(dp_shard, tp)`` for ``world_size`` ranks (``pp`` stages of ``dp_shard x tp`` each); ValueError naming
-        the key and the fix when they do not multiply to it."""
-        if self.cp > 1:
-            if world_size != self.cp:
-                raise ValueError(f"layout.cp {self.cp}: context parallel is simulated alone, so world_size must equal "
-                                 f"layout.cp, got {world_size}; set it to {self.cp}")
-            return 1, 1
-        per_stage, stages = world_size // self.pp, f" x pp {self.pp}" if self.pp > 1 else ""
-        if world_size % (self.tp * self.pp):
-            raise ValueError(f"layout.tp {self.tp}{stages} does not divide world_size {world_size}; choose axes that "
-                             f"divide the ranks (or world_size = dp_shard x tp{stages})")
-        dp_shard = per_stage // self.tp if self.dp_shard is None else self.dp_shard
-        if dp_shard * self.tp * self.pp != world_size:
-            raise ValueError(f"layout.dp_shard {dp_shard} x tp {self.tp}{stages} = {dp_shard * self.tp * self.pp} "
-                             f"ranks, but world_size is {world_size}; make dp_shard x tp{stages} equal world_size (or "
+        """``(dp_shard, tp)`` for ``world_size`` ranks (``pp`` stages, or ``cp`` groups, of ``dp_shard x tp`` each);
+        ValueError naming the key and the fix when they do not multiply to it."""
+        others = self.pp * self.cp
+        extra = f" x pp {self.pp}" if self.pp > 1 else f" x cp {self.cp}" if self.cp > 1 else ""
+        if world_size % (self.tp * others):
+            raise ValueError(f"layout.tp {self.tp}{extra} does not divide world_size {world_size}; choose axes that "
+                             f"divide the ranks (or world_size = dp_shard x tp{extra})")
+        dp_shard = world_size // (self.tp * others) if self.dp_shard is None else self.dp_shard
+        if dp_shard * self.tp * others != world_size:
+            raise ValueError(f"layout.dp_shard {dp_shard} x tp {self.tp}{extra} = {dp_shard * self.tp * others} "
+                             f"ranks, but world_size is {world_size}; make dp_shard x tp{extra} equal world_size (or "
                              "drop dp_shard: the rest of the ranks)")
         return dp_shard, self.tp
 

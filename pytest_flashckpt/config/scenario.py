@@ -205,10 +205,6 @@ class ModelSpec:
             object.__setattr__(self, "card", hf_label(self.hf))  # what reports show in the card column
 
 
-# layout axes simulated but not yet run on the ranks of a measured scenario: what they are, and why not yet
-SIMULATED_ONLY_AXES = {
-    "cp": ("context-parallel ranks", "torch's context_parallel has no CPU attention op to shard; modelled"),
-}
 # pipeline stages run on the ranks of a measured scenario with these strategies (the engine's rank simulates them,
 # the report sets the two side by side), eager (``distributed.rank``, docs/layouts.md)
 MEASURED_PIPELINE_STRATEGIES = ("none", "full", "every_k", "selective_op")
@@ -241,7 +237,8 @@ class Scenario:
     article: str | None = None  # id of the article claim this scenario tests (see pytest_flashckpt.core.claims)
     description: str = ""
     # how the ranks split the model (config.axes): FSDP2 over every rank by default; dp_shard x tp (tensor + sequence
-    # parallel, distributed.tensor_parallel) measured and simulated; pp and cp simulated only (config.axes)
+    # parallel, distributed.tensor_parallel), cp (context parallel, distributed.context_parallel) and pp measured and
+    # simulated (config.axes)
     layout: LayoutMesh = field(default_factory=LayoutMesh)
     compile: CompileConfig = field(default_factory=CompileConfig)
 
@@ -294,7 +291,7 @@ class Scenario:
                 f"dcp.async_save) every save_interval steps, not {written}; the layout, staging and schedule "
                 "settings are for saves in one process"
             )
-        if not self.layout.tensor_parallel and self.layout.pp == 1 and self.batch_size % self.world_size:
+        if not self.layout.tensor_parallel and self.layout.pp == 1 and self.layout.cp == 1 and self.batch_size % self.world_size:
             raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
         if "flops" in self.measure:
             raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
@@ -321,27 +318,38 @@ class Scenario:
             _set(self, layout=LayoutMesh())  # FSDP over every rank written out is today's layout (and fingerprint)
             return
         key = "simulate.world_size" if self.simulate.enabled else "world_size"
-        for axis, (what, why) in SIMULATED_ONLY_AXES.items():
-            if getattr(self.layout, axis) > 1 and not self.simulate.enabled:
-                raise NotBuiltYet(f"layout.{axis} {getattr(self.layout, axis)}: {what} in a measured scenario are not "
-                                  f"built yet (issue 32: {why}); they are simulated: add simulate: {{enabled: true, "
-                                  f"world_size: N}} or drop layout.{axis}")
         if self.layout.pp > 1 and not self.simulate.enabled:
             self._check_measured_stages()
+        if self.layout.cp > 1 and not self.simulate.enabled and self.compile.enabled:
+            raise NotBuiltYet(f"layout.cp {self.layout.cp} with compile: compiled context-parallel ranks are not built "
+                              "yet (issue 32: torch's ring attention runs eager here); drop compile or layout.cp")
         if world == 1:
             axes = (f"{self.layout.pp} pipeline stages" if self.layout.pp > 1 else f"{self.layout.cp} context-parallel "
                     "ranks" if self.layout.cp > 1 else f"{self.layout.tp} tensor-parallel ranks")
             ranks = self.layout.tp * self.layout.pp * self.layout.cp * (self.layout.dp_shard or 1)
             raise ValueError(f"layout ({axes}) needs ranks: set {key} to dp_shard x tp x pp x cp (e.g. {key}: {ranks})")
         dp_shard, _ = self.layout.ranks(world)
+        if self.layout.cp > 1:
+            self._check_context()
         if self.layout.pp > 1:  # (the stages against the card's blocks: simulate.layouts, where the card is loaded)
             self.layout.pipeline_schedule().check_batch(self.parallel_layout, batch_size=self.batch_size)
         if self.batch_size % dp_shard:
             raise ValueError(f"batch_size {self.batch_size} must be divisible by layout.dp_shard {dp_shard} (each "
                              "data-parallel rank takes an equal share; tensor-parallel ranks share their group's rows)")
         if self.model.hf is not None:  # type: ignore[union-attr]
-            raise ValueError("a layout (tp, pp) with model.hf is not built: the tensor-parallel plan is read from a model card's "
+            raise ValueError("a layout (tp, pp, cp) with model.hf is not built: the tensor-parallel plan is read from a model card's "
                              "family anatomy (distributed.tensor_parallel); use a card (e.g. llama-tiny) or drop layout")
+
+    def _check_context(self) -> None:
+        """Context parallel: a sequence the load-balanced ring splits (``2 x cp`` chunks), attention by the flash op
+        the ring runs (``distributed.context_parallel``: SDPA's, ``auto`` or ``sdpa``)."""
+        try:
+            self.parallel_layout.check_sequence(self.seq_len)
+        except ValueError as exc:
+            raise ValueError(f"seq_len {self.seq_len}: {exc}") from None
+        if self.attention not in ("auto", "sdpa"):
+            raise ValueError(f"attention {self.attention} with layout.cp {self.layout.cp}: torch's ring attention runs "
+                             "the flash op (SDPA's); set attention: sdpa (or auto), or drop layout.cp")
 
     def _check_measured_stages(self) -> None:
         """Pipeline stages on the ranks of a measured scenario: a strategy the stages run with (saves: dcp, as every

@@ -39,7 +39,7 @@ from pytest_flashckpt.activation import StrategyUnavailable
 from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build
 from pytest_flashckpt.core.metrics import spec as metric_spec
-from pytest_flashckpt.distributed import fsdp, pipeline, sharded_store, tensor_parallel
+from pytest_flashckpt.distributed import context_parallel, fsdp, pipeline, sharded_store, tensor_parallel
 from pytest_flashckpt.distributed.memory import CompiledShardedProbe, ShardedLiveTensorProbe
 from pytest_flashckpt.models.attention import OpNameRecorder, detect_kernel, resolve_backend
 from pytest_flashckpt.models.cards import build_model, load_card
@@ -58,8 +58,9 @@ def _card(scenario: Scenario):
 
 
 def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None, before_shard=None):
-    """The rank's trainer: FSDP2 over every rank, or (``mesh``: a tensor-parallel layout's 2D ``DeviceMesh``)
-    ``parallelize_module`` then FSDP2 over the mesh's dp_shard dimension (``distributed.tensor_parallel``)."""
+    """The rank's trainer: FSDP2 over every rank, or (``mesh``: a tensor- or context-parallel layout's
+    ``DeviceMesh``) ``parallelize_module`` then FSDP2 over the mesh's dp_shard (x cp) ranks
+    (``distributed.tensor_parallel``)."""
     card = _card(scenario)
     if mesh is not None:
         return tensor_parallel.build_trainer(
@@ -94,7 +95,7 @@ def _memory_step(trainer, probe_name: str, device: torch.device) -> dict[str, in
     x, y = trainer.batch()
     loss_context = getattr(trainer, "loss_context", contextlib.nullcontext)  # loss_parallel under tensor parallel
     with _probe(probe_name, device).track(resident=_local(trainer.state_tensors())) as fwd_bwd, loss_context():
-        trainer.model(x, y).backward()
+        trainer.loss(x, y).backward()  # the model's loss (a context-parallel rank's with its tokens' positions)
     _sync(device)
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
     with _probe(probe_name, device).track(resident=_local(trainer.state_tensors() + grads)) as opt:
@@ -122,7 +123,9 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     layout = scenario.parallel_layout
     if layout.pp > 1:  # eager or compiled stages
         return _measure_pipeline(scenario, device, backend, probe_name, ckpt_root, out)
-    mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 else None
+    if layout.cp > 1:  # torch's ring attention runs the device's explicit flash op (distributed.context_parallel)
+        backend = context_parallel.ring_backend(device.type)
+    mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 or layout.cp > 1 else None
     if scenario.compile.enabled:
         return _measure_compiled(scenario, device, backend, mesh, out)
     trainer, applied = _trainer(scenario, device, backend, mesh)

@@ -40,8 +40,8 @@ def _save(r: Result) -> str:
 
 
 def _laid_out(r: Result) -> bool:
-    """A layout other than FSDP over every rank: tensor parallel or pipeline stages."""
-    return r.config.layout.tensor_parallel or r.config.layout.pp > 1
+    """A layout other than FSDP over every rank: tensor parallel, pipeline stages or context parallel."""
+    return r.config.layout.tensor_parallel or r.config.layout.pp > 1 or r.config.layout.cp > 1
 
 
 def _by_the_engine(r: Result) -> bool:
@@ -77,16 +77,17 @@ def _simulate(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy
 
 @functools.lru_cache(maxsize=64)
 def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int, dp_shard: int,
-                     tp: int, seed: int, compile=None, budget: float | None = None) -> tuple[int, int, int]:
+                     tp: int, seed: int, compile=None, budget: float | None = None, cp: int = 1,
+                     rank: int = 0) -> tuple[int, int, int]:
     import torch
 
     from pytest_flashckpt.config.layout import Layout
     from pytest_flashckpt.models.cards import load_card
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank  # the real engine under fake mode
 
-    record = simulate_rank(load_card(card), Layout(dp_shard=dp_shard, tp=tp), batch_size=batch, seq_len=seq,
+    record = simulate_rank(load_card(card), Layout(dp_shard=dp_shard, tp=tp, cp=cp), batch_size=batch, seq_len=seq,
                            strategy=strategy, k=k, dtype=getattr(torch, dtype), precision=precision, seed=seed,
-                           compile=compile, budget=budget)
+                           compile=compile, budget=budget, rank=rank)
     return record["peak_bytes"], record["fwd_bwd_start_bytes"], record["optimizer_peak_bytes"]
 
 
@@ -110,8 +111,13 @@ def _simulate_stage_rank(card: str, dtype: str, precision: str, batch: int, seq:
 def engine_ranks(r: Result) -> tuple[list[tuple[int, int, int]] | None, str]:
     """Every measured rank of a laid-out result simulated by the engine: (peak, state at the step's start,
     optimizer peak) per rank, in rank order (a tensor-parallel layout's ranks hold alike: one simulation; a pipeline's
-    ranks hold their own stages: each simulated, ``simulate.pipeline``), or None and why not."""
+    ranks hold their own stages and a context-parallel rank its own chunks of the ring: each simulated), or None and
+    why not."""
     c = r.config
+    if c.layout.cp > 1:
+        records = [engine_rank(r, rank) for rank in range(c.world_size)]
+        why = next((why for record, why in records if record is None), None)
+        return (None, why) if why is not None else ([record for record, _ in records], "")
     if c.layout.pp == 1:
         record, why = engine_rank(r)
         return (None, why) if record is None else ([record] * c.world_size, "")
@@ -138,7 +144,7 @@ def _engine_refusal(r: Result) -> str | None:
         return f"the {c.activation.strategy} strategy is not simulated by the engine yet"
     if c.model.hf is not None:
         return "a Hugging Face model's rank is not laid out by the engine here"
-    if c.model.dropout or r.backend not in ("sdpa", None) or not str(r.device or "").startswith("cpu"):
+    if c.model.dropout or r.backend not in ("sdpa", "sdpa-flash-cpu", None) or not str(r.device or "").startswith("cpu"):
         return "the engine's rank runs the card's step with the CPU sdpa op (no dropout override, a CPU run)"
     return None
 
@@ -168,8 +174,8 @@ def simulated_rank_peak(r: Result) -> tuple[int | None, str]:
     return peak, ""
 
 
-def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
-    """A tensor-parallel result's rank simulated by the engine: (peak, state at the step's start, optimizer
+def engine_rank(r: Result, rank: int = 0) -> tuple[tuple[int, int, int] | None, str]:
+    """A laid-out result's rank ``rank`` simulated by the engine: (peak, state at the step's start, optimizer
     peak) in bytes, or None and why not."""
     c = r.config
     why = _engine_refusal(r)
@@ -180,7 +186,7 @@ def engine_rank(r: Result) -> tuple[tuple[int, int, int] | None, str]:
         compiled = c.compile if c.compile.enabled else None  # a compiled rank: the engine compiled under fake mode
         budget = c.activation.budget if c.activation.strategy == "compile_budget" else None
         return _simulate_layout(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
-                                c.activation.k, layout.dp_shard, layout.tp, c.seed, compiled, budget), ""
+                                c.activation.k, layout.dp_shard, layout.tp, c.seed, compiled, budget, layout.cp, rank), ""
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"
 

@@ -6,6 +6,7 @@ at 2.7B (memory half, marked simulated); per-block activations beside the analyt
 from __future__ import annotations
 
 from pytest_flashckpt.config.axes import is_today
+from pytest_flashckpt.config.layout import context_composed
 from pytest_flashckpt.core.claims import PROTOTYPE, MEDIUM, LARGE, SAVING_TOLERANCE
 from pytest_flashckpt.report import select
 from pytest_flashckpt.report.format import MISSING, pct
@@ -148,7 +149,7 @@ def _ranks(r: Result) -> str:
     c = r.config
     if is_today(c.layout):
         return str(c.simulate.world_size)
-    if c.layout.cp > 1:
+    if c.layout.cp > 1 and not context_composed(c.parallel_layout, c.precision):
         return f"{c.simulate.world_size} (cp {c.layout.cp}, ring attention, modelled)"
     if c.layout.pp == 1:
         return f"{c.simulate.world_size} ({c.parallel_layout.describe()})"

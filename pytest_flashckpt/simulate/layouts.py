@@ -142,6 +142,11 @@ def engine_cannot_run_scenario(scenario) -> str | None:
         return "step_impl / model.dropout: the engine's rank runs the card's own step"
     if scenario.layout.pp > 1:
         return stages_refusal(scenario)
+    if scenario.layout.cp > 1:
+        try:
+            scenario.parallel_layout.check_sequence(scenario.seq_len)
+        except ValueError as exc:
+            return str(exc)
     return None
 
 
@@ -208,6 +213,8 @@ def run_engine_scenario(scenario, result) -> None:
     depths = record["simulated_depths"]
     how = f"depths {', '.join(map(str, depths))} simulated, read off their line" if record["extrapolated"] else "simulated whole"
     engine = "parallelize_module + fully_shard" if layout.tp > 1 else "fully_shard"
+    if layout.cp > 1:
+        engine = f"torch's ring attention over {layout.cp} cp ranks + {engine} over dp_shard x cp"
     result.notes.append(f"simulated by the real engine ({engine} under FakeTensorMode, rank 0 of {layout.describe()}; "
                         f"{how}): peak in the {phase}; CPU flash-attention op, AdamW foreach, no breakdown by category")
 

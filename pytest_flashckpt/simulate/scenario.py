@@ -31,7 +31,7 @@ def run_simulated(scenario, result) -> None:
     sim = scenario.simulate
     if scenario.activation.save_ops is not None:
         raise ValueError("simulate: a custom activation.save_ops list is not supported in suites; use the Python API")
-    if scenario.layout.cp > 1:  # a context-parallel rank: the meta step with torch's ring attention (modelled)
+    if _context_alone(scenario):  # a context-parallel rank alone: the meta step with torch's ring (modelled)
         return _context_scenario(scenario, result)
     if sim.world_size > 1:  # FSDP ranks: the real engine under fake mode, where it runs (else the modelled route)
         from pytest_flashckpt.simulate.layouts import engine_cannot_run_scenario, run_engine_scenario
@@ -123,11 +123,19 @@ def layout_refusal(scenario) -> str | None:
     """Why a simulated scenario's layout cannot be simulated (one line with the reason), or None: a
     context-parallel rank's request (``_context_refusal``), else what the real engine under fake mode does not run
     (``simulate.layouts.engine_cannot_run_scenario``)."""
-    if scenario.layout.cp > 1:
+    if _context_alone(scenario):
         return _context_refusal(scenario)
     from pytest_flashckpt.simulate.layouts import engine_cannot_run_scenario
 
     return engine_cannot_run_scenario(scenario)
+
+
+def _context_alone(scenario) -> bool:
+    """A cp layout alone in pure precision (the CUDA-op ring on meta, modelled); a cp layout composed with FSDP or
+    tensor parallel, or in mixed precision, is the engine's rank (``config.layout.context_composed``)."""
+    from pytest_flashckpt.config.layout import context_composed
+
+    return scenario.layout.cp > 1 and not context_composed(scenario.parallel_layout, scenario.precision)
 
 
 def _context_refusal(scenario) -> str | None:

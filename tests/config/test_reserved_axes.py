@@ -11,13 +11,14 @@ from pytest_flashckpt.config.scenario import Scenario
 from pytest_flashckpt.config.typed import build
 
 
-@pytest.mark.parametrize("key, value, issue", [
-    ("layout", {"cp": 2}, "issue 32"),
-    ("compile", {"mode": "reduce-overhead"}, "issue 33"),
+@pytest.mark.parametrize("key, value, issue, others", [
+    ("layout", {"cp": 2}, "issue 32", {"world_size": 2, "model": "llama-tiny", "compile": {"scope": "block"},
+                                       "checkpoint": {"strategy": "none"}}),  # compiled cp ranks
+    ("compile", {"mode": "reduce-overhead"}, "issue 33", {}),
 ])
-def test_a_value_beyond_today_is_refused_naming_the_key_and_the_issue(key, value, issue):
+def test_a_value_beyond_today_is_refused_naming_the_key_and_the_issue(key, value, issue, others):
     with pytest.raises(ConfigError) as info:
-        build(Scenario, {"name": "s", key: value}, "suite.yaml")
+        build(Scenario, {"name": "s", key: value, **others}, "suite.yaml")
     text = str(info.value)
     assert text.startswith("suite.yaml: ") and f"{key}.{next(iter(value))}" in text and issue in text and "not built yet" in text
 

@@ -37,7 +37,7 @@ def _scenario(**kw) -> Scenario:
     (dict(world_size=3, batch_size=3), "layout.tp 2 does not divide world_size 3"),
     (dict(world_size=4, batch_size=4, layout=LayoutMesh(dp_shard=3, tp=2)), "layout.dp_shard 3 x tp 2 = 6 ranks, but world_size is 4"),
     (dict(world_size=4, batch_size=3, layout=LayoutMesh(dp_shard=2, tp=2)), "batch_size 3 must be divisible by layout.dp_shard 2"),
-    (dict(model=ModelSpec(hf={"model_type": "llama"})), r"a layout \(tp, pp\) with model.hf is not built"),
+    (dict(model=ModelSpec(hf={"model_type": "llama"})), r"a layout \(tp, pp, cp\) with model.hf is not built"),
 ])
 def test_a_layout_the_ranks_cannot_hold_is_refused_naming_the_key(kw, message) -> None:
     kw.setdefault("layout", LayoutMesh(tp=2))
@@ -71,16 +71,25 @@ def test_measured_pipeline_stages_run_eager_with_or_without_sharded_saves() -> N
         _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2, microbatches=3), save=SaveConfig())
 
 
-def test_context_parallel_is_simulated_only_naming_the_issue() -> None:
-    with pytest.raises(NotBuiltYet, match=r"layout.cp 2: context-parallel ranks in a measured scenario are not built yet "
-                                          r"\(issue 32.*add simulate: \{enabled: true"):
-        _scenario(world_size=2, layout=LayoutMesh(cp=2))
-    with pytest.raises(ValueError, match=r"layout.cp 2: context parallel is simulated alone so far .*drop layout.tp"):
-        LayoutMesh(cp=2, tp=2)
-    with pytest.raises(ValueError, match=r"context parallel is simulated alone, so world_size must equal layout.cp, "
-                                         r"got 4; set it to 2"):
-        Scenario("s", model="llama-tiny", batch_size=4, seq_len=64, layout=LayoutMesh(cp=2),
-                 simulate=SimulateConfig(enabled=True, world_size=4))
+def test_context_parallel_runs_on_measured_ranks_with_fsdp_and_tp_and_refuses_the_rest() -> None:
+    alone = _scenario(layout=LayoutMesh(cp=2))
+    assert alone.parallel_layout.describe() == "dp_shard 1 x tp 1 x cp 2"
+    both = _scenario(world_size=8, batch_size=4, layout=LayoutMesh(cp=2, tp=2))
+    assert both.parallel_layout.describe() == "dp_shard 2 x tp 2 x cp 2"
+    with pytest.raises(NotBuiltYet, match=r"layout.cp 2 with compile: compiled context-parallel ranks are not built "
+                                          r"yet \(issue 32"):
+        _scenario(layout=LayoutMesh(cp=2), compile=CompileConfig(scope="block"), save=SaveConfig())
+    with pytest.raises(ValueError, match=r"layout.cp 2 with layout.pp 2: the pipeline's mesh has no context-parallel "
+                                         r"dimension; drop layout.pp or layout.cp"):
+        LayoutMesh(cp=2, pp=2)
+    with pytest.raises(ValueError, match=r"layout.dp_shard 1 x tp 1 x cp 2 = 2 ranks, but world_size is 4"):
+        _scenario(world_size=4, batch_size=4, layout=LayoutMesh(cp=2, dp_shard=1))
+    with pytest.raises(ValueError, match=r"seq_len 66: layout cp 2: sequence 66 is not divisible by 2 x cp = 4"):
+        _scenario(seq_len=66, layout=LayoutMesh(cp=2))
+    with pytest.raises(ValueError, match=r"attention eager with layout.cp 2: torch's ring attention runs the flash op"):
+        _scenario(attention="eager", layout=LayoutMesh(cp=2))
+    with pytest.raises(ValueError, match=r"layout.tp 2 x cp 2 does not divide world_size 2"):
+        _scenario(layout=LayoutMesh(cp=2, tp=2))
     simulated = Scenario("s", model="llama-tiny", batch_size=4, seq_len=64, layout=LayoutMesh(pp=2, microbatches=2),
                          simulate=SimulateConfig(enabled=True, world_size=4))
     assert simulated.parallel_layout.describe() == "dp_shard 2 x tp 1 x pp 2"

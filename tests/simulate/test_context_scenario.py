@@ -49,5 +49,27 @@ def test_a_sequence_the_ring_cannot_split_is_refused_when_the_suite_loads(tmp_pa
     with pytest.raises(ConfigError) as info:
         load_checked_suite("suites/x.yaml")
     text = str(info.value)
-    assert text.startswith("suites/x.yaml: scenario 'c': layout.cp: layout cp 2: sequence 250 is not divisible by 2 x cp")
-    assert "set layout.cp to 1" in text
+    assert text.startswith("suites/x.yaml: scenario 'c': seq_len 250: layout cp 2: sequence 250 is not divisible by "
+                           "2 x cp = 4 (the load-balanced ring)")
+    assert "choose a sequence that is a multiple of 4 or another cp" in text
+
+
+def test_a_composed_context_parallel_scenario_is_the_engines_rank() -> None:
+    """cp with FSDP over dp_shard x cp (or tp, or mixed precision) is simulated by the engine's fake rank (torch's
+    ring attention with the CPU flash op on the fake process group), not the modelled meta route."""
+    import torch
+
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+
+    card = load_card("llama-tiny", n_layer=1)
+    scenario = Scenario("cp", model="llama-tiny", dtype="bfloat16", batch_size=2, seq_len=64,
+                        activation=ActivationConfig(strategy="full"), layout=LayoutMesh(cp=2),
+                        simulate=SimulateConfig(enabled=True, world_size=4), measure=("memory",))
+    result = Result("simulate", scenario.name, "measured", scenario)
+    run_simulated(scenario, result)
+    expected = simulate_rank(load_card("llama-tiny"), Layout(dp_shard=2, cp=2), batch_size=2, seq_len=64,
+                             strategy="full", dtype=torch.bfloat16, foreach=True)
+    assert result.metrics["simulated_peak_bytes"] == expected["peak_bytes"]
+    assert "torch's ring attention over 2 cp ranks + fully_shard over dp_shard x cp" in result.notes[-1]
+    assert _row(result)[5] == "4 (dp_shard 2 x tp 1 x cp 2)"
+    assert card.n_layer == 1
