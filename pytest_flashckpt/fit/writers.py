@@ -2,10 +2,10 @@
 a torchtitan-style config (``--write-torchtitan F.toml``) with the keys torchtitan's ``JobConfig`` reads.
 
 The scenario is a simulated one (``simulate: {enabled: true}``: the step on meta, per rank of ``world_size``
-ranks) at the layout's per-rank microbatch, strategy and precision, with a tensor-parallel layout in the scenario's
-``layout`` axis (FSDP alone is that axis's default: nothing to write), which the simulate suite runs as that
-layout's rank (the engine under fake mode, ``simulate.layouts.run_engine_scenario``). Axes the suite has no key
-for yet (pipeline, HSDP replicas, context parallel) are written as comments, ``ScenarioFile.note`` saying what
+ranks) at the layout's per-rank microbatch, strategy and precision, with a tensor- or context-parallel layout in
+the scenario's ``layout`` axis (FSDP alone is that axis's default: nothing to write), which the simulate suite runs
+as that layout's rank (the engine under fake mode, ``simulate.layouts.run_engine_scenario``). Axes the suite has no
+key for yet in a fit's scenario (pipeline, HSDP replicas) are written as comments, ``ScenarioFile.note`` saying what
 the scenario simulates instead. Both files are checked before they
 replace anything: the scenario by ``config.suites.load_suite``, the TOML by ``tomllib``; a file that does not read
 back is never left behind.
@@ -42,7 +42,7 @@ def scenario_name(card_name: str, c: Candidate, seq_len: int) -> str:
 
 
 def scenario_entry(card_name: str, c: Candidate, seq_len: int, *, with_layout: bool) -> dict:
-    world = c.dp_shard * c.tp if with_layout else c.dp_shard
+    world = c.dp_shard * c.tp * c.cp if with_layout else c.dp_shard
     entry = {
         "name": scenario_name(card_name, c, seq_len),
         "description": f"flashckpt fit: {c.describe()}, microbatch {c.microbatch} x accumulation {c.accumulation}, "
@@ -56,7 +56,7 @@ def scenario_entry(card_name: str, c: Candidate, seq_len: int, *, with_layout: b
         "simulate": {"enabled": True, "kernel": "flash", "target": "cuda", "world_size": world},
     }
     if with_layout:
-        entry["layout"] = {"dp_shard": c.dp_shard, "tp": c.tp}
+        entry["layout"] = {"dp_shard": c.dp_shard, "tp": c.tp} | ({"cp": c.cp} if c.cp > 1 else {})
     return entry
 
 
@@ -82,13 +82,10 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
         rank = "dp_shard x tp rank" if c.tp > 1 else "FSDP rank"
         note = (f"the suite has no pipeline axis yet: pp {c.pp} ({c.schedule}, {c.accumulation} microbatches) is a "
                 f"comment, the scenario simulates the {rank} of the data-parallel group at one microbatch")
-    with_layout = c.tp > 1  # FSDP alone is the layout axis's default: nothing to write
+    with_layout = c.tp > 1 or c.cp > 1  # FSDP alone is the layout axis's default: nothing to write
     suite = {"name": path.stem, "description": f"flashckpt fit's chosen layout: {summary}",
              "scenarios": [scenario_entry(card_name, c, seq_len, with_layout=with_layout)]}
     replicas = f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n" if c.dp_replicate > 1 else ""
-    if c.cp > 1:
-        replicas += (f"# context parallel: cp {c.cp} with FSDP over dp_shard x cp (the suite's layout axis takes cp "
-                     "alone so far): the scenario below simulates the dp_shard x tp rank at the whole sequence\n")
     if c.pp > 1:
         replicas += (f"# pipeline: pp {c.pp}, schedule {c.schedule}, {c.stages_per_rank} stage(s) per rank, "
                      f"{c.accumulation} microbatches of {c.microbatch}  -- {note}\n")

@@ -52,6 +52,15 @@ def test_a_tensor_parallel_scenario_loads_with_its_layout_in_the_axis(tmp_path) 
     assert [p.name for p in tmp_path.iterdir()] == ["chosen.yaml"]  # no staging folder left behind
 
 
+def test_a_context_parallel_scenario_loads_with_cp_in_the_layout_axis(tmp_path) -> None:
+    ringed = Candidate(gpus=128, dp_shard=2, tp=8, microbatch=1, accumulation=8, strategy="full", precision="mixed",
+                       cp=8)
+    written = write_scenario(tmp_path / "chosen.yaml", "llama3.1-405b", ringed, 131072, "test")
+    (scenario,) = load_suite(str(written.path)).scenarios
+    assert written.layout_in_axis and scenario.simulate.world_size == 128
+    assert scenario.parallel_layout.describe() == "dp_shard 2 x tp 8 x cp 8" and scenario.batch_size == 2
+
+
 def test_a_scenario_the_loader_refuses_is_not_left_behind(tmp_path) -> None:
     with pytest.raises(InputError, match="the scenario does not load"):
         write_scenario(tmp_path / "bad.yaml", "llama3-8b", Candidate(**{**vars(FSDP), "strategy": "bogus"}), 8192, "test")
