@@ -1,5 +1,5 @@
-"""``flashckpt fit`` on Llama-3-70B (and Llama-3.1-405B where its card exists): the ranked layouts, and how long the
-search takes on this machine.
+"""``flashckpt fit`` on Llama-3-70B (and Llama-3.1-405B where its card exists, at 8K and 128K tokens): the ranked
+layouts, and how long the search takes on this machine.
 
     python benchmarks/fit_layouts.py                 # every case whose card exists, writes reports/fit-<case>.md
     python benchmarks/fit_layouts.py --only llama3-70b --print   # prints the report (writes nothing)
@@ -33,12 +33,16 @@ COMMON = ["--seq", "8192", "--device", "h100-sxm", "--device-memory", "80GiB", "
 CASES = {
     "llama3-70b": ["--model", "llama3-70b", "--global-batch-tokens", "1048576", "--gpus", "8,16,64", *COMMON],
     "llama3.1-405b": ["--model", "llama3.1-405b", "--global-batch-tokens", "2097152", "--gpus", "64,128", *COMMON],
+    # 128K tokens: context parallel (with FSDP over dp_shard x cp and tp) against pipeline and plain FSDP layouts
+    "llama3.1-405b-128k": ["--model", "llama3.1-405b", "--global-batch-tokens", "2097152", "--gpus", "64,128",
+                           "--seq", "131072", "--device", "h100-sxm", "--device-memory", "80GiB", "--precision",
+                           "mixed", "--strategies", "full", "--top", "3", "--max-simulations", "8"],
     # one GPU count, one strategy, two simulations: the short run for a loaded machine
     "llama3-70b-64gpu": ["--model", "llama3-70b", "--global-batch-tokens", "1048576", "--gpus", "64", "--seq", "8192",
                          "--device", "h100-sxm", "--device-memory", "80GiB", "--strategies", "full", "--top", "1",
                          "--max-simulations", "2"],
 }
-DEFAULT_CASES = ("llama3-70b", "llama3.1-405b")
+DEFAULT_CASES = ("llama3-70b", "llama3.1-405b", "llama3.1-405b-128k")
 TIMEOUT_S = 3600
 
 
