@@ -209,7 +209,10 @@ def describe(request, model, results) -> list[str]:
     for found in results:
         line = (f"{found.gpus} GPUs: {found.enumerated} layouts, {found.pruned_by_state} ruled out by their state bytes, "
                 f"{found.pruned_by_dominance} by a simulated one holding no more, {found.simulations} simulated, {len(found.fitting)} fit")
-        if not found.fitting:
+        if not found.fitting and found.untried:  # the budget ran out: layouts that may fit were never simulated
+            line += (f"; none of those simulated fits, {found.untried} layouts left unsimulated (raise "
+                     f"--max-simulations): {closest_text(found, request.usable_bytes)}")
+        elif not found.fitting:
             line += f"; none fits: {closest_text(found, request.usable_bytes)}"
         lines.append(line)
     return lines
@@ -242,8 +245,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--model {args.model}: {exc}") from None
     fitting = [r for found in results for r in found.fitting]
     if not fitting:
-        raise InputError("no layout fits " + "; ".join(f"{found.gpus} GPUs: {closest_text(found, request.usable_bytes)}"
-                                                       for found in results))
+        untried = sum(found.untried for found in results)
+        raise InputError(("no layout simulated fits" if untried else "no layout fits") + " " + "; ".join(
+            f"{found.gpus} GPUs: {closest_text(found, request.usable_bytes)}" for found in results)
+            + (f" ({untried} layouts left unsimulated: raise --max-simulations)" if untried else ""))
     print("\n".join(describe(request, model, results)))
     chosen = max(fitting, key=lambda r: (r.time.tokens_per_s_per_gpu, -r.candidate.gpus))
     c = chosen.candidate

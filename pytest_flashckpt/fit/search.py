@@ -85,6 +85,7 @@ class GpuCountResult:
     pruned_by_state: int = 0
     pruned_by_dominance: int = 0  # ruled out by a simulated candidate that did not fit and holds no more (holds_at_least)
     simulations: int = 0
+    untried: int = 0  # layouts neither simulated nor pruned when the search stopped (the budget ran out, or enough fit)
     fitting: list[Ranked] = field(default_factory=list)
     not_fitting: list[Ranked] = field(default_factory=list)  # simulated, over the usable memory (or refused)
     closest_state: tuple[Candidate, int] | None = None  # the smallest state lower bound when every one was pruned
@@ -155,6 +156,7 @@ def search(request: FitRequest, simulate: Callable[..., dict] | None = None,
             share = (request.max_simulations - found.simulations) // left
             left -= 1
             _search_strategy(request, memory, parameters, found, pairs, found.simulations + share, progress)
+        found.untried = len(survivors) - len(found.fitting) - len(found.not_fitting) - found.pruned_by_dominance
         found.fitting = sorted(found.fitting, key=lambda r: r.time.step_s)[:request.top]
         results.append(found)
     return results

@@ -105,3 +105,25 @@ def test_impossible_cp_requests_are_one_line_errors(args, message, capsys) -> No
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_search_that_ran_out_of_simulations_says_so_instead_of_none_fits(capsys) -> None:
+    """A candidate that fits but was never simulated (the budget spent on faster ones that did not) is not "none
+    fits": the summary names the layouts left unsimulated and the option to raise."""
+    from pytest_flashckpt.fit.command import describe
+    from pytest_flashckpt.fit.model_input import ModelInput
+
+    calls: list = []
+    stand_in = rank_stand_in(calls)
+
+    def simulate(card, layout, **kw):  # the fastest layouts (tp 1) do not fit; the others would
+        record = stand_in(card, layout, **kw)
+        return {k: v * (10**6 if layout.tp == 1 else 1) for k, v in record.items()}
+
+    request = FitRequest(card=SMALL, seq_len=131072, global_batch_tokens=4 * 131072, gpus=(8,),
+                         device=DEVICES["h100-sxm"], device_memory=80 * 2**30, strategies=("full",),
+                         precisions=("pure",), top=1, max_simulations=1, cp=(2,), tp=(1, 2))
+    (found,) = search(request, simulate=simulate)
+    assert not found.fitting and found.untried > 0 and found.simulations == 1
+    lines = describe(request, ModelInput(SMALL, "card llama3.2-1b"), [found])
+    assert f"none of those simulated fits, {found.untried} layouts left unsimulated (raise --max-simulations)" in lines[-1]

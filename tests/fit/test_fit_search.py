@@ -3,6 +3,8 @@ the command's one-line errors. A stand-in simulation keeps these fast; one test 
 
 from __future__ import annotations
 
+import re
+
 from types import SimpleNamespace
 
 import pytest
@@ -129,7 +131,14 @@ def test_no_layout_fits_names_the_closest_and_by_how_much(monkeypatch, capsys) -
     monkeypatch.setattr(search_module, "simulate_rank", never_fits([]))
     assert main(_fit("--gpus", "4", "--device-memory", str(TIGHT), "--margin", "0", "--max-simulations", "3")) == 2
     err = capsys.readouterr().err
-    assert "no layout fits 4 GPUs: closest " in err and "per rank, short by " in err
+    # three simulations, the rest never tried: not "no layout fits" but the simulated ones, and how many are left
+    assert "no layout simulated fits 4 GPUs: closest " in err and "per rank, short by " in err
+    assert re.search(r"\((\d+) layouts left unsimulated: raise --max-simulations\)", err)
+    monkeypatch.setattr(search_module, "simulate_rank", never_fits([]))
+    assert main(_fit("--gpus", "4", "--pp", "1", "--device-memory", str(TIGHT), "--margin", "0",
+                     "--max-simulations", "500")) == 2  # (--pp 1: the stand-in replaces the FSDP and TP rank only)
+    err = capsys.readouterr().err  # with the budget to try every one: none fits
+    assert "no layout fits 4 GPUs: closest " in err and "unsimulated" not in err
 
 
 @pytest.mark.slow
