@@ -36,7 +36,9 @@ class LayoutMesh:
     torch's ``torch.distributed.pipelining`` run by ``schedule`` over ``microbatches`` per step, ``stages_per_rank``
     stages on each pipeline rank; ``config.layout.PipelineSchedule``) and context parallel (``cp``: the sequence
     split over the ranks, torch's ring attention, ``distributed.context_parallel``; FSDP2 shards over
-    ``dp_shard x cp``, tensor parallel inside; not with ``pp``).
+    ``dp_shard x cp``, tensor parallel inside; not with ``pp``) and HSDP replicas (``dp_replicate``: FSDP2 over the
+    2D ``(dp_replicate, dp_shard)`` mesh, gradients reduce-scattered in the shard group and all-reduced over the
+    replicas; with ``dp_shard`` and ``tp``).
 
     Built: ``dp_shard`` x ``cp`` x ``tp`` measured on the ranks of a run (eager) and simulated by the engine;
     ``pp`` simulated, and measured on ranks eager or compiled per block
@@ -52,20 +54,27 @@ class LayoutMesh:
     schedule: str = "1f1b"
     microbatches: int | None = None
     stages_per_rank: int = 1
+    dp_replicate: int = 1  # HSDP: replicas of the dp_shard group (FSDP2 over the 2D (dp_replicate, dp_shard) mesh)
 
     PIPELINE_KEYS = ("schedule", "microbatches", "stages_per_rank")
+    RANK_KEYS = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
 
     def __post_init__(self) -> None:
-        for key in ("dp_shard", "tp", "pp", "cp", "microbatches", "stages_per_rank"):
+        for key in (*self.RANK_KEYS, "microbatches", "stages_per_rank"):
             value = getattr(self, key)
             if value is None and key in ("dp_shard", "microbatches"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                what = "number of ranks" if key in ("dp_shard", "tp", "pp", "cp") else "integer"
+                what = "number of ranks" if key in self.RANK_KEYS else "integer"
                 raise ValueError(f"layout.{key} must be a positive {what}, got {value!r}")
         if self.cp != 1 and self.pp != 1:
             raise ValueError(f"layout.cp {self.cp} with layout.pp {self.pp}: the pipeline's mesh has no context-parallel "
                              "dimension; drop layout.pp or layout.cp")
+        if self.dp_replicate != 1 and (self.pp != 1 or self.cp != 1):
+            other = f"layout.pp {self.pp}" if self.pp != 1 else f"layout.cp {self.cp}"
+            raise NotBuiltYet(f"layout.dp_replicate {self.dp_replicate} with {other}: HSDP replicas are composed with "
+                              "dp_shard and tp so far (issue 32; flashckpt fit searches them inside stages as the rank "
+                              "of their shard group); drop one")
         if self.pp == 1:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
             set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != defaults[key]]
@@ -90,8 +99,9 @@ class LayoutMesh:
     def ranks(self, world_size: int) -> tuple[int, int]:
         """``(dp_shard, tp)`` for ``world_size`` ranks (``pp`` stages, or ``cp`` groups, of ``dp_shard x tp`` each);
         ValueError naming the key and the fix when they do not multiply to it."""
-        others = self.pp * self.cp
-        extra = f" x pp {self.pp}" if self.pp > 1 else f" x cp {self.cp}" if self.cp > 1 else ""
+        others = self.pp * self.cp * self.dp_replicate
+        extra = (f" x pp {self.pp}" if self.pp > 1 else f" x cp {self.cp}" if self.cp > 1 else
+                 f" x dp_replicate {self.dp_replicate}" if self.dp_replicate > 1 else "")
         if world_size % (self.tp * others):
             raise ValueError(f"layout.tp {self.tp}{extra} does not divide world_size {world_size}; choose axes that "
                              f"divide the ranks (or world_size = dp_shard x tp{extra})")

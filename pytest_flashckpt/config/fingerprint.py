@@ -40,7 +40,8 @@ SAMPLE_COUNTS = ("rounds", "steps", "save.saves", "save.time_lost_rounds")
 PASSES = ("measure",)
 LEFT_OUT = (*LABELS, *SAMPLE_COUNTS, *PASSES)
 ADDED_AXES = ("step_impl",)  # axes added after fingerprints: left out while at their defaults
-ADDED_KEYS = {"compile.ac_wrapper": "inside"}  # keys added to an axis after fingerprints: left out at these defaults
+# keys added to an axis after fingerprints: left out at these defaults
+ADDED_KEYS = {"compile.ac_wrapper": "inside", "layout.dp_replicate": 1}
 
 
 def fingerprinted(scenario: Scenario, resolved: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,16 +1,17 @@
 """A parallel layout: how the ranks of a run split the work (issue 32).
 
-``Layout(dp_shard, tp, pp=1, cp=1)``: ``dp_shard`` ranks shard parameters, gradients and optimizer state with FSDP2
-and split the batch; ``tp`` ranks split every block's matmuls (tensor parallel, with sequence parallel on the
-norms); ``pp`` ranks hold consecutive pipeline stages of the blocks (``distributed.pipeline``, torch's
-``torch.distributed.pipelining``); ``cp`` ranks split the sequence (context parallel, ring attention; simulated
-only, ``simulate.context_parallel``). The world is the product of the axes. ``PipelineSchedule`` says how the
+``Layout(dp_shard, tp, pp=1, cp=1, dp_replicate=1)``: ``dp_shard`` ranks shard parameters, gradients and optimizer
+state with FSDP2 and split the batch, ``dp_replicate`` replicas of them (HSDP) split it further; ``tp`` ranks split
+every block's matmuls (tensor parallel, with sequence parallel on the norms); ``pp`` ranks hold consecutive
+pipeline stages of the blocks (``distributed.pipeline``, torch's ``torch.distributed.pipelining``); ``cp`` ranks
+split the sequence (context parallel, torch's ring attention, ``distributed.context_parallel``). The world is the
+product of the axes. ``PipelineSchedule`` says how the
 stages run: the schedule, the microbatches and the stages each rank holds.
 
 The checks are the ones a layout request can fail before anything runs: every axis a positive integer, the world
 equal to the product, the attention heads (query and key/value) divisible by ``tp`` (a column shard of q/k/v must
-hold whole heads), the batch divisible by ``dp_shard`` (every data-parallel rank reads an equal share), no more
-stages than blocks, microbatches that divide a data-parallel rank's batch (and, for 1F1B, at least one per stage),
+hold whole heads), the batch divisible by ``dp_replicate x dp_shard`` (every data-parallel rank reads an equal
+share), no more stages than blocks, microbatches that divide a data-parallel rank's batch (and, for 1F1B, at least one per stage),
 a sequence divisible by ``cp`` (by ``2 * cp`` for the load-balanced ring, which gives every rank one chunk from
 each end of the causal mask). They raise ``ValueError`` naming the axis and the fix; callers place it
 (``ConfigError.within``, the CLI's ``InputError``).
@@ -20,17 +21,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-AXES = ("dp_shard", "tp", "pp", "cp")
+AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Ranks per axis; ``world_size`` is their product. Mesh dimension order: ("dp_shard", "tp") as torchtitan."""
+    """Ranks per axis; ``world_size`` is their product. Mesh dimension order: ("dp_shard", "tp") as torchtitan, with
+    ``dp_replicate`` (HSDP: replicas of the ``dp_shard`` group, FSDP2 over the 2D ``(dp_replicate, dp_shard)`` mesh)
+    first where it is above 1."""
 
     dp_shard: int = 1
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    dp_replicate: int = 1
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -40,7 +44,12 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.dp_shard * self.tp * self.pp * self.cp
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel ranks: every one reads its own share of the batch (HSDP replicas too)."""
+        return self.dp_replicate * self.dp_shard
 
     @property
     def is_2d(self) -> bool:
@@ -82,10 +91,10 @@ class Layout:
                 )
 
     def check_batch(self, batch_size: int) -> None:
-        if batch_size % self.dp_shard:
+        if batch_size % self.dp:
+            ranks = f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard}" if self.dp_replicate > 1 else f"dp_shard {self.dp_shard}"
             raise ValueError(
-                f"batch {batch_size} is not divisible by dp_shard {self.dp_shard}; each data-parallel rank needs "
-                "an equal share"
+                f"batch {batch_size} is not divisible by {ranks}; each data-parallel rank needs an equal share"
             )
 
     def check_sequence(self, seq_len: int, *, load_balanced: bool = True) -> None:
@@ -124,7 +133,7 @@ class Layout:
         return " x ".join(self._named_axes())
 
     def _named_axes(self) -> list[str]:
-        """``dp_shard`` and ``tp`` always (the 2D names), ``pp`` and ``cp`` when used."""
+        """``dp_shard`` and ``tp`` always (the 2D names), ``dp_replicate``, ``pp`` and ``cp`` when used."""
         return [f"{axis} {getattr(self, axis)}" for axis in AXES if axis in ("dp_shard", "tp") or getattr(self, axis) > 1]
 
 

@@ -306,7 +306,8 @@ class Scenario:
         """The layout resolved over ``layout_ranks`` (``config.layout.Layout``: FSDP over every rank by default),
         what the ranks build, the engine simulates and reports name (``describe()``)."""
         dp_shard, tp = self.layout.ranks(self.layout_ranks)
-        return Layout(dp_shard=dp_shard, tp=tp, pp=self.layout.pp, cp=self.layout.cp)
+        return Layout(dp_shard=dp_shard, tp=tp, pp=self.layout.pp, cp=self.layout.cp,
+                      dp_replicate=self.layout.dp_replicate)
 
     def _check_layout(self) -> None:
         """A layout other than FSDP over every rank: ranks that multiply to the world (``layout_ranks``), an even
@@ -314,7 +315,8 @@ class Scenario:
         from its family's anatomy). The card's heads and family are checked by ``config.preflight`` and the
         suite's load (``runner.suite.check_layouts``: the plan built on meta)."""
         world = self.layout_ranks
-        if self.layout.tp == 1 and self.layout.pp == 1 and self.layout.cp == 1 and self.layout.dp_shard in (None, world):
+        if (self.layout.tp == 1 and self.layout.pp == 1 and self.layout.cp == 1 and self.layout.dp_replicate == 1
+                and self.layout.dp_shard in (None, world)):
             _set(self, layout=LayoutMesh())  # FSDP over every rank written out is today's layout (and fingerprint)
             return
         key = "simulate.world_size" if self.simulate.enabled else "world_size"
@@ -326,15 +328,17 @@ class Scenario:
         if world == 1:
             axes = (f"{self.layout.pp} pipeline stages" if self.layout.pp > 1 else f"{self.layout.cp} context-parallel "
                     "ranks" if self.layout.cp > 1 else f"{self.layout.tp} tensor-parallel ranks")
-            ranks = self.layout.tp * self.layout.pp * self.layout.cp * (self.layout.dp_shard or 1)
+            ranks = self.layout.tp * self.layout.pp * self.layout.cp * self.layout.dp_replicate * (self.layout.dp_shard or 1)
             raise ValueError(f"layout ({axes}) needs ranks: set {key} to dp_shard x tp x pp x cp (e.g. {key}: {ranks})")
         dp_shard, _ = self.layout.ranks(world)
+        dp_shard *= self.layout.dp_replicate  # the data-parallel ranks: HSDP replicas read their own rows too
         if self.layout.cp > 1:
             self._check_context()
         if self.layout.pp > 1:  # (the stages against the card's blocks: simulate.layouts, where the card is loaded)
             self.layout.pipeline_schedule().check_batch(self.parallel_layout, batch_size=self.batch_size)
         if self.batch_size % dp_shard:
-            raise ValueError(f"batch_size {self.batch_size} must be divisible by layout.dp_shard {dp_shard} (each "
+            ranks = "layout.dp_replicate x dp_shard" if self.layout.dp_replicate > 1 else "layout.dp_shard"
+            raise ValueError(f"batch_size {self.batch_size} must be divisible by {ranks} {dp_shard} (each "
                              "data-parallel rank takes an equal share; tensor-parallel ranks share their group's rows)")
         if self.model.hf is not None:  # type: ignore[union-attr]
             raise ValueError("a layout (tp, pp, cp) with model.hf is not built: the tensor-parallel plan is read from a model card's "

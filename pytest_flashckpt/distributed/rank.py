@@ -58,9 +58,9 @@ def _card(scenario: Scenario):
 
 
 def _trainer(scenario: Scenario, device: torch.device, backend: str, mesh=None, before_shard=None):
-    """The rank's trainer: FSDP2 over every rank, or (``mesh``: a tensor- or context-parallel layout's
-    ``DeviceMesh``) ``parallelize_module`` then FSDP2 over the mesh's dp_shard (x cp) ranks
-    (``distributed.tensor_parallel``)."""
+    """The rank's trainer: FSDP2 over every rank, or (``mesh``: a tensor-parallel, context-parallel or HSDP layout's
+    ``DeviceMesh``) ``parallelize_module`` then FSDP2 over the mesh's dp_shard (x cp) ranks, replicated over
+    dp_replicate (``distributed.tensor_parallel``)."""
     card = _card(scenario)
     if mesh is not None:
         return tensor_parallel.build_trainer(
@@ -125,7 +125,8 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
         return _measure_pipeline(scenario, device, backend, probe_name, ckpt_root, out)
     if layout.cp > 1:  # torch's ring attention runs the device's explicit flash op (distributed.context_parallel)
         backend = context_parallel.ring_backend(device.type)
-    mesh = tensor_parallel.make_mesh(layout, device.type) if layout.tp > 1 or layout.cp > 1 else None
+    laid_out = layout.tp > 1 or layout.cp > 1 or layout.dp_replicate > 1  # else FSDP over every rank
+    mesh = tensor_parallel.make_mesh(layout, device.type) if laid_out else None
     if scenario.compile.enabled:
         return _measure_compiled(scenario, device, backend, mesh, out)
     trainer, applied = _trainer(scenario, device, backend, mesh)

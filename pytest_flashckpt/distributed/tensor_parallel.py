@@ -47,6 +47,7 @@ from pytest_flashckpt.models.cards import build_model
 
 MESH_DIMS = ("dp_shard", "tp")
 CP_MESH_DIMS = ("dp_shard", "cp", "tp")
+HSDP_MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 COLUMN_ROLES = ("q", "k", "v", "gate", "up")  # output features sharded: whole heads / MLP columns per rank
 ROW_ROLES = ("o", "down")  # input features sharded: partial sums reduce-scattered to sequence shards
 
@@ -54,10 +55,17 @@ ROW_ROLES = ("o", "down")  # input features sharded: partial sums reduce-scatter
 def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
     """The 2D mesh (dp_shard, tp) of the current process group; a size-1 axis is kept so the plan is one shape.
     With context parallel, the 3D mesh (dp_shard, cp, tp) and its flattened ``dp_shard_cp`` dimension, which FSDP2
-    shards over (torchtitan's mesh; ``distributed.context_parallel``)."""
+    shards over (torchtitan's mesh; ``distributed.context_parallel``). With HSDP replicas, the 3D mesh
+    (dp_replicate, dp_shard, tp), FSDP2 over its 2D ``(dp_replicate, dp_shard)`` submesh (torch's HSDP)."""
     if layout.pp > 1:
         raise ValueError(f"layout {layout.describe()}: tensor parallel is composed with dp_shard and cp here; pipeline "
                          "stages are distributed.pipeline's")
+    if layout.dp_replicate > 1:
+        if layout.cp > 1:
+            raise ValueError(f"layout {layout.describe()}: HSDP replicas with context parallel are not built yet; drop "
+                             "dp_replicate or cp")
+        return init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.tp),
+                                mesh_dim_names=HSDP_MESH_DIMS)
     if layout.cp == 1:
         return init_device_mesh(device_type, (layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
     mesh = init_device_mesh(device_type, (layout.dp_shard, layout.cp, layout.tp), mesh_dim_names=CP_MESH_DIMS)
@@ -70,10 +78,25 @@ _FLATTENED = "_flashckpt_dp_shard_cp"  # where make_mesh keeps a cp mesh's flatt
 
 
 def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The mesh FSDP2 shards over: ``dp_shard``, or the flattened ``dp_shard_cp`` of ``make_mesh`` where the mesh
-    has context parallel."""
+    """The mesh FSDP2 shards over: ``dp_shard``, the flattened ``dp_shard_cp`` of ``make_mesh`` where the mesh has
+    context parallel, or the 2D ``(dp_replicate, dp_shard)`` where it has HSDP replicas (FSDP2 replicates over the
+    first dimension and shards over the second)."""
     flattened = getattr(mesh, _FLATTENED, None)
-    return mesh["dp_shard"] if flattened is None else flattened
+    if flattened is not None:
+        return flattened
+    if "dp_replicate" in (mesh.mesh_dim_names or ()):
+        return mesh["dp_replicate", "dp_shard"]
+    return mesh["dp_shard"]
+
+
+def data_rank(mesh: DeviceMesh) -> tuple[int, int]:
+    """This rank's place among the data-parallel ranks and their count: ``(rank, world)`` over ``dp_shard``, or over
+    ``dp_replicate x dp_shard`` with HSDP replicas (each replica reads its own rows, as FSDP over both would)."""
+    shard = mesh["dp_shard"]
+    if "dp_replicate" not in (mesh.mesh_dim_names or ()):
+        return shard.get_local_rank(), shard.size()
+    replicate = mesh["dp_replicate"]
+    return replicate.get_local_rank() * shard.size() + shard.get_local_rank(), replicate.size() * shard.size()
 
 
 def _gather_sequence(n_args: int) -> PrepareModuleInput:
@@ -275,7 +298,7 @@ def build_trainer(
         model = build_model(card, backend, device, torch.float32 if mixed else dtype, seed=seed)
     applied = parallelize(model, mesh, activation, mixed_precision_policy(dtype) if mixed else None, before_shard)
     trainer = ParallelTrainer.create(model, batch_size, seq_len, seed=seed, foreach=foreach)  # foreach: AdamW's (None: torch's pick)
-    trainer.rank, trainer.world_size = mesh["dp_shard"].get_local_rank(), layout.dp_shard
+    trainer.rank, trainer.world_size = data_rank(mesh)
     trainer.tensor_parallel = layout.tp > 1
     trainer.context_mesh = mesh["cp"] if layout.cp > 1 else None
     return trainer, applied

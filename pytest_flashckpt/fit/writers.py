@@ -2,10 +2,10 @@
 a torchtitan-style config (``--write-torchtitan F.toml``) with the keys torchtitan's ``JobConfig`` reads.
 
 The scenario is a simulated one (``simulate: {enabled: true}``: the step on meta, per rank of ``world_size``
-ranks) at the layout's per-rank microbatch, strategy and precision, with a tensor- or context-parallel layout in
-the scenario's ``layout`` axis (FSDP alone is that axis's default: nothing to write), which the simulate suite runs
+ranks) at the layout's per-rank microbatch, strategy and precision, with a tensor-parallel, context-parallel or HSDP
+layout in the scenario's ``layout`` axis (FSDP alone is that axis's default: nothing to write), which the simulate suite runs
 as that layout's rank (the engine under fake mode, ``simulate.layouts.run_engine_scenario``). Axes the suite has no
-key for yet in a fit's scenario (pipeline, HSDP replicas) are written as comments, ``ScenarioFile.note`` saying what
+key for yet in a fit's scenario (pipeline, HSDP replicas with stages or cp) are written as comments, ``ScenarioFile.note`` saying what
 the scenario simulates instead. Both files are checked before they
 replace anything: the scenario by ``config.suites.load_suite``, the TOML by ``tomllib``; a file that does not read
 back is never left behind.
@@ -41,8 +41,14 @@ def scenario_name(card_name: str, c: Candidate, seq_len: int) -> str:
     return f"{card_name}-{c.describe().replace(' x ', '-').replace(' ', '')}-mb{c.microbatch}-{c.strategy}-s{seq_len}"
 
 
+def _replicas_in_axis(c: Candidate) -> bool:
+    """HSDP replicas the suite's layout axis takes (with dp_shard and tp; not with pipeline stages or cp)."""
+    return c.dp_replicate > 1 and c.pp == 1 and c.cp == 1
+
+
 def scenario_entry(card_name: str, c: Candidate, seq_len: int, *, with_layout: bool) -> dict:
-    world = c.dp_shard * c.tp * c.cp if with_layout else c.dp_shard
+    replicas = c.dp_replicate if with_layout and _replicas_in_axis(c) else 1
+    world = replicas * c.dp_shard * c.tp * c.cp if with_layout else c.dp_shard
     entry = {
         "name": scenario_name(card_name, c, seq_len),
         "description": f"flashckpt fit: {c.describe()}, microbatch {c.microbatch} x accumulation {c.accumulation}, "
@@ -50,13 +56,14 @@ def scenario_entry(card_name: str, c: Candidate, seq_len: int, *, with_layout: b
         "model": card_name,
         "dtype": "bfloat16",
         "precision": c.precision,
-        "batch_size": c.microbatch * c.dp_shard,  # the data-parallel group's; TP ranks read the same rows
+        "batch_size": c.microbatch * c.dp_shard * replicas,  # the data-parallel ranks'; TP ranks read the same rows
         "seq_len": seq_len,
         "activation": {"strategy": c.strategy, "k": c.k},
         "simulate": {"enabled": True, "kernel": "flash", "target": "cuda", "world_size": world},
     }
     if with_layout:
-        entry["layout"] = {"dp_shard": c.dp_shard, "tp": c.tp} | ({"cp": c.cp} if c.cp > 1 else {})
+        entry["layout"] = ({"dp_replicate": replicas} if replicas > 1 else {}) | {"dp_shard": c.dp_shard, "tp": c.tp} | (
+            {"cp": c.cp} if c.cp > 1 else {})
     return entry
 
 
@@ -82,10 +89,11 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
         rank = "dp_shard x tp rank" if c.tp > 1 else "FSDP rank"
         note = (f"the suite has no pipeline axis yet: pp {c.pp} ({c.schedule}, {c.accumulation} microbatches) is a "
                 f"comment, the scenario simulates the {rank} of the data-parallel group at one microbatch")
-    with_layout = c.tp > 1 or c.cp > 1  # FSDP alone is the layout axis's default: nothing to write
+    with_layout = c.tp > 1 or c.cp > 1 or _replicas_in_axis(c)  # FSDP alone is the axis's default: nothing to write
     suite = {"name": path.stem, "description": f"flashckpt fit's chosen layout: {summary}",
              "scenarios": [scenario_entry(card_name, c, seq_len, with_layout=with_layout)]}
-    replicas = f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n" if c.dp_replicate > 1 else ""
+    replicas = (f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n"
+                if c.dp_replicate > 1 and not _replicas_in_axis(c) else "")
     if c.pp > 1:
         replicas += (f"# pipeline: pp {c.pp}, schedule {c.schedule}, {c.stages_per_rank} stage(s) per rank, "
                      f"{c.accumulation} microbatches of {c.microbatch}  -- {note}\n")

@@ -40,8 +40,9 @@ def _save(r: Result) -> str:
 
 
 def _laid_out(r: Result) -> bool:
-    """A layout other than FSDP over every rank: tensor parallel, pipeline stages or context parallel."""
-    return r.config.layout.tensor_parallel or r.config.layout.pp > 1 or r.config.layout.cp > 1
+    """A layout other than FSDP over every rank: tensor parallel, pipeline stages, context parallel or HSDP."""
+    layout = r.config.layout
+    return layout.tensor_parallel or layout.pp > 1 or layout.cp > 1 or layout.dp_replicate > 1
 
 
 def _by_the_engine(r: Result) -> bool:
@@ -78,14 +79,15 @@ def _simulate(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy
 @functools.lru_cache(maxsize=64)
 def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int, dp_shard: int,
                      tp: int, seed: int, compile=None, budget: float | None = None, cp: int = 1,
-                     rank: int = 0) -> tuple[int, int, int]:
+                     rank: int = 0, dp_replicate: int = 1) -> tuple[int, int, int]:
     import torch
 
     from pytest_flashckpt.config.layout import Layout
     from pytest_flashckpt.models.cards import load_card
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank  # the real engine under fake mode
 
-    record = simulate_rank(load_card(card), Layout(dp_shard=dp_shard, tp=tp, cp=cp), batch_size=batch, seq_len=seq,
+    layout = Layout(dp_shard=dp_shard, tp=tp, cp=cp, dp_replicate=dp_replicate)
+    record = simulate_rank(load_card(card), layout, batch_size=batch, seq_len=seq,
                            strategy=strategy, k=k, dtype=getattr(torch, dtype), precision=precision, seed=seed,
                            compile=compile, budget=budget, rank=rank)
     return record["peak_bytes"], record["fwd_bwd_start_bytes"], record["optimizer_peak_bytes"]
@@ -186,7 +188,8 @@ def engine_rank(r: Result, rank: int = 0) -> tuple[tuple[int, int, int] | None, 
         compiled = c.compile if c.compile.enabled else None  # a compiled rank: the engine compiled under fake mode
         budget = c.activation.budget if c.activation.strategy == "compile_budget" else None
         return _simulate_layout(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
-                                c.activation.k, layout.dp_shard, layout.tp, c.seed, compiled, budget, layout.cp, rank), ""
+                                c.activation.k, layout.dp_shard, layout.tp, c.seed, compiled, budget, layout.cp, rank,
+                                layout.dp_replicate), ""
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"
 

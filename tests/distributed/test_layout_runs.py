@@ -1,4 +1,4 @@
-"""The distributed suite's tensor-parallel scenarios run end to end (issue 32 item 1): ranks under torchrun with the
+"""The distributed suite's tensor-parallel and HSDP scenarios run end to end (issue 32 item 1): ranks under torchrun with the
 scenario's layout, its sharded DCP saves loaded back bit for bit, and each rank's state and optimizer-step peak
 equal to the byte to the engine's rank simulated under fake mode (the report's comparison, ``report.distributed``).
 One launch per scenario (~10 s at tp 2, ~16 s at 2 x 2 on this 2-core machine), so ``slow``."""
@@ -16,8 +16,9 @@ from pytest_flashckpt.models.cards import load_card
 
 def _layout_scenarios():
     suite = load_suite("distributed")
-    chosen = [s for s in suite.scenarios if s.layout.tensor_parallel and s.activation.strategy != "none"
-              and not s.compile.enabled and s.layout.pp == 1]  # compiled ranks: test_compiled_ranks.py; stages: below
+    chosen = [s for s in suite.scenarios if (s.layout.tensor_parallel or s.layout.dp_replicate > 1)
+              and s.activation.strategy != "none" and not s.compile.enabled
+              and s.layout.pp == 1]  # compiled ranks: test_compiled_ranks.py; stages: below
     # fewer rounds and saves than the suite: what is checked here is what a rank holds and loads, not its times
     return [dataclasses.replace(s, rounds=1, save=dataclasses.replace(s.save, saves=2)) for s in chosen]
 
@@ -31,8 +32,9 @@ def test_a_layout_scenario_runs_loads_back_bitwise_and_holds_what_the_engine_sim
 
     result = run_distributed(scenario, "cpu", "cpu", tmp_path)
     assert result.status == "measured", (result.reason, result.notes[-1:])
-    dp_shard, tp = scenario.layout.ranks(scenario.world_size)
-    assert f"layout: dp_shard {dp_shard} x tp {tp}" in result.notes
+    layout = scenario.parallel_layout
+    dp_shard = layout.dp  # the data-parallel ranks (HSDP replicas read their own rows)
+    assert f"layout: {layout.describe()}" in result.notes
     assert result.number("roundtrip_differences") == 0
     (peak, start, optimizer), why = engine_rank(result)
     assert why == ""

@@ -71,6 +71,26 @@ def test_measured_pipeline_stages_run_eager_with_or_without_sharded_saves() -> N
         _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2, microbatches=3), save=SaveConfig())
 
 
+def test_hsdp_replicas_are_a_layout_axis_with_dp_shard_and_tp() -> None:
+    hsdp = _scenario(world_size=4, batch_size=4, layout=LayoutMesh(dp_replicate=2))
+    assert hsdp.parallel_layout.describe() == "dp_replicate 2 x dp_shard 2 x tp 1"
+    with_tp = _scenario(world_size=8, batch_size=4, layout=LayoutMesh(dp_replicate=2, tp=2))
+    assert with_tp.parallel_layout.describe() == "dp_replicate 2 x dp_shard 2 x tp 2"
+    with pytest.raises(ValueError, match=r"batch_size 2 must be divisible by layout.dp_replicate x dp_shard 4"):
+        _scenario(world_size=8, batch_size=2, layout=LayoutMesh(dp_replicate=2, tp=2))
+    with pytest.raises(NotBuiltYet, match=r"layout.dp_replicate 2 with layout.pp 2: HSDP replicas are composed with "
+                                          r"dp_shard and tp so far \(issue 32"):
+        LayoutMesh(dp_replicate=2, pp=2)
+    with pytest.raises(NotBuiltYet, match=r"layout.dp_replicate 2 with layout.cp 2"):
+        LayoutMesh(dp_replicate=2, cp=2)
+    with pytest.raises(ValueError, match=r"layout.dp_shard 1 x tp 1 x dp_replicate 2 = 2 ranks, but world_size is 4"):
+        _scenario(world_size=4, batch_size=4, layout=LayoutMesh(dp_replicate=2, dp_shard=1))
+    # at its default the new key changes no fingerprint: a tensor-parallel baseline stays comparable
+    tp2 = _scenario(layout=LayoutMesh(tp=2))
+    assert "layout.dp_replicate" not in fingerprinted(tp2)
+    assert "layout.dp_replicate" in fingerprinted(hsdp)
+
+
 def test_context_parallel_runs_on_measured_ranks_with_fsdp_and_tp_and_refuses_the_rest() -> None:
     alone = _scenario(layout=LayoutMesh(cp=2))
     assert alone.parallel_layout.describe() == "dp_shard 1 x tp 1 x cp 2"

@@ -61,6 +61,18 @@ def test_a_context_parallel_scenario_loads_with_cp_in_the_layout_axis(tmp_path) 
     assert scenario.parallel_layout.describe() == "dp_shard 2 x tp 8 x cp 8" and scenario.batch_size == 2
 
 
+def test_an_hsdp_scenario_loads_with_its_replicas_in_the_layout_axis(tmp_path) -> None:
+    hsdp = Candidate(gpus=64, dp_shard=4, tp=8, microbatch=1, accumulation=2, strategy="full", precision="mixed",
+                     dp_replicate=2)
+    written = write_scenario(tmp_path / "chosen.yaml", "llama3-70b", hsdp, 8192, "test")
+    (scenario,) = load_suite(str(written.path)).scenarios
+    assert written.layout_in_axis and "# HSDP" not in written.path.read_text(encoding="utf-8")
+    assert scenario.parallel_layout.describe() == "dp_replicate 2 x dp_shard 4 x tp 8"
+    assert scenario.simulate.world_size == 64 and scenario.batch_size == 8  # every data-parallel rank's row
+    staged = Candidate(**{**vars(hsdp), "tp": 4, "pp": 2, "accumulation": 2})  # with stages: still a comment
+    assert "# HSDP: 2 replicas" in write_scenario(tmp_path / "staged.yaml", "llama3-70b", staged, 8192, "test").path.read_text(encoding="utf-8")
+
+
 def test_a_scenario_the_loader_refuses_is_not_left_behind(tmp_path) -> None:
     with pytest.raises(InputError, match="the scenario does not load"):
         write_scenario(tmp_path / "bad.yaml", "llama3-8b", Candidate(**{**vars(FSDP), "strategy": "bogus"}), 8192, "test")
