@@ -72,7 +72,8 @@ def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
     if layout.cp > 1:
         raise ValueError(
             f"layout {layout.describe()}: pipeline stages are composed with FSDP (dp_shard) and tensor parallel (tp) "
-            "only; context parallel is simulated alone (simulate.context_parallel); use cp 1 with pp"
+            "only; context parallel is composed with dp_shard and tp outside stages (distributed.context_parallel); "
+            "use cp 1 with pp"
         )
     return init_device_mesh(device_type, (layout.pp, layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
 
