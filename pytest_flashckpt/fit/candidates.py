@@ -161,14 +161,7 @@ def enumerate_candidates(
         for t in degrees:
             if gpus % (t * p) or (p > 1 and stage_shard_refusal(t, seq_len, card.vocab_size) is not None):
                 continue
-            dp = gpus // (t * p)
-            if sequences % dp:
-                continue
-            per_rank = sequences // dp
-            for replicate in divisors(dp) if hsdp else [1]:
-                shard = dp // replicate
-                if replicate > 1 and (shard * t) % gpus_per_node:
-                    continue  # HSDP shards over whole nodes (replicas across nodes), as torchtitan lays it out
+            for replicate, shard, per_rank in _data_parallel(gpus // (t * p), sequences, t, hsdp, gpus_per_node):
                 for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
                     for schedule in schedules if p > 1 else ("1f1b",):
                         virtual = PIPELINE_SCHEDULES[schedule] if p > 1 else 1
@@ -191,6 +184,18 @@ def enumerate_candidates(
             f"stage) and the fewest data-parallel ranks here are {smallest_dp} (tp {max(degrees)}, pp {max(pp)}); use a "
             f"batch of a multiple of {smallest_dp} sequences or fewer GPUs")
     return found
+
+
+def _data_parallel(dp: int, sequences: int, span: int, hsdp: bool, gpus_per_node: int):
+    """``(replicas, shard, sequences per data-parallel rank)`` for ``dp`` data-parallel ranks, each spanning ``span``
+    GPUs of a node (tp, or cp x tp): none where the sequences do not split evenly; FSDP over all of them, and (with
+    ``hsdp``) HSDP replicas of a shard group that spans whole nodes (replicas across nodes, torchtitan's way)."""
+    if sequences % dp:
+        return
+    for replicate in divisors(dp) if hsdp else [1]:
+        shard = dp // replicate
+        if replicate == 1 or (shard * span) % gpus_per_node == 0:
+            yield replicate, shard, sequences // dp
 
 
 def cp_degrees(card, gpus: int, seq_len: int, requested: tuple[int, ...] | None = None) -> list[int]:
@@ -217,14 +222,7 @@ def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[i
         for t in degrees:
             if gpus % (c * t) or (seq_len // c) % t:  # sequence parallel splits a rank's share of the sequence
                 continue
-            dp = gpus // (c * t)
-            if sequences % dp:
-                continue
-            per_rank = sequences // dp
-            for replicate in divisors(dp) if hsdp else [1]:
-                shard = dp // replicate
-                if replicate > 1 and (shard * c * t) % gpus_per_node:
-                    continue
+            for replicate, shard, per_rank in _data_parallel(gpus // (c * t), sequences, c * t, hsdp, gpus_per_node):
                 for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
                     for strategy in strategies:
                         for precision in precisions:
