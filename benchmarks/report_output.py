@@ -40,3 +40,67 @@ def produced_by(script: str, load_before: float) -> str:
     return (f"Produced by `python benchmarks/{script}{(' ' + argv) if argv else ''}` on {platform.node()} "
             f"({os.cpu_count()} cores of {cpu_name()}, shared), torch {torch.__version__}; load average (1 min) before / after: "
             f"{load_before:.2f} / {os.getloadavg()[0]:.2f}.")
+
+
+def byte_range(values: list[int]) -> str:
+    """``1,234`` when every value is equal, else ``low-high`` (a window's bytes over the repeats of a spike)."""
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
+def gloo_spike_ranks(script: str, world: int, timeout_s: float = 900.0) -> list[dict]:
+    """One torchrun launch of ``script --gloo OUT`` on ``world`` gloo ranks (``distributed.launcher``); each rank
+    writes ``OUT/rank-<r>.json``, returned in rank order."""
+    import json
+    import tempfile
+
+    from pytest_flashckpt.distributed import launcher
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        launcher.run(launcher.Launch(world, timeout_s=timeout_s), str(Path(script).resolve()), ["--gloo", str(out)],
+                     log_path=out / "launch.log")
+        return [json.loads((out / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(world)]
+
+
+def gloo_spike_main(doc: str | None, script: str, gloo_rank, measure, render) -> None:
+    """A gloo spike's entry point: ``script --gloo OUT`` runs one rank (``gloo_rank(OUT)``); otherwise
+    ``measure()`` returns the ranks' records, ``render(records, provenance)`` the report, written to
+    ``reports/<script name with dashes>.md`` with the records beside it as ``.json`` (``--print``: printed only)."""
+    import json
+    import os
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--gloo":
+        gloo_rank(Path(sys.argv[2]))
+        return
+    print_only = print_only_flag(doc)
+    load = os.getloadavg()[0]
+    records = measure()
+    name = Path(script).name
+    report = Path(script).resolve().parents[1] / "reports" / f"{Path(script).stem.replace('_', '-')}.md"
+    write_or_print(render(records, produced_by(name, load)), report, print_only=print_only)
+    if not print_only:
+        report.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+
+
+def gloo_rank_records(out: Path, field: str, runs: dict) -> None:
+    """One gloo rank of a spike: the process group started, each ``runs[key]()`` recorded under ``field`` (or the
+    error it raised, one line: what a configuration fails with is the finding), a barrier after each, the record
+    written to ``out/rank-<r>.json``."""
+    import json
+
+    import torch.distributed as dist
+
+    from pytest_flashckpt.distributed import fsdp
+
+    fsdp.init(timeout_s=300)
+    record: dict = {"rank": dist.get_rank(), field: {}}
+    for key, run in runs.items():
+        try:
+            record[field][key] = run()
+        except Exception as exc:  # noqa: BLE001 (recorded, not raised)
+            record[field][key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+        dist.barrier()
+    (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
+    dist.destroy_process_group()

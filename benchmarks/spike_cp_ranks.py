@@ -24,14 +24,16 @@ positions) and ``cp 4`` on a GPT card (learned positions); ``none`` and ``full``
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report_output import byte_range, gloo_rank_records, gloo_spike_main, gloo_spike_ranks  # noqa: E402 (benchmarks/ on the path first)
 
 WORLD = 4
 WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
@@ -107,32 +109,12 @@ def run_case(case: str, strategy: str) -> dict:
 
 
 def gloo_rank(out: Path) -> None:
-    import torch.distributed as dist
-
-    from pytest_flashckpt.distributed import fsdp
-
-    fsdp.init(timeout_s=300)
-    record = {"rank": dist.get_rank(), "cases": {}}
-    for case in CASES:
-        for strategy in STRATEGIES:
-            key = f"{case} | {strategy}"
-            try:
-                record["cases"][key] = run_case(case, strategy)
-            except Exception as exc:  # what a configuration fails with is the finding
-                record["cases"][key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
-            dist.barrier()
-    (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
-    dist.destroy_process_group()
+    gloo_rank_records(out, "cases", {f"{case} | {strategy}": functools.partial(run_case, case, strategy)
+                                     for case in CASES for strategy in STRATEGIES})
 
 
 def measure() -> list[dict]:
-    from pytest_flashckpt.distributed import launcher
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        launcher.run(launcher.Launch(WORLD, timeout_s=900), str(Path(__file__).resolve()), ["--gloo", str(out)],
-                     log_path=out / "launch.log")
-        return [json.loads((out / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(WORLD)]
+    return gloo_spike_ranks(__file__, WORLD)
 
 
 def simulate(ranks: list[dict]) -> None:
@@ -152,11 +134,6 @@ def simulate(ranks: list[dict]) -> None:
                                                           extrapolate=False, warmup="step")
                 except Exception as exc:
                     measured["simulated"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
-
-
-def _range(values: list[int]) -> str:
-    low, high = min(values), max(values)
-    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
 
 
 def render(ranks: list[dict], produced: str) -> str:
@@ -183,7 +160,7 @@ def render(ranks: list[dict], produced: str) -> str:
                 ws = r["windows"]
 
                 def window(start: str, peak: str) -> str:
-                    return f"{_range([w[start] for w in ws])} -> {_range([w[peak] for w in ws])}"
+                    return f"{byte_range([w[start] for w in ws])} -> {byte_range([w[peak] for w in ws])}"
 
                 if "error" in sim:
                     errors.append(f"- {case}, {strategy}, rank {rank['rank']} (simulated): `{sim['error']}`")
@@ -214,20 +191,12 @@ def render(ranks: list[dict], produced: str) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--gloo":
-        gloo_rank(Path(sys.argv[2]))
-        return
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from report_output import print_only_flag, produced_by, write_or_print
+    def measured_and_simulated() -> list[dict]:
+        ranks = measure()
+        simulate(ranks)
+        return ranks
 
-    print_only = print_only_flag(__doc__)
-    load = os.getloadavg()[0]
-    ranks = measure()
-    simulate(ranks)
-    report = ROOT / "reports" / "spike-cp-ranks.md"
-    write_or_print(render(ranks, produced_by("spike_cp_ranks.py", load)), report, print_only=print_only)
-    if not print_only:
-        report.with_suffix(".json").write_text(json.dumps(ranks, indent=1) + "\n", encoding="utf-8")
+    gloo_spike_main(__doc__, __file__, gloo_rank, measured_and_simulated, render)
 
 
 if __name__ == "__main__":

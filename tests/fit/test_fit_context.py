@@ -91,7 +91,9 @@ def test_the_search_on_the_real_cp_rank_reads_the_simulated_fake_rank() -> None:
                          device_memory=2**30, strategies=("full",), precisions=("pure",), tp=(1,), top=5,
                          max_simulations=5, cp=(2,))
     (found,) = search(request)
-    (ringed,) = [r for r in found.fitting if r.candidate.cp == 2]
+    ringed = [r for r in found.fitting if r.candidate.cp == 2]
+    assert {r.candidate.reshard_after_forward for r in ringed} == {True, False}  # FSDP2 over the 2 cp ranks
+    (ringed,) = [r for r in ringed if r.candidate.reshard_after_forward]  # the simulated rank itself, nothing added
     expected = simulate_rank(card, Layout(cp=2), batch_size=1, seq_len=256, strategy="full", dtype=torch.bfloat16)
     assert ringed.memory.simulated_peak_bytes == expected["peak_bytes"] and ringed.memory.source == "simulated"
 
