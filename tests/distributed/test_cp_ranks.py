@@ -25,6 +25,7 @@ def test_cp_ranks_train_as_one_process_and_hold_what_the_simulated_rank_holds() 
     ranks = spike.measure()
     spike.simulate(ranks)
     assert len(ranks) == spike.WORLD
+    exact: list[bool] = []
     for rank in ranks:
         for case in spike.CASES:
             for strategy in spike.STRATEGIES:
@@ -36,7 +37,17 @@ def test_cp_ranks_train_as_one_process_and_hold_what_the_simulated_rank_holds() 
                 assert record["grad_max_rel"] < 1e-5, where
                 simulated = record["simulated"]
                 assert "error" not in simulated, (where, simulated.get("error"))
-                # each window at the measured rank's lowest repeat (gloo's thread may hold a finished collective's
-                # input a moment longer in one of them: reports/fake-vs-gloo-layouts.md)
+                # each window at the measured rank's lowest repeat, to the byte (gloo's thread may hold a finished
+                # collective's tensors a moment longer in one repeat: reports/fake-vs-gloo-layouts.md); the
+                # forward+backward peak within one collective's buffer in every case (a loaded machine may hold one
+                # in every repeat) and to the byte in at least 3 of 4 (32 of 32 quiet, reports/spike-cp-ranks.md;
+                # the probe's double count of the ring's gathered K/V, fixed in cb3a03e, was off in every case)
                 for key in spike.WINDOWS:
-                    assert simulated[key] == min(w[key] for w in record["windows"]), (where, key)
+                    lowest = min(w[key] for w in record["windows"])
+                    if key != "fwd_bwd_peak_bytes":
+                        assert simulated[key] == lowest, (where, key)
+                        continue
+                    collective = max(w["largest_allgather_bytes"] for w in record["windows"])
+                    assert 0 <= lowest - simulated[key] <= collective, (where, key, lowest, simulated[key], collective)
+                    exact.append(lowest == simulated[key])
+    assert sum(exact) * 4 >= 3 * len(exact), f"{sum(exact)} of {len(exact)} forward+backward peaks to the byte"

