@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 
+from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.report.format import MISSING, count, mib, ms
 from pytest_flashckpt.report.tables import Footnotes, table
 from pytest_flashckpt.core.result import Result
@@ -77,16 +78,14 @@ def _simulate(card: str, dtype: str, batch: int, seq: int, kernel: str, strategy
 
 
 @functools.lru_cache(maxsize=64)
-def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int, dp_shard: int,
-                     tp: int, seed: int, compile=None, budget: float | None = None, cp: int = 1,
-                     rank: int = 0, dp_replicate: int = 1) -> tuple[int, int, int]:
+def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int,
+                     layout: Layout, seed: int, compile=None, budget: float | None = None,
+                     rank: int = 0) -> tuple[int, int, int]:
     import torch
 
-    from pytest_flashckpt.config.layout import Layout
     from pytest_flashckpt.models.cards import load_card
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank  # the real engine under fake mode
 
-    layout = Layout(dp_shard=dp_shard, tp=tp, cp=cp, dp_replicate=dp_replicate)
     record = simulate_rank(load_card(card), layout, batch_size=batch, seq_len=seq,
                            strategy=strategy, k=k, dtype=getattr(torch, dtype), precision=precision, seed=seed,
                            compile=compile, budget=budget, rank=rank)
@@ -99,7 +98,7 @@ def _simulate_stage_rank(card: str, dtype: str, precision: str, batch: int, seq:
                          seed: int, rank: int, compile=None) -> tuple[int, int, int]:
     import torch
 
-    from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+    from pytest_flashckpt.config.layout import PipelineSchedule
     from pytest_flashckpt.models.cards import load_card
     from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank  # torch's schedule under fake mode
 
@@ -188,8 +187,7 @@ def engine_rank(r: Result, rank: int = 0) -> tuple[tuple[int, int, int] | None, 
         compiled = c.compile if c.compile.enabled else None  # a compiled rank: the engine compiled under fake mode
         budget = c.activation.budget if c.activation.strategy == "compile_budget" else None
         return _simulate_layout(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
-                                c.activation.k, layout.dp_shard, layout.tp, c.seed, compiled, budget, layout.cp, rank,
-                                layout.dp_replicate), ""
+                                c.activation.k, layout, c.seed, compiled, budget, rank), ""
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"
 

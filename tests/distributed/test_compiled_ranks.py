@@ -10,6 +10,7 @@ import pytest
 from pytest_flashckpt.config.axes import CompileConfig, LayoutMesh, NotBuiltYet
 from pytest_flashckpt.core.registry import tensor_parallel_compiled_strategies, whole_block_strategies
 from pytest_flashckpt.config.scenario import ActivationConfig, SaveConfig, Scenario
+from pytest_flashckpt.config.layout import Layout
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.core.result import Result
 from pytest_flashckpt.distributed.aggregate import aggregate
@@ -110,7 +111,7 @@ def test_a_compiled_rank_record_is_one_steps_allocator_peak_with_its_compile_fac
     monkeypatch.setattr(report, "_simulate_layout", engine)
     text = "\n".join(report.distributed_section([result]))
     assert "FSDP over 2, compiled per block" in text and "not simulated" not in text
-    assert calls and all(args[7:9] == (2, 1) and args[10] == BLOCK for args in calls)
+    assert calls and all(args[7] == Layout(dp_shard=2, tp=1) and args[9] == BLOCK for args in calls)
     assert "equal to the byte (2 ranks)" in text and "+1.7%" in text  # (2850 - 2801) / 2801: the probe's peak
 
 
