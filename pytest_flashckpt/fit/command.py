@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"chosen (most tokens/s per GPU): {summary}")
     if args.write_scenario:
         written = write_scenario(Path(args.write_scenario), model.card.name, c, request.seq_len, summary)
-        print(f"scenario: {written.path}" + (f" ({written.note})" if written.note else ""))
+        print(f"scenario: {written.path}")
     if args.write_torchtitan:
         interval_steps = max(1, math.floor(chosen.checkpoint.interval_s / chosen.time.step_s))
         path = write_torchtitan(Path(args.write_torchtitan), torchtitan_toml(model.card.name, c, request.seq_len, summary, interval_steps))

@@ -134,12 +134,11 @@ def read_torchtitan_toml(path: Path) -> ModelInput:
     if degrees["tensor_parallel_degree"] > 1:
         settings["tp"] = degrees["tensor_parallel_degree"]
     if degrees["context_parallel_degree"] > 1:
-        others = [key for key in ("data_parallel_shard_degree", "tensor_parallel_degree", "pipeline_parallel_degree")
-                  if degrees[key] != 1]
-        if others:
+        if degrees["pipeline_parallel_degree"] > 1:
             raise InputError(f"{where}: [parallelism] context_parallel_degree = {degrees['context_parallel_degree']} "
-                             f"with {', '.join(f'{key} = {degrees[key]}' for key in others)}: fit models context parallel "
-                             "alone (replicas of a cp group); set them to 1 or context_parallel_degree to 1")
+                             f"with pipeline_parallel_degree = {degrees['pipeline_parallel_degree']}: fit composes "
+                             "context parallel with FSDP, HSDP and tensor parallel, not inside pipeline stages; set "
+                             "one of them to 1")
         settings["cp"] = degrees["context_parallel_degree"]
     if degrees["pipeline_parallel_degree"] > 1:
         settings["pp"] = degrees["pipeline_parallel_degree"]

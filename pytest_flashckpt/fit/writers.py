@@ -2,13 +2,13 @@
 a torchtitan-style config (``--write-torchtitan F.toml``) with the keys torchtitan's ``JobConfig`` reads.
 
 The scenario is a simulated one (``simulate: {enabled: true}``: the step on meta, per rank of ``world_size``
-ranks) at the layout's per-rank microbatch, strategy and precision, with a tensor-parallel, context-parallel or HSDP
-layout in the scenario's ``layout`` axis (FSDP alone is that axis's default: nothing to write), which the simulate suite runs
-as that layout's rank (the engine under fake mode, ``simulate.layouts.run_engine_scenario``). Axes the suite has no
-key for yet in a fit's scenario (pipeline, HSDP replicas with stages or cp) are written as comments, ``ScenarioFile.note`` saying what
-the scenario simulates instead. Both files are checked before they
-replace anything: the scenario by ``config.suites.load_suite``, the TOML by ``tomllib``; a file that does not read
-back is never left behind.
+ranks) at the layout's per-rank microbatch, strategy and precision, with every axis of the layout (HSDP replicas,
+tensor parallel, context parallel, pipeline stages with their schedule, microbatches and stages per rank) in the
+scenario's ``layout`` axis (FSDP alone is that axis's default: nothing to write), which the simulate suite runs as
+that layout's rank (the engine under fake mode, ``simulate.layouts.run_engine_scenario``; the first and the last
+pipeline rank with stages, as fit reads a pipeline candidate). Both files are checked before they replace anything:
+the scenario by ``config.suites.load_suite``, the TOML by ``tomllib`` and fit's own torchtitan reader
+(``fit.model_input``: what fit writes, fit reads back); a file that does not read back is never left behind.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import yaml
 from pytest_flashckpt.config.errors import ConfigError, InputError
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.fit.candidates import Candidate
-from pytest_flashckpt.fit.model_input import TORCHTITAN_MODELS, TORCHTITAN_SCHEDULES
+from pytest_flashckpt.fit.model_input import TORCHTITAN_MODELS, TORCHTITAN_SCHEDULES, read_torchtitan_toml
 
 TORCHTITAN_FLAVORS = {card: model for model, card in TORCHTITAN_MODELS.items()}
 TORCHTITAN_SCHEDULE_NAMES = {ours: theirs for theirs, ours in TORCHTITAN_SCHEDULES.items()}
@@ -33,22 +33,28 @@ TORCHTITAN_SCHEDULE_NAMES = {ours: theirs for theirs, ours in TORCHTITAN_SCHEDUL
 @dataclass(frozen=True)
 class ScenarioFile:
     path: Path
-    layout_in_axis: bool  # True: a tensor-parallel layout, written in the scenario's layout axis
-    note: str = ""
+    layout_in_axis: bool  # True: a layout other than FSDP alone, written in the scenario's layout axis
 
 
 def scenario_name(card_name: str, c: Candidate, seq_len: int) -> str:
     return f"{card_name}-{c.describe().replace(' x ', '-').replace(' ', '')}-mb{c.microbatch}-{c.strategy}-s{seq_len}"
 
 
-def _replicas_in_axis(c: Candidate) -> bool:
-    """HSDP replicas the suite's layout axis takes (with dp_shard and tp; not with pipeline stages or cp)."""
-    return c.dp_replicate > 1 and c.pp == 1 and c.cp == 1
+def layout_axis(c: Candidate) -> dict:
+    """The scenario's ``layout`` keys for ``c`` (``config.axes.LayoutMesh``): the ranks per axis above 1 (dp_shard
+    always), and with stages their schedule, microbatches (the step's accumulation) and stages per rank."""
+    axis = {"dp_replicate": c.dp_replicate} if c.dp_replicate > 1 else {}
+    axis |= {"dp_shard": c.dp_shard, "tp": c.tp} | ({"cp": c.cp} if c.cp > 1 else {})
+    if c.pp > 1:
+        axis |= {"pp": c.pp, "schedule": c.schedule, "microbatches": c.accumulation}
+        axis |= {"stages_per_rank": c.stages_per_rank} if c.stages_per_rank != 1 else {}
+    return axis
 
 
 def scenario_entry(card_name: str, c: Candidate, seq_len: int, *, with_layout: bool) -> dict:
-    replicas = c.dp_replicate if with_layout and _replicas_in_axis(c) else 1
-    world = replicas * c.dp_shard * c.tp * c.cp if with_layout else c.dp_shard
+    """One simulate-suite scenario of ``c``: the batch is the data-parallel ranks' (every replica's rows; a pipeline's
+    microbatches are its rows, so its batch is the step's), tensor-parallel and cp ranks share their group's."""
+    rows = c.microbatch * (c.accumulation if c.pp > 1 else 1)
     entry = {
         "name": scenario_name(card_name, c, seq_len),
         "description": f"flashckpt fit: {c.describe()}, microbatch {c.microbatch} x accumulation {c.accumulation}, "
@@ -56,14 +62,14 @@ def scenario_entry(card_name: str, c: Candidate, seq_len: int, *, with_layout: b
         "model": card_name,
         "dtype": "bfloat16",
         "precision": c.precision,
-        "batch_size": c.microbatch * c.dp_shard * replicas,  # the data-parallel ranks'; TP ranks read the same rows
+        "batch_size": rows * (c.dp if with_layout else c.dp_shard),
         "seq_len": seq_len,
         "activation": {"strategy": c.strategy, "k": c.k},
-        "simulate": {"enabled": True, "kernel": "flash", "target": "cuda", "world_size": world},
+        "simulate": {"enabled": True, "kernel": "flash", "target": "cuda",
+                     "world_size": c.dp * c.tp * c.cp * c.pp if with_layout else c.dp_shard},
     }
     if with_layout:
-        entry["layout"] = ({"dp_replicate": replicas} if replicas > 1 else {}) | {"dp_shard": c.dp_shard, "tp": c.tp} | (
-            {"cp": c.cp} if c.cp > 1 else {})
+        entry["layout"] = layout_axis(c)
     return entry
 
 
@@ -84,24 +90,14 @@ def write_scenario(path: Path, card_name: str, c: Candidate, seq_len: int, summa
     if path.suffix not in (".yaml", ".yml"):
         raise InputError(f"--write-scenario {path}: a suite file ends in .yaml; name it e.g. fit.yaml")
     header = f"# Written by flashckpt fit: {summary}\n"
-    note = ""
-    if c.pp > 1:  # the suite has no pipeline axis: the scenario simulates the FSDP (x tp) rank of the same microbatch
-        rank = "dp_shard x tp rank" if c.tp > 1 else "FSDP rank"
-        note = (f"the suite has no pipeline axis yet: pp {c.pp} ({c.schedule}, {c.accumulation} microbatches) is a "
-                f"comment, the scenario simulates the {rank} of the data-parallel group at one microbatch")
-    with_layout = c.tp > 1 or c.cp > 1 or _replicas_in_axis(c)  # FSDP alone is the axis's default: nothing to write
+    with_layout = c.tp > 1 or c.cp > 1 or c.pp > 1 or c.dp_replicate > 1  # FSDP alone: the axis's default
     suite = {"name": path.stem, "description": f"flashckpt fit's chosen layout: {summary}",
              "scenarios": [scenario_entry(card_name, c, seq_len, with_layout=with_layout)]}
-    replicas = (f"# HSDP: {c.dp_replicate} replicas of the dp_shard group (a replica's rank holds the same bytes)\n"
-                if c.dp_replicate > 1 and not _replicas_in_axis(c) else "")
-    if c.pp > 1:
-        replicas += (f"# pipeline: pp {c.pp}, schedule {c.schedule}, {c.stages_per_rank} stage(s) per rank, "
-                     f"{c.accumulation} microbatches of {c.microbatch}  -- {note}\n")
     try:
-        _replace_checked(path, header + replicas + yaml.safe_dump(suite, sort_keys=False), load_suite)
+        _replace_checked(path, header + yaml.safe_dump(suite, sort_keys=False), load_suite)
     except ConfigError as exc:
         raise InputError(f"--write-scenario {path}: the scenario does not load: {exc}") from None
-    return ScenarioFile(path, with_layout, note)
+    return ScenarioFile(path, with_layout)
 
 
 def torchtitan_toml(card_name: str, c: Candidate, seq_len: int, summary: str, save_interval_steps: int | None = None) -> str:
@@ -147,7 +143,12 @@ def write_torchtitan(path: Path, text: str) -> Path:
         raise InputError(f"--write-torchtitan {path}: a torchtitan config ends in .toml; name it e.g. fit.toml")
 
     def check(staged: Path) -> None:
-        tomllib.loads(staged.read_text(encoding="utf-8"))
+        model = tomllib.loads(staged.read_text(encoding="utf-8")).get("model", {})
+        if (model.get("name"), model.get("flavor")) in TORCHTITAN_MODELS:  # a known flavor: fit reads it back
+            try:
+                read_torchtitan_toml(staged)
+            except InputError as exc:
+                raise InputError(f"--write-torchtitan {path}: the config does not read back: {exc}") from None
 
     _replace_checked(path, text, check)
     return path

@@ -8,6 +8,7 @@ import tomllib
 import pytest
 
 from pytest_flashckpt.config.errors import InputError
+from pytest_flashckpt.config.layout import PipelineSchedule
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.fit.candidates import Candidate
 from pytest_flashckpt.fit.model_input import read_model
@@ -69,8 +70,17 @@ def test_an_hsdp_scenario_loads_with_its_replicas_in_the_layout_axis(tmp_path) -
     assert written.layout_in_axis and "# HSDP" not in written.path.read_text(encoding="utf-8")
     assert scenario.parallel_layout.describe() == "dp_replicate 2 x dp_shard 4 x tp 8"
     assert scenario.simulate.world_size == 64 and scenario.batch_size == 8  # every data-parallel rank's row
-    staged = Candidate(**{**vars(hsdp), "tp": 4, "pp": 2, "accumulation": 2})  # with stages: still a comment
-    assert "# HSDP: 2 replicas" in write_scenario(tmp_path / "staged.yaml", "llama3-70b", staged, 8192, "test").path.read_text(encoding="utf-8")
+    # with stages: every axis in the layout axis, the pipeline's batch its microbatches' rows on every replica
+    staged = Candidate(**{**vars(hsdp), "tp": 4, "pp": 2, "accumulation": 4, "schedule": "interleaved_1f1b",
+                          "stages_per_rank": 2})
+    (piped,) = load_suite(str(write_scenario(tmp_path / "staged.yaml", "llama3-70b", staged, 8192, "test").path)).scenarios
+    assert piped.parallel_layout.describe() == "dp_replicate 2 x dp_shard 4 x tp 4 x pp 2"
+    assert piped.layout.pipeline_schedule() == PipelineSchedule("interleaved_1f1b", 4, 2)
+    assert piped.simulate.world_size == 64 and piped.batch_size == 1 * 4 * 8
+    # with cp: replicas of the ring's group
+    ringed = Candidate(**{**vars(hsdp), "tp": 4, "cp": 2})
+    (ring,) = load_suite(str(write_scenario(tmp_path / "ring.yaml", "llama3-70b", ringed, 8192, "test").path)).scenarios
+    assert ring.parallel_layout.describe() == "dp_replicate 2 x dp_shard 4 x tp 4 x cp 2" and ring.batch_size == 8
 
 
 def test_a_scenario_the_loader_refuses_is_not_left_behind(tmp_path) -> None:
@@ -106,6 +116,16 @@ def test_a_pipeline_layout_reads_back_from_its_torchtitan_toml(tmp_path) -> None
     assert (back["pp"], back["schedule"], back["gpus"], back["global_batch_tokens"]) == (8, "interleaved_1f1b", 64, 128 * 8192)
 
 
+def test_a_context_parallel_layout_with_hsdp_reads_back_from_its_torchtitan_toml(tmp_path) -> None:
+    """What fit writes, fit reads back: the 128K layouts it chooses compose cp with FSDP, HSDP and tp (the reader
+    refused cp beside any other degree until the search composed them)."""
+    ringed = Candidate(gpus=256, dp_shard=2, tp=8, microbatch=1, accumulation=4, strategy="full", precision="mixed",
+                       cp=8, dp_replicate=2)
+    path = write_torchtitan(tmp_path / "cp.toml", torchtitan_toml("llama3.1-405b", ringed, 131072, "test", 10))
+    back = read_model(str(path)).settings
+    assert (back["cp"], back["tp"], back["gpus"], back["global_batch_tokens"]) == (8, 8, 256, 4 * 4 * 131072)
+
+
 def test_a_torchtitan_toml_is_mapped_where_it_can_be_and_refused_where_not(tmp_path) -> None:
     path = tmp_path / "job.toml"
     path.write_text(TITAN, encoding="utf-8")
@@ -119,7 +139,9 @@ def test_a_torchtitan_toml_is_mapped_where_it_can_be_and_refused_where_not(tmp_p
     assert (piped["pp"], piped["schedule"], piped["gpus"]) == (4, "interleaved_1f1b", 32)
     for bad, match in (
         (TITAN.replace('"70B"', '"debugmodel"'), r"\[model\] name 'llama3' flavor 'debugmodel' has no card here"),
-        (TITAN.replace("tensor_parallel_degree = 8", "context_parallel_degree = 4"), r"context_parallel_degree = 4 with data_parallel_shard_degree = 8: fit models context parallel alone"),
+        (TITAN.replace("tensor_parallel_degree = 8", "context_parallel_degree = 4\npipeline_parallel_degree = 2"),
+         r"context_parallel_degree = 4 with pipeline_parallel_degree = 2: fit composes context parallel with FSDP, HSDP "
+         r"and tensor parallel, not inside pipeline stages"),
         (TITAN.replace("tensor_parallel_degree = 8", 'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "ZeroBubble"'),
          r"pipeline_parallel_schedule = 'ZeroBubble': fit simulates 1F1B"),
         (TITAN.replace('flavor = "70B"', 'flavor = "70B"\nconverters = ["float8"]'), r"converters \['float8'\]: float8"),
