@@ -18,7 +18,8 @@ its head-tail load balancer, the tokens' own positions):
   the same rank simulated by the real engine under fake mode (``simulate.fake_ranks.simulate_rank``: the same
   builder, the fake process group, the ring with the same op), in this process after the launch.
 
-Layouts: ``cp 4``, ``dp_shard 2 x cp 2``, ``cp 2 x tp 2`` on a Llama card (grouped-query attention, rotary
+Layouts: ``cp 4``, ``dp_shard 2 x cp 2``, ``cp 2 x tp 2`` and ``dp_replicate 2 x cp 2`` (HSDP: FSDP2 over the 2D
+``(dp_replicate, dp_shard_cp)`` mesh, replicas of the cp group) on a Llama card (grouped-query attention, rotary
 positions) and ``cp 4`` on a GPT card (learned positions); ``none`` and ``full``; fp32. Recorded, not asserted.
 """
 
@@ -43,19 +44,20 @@ GPT = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "block_size":
 BATCH, SEQ, SEED = 2, 64, 1
 STRATEGIES = ("none", "full")
 REPEATS = 3
-CASES = {  # name -> (card, overrides, dp_shard, cp, tp)
-    "llama cp 4": ("llama-tiny", LLAMA, 1, 4, 1),
-    "llama dp_shard 2 x cp 2": ("llama-tiny", LLAMA, 2, 2, 1),
-    "llama cp 2 x tp 2": ("llama-tiny", LLAMA, 1, 2, 2),
-    "gpt cp 4": ("tiny", GPT, 1, 4, 1),
+CASES = {  # name -> (card, overrides, dp_shard, cp, tp, dp_replicate)
+    "llama cp 4": ("llama-tiny", LLAMA, 1, 4, 1, 1),
+    "llama dp_shard 2 x cp 2": ("llama-tiny", LLAMA, 2, 2, 1, 1),
+    "llama cp 2 x tp 2": ("llama-tiny", LLAMA, 1, 2, 2, 1),
+    "gpt cp 4": ("tiny", GPT, 1, 4, 1, 1),
+    "llama dp_replicate 2 x cp 2": ("llama-tiny", LLAMA, 1, 2, 1, 2),
 }
 
 
 def _layout(case: str):
     from pytest_flashckpt.config.layout import Layout
 
-    _, _, dp, cp, tp = CASES[case]
-    return Layout(dp_shard=dp, cp=cp, tp=tp)
+    _, _, dp, cp, tp, replicas = CASES[case]
+    return Layout(dp_shard=dp, cp=cp, tp=tp, dp_replicate=replicas)
 
 
 def _card(case: str):
@@ -104,8 +106,10 @@ def run_case(case: str, strategy: str) -> dict:
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer.train_step()  # the warm step: AdamW's state made
     windows = [tp.memory_step(trainer) for _ in range(REPEATS)]
+    placements = str(tuple(next(trainer.model.parameters()).placements))  # HSDP: (Replicate(), Shard(dim=0))
     return {"loss": float(loss) / dist.get_world_size(), "reference_loss": ref_loss, "grad_max_abs": worst_abs,
-            "grad_max_rel": worst_rel, "windows": windows, "backend": getattr(trainer.model.config, "name", "")}
+            "grad_max_rel": worst_rel, "windows": windows, "backend": getattr(trainer.model.config, "name", ""),
+            "placements": placements}
 
 
 def gloo_rank(out: Path) -> None:
@@ -141,7 +145,8 @@ def render(ranks: list[dict], produced: str) -> str:
              f"{WORLD} gloo ranks; batch {BATCH} x {SEQ} tokens, fp32, seed {SEED}; Llama card `llama-tiny` with "
              f"`{json.dumps(LLAMA)}`, GPT card `tiny` with `{json.dumps(GPT)}`. torch's ring attention "
              "(`_templated_ring_attention`, all-gather rotation, head-tail load balance) with the CPU flash op "
-             "(`distributed.context_parallel`); FSDP2 over the flattened `dp_shard x cp` mesh. Loss: the mean of "
+             "(`distributed.context_parallel`); FSDP2 over the flattened `dp_shard x cp` mesh (with `dp_replicate`, HSDP "
+             "over `(dp_replicate, dp_shard_cp)`). Loss: the mean of "
              "the ranks' local means; gradients: FSDP2's reduced shards gathered, against one process on the whole "
              f"batch. Memory: rank probe after a warm step, {REPEATS} repeats (min-max where they moved), against "
              "the simulated rank (`simulate.fake_ranks`, fake mode, same builder).", "",

@@ -6,20 +6,22 @@ holds, alone and inside pipeline stages? ``flashckpt fit`` simulates an HSDP can
     python benchmarks/spike_hsdp_ranks.py --print
 
 One torchrun launch of 4 ranks. Each configuration is built twice on the same ranks, from the same weights and
-batch, with the project's own builders (``tensor_parallel.build_trainer``, ``pipeline.build_pipeline``):
+batch, with the project's own builders (``tensor_parallel.build_trainer``, ``pipeline.build_pipeline``, given the
+layout with its ``dp_replicate`` and the mesh ``make_mesh`` builds for it):
 
-- **FSDP** (the reference): ``fully_shard`` over the mesh's ``dp_shard`` dimension only, so each replica trains on
-  its own (as an FSDP run over the shard group's ranks would); in ``hsdp 2x2`` both builds read one row per rank
-  (the batch split over the 4 data-parallel ranks, ``tensor_parallel.data_rank``, as HSDP does);
-- **HSDP**: ``fully_shard`` over the 2D ``(dp_replicate, dp_shard)`` mesh, FSDP2's HSDP (gradients reduce-scattered
-  in the shard group, then all-reduced across the replicas), torch's own, by handing the builders' ``fully_shard``
-  that mesh.
+- **FSDP** (the reference): ``fully_shard`` forced onto the mesh's ``dp_shard`` dimension only, so each replica
+  trains on its own (as an FSDP run over the shard group's ranks would); both builds split the batch over the 4
+  data-parallel ranks (``tensor_parallel.data_rank``, as HSDP does);
+- **HSDP**: the builders' own sharding of a mesh with ``dp_replicate``: ``fully_shard`` over the 2D
+  ``(dp_replicate, dp_shard)`` mesh, FSDP2's HSDP (gradients reduce-scattered in the shard group, then all-reduced
+  across the replicas), torch's own.
 
 Layouts: ``hsdp 2x2`` (mesh ``dp_replicate 2 x dp_shard 2``, fp32) and ``pp 2 x hsdp 2x1`` (mesh ``pp 2 x
 dp_replicate 2 x dp_shard 1``, 1F1B over 2 microbatches, mixed precision so FSDP2 wraps each stage in both builds).
 Per rank, one step in the two windows (forward + backward, optimizer) read by the rank probe
-(``distributed.memory.ShardedLiveTensorProbe``) after a warm step, three repeats, and the loss. Recorded, not
-asserted.
+(``distributed.memory.ShardedLiveTensorProbe``) after a warm step, three repeats, and the loss. Then each HSDP
+rank simulated by the real engine under fake mode (``simulate.fake_ranks``, ``simulate.pipeline``), in this
+process after the launch. Recorded, not asserted (``tests/distributed/test_hsdp_ranks.py`` asserts).
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ CARD = {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_s
 BATCH, SEQ, SEED = 4, 32, 1
 STRATEGIES = ("none", "full")
 REPEATS = 3
+
+
+def _layouts() -> dict:
+    from pytest_flashckpt.config.layout import Layout, PipelineSchedule
+
+    return ({"hsdp 2x2": Layout(dp_shard=2, dp_replicate=2), "pp 2 x hsdp 2x1": Layout(dp_shard=1, pp=2, dp_replicate=2)},
+            PipelineSchedule("1f1b", 2))
+
+
+LAYOUT_OF, PIPELINE = _layouts()
 
 
 @contextlib.contextmanager
@@ -68,19 +80,17 @@ def _readings(step, memory_step, parameter) -> dict:
 
 
 def fsdp_layout(strategy: str, hsdp: bool) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from pytest_flashckpt.config.layout import Layout
     from pytest_flashckpt.config.scenario import ActivationConfig
     from pytest_flashckpt.distributed import tensor_parallel as tp
     from pytest_flashckpt.models.cards import load_card
 
-    mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    layout = LAYOUT_OF["hsdp 2x2"]
+    mesh = tp.make_mesh(layout)
     card = load_card("llama-tiny", **CARD)
-    # the builder shards a mesh with dp_replicate as HSDP itself (tensor_parallel.fsdp_mesh); both builds are given
-    # their mesh here, and both split the batch over the 4 data-parallel ranks (tensor_parallel.data_rank)
-    with fully_shard_over(tp, mesh["dp_replicate", "dp_shard"] if hsdp else mesh["dp_shard"]):
-        trainer, _ = tp.build_trainer(card, Layout(dp_shard=2, tp=1), mesh, batch_size=BATCH, seq_len=SEQ, seed=SEED,
+    # the builder shards a mesh with dp_replicate as HSDP itself (tensor_parallel.fsdp_mesh); the FSDP reference is
+    # forced onto dp_shard, and both split the batch over the 4 data-parallel ranks (tensor_parallel.data_rank)
+    with contextlib.nullcontext() if hsdp else fully_shard_over(tp, mesh["dp_shard"]):
+        trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=BATCH, seq_len=SEQ, seed=SEED,
                                       activation=ActivationConfig(strategy))
     loss = float(tp.forward_backward(trainer).detach())
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -90,24 +100,56 @@ def fsdp_layout(strategy: str, hsdp: bool) -> dict:
 
 def pipeline_layout(strategy: str, hsdp: bool) -> dict:
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from pytest_flashckpt.config.layout import Layout, PipelineSchedule
     from pytest_flashckpt.config.scenario import ActivationConfig
     from pytest_flashckpt.distributed import pipeline as pp
     from pytest_flashckpt.distributed.fsdp import mixed_precision_policy
     from pytest_flashckpt.models.cards import build_model, load_card
 
-    mesh = init_device_mesh("cpu", (2, 2, 1, 1), mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    layout = LAYOUT_OF["pp 2 x hsdp 2x1"]
+    mesh = pp.make_mesh(layout)
     model = build_model(load_card("llama-tiny", **CARD), "sdpa", "cpu", torch.float32, seed=SEED)
-    with fully_shard_over(pp, mesh["dp_replicate", "dp_shard"]) if hsdp else contextlib.nullcontext():
-        trainer = pp.build_pipeline(model, Layout(dp_shard=1, pp=2), mesh, PipelineSchedule("1f1b", 2), batch_size=BATCH,
-                                    seq_len=SEQ, seed=SEED, activation=ActivationConfig(strategy),
+    # the builder shards the stages over (dp_replicate, dp_shard) itself; the FSDP reference is forced onto dp_shard
+    with contextlib.nullcontext() if hsdp else fully_shard_over(pp, mesh["dp_shard"]):
+        trainer = pp.build_pipeline(model, layout, mesh, PIPELINE, batch_size=BATCH, seq_len=SEQ, seed=SEED,
+                                    activation=ActivationConfig(strategy),
                                     mp_policy=mixed_precision_policy(torch.bfloat16))
     loss = trainer.forward_backward()
     trainer.optimizer.zero_grad(set_to_none=True)
     record = _readings(trainer.train_step, lambda: pp.memory_step(trainer), trainer.parameters()[0])
     return {**record, "loss": None if loss is None else float(loss)}
+
+
+def simulate(ranks: list[dict]) -> None:
+    """Each HSDP rank's simulated twin (``simulate.fake_ranks.simulate_rank``, ``simulate.pipeline``: the same
+    builders under fake mode, warmed up by a real step as the gloo rank was), added to its record."""
+    import torch
+
+    from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.simulate.fake_ranks import simulate_rank
+    from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
+
+    card = load_card("llama-tiny", **CARD)
+    for name, layout in LAYOUT_OF.items():
+        for strategy in STRATEGIES:
+            for rank in ranks:
+                measured = rank["layouts"][f"{name} | {strategy} | hsdp"]
+                if "error" in measured:
+                    continue
+                common = {"batch_size": BATCH, "seq_len": SEQ, "strategy": strategy, "rank": rank["rank"], "seed": SEED,
+                          "extrapolate": False, "warmup": "step"}
+                try:
+                    measured["simulated"] = (
+                        simulate_rank(card, layout, **common) if layout.pp == 1 else
+                        simulate_pipeline_rank(card, layout, PIPELINE, dtype=torch.bfloat16, precision="mixed", **common))
+                except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
+                    measured["simulated"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+
+
+def measured_and_simulated() -> list[dict]:
+    ranks = measure()
+    simulate(ranks)
+    return ranks
 
 
 LAYOUTS = {"hsdp 2x2": fsdp_layout, "pp 2 x hsdp 2x1": pipeline_layout}
@@ -133,9 +175,9 @@ def render(ranks: list[dict], produced: str) -> str:
              f"{REPEATS} repeats (min-max where they moved).", "",
              "| layout | strategy | rank | parameter placements fsdp / hsdp | fsdp: fwd+bwd start -> peak | hsdp: fwd+bwd "
              "start -> peak | fsdp: optimizer start -> peak | hsdp: optimizer start -> peak | hsdp - fsdp (peaks) | "
-             "loss fsdp / hsdp |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    equal, lowest, total, errors = 0, 0, 0, []
+             "loss fsdp / hsdp | hsdp simulated: fwd+bwd, optimizer start -> peak | simulated - hsdp (lowest) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    equal, lowest, total, errors, twins, twins_equal = 0, 0, 0, [], 0, 0
     for name in LAYOUTS:
         for strategy in STRATEGIES:
             for rank in ranks:
@@ -155,25 +197,40 @@ def render(ranks: list[dict], produced: str) -> str:
                         for k in ("fwd_bwd_peak_bytes", "optimizer_peak_bytes")}
                 lowest += all(min(b[k] for b in hsdp["windows"]) == min(a[k] for a in fsdp["windows"]) for k in WINDOWS)
                 loss = "" if fsdp["loss"] is None else f"{fsdp['loss']:.6f} / {hsdp['loss']:.6f}"
+                sim = hsdp.get("simulated", {"error": "not simulated"})
+                if "error" in sim:
+                    errors.append(f"- {name}, {strategy}, rank {rank['rank']} (simulated): `{sim['error']}`")
+                    simulated, twin = "error", "error"
+                else:
+                    low = {k: min(b[k] for b in hsdp["windows"]) for k in WINDOWS}
+                    twins += 1
+                    twins_equal += all(sim[k] == low[k] for k in WINDOWS)
+                    simulated = (f"{sim['fwd_bwd_start_bytes']:,} -> {sim['fwd_bwd_peak_bytes']:,}, "
+                                 f"{sim['optimizer_start_bytes']:,} -> {sim['optimizer_peak_bytes']:,}")
+                    twin = "equal to the byte" if all(sim[k] == low[k] for k in WINDOWS) else ", ".join(
+                        f"{k.replace('_bytes', '')} {sim[k] - low[k]:+,} B" for k in WINDOWS if sim[k] != low[k])
                 lines.append(f"| {name} | {strategy} | {rank['rank']} | `{fsdp['mesh']}` {fsdp['placements']} / "
                              f"`{hsdp['mesh']}` {hsdp['placements']} | "
                              f"{window(fsdp, 'fwd_bwd_start_bytes', 'fwd_bwd_peak_bytes')} | "
                              f"{window(hsdp, 'fwd_bwd_start_bytes', 'fwd_bwd_peak_bytes')} | "
                              f"{window(fsdp, 'optimizer_start_bytes', 'optimizer_peak_bytes')} | "
                              f"{window(hsdp, 'optimizer_start_bytes', 'optimizer_peak_bytes')} | "
-                             f"{'equal to the byte' if same else ', '.join(f'{v:+,} B' for v in gaps.values())} | {loss} |")
+                             f"{'equal to the byte' if same else ', '.join(f'{v:+,} B' for v in gaps.values())} | {loss} | "
+                             f"{simulated} | {twin} |")
     lines += ["", "## What it says", "",
               f"In {equal} of {total} rank x layout x strategy cases every window of the HSDP rank (start and peak, "
               "forward+backward and optimizer, every repeat) equals the FSDP rank of its shard group to the byte; "
               f"at each window's lowest of the {REPEATS} repeats, in {lowest} of {total} (a repeat above it: gloo's "
-              "thread holding a finished collective a moment longer)."]
+              "thread holding a finished collective a moment longer).", "",
+              f"The HSDP rank simulated by the real engine under fake mode (the same builder, a real warm step): every "
+              f"window equal to the measured HSDP rank's lowest repeat to the byte in {twins_equal} of {twins} cases."]
     if errors:
         lines += ["", "Failed:", *errors]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    gloo_spike_main(__doc__, __file__, gloo_rank, measure, render)
+    gloo_spike_main(__doc__, __file__, gloo_rank, measured_and_simulated, render)
 
 
 if __name__ == "__main__":

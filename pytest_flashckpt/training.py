@@ -31,6 +31,13 @@ def make_batch(
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def rank_rows(batch: tuple[torch.Tensor, ...], rank: int, world: int) -> tuple[torch.Tensor, ...]:
+    """Data-parallel rank ``rank``'s rows (``rank::world``) of each tensor of ``batch``, in storage of their own, as
+    a real loader hands a rank its rows only. A view would keep the whole global batch alive, counted by the rank's
+    probe: ``contiguous()`` of a one-row slice is such a view (a tensor of one row is contiguous at any stride)."""
+    return tuple(t[rank::world].clone(memory_format=torch.contiguous_format) for t in batch)
+
+
 @dataclass
 class Trainer:
     """Model, optimizer and schedule for a run: what a save strategy checkpoints and a resume restores."""

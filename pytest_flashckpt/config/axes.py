@@ -37,10 +37,11 @@ class LayoutMesh:
     stages on each pipeline rank; ``config.layout.PipelineSchedule``) and context parallel (``cp``: the sequence
     split over the ranks, torch's ring attention, ``distributed.context_parallel``; FSDP2 shards over
     ``dp_shard x cp``, tensor parallel inside; not with ``pp``) and HSDP replicas (``dp_replicate``: FSDP2 over the
-    2D ``(dp_replicate, dp_shard)`` mesh, gradients reduce-scattered in the shard group and all-reduced over the
-    replicas; with ``dp_shard`` and ``tp``).
+    2D ``(dp_replicate, dp_shard)`` mesh, ``(dp_replicate, dp_shard_cp)`` with cp, each stage's with pp; gradients
+    reduce-scattered in the shard group and all-reduced over the replicas).
 
-    Built: ``dp_shard`` x ``cp`` x ``tp`` measured on the ranks of a run (eager) and simulated by the engine;
+    Built: ``dp_replicate`` x ``dp_shard`` x ``cp`` x ``tp`` measured on the ranks of a run (eager) and simulated by
+    the engine;
     ``pp`` simulated, and measured on ranks eager or compiled per block
     (``config.scenario.MEASURED_PIPELINE_STRATEGIES``), tensor parallel inside the stages or not. A simulated ``cp``
     rank alone in pure precision is the CUDA-op ring on meta, labelled modelled (``simulate.context_parallel``).
@@ -70,11 +71,6 @@ class LayoutMesh:
         if self.cp != 1 and self.pp != 1:
             raise ValueError(f"layout.cp {self.cp} with layout.pp {self.pp}: the pipeline's mesh has no context-parallel "
                              "dimension; drop layout.pp or layout.cp")
-        if self.dp_replicate != 1 and (self.pp != 1 or self.cp != 1):
-            other = f"layout.pp {self.pp}" if self.pp != 1 else f"layout.cp {self.cp}"
-            raise NotBuiltYet(f"layout.dp_replicate {self.dp_replicate} with {other}: HSDP replicas are composed with "
-                              "dp_shard and tp so far (issue 32; flashckpt fit searches them inside stages as the rank "
-                              "of their shard group); drop one")
         if self.pp == 1:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
             set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != defaults[key]]
@@ -97,11 +93,10 @@ class LayoutMesh:
         return PipelineSchedule(self.schedule, microbatches, self.stages_per_rank)
 
     def ranks(self, world_size: int) -> tuple[int, int]:
-        """``(dp_shard, tp)`` for ``world_size`` ranks (``pp`` stages, or ``cp`` groups, of ``dp_shard x tp`` each);
-        ValueError naming the key and the fix when they do not multiply to it."""
+        """``(dp_shard, tp)`` for ``world_size`` ranks (``pp`` stages, ``cp`` groups and ``dp_replicate`` replicas of
+        ``dp_shard x tp`` each); ValueError naming the key and the fix when they do not multiply to it."""
         others = self.pp * self.cp * self.dp_replicate
-        extra = (f" x pp {self.pp}" if self.pp > 1 else f" x cp {self.cp}" if self.cp > 1 else
-                 f" x dp_replicate {self.dp_replicate}" if self.dp_replicate > 1 else "")
+        extra = "".join(f" x {key} {getattr(self, key)}" for key in ("pp", "cp", "dp_replicate") if getattr(self, key) > 1)
         if world_size % (self.tp * others):
             raise ValueError(f"layout.tp {self.tp}{extra} does not divide world_size {world_size}; choose axes that "
                              f"divide the ranks (or world_size = dp_shard x tp{extra})")

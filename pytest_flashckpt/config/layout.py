@@ -178,12 +178,13 @@ class PipelineSchedule:
         """The schedule fits the layout and the batch (what a scenario checks before its card is loaded):
         microbatches dividing a data-parallel rank's rows, as many as torch's 1F1B schedules need, whole rounds for
         the interleaved one."""
-        rows = batch_size // layout.dp_shard
+        rows = batch_size // layout.dp
         if rows % self.microbatches:
+            ranks = (f"dp_replicate {layout.dp_replicate} x dp_shard {layout.dp_shard}" if layout.dp_replicate > 1
+                     else f"dp_shard {layout.dp_shard}")
             raise ValueError(
                 f"layout pp {layout.pp}: {self.microbatches} microbatches do not divide the batch of a data-parallel "
-                f"rank ({rows} rows = batch {batch_size} / dp_shard {layout.dp_shard}); choose microbatches that "
-                f"divide {rows}"
+                f"rank ({rows} rows = batch {batch_size} / {ranks}); choose microbatches that divide {rows}"
             )
         stages = layout.pp * self.stages_per_rank
         if self.schedule == "1f1b" and self.microbatches < stages:

@@ -31,7 +31,7 @@ from pytest_flashckpt.config.model_card import ModelCard
 from pytest_flashckpt.models.anatomy import get_blocks
 from pytest_flashckpt.models.cards import build_model
 from pytest_flashckpt.models.hf.card import HFCard
-from pytest_flashckpt.training import Trainer, make_batch
+from pytest_flashckpt.training import Trainer, make_batch, rank_rows
 
 
 def init(timeout_s: float = 300.0) -> torch.device:
@@ -62,7 +62,8 @@ class ShardedTrainer(Trainer):
     def batch(self, position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.device
         x, y = make_batch(self.model.config.vocab_size, self.batch_size, self.seq_len, self.seed, self.step if position is None else position, device)
-        return x[self.rank :: self.world_size].contiguous(), y[self.rank :: self.world_size].contiguous()
+        x, y = rank_rows((x, y), self.rank, self.world_size)
+        return x, y
 
     @property
     def device(self) -> torch.device:

@@ -59,22 +59,27 @@ from pytest_flashckpt.config.scenario import ActivationConfig
 from pytest_flashckpt.distributed import tensor_parallel as tp
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
-from pytest_flashckpt.training import _warmup, make_batch, make_optimizer
+from pytest_flashckpt.training import _warmup, make_batch, make_optimizer, rank_rows
 
 MESH_DIMS = ("pp", "dp_shard", "tp")
+HSDP_MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
 def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
     """The (pp, dp_shard, tp) mesh of the current process group: pipeline outermost, tensor parallel innermost, as
     torchtitan; a size-1 axis is kept so the stage build is one shape. Rank ``r`` is pipeline rank
-    ``r // (dp_shard * tp)``."""
+    ``r // (dp_replicate * dp_shard * tp)``. With HSDP replicas, (pp, dp_replicate, dp_shard, tp): FSDP2 over the
+    stage's 2D ``(dp_replicate, dp_shard)`` submesh (``tensor_parallel.fsdp_mesh``)."""
     if layout.cp > 1:
         raise ValueError(
-            f"layout {layout.describe()}: pipeline stages are composed with FSDP (dp_shard) and tensor parallel (tp) "
-            "only; context parallel is composed with dp_shard and tp outside stages (distributed.context_parallel); "
+            f"layout {layout.describe()}: pipeline stages are composed with FSDP (dp_shard), HSDP replicas and tensor "
+            "parallel (tp); context parallel is composed with them outside stages (distributed.context_parallel); "
             "use cp 1 with pp"
         )
+    if layout.dp_replicate > 1:
+        return init_device_mesh(device_type, (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp),
+                                mesh_dim_names=HSDP_MESH_DIMS)
     return init_device_mesh(device_type, (layout.pp, layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
 
 
@@ -313,7 +318,8 @@ class PipelineTrainer:
         device = next(self.stages[0].parameters()).device
         x, y = make_batch(self.vocab_size, self.batch_size, self.seq_len, self.seed,
                           self.step if position is None else position, device)
-        return x[self.dp_rank :: self.dp_size].contiguous(), y[self.dp_rank :: self.dp_size].contiguous()
+        x, y = rank_rows((x, y), self.dp_rank, self.dp_size)
+        return x, y
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for stage in self.stages for p in stage.parameters()]
@@ -412,7 +418,8 @@ def build_pipeline(
         layout.check_card(model.config)
         layout.check_stage_shards(seq_len, shapes.vocab)
     pp_rank = mesh["pp"].get_local_rank()
-    dp_mesh, tp_mesh = mesh["dp_shard"], mesh["tp"]
+    dp_mesh, tp_mesh = tp.fsdp_mesh(mesh), mesh["tp"]  # FSDP2's mesh: dp_shard, or (dp_replicate, dp_shard)
+    dp_rank, dp_size = tp.data_rank(mesh)
     stages = [split_stage(model, index, n_stages) for index in stages_of_rank(pp_rank, layout.pp, pipeline.stages_per_rank)]
     del model
     applied = []
@@ -429,7 +436,7 @@ def build_pipeline(
                 fully_shard(block, **kwargs)
             fully_shard(stage, **kwargs)
     group = mesh["pp"].get_group()
-    rows = batch_size // layout.dp_shard // pipeline.microbatches
+    rows = batch_size // dp_size // pipeline.microbatches
     dtype = mp_policy.param_dtype if mp_policy is not None and mp_policy.param_dtype is not None else shapes.dtype
     torch_stages = [
         PipelineStage(stage, stage.index, n_stages, torch.device(device), group=group,
@@ -440,7 +447,7 @@ def build_pipeline(
     optimizer = make_optimizer(params)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
     return PipelineTrainer(stages, _schedule(torch_stages, pipeline), optimizer, scheduler, shapes.vocab, batch_size, seq_len,
-                           seed, dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(),
+                           seed, dp_rank=dp_rank, dp_size=dp_size,
                            tensor_parallel=tp_mesh.size() > 1, activation="; ".join(applied))
 
 

@@ -48,6 +48,7 @@ from pytest_flashckpt.models.cards import build_model
 MESH_DIMS = ("dp_shard", "tp")
 CP_MESH_DIMS = ("dp_shard", "cp", "tp")
 HSDP_MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+HSDP_CP_MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
 COLUMN_ROLES = ("q", "k", "v", "gate", "up")  # output features sharded: whole heads / MLP columns per rank
 ROW_ROLES = ("o", "down")  # input features sharded: partial sums reduce-scattered to sequence shards
 
@@ -56,34 +57,41 @@ def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
     """The 2D mesh (dp_shard, tp) of the current process group; a size-1 axis is kept so the plan is one shape.
     With context parallel, the 3D mesh (dp_shard, cp, tp) and its flattened ``dp_shard_cp`` dimension, which FSDP2
     shards over (torchtitan's mesh; ``distributed.context_parallel``). With HSDP replicas, the 3D mesh
-    (dp_replicate, dp_shard, tp), FSDP2 over its 2D ``(dp_replicate, dp_shard)`` submesh (torch's HSDP)."""
+    (dp_replicate, dp_shard, tp), FSDP2 over its 2D ``(dp_replicate, dp_shard)`` submesh (torch's HSDP); with both,
+    the 4D mesh (dp_replicate, dp_shard, cp, tp), FSDP2 over ``(dp_replicate, dp_shard_cp)``: replicas of the
+    group that shards over ``dp_shard x cp`` (torchtitan's ``dp_replicate`` x ``dp_shard_cp``)."""
     if layout.pp > 1:
         raise ValueError(f"layout {layout.describe()}: tensor parallel is composed with dp_shard and cp here; pipeline "
                          "stages are distributed.pipeline's")
-    if layout.dp_replicate > 1:
-        if layout.cp > 1:
-            raise ValueError(f"layout {layout.describe()}: HSDP replicas with context parallel are not built yet; drop "
-                             "dp_replicate or cp")
-        return init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.tp),
-                                mesh_dim_names=HSDP_MESH_DIMS)
     if layout.cp == 1:
+        if layout.dp_replicate > 1:
+            return init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.tp),
+                                    mesh_dim_names=HSDP_MESH_DIMS)
         return init_device_mesh(device_type, (layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
-    mesh = init_device_mesh(device_type, (layout.dp_shard, layout.cp, layout.tp), mesh_dim_names=CP_MESH_DIMS)
-    # torch asks callers to keep the flattened mesh themselves (slicing it from the root is deprecated)
-    setattr(mesh, _FLATTENED, mesh["dp_shard", "cp"]._flatten("dp_shard_cp"))
+    if layout.dp_replicate == 1:
+        mesh = init_device_mesh(device_type, (layout.dp_shard, layout.cp, layout.tp), mesh_dim_names=CP_MESH_DIMS)
+        # torch asks callers to keep the flattened mesh themselves (slicing it from the root is deprecated)
+        setattr(mesh, _FSDP_MESH, mesh["dp_shard", "cp"]._flatten("dp_shard_cp"))
+        return mesh
+    mesh = init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp),
+                            mesh_dim_names=HSDP_CP_MESH_DIMS)
+    # FSDP2's HSDP mesh: the replicas beside the flattened shard group, as one 2D view of the same ranks (torch's
+    # DeviceMesh._concatenate; the ranks of each dimension are the root mesh's, no new rank order)
+    shards = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    setattr(mesh, _FSDP_MESH, DeviceMesh._concatenate([mesh["dp_replicate"], shards]))
     return mesh
 
 
-_FLATTENED = "_flashckpt_dp_shard_cp"  # where make_mesh keeps a cp mesh's flattened dp_shard x cp dimension
+_FSDP_MESH = "_flashckpt_fsdp_mesh"  # where make_mesh keeps a cp mesh's FSDP mesh (flattened dp_shard x cp)
 
 
 def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The mesh FSDP2 shards over: ``dp_shard``, the flattened ``dp_shard_cp`` of ``make_mesh`` where the mesh has
-    context parallel, or the 2D ``(dp_replicate, dp_shard)`` where it has HSDP replicas (FSDP2 replicates over the
-    first dimension and shards over the second)."""
-    flattened = getattr(mesh, _FLATTENED, None)
-    if flattened is not None:
-        return flattened
+    context parallel, the 2D ``(dp_replicate, dp_shard)`` where it has HSDP replicas (FSDP2 replicates over the
+    first dimension and shards over the second), or ``(dp_replicate, dp_shard_cp)`` with both."""
+    kept = getattr(mesh, _FSDP_MESH, None)
+    if kept is not None:
+        return kept
     if "dp_replicate" in (mesh.mesh_dim_names or ()):
         return mesh["dp_replicate", "dp_shard"]
     return mesh["dp_shard"]

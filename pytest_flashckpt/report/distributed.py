@@ -94,15 +94,15 @@ def _simulate_layout(card: str, dtype: str, precision: str, batch: int, seq: int
 
 @functools.lru_cache(maxsize=64)
 def _simulate_stage_rank(card: str, dtype: str, precision: str, batch: int, seq: int, strategy: str, k: int,
-                         dp_shard: int, tp: int, pp: int, schedule: str, microbatches: int, stages_per_rank: int,
-                         seed: int, rank: int, compile=None) -> tuple[int, int, int]:
+                         layout: Layout, schedule: str, microbatches: int, stages_per_rank: int,
+                         seed: int, *, rank: int, compile=None) -> tuple[int, int, int]:
     import torch
 
     from pytest_flashckpt.config.layout import PipelineSchedule
     from pytest_flashckpt.models.cards import load_card
     from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank  # torch's schedule under fake mode
 
-    record = simulate_pipeline_rank(load_card(card), Layout(dp_shard=dp_shard, tp=tp, pp=pp),
+    record = simulate_pipeline_rank(load_card(card), layout,
                                     PipelineSchedule(schedule, microbatches, stages_per_rank), batch_size=batch,
                                     seq_len=seq, strategy=strategy, k=k, dtype=getattr(torch, dtype),
                                     precision=precision, seed=seed, rank=rank, compile=compile)
@@ -128,9 +128,9 @@ def engine_ranks(r: Result) -> tuple[list[tuple[int, int, int]] | None, str]:
     layout, pipeline = c.parallel_layout, c.layout.pipeline_schedule()
     try:
         return [_simulate_stage_rank(c.card, c.dtype, c.precision, c.batch_size, c.seq_len, c.activation.strategy,
-                                     c.activation.k, layout.dp_shard, layout.tp, layout.pp, pipeline.schedule,
-                                     pipeline.microbatches, pipeline.stages_per_rank, c.seed, rank,
-                                     c.compile if c.compile.enabled else None)
+                                     c.activation.k, layout, pipeline.schedule, pipeline.microbatches,
+                                     pipeline.stages_per_rank, c.seed, rank=rank,
+                                     compile=c.compile if c.compile.enabled else None)
                 for rank in range(c.world_size)], ""
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return None, f"not simulated: {exc}"

@@ -131,9 +131,10 @@ def simulate_pipeline_rank(
     warmup: str = "primed",
     compile: CompileConfig | None = None,
 ) -> dict:
-    """Rank ``rank`` of a ``pp x dp_shard x tp`` layout (rank ``r`` holds pipeline rank ``r // (dp_shard * tp)``'s
-    stages, tensor parallel over the ``tp`` ranks of its group when ``layout.tp`` > 1): one warm step, then one
-    step measured in the two windows of a real rank (``pipeline.memory_step``).
+    """Rank ``rank`` of a ``pp x [dp_replicate x] dp_shard x tp`` layout (rank ``r`` holds pipeline rank
+    ``r // (dp_replicate * dp_shard * tp)``'s stages, tensor parallel over the ``tp`` ranks of its group when
+    ``layout.tp`` > 1, FSDP2 over ``(dp_replicate, dp_shard)`` with HSDP replicas): one warm step, then one step
+    measured in the two windows of a real rank (``pipeline.memory_step``).
 
     ``extrapolate`` (default) reads the record off lines where the samples cost less than the step itself:
 
@@ -193,7 +194,7 @@ def simulate_first_and_last(card, layout: Layout, pipeline: PipelineSchedule, *,
     wall time of the slower one, at the cost of one process start (about the time of importing torch). The
     records are the same (tests/simulate/test_side_by_side_ranks.py); ``flashckpt fit`` passes 2 where the machine
     has two cores (reports/side-by-side-ranks.md)."""
-    ranks = sorted({0, (layout.pp - 1) * layout.dp_shard * layout.tp})  # mesh (pp, dp_shard, tp): rank 0 of each
+    ranks = sorted({0, (layout.pp - 1) * layout.dp * layout.tp})  # mesh (pp, [dp_replicate,] dp_shard, tp): rank 0 of each
     run = functools.partial(simulate_pipeline_rank, card, layout, pipeline, **kwargs)
     records = simulate_side_by_side(run, ranks, jobs)
     record = max(records, key=lambda r: r["peak_bytes"])
@@ -353,6 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overrides", default="{}", help="card overrides as JSON, e.g. '{\"n_layer\": 4}'")
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--dp-shard", type=int, default=1)
+    parser.add_argument("--dp-replicate", type=int, default=1, help="HSDP replicas of the dp_shard group")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks inside each stage")
     parser.add_argument("--schedule", default="1f1b")
     parser.add_argument("--microbatches", type=int, default=2)
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="ranks simulated at once (simulate_side_by_side)")
     args = parser.parse_args(argv)
     card = load_card(args.card, **json.loads(args.overrides))
-    layout = Layout(dp_shard=args.dp_shard, tp=args.tp, pp=args.pp)
+    layout = Layout(dp_shard=args.dp_shard, tp=args.tp, pp=args.pp, dp_replicate=args.dp_replicate)
     pipeline = PipelineSchedule(args.schedule, args.microbatches, args.stages_per_rank)
     run = functools.partial(simulate_pipeline_rank, card, layout, pipeline, batch_size=args.batch, seq_len=args.seq,
                             strategy=args.strategy, dtype=getattr(torch, args.dtype), precision=args.precision,

@@ -1,7 +1,7 @@
 """Context parallel on measured ranks (``distributed.context_parallel``, issue 32): on 4 gloo ranks, torch's ring
 attention with the CPU flash op trains what one process trains, and each rank holds what its simulated twin
 (``simulate.fake_ranks``, fake mode, the same builder) holds, every window to the byte, for cp alone, with FSDP
-(``dp_shard x cp``) and with tensor parallel (``cp x tp``), Llama and GPT positions, ``none`` and ``full``. The
+(``dp_shard x cp``), with tensor parallel (``cp x tp``) and with HSDP replicas (``dp_replicate x cp``), Llama and GPT positions, ``none`` and ``full``. The
 spike's measurement (``benchmarks/spike_cp_ranks.py``, reports/spike-cp-ranks.md) kept as a check."""
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ def test_cp_ranks_train_as_one_process_and_hold_what_the_simulated_rank_holds() 
                 # the ranks' mean loss is one process's on the whole batch and sequence (fp32 sums in another order)
                 assert abs(record["loss"] - record["reference_loss"]) < 1e-5, where
                 assert record["grad_max_rel"] < 1e-5, where
+                # control: the HSDP case is FSDP2's HSDP (replicated over dp_replicate), the others shard only
+                _, _, _, _, _, replicas = spike.CASES[case]
+                assert record["placements"] == ("(Replicate(), Shard(dim=0))" if replicas > 1 else "(Shard(dim=0),)"), where
                 simulated = record["simulated"]
                 assert "error" not in simulated, (where, simulated.get("error"))
                 # each window at the measured rank's lowest repeat, to the byte (gloo's thread may hold a finished

@@ -1,6 +1,7 @@
 """What ``flashckpt fit`` stands on for HSDP (``fit.memory``: an HSDP candidate is simulated as the rank of its
 shard group, alone and inside pipeline stages): on 4 gloo ranks, an HSDP rank holds what the FSDP rank of its
-shard group holds, every window to the byte (the spike's measurement, ``benchmarks/spike_hsdp_ranks.py``, kept as
+shard group holds, every window to the byte, and its simulated twin (``simulate.fake_ranks``, ``simulate.pipeline``:
+the builders' own HSDP under fake mode) holds the same (the spike's measurement, ``benchmarks/spike_hsdp_ranks.py``, kept as
 a check so a torch upgrade that changes it fails here)."""
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ def test_an_hsdp_rank_holds_what_its_shard_groups_fsdp_rank_holds() -> None:
         import spike_hsdp_ranks as spike
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    ranks = spike.measure()
+    ranks = spike.measured_and_simulated()
     assert len(ranks) == 4
     exact: list[bool] = []
+    twins: list[bool] = []
     for rank in ranks:
         for name in spike.LAYOUTS:
             for strategy in spike.STRATEGIES:
@@ -50,4 +52,16 @@ def test_an_hsdp_rank_holds_what_its_shard_groups_fsdp_rank_holds() -> None:
                 assert {tuple(w[k] for k in starts) for w in fsdp["windows"] + hsdp["windows"]} == {
                     tuple(fsdp["windows"][0][k] for k in starts)}, where
                 assert fsdp["loss"] == hsdp["loss"], where
+                # the HSDP rank's simulated twin (the real engine under fake mode): the same rule against its lowest
+                simulated = hsdp["simulated"]
+                assert "error" not in simulated, (where, simulated.get("error"))
+                for key in spike.WINDOWS:
+                    lowest = min(w[key] for w in hsdp["windows"])
+                    if key != "fwd_bwd_peak_bytes":
+                        assert simulated[key] == lowest, (where, key, simulated[key], lowest)
+                        continue
+                    collective = max(w["largest_allgather_bytes"] for w in hsdp["windows"])
+                    assert 0 <= lowest - simulated[key] <= collective, (where, key, lowest, simulated[key], collective)
+                    twins.append(lowest == simulated[key])
     assert sum(exact) * 4 >= 3 * len(exact), f"{sum(exact)} of {len(exact)} forward+backward peaks to the byte"
+    assert sum(twins) * 4 >= 3 * len(twins), f"{sum(twins)} of {len(twins)} simulated forward+backward peaks to the byte"

@@ -18,7 +18,7 @@ def _layout_scenarios():
     suite = load_suite("distributed")
     chosen = [s for s in suite.scenarios if (s.layout.tensor_parallel or s.layout.dp_replicate > 1)
               and s.activation.strategy != "none" and not s.compile.enabled
-              and s.layout.pp == 1]  # compiled ranks: test_compiled_ranks.py; stages: below
+              and s.layout.pp == 1 and s.layout.cp == 1]  # compiled ranks: test_compiled_ranks.py; stages, cp: below
     # fewer rounds and saves than the suite: what is checked here is what a rank holds and loads, not its times
     return [dataclasses.replace(s, rounds=1, save=dataclasses.replace(s.save, saves=2)) for s in chosen]
 
@@ -69,11 +69,11 @@ def test_a_pipeline_scenario_runs_loads_back_bitwise_and_every_rank_holds_what_t
     assert result.per_rank["optimizer_peak_bytes"] == [optimizer for _, _, optimizer in simulated]
     first, last = result.per_rank["peak_bytes"][0], result.per_rank["peak_bytes"][-1]
     assert first != last  # the first and the last stage hold different blocks
-    if layout.dp_shard == 1 and layout.tp == 1:  # no collective inside a stage: the whole peak to the byte
+    if layout.dp == 1 and layout.tp == 1:  # no collective inside a stage: the whole peak to the byte
         assert result.per_rank["peak_bytes"] == [peak for peak, _, _ in simulated]
         return
     # else higher by what gloo's thread still holds of finished collectives (docs/layouts.md), as the tp rows
-    activation = scenario.batch_size // layout.dp_shard * scenario.seq_len * load_card(scenario.card).n_embd * 4
+    activation = scenario.batch_size // layout.dp * scenario.seq_len * load_card(scenario.card).n_embd * 4
     bound = GLOO_STAGING_FACTOR * activation + (result.number("largest_allgather_bytes") or 0)
     for measured, (peak, _, _) in zip(result.per_rank["fwd_bwd_peak_bytes"], simulated):
         assert 0 <= measured - peak <= bound, (measured, peak, bound)
@@ -83,7 +83,7 @@ def test_a_pipeline_scenario_runs_loads_back_bitwise_and_every_rank_holds_what_t
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", [s for s in load_suite("distributed").scenarios if s.layout.cp > 1], ids=lambda s: s.name)
 def test_a_context_parallel_scenario_runs_loads_back_bitwise_and_every_rank_holds_what_the_engine_simulates(scenario, tmp_path) -> None:
-    """cp ranks (torch's ring attention, FSDP2 over dp_shard x cp): the sharded saves loaded back bit for bit, and
+    """cp ranks (torch's ring attention, FSDP2 over dp_shard x cp, HSDP replicas of it): the sharded saves loaded back bit for bit, and
     every rank's windows against its own simulated rank (the ring's chunks differ per cp rank). The whole
     forward+backward peak within what gloo's thread may still hold of a finished collective (reports/spike-cp-ranks.md
     reads it equal to the byte at the lowest of three repeats; one step here)."""
@@ -100,7 +100,7 @@ def test_a_context_parallel_scenario_runs_loads_back_bitwise_and_every_rank_hold
     assert why == "" and len(simulated) == scenario.world_size
     assert result.per_rank["state_bytes"] == [start for _, start, _ in simulated]
     assert result.per_rank["optimizer_peak_bytes"] == [optimizer for _, _, optimizer in simulated]
-    local = scenario.batch_size // layout.dp_shard * scenario.seq_len // layout.cp
+    local = scenario.batch_size // layout.dp * scenario.seq_len // layout.cp
     activation = local * load_card(scenario.card).n_embd * 4  # one float32 activation of the rank's tokens
     bound = GLOO_STAGING_FACTOR * activation + (result.number("largest_allgather_bytes") or 0)
     for measured, (peak, _, _) in zip(result.per_rank["fwd_bwd_peak_bytes"], simulated):

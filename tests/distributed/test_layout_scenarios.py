@@ -71,18 +71,25 @@ def test_measured_pipeline_stages_run_eager_with_or_without_sharded_saves() -> N
         _scenario(world_size=2, batch_size=4, layout=LayoutMesh(pp=2, microbatches=3), save=SaveConfig())
 
 
-def test_hsdp_replicas_are_a_layout_axis_with_dp_shard_and_tp() -> None:
+def test_hsdp_replicas_are_a_layout_axis_with_every_other_axis() -> None:
     hsdp = _scenario(world_size=4, batch_size=4, layout=LayoutMesh(dp_replicate=2))
     assert hsdp.parallel_layout.describe() == "dp_replicate 2 x dp_shard 2 x tp 1"
     with_tp = _scenario(world_size=8, batch_size=4, layout=LayoutMesh(dp_replicate=2, tp=2))
     assert with_tp.parallel_layout.describe() == "dp_replicate 2 x dp_shard 2 x tp 2"
     with pytest.raises(ValueError, match=r"batch_size 2 must be divisible by layout.dp_replicate x dp_shard 4"):
         _scenario(world_size=8, batch_size=2, layout=LayoutMesh(dp_replicate=2, tp=2))
-    with pytest.raises(NotBuiltYet, match=r"layout.dp_replicate 2 with layout.pp 2: HSDP replicas are composed with "
-                                          r"dp_shard and tp so far \(issue 32"):
-        LayoutMesh(dp_replicate=2, pp=2)
-    with pytest.raises(NotBuiltYet, match=r"layout.dp_replicate 2 with layout.cp 2"):
-        LayoutMesh(dp_replicate=2, cp=2)
+    # with pipeline stages (FSDP2 over each stage's (dp_replicate, dp_shard)) and with context parallel (over
+    # (dp_replicate, dp_shard_cp)): the microbatches divide a replica's rows, the sequence the ring's chunks
+    stages = _scenario(world_size=4, batch_size=4, layout=LayoutMesh(dp_replicate=2, pp=2, microbatches=2),
+                       save=SaveConfig())
+    assert stages.parallel_layout.describe() == "dp_replicate 2 x dp_shard 1 x tp 1 x pp 2"
+    with pytest.raises(ValueError, match=r"4 microbatches do not divide the batch of a data-parallel rank \(2 rows = "
+                                         r"batch 4 / dp_replicate 2 x dp_shard 1\)"):
+        _scenario(world_size=4, batch_size=4, layout=LayoutMesh(dp_replicate=2, pp=2, microbatches=4), save=SaveConfig())
+    ring = _scenario(world_size=4, batch_size=4, layout=LayoutMesh(dp_replicate=2, cp=2))
+    assert ring.parallel_layout.describe() == "dp_replicate 2 x dp_shard 1 x tp 1 x cp 2"
+    with pytest.raises(ValueError, match=r"layout.dp_shard 2 x tp 1 x cp 2 x dp_replicate 2 = 8 ranks, but world_size is 4"):
+        _scenario(world_size=4, batch_size=4, layout=LayoutMesh(dp_replicate=2, cp=2, dp_shard=2))
     with pytest.raises(ValueError, match=r"layout.dp_shard 1 x tp 1 x dp_replicate 2 = 2 ranks, but world_size is 4"):
         _scenario(world_size=4, batch_size=4, layout=LayoutMesh(dp_replicate=2, dp_shard=1))
     # at its default the new key changes no fingerprint: a tensor-parallel baseline stays comparable
@@ -274,7 +281,7 @@ def test_a_pipeline_row_shows_each_rank_beside_its_own_simulated_stage(monkeypat
     aggregate(result, [_stage_rank(0, "stage 0: none"), _stage_rank(1, "stage 1: none")])
     assert result.notes[0] == "activation: rank 0: stage 0: none; rank 1: stage 1: none"
     simulated = {0: (900, 500, 700), 1: (899, 499, 699)}  # what the engine would simulate for each rank's stages
-    monkeypatch.setattr(report, "_simulate_stage_rank", lambda *args: simulated[args[14]])  # by rank
+    monkeypatch.setattr(report, "_simulate_stage_rank", lambda *args, rank, compile: simulated[rank])
     text = "\n".join(report.distributed_section([result]))
     assert "dp_shard 1 x tp 1 x pp 2, 1f1b over 4 microbatches" in text and "equal to the byte (2 ranks)" in text
     simulated[1] = (899, 498, 699)  # control: rank 1's state off by a byte is shown, not hidden
