@@ -40,9 +40,8 @@ class LayoutMesh:
     2D ``(dp_replicate, dp_shard)`` mesh, ``(dp_replicate, dp_shard_cp)`` with cp, each stage's with pp; gradients
     reduce-scattered in the shard group and all-reduced over the replicas).
 
-    Built: ``dp_replicate`` x ``dp_shard`` x ``cp`` x ``tp`` measured on the ranks of a run (eager) and simulated by
-    the engine;
-    ``pp`` simulated, and measured on ranks eager or compiled per block
+    Built: ``dp_replicate`` x ``dp_shard`` x ``cp`` x ``tp`` measured on the ranks of a run (eager, or compiled per
+    block) and simulated by the engine; ``pp`` simulated, and measured on ranks eager or compiled per block
     (``config.scenario.MEASURED_PIPELINE_STRATEGIES``), tensor parallel inside the stages or not. A simulated ``cp``
     rank alone in pure precision is the CUDA-op ring on meta, labelled modelled (``simulate.context_parallel``).
     The pipeline keys apply with ``pp`` > 1 only; ``microbatches`` None means one per stage, the fewest torch's
@@ -69,8 +68,9 @@ class LayoutMesh:
                 what = "number of ranks" if key in self.RANK_KEYS else "integer"
                 raise ValueError(f"layout.{key} must be a positive {what}, got {value!r}")
         if self.cp != 1 and self.pp != 1:
-            raise ValueError(f"layout.cp {self.cp} with layout.pp {self.pp}: the pipeline's mesh has no context-parallel "
-                             "dimension; drop layout.pp or layout.cp")
+            raise NotBuiltYet(f"layout.cp {self.cp} with layout.pp {self.pp}: context parallel inside pipeline stages is "
+                              "not built yet (issue 32: the pipeline's mesh has no context-parallel dimension); drop "
+                              "layout.pp or layout.cp")
         if self.pp == 1:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
             set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != defaults[key]]

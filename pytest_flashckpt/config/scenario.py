@@ -322,9 +322,6 @@ class Scenario:
         key = "simulate.world_size" if self.simulate.enabled else "world_size"
         if self.layout.pp > 1 and not self.simulate.enabled:
             self._check_measured_stages()
-        if self.layout.cp > 1 and not self.simulate.enabled and self.compile.enabled:
-            raise NotBuiltYet(f"layout.cp {self.layout.cp} with compile: compiled context-parallel ranks are not built "
-                              "yet (issue 32: torch's ring attention runs eager here); drop compile or layout.cp")
         if world == 1:
             axes = (f"{self.layout.pp} pipeline stages" if self.layout.pp > 1 else f"{self.layout.cp} context-parallel "
                     "ranks" if self.layout.cp > 1 else f"{self.layout.tp} tensor-parallel ranks")

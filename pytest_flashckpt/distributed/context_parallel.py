@@ -21,7 +21,10 @@ or learned positions are the tokens' own (``positions`` of the GPT and Llama fam
 
 Composition is torchtitan's: FSDP2 shards over the flattened ``dp_shard x cp`` mesh (every rank of a cp group holds
 a shard of the weights, and gradients are averaged over all ``dp_shard x cp`` ranks, which holds equal token
-counts per rank), tensor parallel inside each rank as without cp (``distributed.tensor_parallel``).
+counts per rank), tensor parallel inside each rank as without cp (``distributed.tensor_parallel``), HSDP replicas
+of the cp group over ``(dp_replicate, dp_shard_cp)``. A block compiled per block (``compile.scope: block``) traces
+the ring, forward and backward, without a graph break (``_cpu_flash_backward``;
+reports/spike-compiled-cp-ranks.md).
 """
 
 from __future__ import annotations
@@ -69,9 +72,17 @@ class _RingFlashAttention(torch.autograd.Function):
         else:
             q, k, v, out, lse = ctx.saved_tensors
             grad_q, grad_k, grad_v, *_ = ring._templated_ring_attention_backward(
-                ctx.mesh.get_group(), _SEQ_DIM, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-                grad_out, "grad_out", q, k, v, out, lse, is_causal=True, dropout_p=ctx.dropout_p)
+                ctx.mesh.get_group(), _SEQ_DIM, _cpu_flash_backward, grad_out, "grad_out", q, k, v, out, lse,
+                is_causal=True, dropout_p=ctx.dropout_p)
         return grad_q, grad_k, grad_v, None, None, None
+
+
+def _cpu_flash_backward(*, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask=None, scale=None):
+    """The CPU flash op's backward as torch's ring backward calls it (keywords), passed on positionally: the op's
+    forward output is its argument named ``out``, which Dynamo takes for an ``out=`` tensor and breaks the graph at
+    (4 breaks a step before; reports/spike-compiled-cp-ranks.md)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
 
 
 @contextlib.contextmanager

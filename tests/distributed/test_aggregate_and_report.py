@@ -104,6 +104,7 @@ def test_the_distributed_suite_runs_fsdp_and_tensor_parallel_ranks_with_dcp_save
     contexts = {s.name: s.parallel_layout.describe() for s in suite.scenarios if s.layout.cp > 1}
     assert contexts == {"cp2-none-dcp-sync": "dp_shard 1 x tp 1 x cp 2", "cp2-full-dcp-sync": "dp_shard 1 x tp 1 x cp 2",
                         "dp2xcp2-selective-dcp-async": "dp_shard 2 x tp 1 x cp 2",  # cp alone and with FSDP
-                        "hsdp2xcp2-selective-dcp-sync": "dp_replicate 2 x dp_shard 1 x tp 1 x cp 2"}  # and HSDP
+                        "hsdp2xcp2-selective-dcp-sync": "dp_replicate 2 x dp_shard 1 x tp 1 x cp 2",  # and HSDP
+                        "cp2-full-compiled": "dp_shard 1 x tp 1 x cp 2"}  # and compiled
     layouts = {s.layout.ranks(s.world_size) for s in suite.scenarios if s.layout.tensor_parallel and s.layout.pp == 1}
     assert layouts == {(1, 2), (2, 2)}  # tp 2 alone and torchtitan's 2D, as issue 32 item 1 asks
