@@ -70,6 +70,7 @@ def _first_step(scenario, compiled: bool) -> tuple[float, list]:
     from pytest_flashckpt import compile_step
     from pytest_flashckpt.distributed import tensor_parallel as tp
     from pytest_flashckpt.models.cards import load_card
+    from pytest_flashckpt.probes.compiled import dynamos_hidden_warnings
 
     torch._dynamo.reset()
     layout = scenario.parallel_layout
@@ -82,7 +83,8 @@ def _first_step(scenario, compiled: bool) -> tuple[float, list]:
     trainer, _ = tp.build_trainer(load_card(scenario.card), layout, tp.make_mesh(layout), batch_size=BATCH,
                                   seq_len=SEQ, seed=scenario.seed, activation=scenario.activation,
                                   before_shard=compile_blocks if compiled else None)
-    loss = tp.forward_backward(trainer)
+    with dynamos_hidden_warnings():  # (torch's own tracing warnings, as a compiled rank's steps run)
+        loss = tp.forward_backward(trainer)
     loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
     grads = [(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone() for p in trainer.model.parameters()]
     return float(loss), grads

@@ -112,8 +112,9 @@ def _compile_under_budget(compile_fx: Callable, budget: float, graph, example_in
 
 
 def torch_hidden_warning(step: Callable[[], object]) -> Callable[[], object]:
-    """``step`` under ``probes.compiled.dynamos_hidden_warnings``: the one warning Dynamo hides itself
-    while tracing a non-leaf input stays hidden under warnings-as-errors (at the first trace and any recompile)."""
+    """``step`` under ``probes.compiled.dynamos_hidden_warnings``: the warnings torch's own tracing gives (the one
+    Dynamo hides itself while tracing a non-leaf input, the one of a traced ``autograd.Function``'s context) stay
+    hidden under warnings-as-errors (at the first trace and any recompile)."""
 
     @functools.wraps(step)
     def quiet() -> object:

@@ -119,19 +119,26 @@ def measure_compiled_step(step: Callable[[], object], expected_regions: int = 1)
 
 
 NON_LEAF_GRAD = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+# Dynamo makes the context of every autograd.Function it traces from a bare torch.autograd.Function() (torch 2.13,
+# torch._dynamo.side_effects.track_object_new), which warns that Functions should not be instantiated
+DYNAMO_FUNCTION_CONTEXT = r"<class 'torch\.autograd\.function\.Function'> should not be instantiated"
 
 
 @contextlib.contextmanager
 def dynamos_hidden_warnings() -> Iterator[None]:
-    """Keep hidden, under warnings-as-errors, the one warning torch means to hide while Dynamo traces a checkpointed
-    block. Dynamo reads ``.grad`` of every tensor it wraps (``torch._dynamo.variables.builder.safe_has_grad``), which
-    warns for a non-leaf (a block's hidden states, a checkpoint's inputs), and hides that warning by swapping
+    """Keep hidden, under warnings-as-errors, the warnings torch's own tracing gives while Dynamo traces a block.
+    Dynamo reads ``.grad`` of every tensor it wraps (``torch._dynamo.variables.builder.safe_has_grad``), which warns
+    for a non-leaf (a block's hidden states, a checkpoint's inputs), and hides that warning by swapping
     ``warnings.showwarning``; an ``error`` filter (pytest's ``filterwarnings = error``, ``python -W error``) raises it
-    before that hook is reached, so every per-block compile would fail at its first trace. Exactly that message is
-    ignored, only inside the block; any other warning still reaches the caller. Used by the compiled runner
-    (``runner.compiled``) and the compiled simulator (``simulate.compiled``)."""
+    before that hook is reached, so every per-block compile would fail at its first trace. And Dynamo makes the
+    context of a traced ``autograd.Function`` (the ring attention of a compiled context-parallel block,
+    ``distributed.context_parallel``) from a bare ``torch.autograd.Function()``, which torch warns against
+    (``DYNAMO_FUNCTION_CONTEXT``). Exactly those messages are ignored, only inside the block; any other warning still
+    reaches the caller. Used by the compiled runner (``runner.compiled``), compiled ranks (``compile_step``) and the
+    compiled simulator (``simulate.compiled``)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=NON_LEAF_GRAD, category=UserWarning)
+        warnings.filterwarnings("ignore", message=DYNAMO_FUNCTION_CONTEXT, category=DeprecationWarning)
         yield
 
 
