@@ -36,7 +36,7 @@ class LayoutMesh:
     torch's ``torch.distributed.pipelining`` run by ``schedule`` over ``microbatches`` per step, ``stages_per_rank``
     stages on each pipeline rank; ``config.layout.PipelineSchedule``) and context parallel (``cp``: the sequence
     split over the ranks, torch's ring attention, ``distributed.context_parallel``; FSDP2 shards over
-    ``dp_shard x cp``, tensor parallel inside; not with ``pp``) and HSDP replicas (``dp_replicate``: FSDP2 over the
+    ``dp_shard x cp``, tensor parallel inside, inside each pipeline stage with ``pp``) and HSDP replicas (``dp_replicate``: FSDP2 over the
     2D ``(dp_replicate, dp_shard)`` mesh, ``(dp_replicate, dp_shard_cp)`` with cp, each stage's with pp; gradients
     reduce-scattered in the shard group and all-reduced over the replicas).
 
@@ -67,10 +67,6 @@ class LayoutMesh:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 what = "number of ranks" if key in self.RANK_KEYS else "integer"
                 raise ValueError(f"layout.{key} must be a positive {what}, got {value!r}")
-        if self.cp != 1 and self.pp != 1:
-            raise NotBuiltYet(f"layout.cp {self.cp} with layout.pp {self.pp}: context parallel inside pipeline stages is "
-                              "not built yet (issue 32: the pipeline's mesh has no context-parallel dimension); drop "
-                              "layout.pp or layout.cp")
         if self.pp == 1:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
             set_keys = [key for key in self.PIPELINE_KEYS if getattr(self, key) != defaults[key]]

@@ -125,7 +125,7 @@ class Layout:
         and ``vocab`` are divisible by ``tp``."""
         if self.pp == 1:
             return
-        refusal = stage_shard_refusal(self.tp, seq_len, vocab)
+        refusal = stage_shard_refusal(self.tp, seq_len // self.cp, vocab)  # (a cp rank's share of the sequence)
         if refusal is not None:
             raise ValueError(refusal)
 

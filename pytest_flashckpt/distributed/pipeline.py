@@ -20,8 +20,12 @@ plan's entries for what the stage holds (the embedding row-wise to sequence shar
 norm sequence-parallel and the head column-wise with vocabulary-sharded DTensor logits on the last, the loss under
 ``loss_parallel``, torchtitan's composition). Between stages flows the local sequence shard of the hidden states,
 (rows, T / tp, C); a stage that is not first builds its rotary tables for the whole sequence (``StageModule``), as
-the attention's inputs are all-gathered to it. Context parallel inside a stage is not composed (refused by
-``make_mesh``). Every stage is given its input and output shapes (``StageShapes``), so torch's schedule runs in its
+the attention's inputs are all-gathered to it. Context parallel inside the stages (``cp`` > 1 on the
+``(pp, dp_shard, cp, tp)`` mesh) is torchtitan's composition too: every stage's blocks run torch's ring attention
+(``distributed.context_parallel``) over the cp ranks of its pipeline rank, the tokens and targets are this cp
+rank's share (head-tail load balanced), every stage is given those tokens' positions for the step
+(``PipelineTrainer.step_context``), between stages flows the cp rank's share of the hidden states, and FSDP2
+shards each stage over the flattened ``dp_shard x cp``. Every stage is given its input and output shapes (``StageShapes``), so torch's schedule runs in its
 static mode.
 
 Measured on gloo ranks at pp 2 (world 2) and dp_shard 2 x pp 2 (world 4; tests/distributed/test_pipeline.py):
@@ -56,31 +60,26 @@ from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed import context_parallel
 from pytest_flashckpt.distributed import tensor_parallel as tp
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
 from pytest_flashckpt.training import _warmup, make_batch, make_optimizer, rank_rows
 
-MESH_DIMS = ("pp", "dp_shard", "tp")
-HSDP_MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_shard", "tp")  # and dp_replicate before dp_shard, cp after it, where they are above 1
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
 def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
     """The (pp, dp_shard, tp) mesh of the current process group: pipeline outermost, tensor parallel innermost, as
     torchtitan; a size-1 axis is kept so the stage build is one shape. Rank ``r`` is pipeline rank
-    ``r // (dp_replicate * dp_shard * tp)``. With HSDP replicas, (pp, dp_replicate, dp_shard, tp): FSDP2 over the
-    stage's 2D ``(dp_replicate, dp_shard)`` submesh (``tensor_parallel.fsdp_mesh``)."""
-    if layout.cp > 1:
-        raise ValueError(
-            f"layout {layout.describe()}: pipeline stages are composed with FSDP (dp_shard), HSDP replicas and tensor "
-            "parallel (tp); context parallel is composed with them outside stages (distributed.context_parallel); "
-            "use cp 1 with pp"
-        )
-    if layout.dp_replicate > 1:
-        return init_device_mesh(device_type, (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp),
-                                mesh_dim_names=HSDP_MESH_DIMS)
-    return init_device_mesh(device_type, (layout.pp, layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
+    ``r // (dp_replicate * dp_shard * cp * tp)``. With HSDP replicas, (pp, dp_replicate, dp_shard, tp): FSDP2 over the
+    stage's 2D ``(dp_replicate, dp_shard)`` submesh; with context parallel, (pp, dp_shard, cp, tp): FSDP2 over the
+    stage group's flattened ``dp_shard_cp`` (``tensor_parallel.keep_fsdp_mesh``, ``fsdp_mesh``)."""
+    replicas = layout.dp_replicate > 1
+    names = ("pp", *(("dp_replicate",) if replicas else ()), "dp_shard", *(("cp",) if layout.cp > 1 else ()), "tp")
+    mesh = init_device_mesh(device_type, tuple(getattr(layout, name) for name in names), mesh_dim_names=names)
+    return tp.keep_fsdp_mesh(mesh) if layout.cp > 1 else mesh
 
 
 def stage_ranges(n_blocks: int, n_stages: int) -> list[range]:
@@ -126,6 +125,7 @@ class StageModule(nn.Module):
         self.index, self.n_stages, self.names = index, n_stages, names
         self._received = part.get_submodule(get_anatomy(part).embeddings[0]) if index > 0 else None
         self.sequence_shards = 1
+        self.positions: torch.Tensor | None = None  # context parallel: the places of this cp rank's tokens
 
     @property
     def is_first(self) -> bool:
@@ -138,14 +138,16 @@ class StageModule(nn.Module):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """First stage: token ids (B, T) in; other stages: the previous stage's hidden states (B, T / tp, C) in
         (their local sequence shard under tensor parallel). Out: hidden states, or the logits on the last stage."""
+        where = {} if self.positions is None else {"positions": self.positions}
         if self._received is None:
-            return self.part(inputs)
+            return self.part(inputs, **where)
         self._received.hidden = inputs
         # the family's forward reads batch, sequence and device off its token ids: an 8-byte zero, expanded to the
-        # whole sequence (under tensor parallel its rotary tables are the whole sequence's, as in one process)
+        # whole sequence (under tensor parallel its rotary tables are the whole sequence's, as in one process; under
+        # context parallel the cp rank's share, at its tokens' own positions)
         rows, local_seq = inputs.shape[:2]
         tokens = torch.zeros((), dtype=torch.long, device=inputs.device).expand(rows, local_seq * self.sequence_shards)
-        return self.part(tokens)
+        return self.part(tokens, **where)
 
 
 def _check_splittable(anatomy: ModelAnatomy, n_stages: int) -> None:
@@ -261,7 +263,7 @@ class StageShapes:
         gradient: hidden states and logits do, token ids do not). Under tensor parallel (``tp_mesh`` of more than
         one rank) the hidden states are the local sequence shard (rows, T / tp, C) and the last stage's logits a
         DTensor sharded over the vocabulary (rows, T, V / tp local), what its head returns."""
-        shards = 1 if tp_mesh is None else tp_mesh.size()
+        shards = 1 if tp_mesh is None else tp_mesh.size()  # (seq_len: a cp rank's share under context parallel)
         hidden = torch.empty(rows, seq_len // shards, self.width, dtype=dtype, device="meta", requires_grad=True)
         tokens = torch.empty(rows, seq_len, dtype=torch.long, device="meta")
         logits = torch.empty(rows, seq_len, self.vocab // shards, dtype=dtype, device="meta", requires_grad=True)
@@ -295,6 +297,7 @@ class PipelineTrainer:
     step: int = 0
     losses: list[torch.Tensor] = field(default_factory=list)
     tensor_parallel: bool = False  # the stages are tensor parallel: the schedule runs under ``loss_parallel``
+    context_mesh: DeviceMesh | None = None  # context parallel: the cp ranks sharing this rank's sequences
     activation: str = ""  # what the activation strategy wrapped, per stage (``AppliedActivation.describe``)
     _view: nn.Module | None = field(default=None, repr=False)
 
@@ -319,6 +322,8 @@ class PipelineTrainer:
         x, y = make_batch(self.vocab_size, self.batch_size, self.seq_len, self.seed,
                           self.step if position is None else position, device)
         x, y = rank_rows((x, y), self.dp_rank, self.dp_size)
+        if self.context_mesh is not None:  # this cp rank's share of the tokens (context_parallel.shard_sequence)
+            x, y = context_parallel.shard_sequence(self.context_mesh, [x, y])
         return x, y
 
     def parameters(self) -> list[nn.Parameter]:
@@ -337,7 +342,7 @@ class PipelineTrainer:
         self.losses = []
         args = (x,) if self.has_first else ()
         target = y if self.has_last else None
-        with loss_parallel() if self.tensor_parallel else contextlib.nullcontext():
+        with self.step_context():
             # return_outputs=False: the trainer needs the losses only; torch's default keeps every microbatch's
             # output (the logits) alive on the last stage until the step ends (pytorch/pytorch#159251)
             self.schedule.step(*args, target=target, losses=self.losses if self.has_last else None,
@@ -353,6 +358,23 @@ class PipelineTrainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    @contextlib.contextmanager
+    def step_context(self):
+        """Around the schedule's step: ``loss_parallel`` under tensor parallel; under context parallel torch's ring
+        attention and every stage given this cp rank's token positions (made here, in the step, as a one-process
+        cp rank makes them in its loss)."""
+        with contextlib.ExitStack() as stack:
+            if self.tensor_parallel:
+                stack.enter_context(loss_parallel())
+            if self.context_mesh is not None:
+                stack.enter_context(context_parallel.ring_attention(self.context_mesh))
+                device = next(self.stages[0].parameters()).device
+                positions = context_parallel.local_positions(self.context_mesh, self.seq_len, device)
+                for stage in self.stages:
+                    stage.positions = positions
+                stack.callback(lambda: [setattr(stage, "positions", None) for stage in self.stages])
+            yield
 
     def train_step(self) -> torch.Tensor | None:
         loss = self.forward_backward()
@@ -416,7 +438,8 @@ def build_pipeline(
     shapes = StageShapes.of(model)
     if layout.tp > 1:
         layout.check_card(model.config)
-        layout.check_stage_shards(seq_len, shapes.vocab)
+    layout.check_sequence(seq_len)
+    layout.check_stage_shards(seq_len, shapes.vocab)
     pp_rank = mesh["pp"].get_local_rank()
     dp_mesh, tp_mesh = tp.fsdp_mesh(mesh), mesh["tp"]  # FSDP2's mesh: dp_shard, or (dp_replicate, dp_shard)
     dp_rank, dp_size = tp.data_rank(mesh)
@@ -440,7 +463,7 @@ def build_pipeline(
     dtype = mp_policy.param_dtype if mp_policy is not None and mp_policy.param_dtype is not None else shapes.dtype
     torch_stages = [
         PipelineStage(stage, stage.index, n_stages, torch.device(device), group=group,
-                      **shapes.stage_args(stage, rows, seq_len, dtype, tp_mesh if tp_mesh.size() > 1 else None))
+                      **shapes.stage_args(stage, rows, seq_len // layout.cp, dtype, tp_mesh if tp_mesh.size() > 1 else None))
         for stage in stages
     ]
     params = [p for stage in stages for p in stage.parameters()]
@@ -448,7 +471,8 @@ def build_pipeline(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup)
     return PipelineTrainer(stages, _schedule(torch_stages, pipeline), optimizer, scheduler, shapes.vocab, batch_size, seq_len,
                            seed, dp_rank=dp_rank, dp_size=dp_size,
-                           tensor_parallel=tp_mesh.size() > 1, activation="; ".join(applied))
+                           tensor_parallel=tp_mesh.size() > 1, activation="; ".join(applied),
+                           context_mesh=mesh["cp"] if layout.cp > 1 else None)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

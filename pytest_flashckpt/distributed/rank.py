@@ -121,10 +121,10 @@ def measure(scenario: Scenario, device: torch.device, probe_name: str, ckpt_root
     out: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "status": "measured"}
     backend = resolve_backend(scenario.attention, device, DTYPES[scenario.dtype])
     layout = scenario.parallel_layout
-    if layout.pp > 1:  # eager or compiled stages
-        return _measure_pipeline(scenario, device, backend, probe_name, ckpt_root, out)
     if layout.cp > 1:  # torch's ring attention runs the device's explicit flash op (distributed.context_parallel)
         backend = context_parallel.ring_backend(device.type)
+    if layout.pp > 1:  # eager or compiled stages
+        return _measure_pipeline(scenario, device, backend, probe_name, ckpt_root, out)
     laid_out = layout.tp > 1 or layout.cp > 1 or layout.dp_replicate > 1  # else FSDP over every rank
     mesh = tensor_parallel.make_mesh(layout, device.type) if laid_out else None
     if scenario.compile.enabled:

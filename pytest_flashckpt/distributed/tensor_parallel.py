@@ -70,15 +70,21 @@ def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
         return init_device_mesh(device_type, (layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
     if layout.dp_replicate == 1:
         mesh = init_device_mesh(device_type, (layout.dp_shard, layout.cp, layout.tp), mesh_dim_names=CP_MESH_DIMS)
-        # torch asks callers to keep the flattened mesh themselves (slicing it from the root is deprecated)
-        setattr(mesh, _FSDP_MESH, mesh["dp_shard", "cp"]._flatten("dp_shard_cp"))
-        return mesh
-    mesh = init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp),
-                            mesh_dim_names=HSDP_CP_MESH_DIMS)
-    # FSDP2's HSDP mesh: the replicas beside the flattened shard group, as one 2D view of the same ranks (torch's
-    # DeviceMesh._concatenate; the ranks of each dimension are the root mesh's, no new rank order)
+    else:
+        mesh = init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp),
+                                mesh_dim_names=HSDP_CP_MESH_DIMS)
+    return keep_fsdp_mesh(mesh)
+
+
+def keep_fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """``mesh`` (with a ``cp`` dimension, and ``dp_replicate`` or not) holding the mesh FSDP2 shards over, which
+    ``fsdp_mesh`` returns: the flattened ``dp_shard_cp`` (torch asks callers to keep a flattened mesh themselves:
+    slicing it from the root is deprecated), beside the replicas as one 2D view of the same ranks with HSDP (torch's
+    ``DeviceMesh._concatenate``; the ranks of each dimension are the root mesh's, no new rank order). Outer
+    dimensions (a pipeline's ``pp``) are not flattened in: each pipeline rank's stages shard over their own group."""
     shards = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-    setattr(mesh, _FSDP_MESH, DeviceMesh._concatenate([mesh["dp_replicate"], shards]))
+    replicated = "dp_replicate" in (mesh.mesh_dim_names or ())
+    setattr(mesh, _FSDP_MESH, DeviceMesh._concatenate([mesh["dp_replicate"], shards]) if replicated else shards)
     return mesh
 
 

@@ -115,7 +115,7 @@ def engine_ranks(r: Result) -> tuple[list[tuple[int, int, int]] | None, str]:
     ranks hold their own stages and a context-parallel rank its own chunks of the ring: each simulated), or None and
     why not."""
     c = r.config
-    if c.layout.cp > 1:
+    if c.layout.cp > 1 and c.layout.pp == 1:  # (cp inside stages: each stage rank below, its own chunks too)
         records = [engine_rank(r, rank) for rank in range(c.world_size)]
         why = next((why for record, why in records if record is None), None)
         return (None, why) if why is not None else ([record for record, _ in records], "")

@@ -229,7 +229,8 @@ def _pipeline_scenario(scenario, result, card, layout, common: dict, started: fl
     record = record_rank(scenario, result, ranks_of, started, "fwd_bwd_start_bytes", "sdpa-flash-cpu (fake rank)")
     phase = "forward+backward" if record["fwd_bwd_peak_bytes"] >= record["optimizer_peak_bytes"] else "optimizer step"
     ranks = ", ".join(f"rank {r} {b:,} B" for r, b in record["ranks"].items())
-    engine = "torch's pipelining schedule + " + ("parallelize_module + " if layout.tp > 1 else "") + "fully_shard"
+    engine = ("torch's pipelining schedule + " + ("parallelize_module + " if layout.tp > 1 else "")
+              + (f"torch's ring attention over {layout.cp} cp ranks + " if layout.cp > 1 else "") + "fully_shard")
     lines = []
     if record.get("microbatches_extrapolated"):
         lines.append(f"{', '.join(map(str, record['simulated_microbatches']))} microbatches simulated, the step's "

@@ -40,12 +40,12 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining.stage import InferenceMode
-from torch.distributed.tensor.parallel import loss_parallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from pytest_flashckpt.config.axes import CompileConfig
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.distributed import context_parallel
 from pytest_flashckpt.distributed import pipeline as pp
 from pytest_flashckpt.distributed.fsdp import mixed_precision_policy
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
@@ -161,7 +161,10 @@ def simulate_pipeline_rank(
     layout.check_batch(batch_size)
     layout.check_card(card)
     pipeline.check(layout, batch_size=batch_size, n_blocks=card.n_layer)
+    layout.check_sequence(seq_len)
     layout.check_stage_shards(seq_len, card.vocab_size)
+    if layout.cp > 1:  # the ring runs the CPU flash op, as a gloo rank's does (distributed.context_parallel)
+        backend = context_parallel.ring_backend("cpu")
     compiled = compile is not None and compile.enabled
     extrapolate = extrapolate and not compiled
     run = functools.partial(_simulate_stage, card, layout, seq_len=seq_len, strategy=strategy, k=k, dtype=dtype,
@@ -194,7 +197,7 @@ def simulate_first_and_last(card, layout: Layout, pipeline: PipelineSchedule, *,
     wall time of the slower one, at the cost of one process start (about the time of importing torch). The
     records are the same (tests/simulate/test_side_by_side_ranks.py); ``flashckpt fit`` passes 2 where the machine
     has two cores (reports/side-by-side-ranks.md)."""
-    ranks = sorted({0, (layout.pp - 1) * layout.dp * layout.tp})  # mesh (pp, [dp_replicate,] dp_shard, tp): rank 0 of each
+    ranks = sorted({0, (layout.pp - 1) * layout.dp * layout.cp * layout.tp})  # mesh (pp, ..., tp): rank 0 of each
     run = functools.partial(simulate_pipeline_rank, card, layout, pipeline, **kwargs)
     records = simulate_side_by_side(run, ranks, jobs)
     record = max(records, key=lambda r: r["peak_bytes"])
@@ -291,7 +294,7 @@ def _initialize_stages(trainer: pp.PipelineTrainer) -> None:
     args = (x.tensor_split(count)[0],) if trainer.has_first else ()
     target = y.tensor_split(count)[0] if trainer.has_last else None
     initialize = getattr(schedule, "_initialize_stages", None) or schedule._initialize_stage
-    with loss_parallel() if trainer.tensor_parallel else contextlib.nullcontext():
+    with trainer.step_context():  # (loss_parallel, the ring: what the schedule's step runs under)
         initialize(args, {}, target)
 
 

@@ -12,7 +12,9 @@ from pytest_flashckpt.config.typed import build
 
 
 @pytest.mark.parametrize("key, value, issue, others", [
-    ("layout", {"cp": 2, "pp": 2}, "issue 32", {"world_size": 4, "batch_size": 4, "model": "llama-tiny"}),  # cp in stages
+    ("layout", {"cp": 2, "pp": 2}, "issue 32", {"world_size": 4, "batch_size": 4, "model": "llama-tiny",
+                                                "compile": {"scope": "block"}, "checkpoint": {"strategy": "none"},
+                                                "activation": {"strategy": "full"}}),  # compiled cp inside stages
     ("compile", {"mode": "reduce-overhead"}, "issue 33", {}),
 ])
 def test_a_value_beyond_today_is_refused_naming_the_key_and_the_issue(key, value, issue, others):
