@@ -12,9 +12,9 @@ FSDP (``--world-size`` above ``cp x tp``: FSDP2 over ``dp_shard x cp``), with ``
 is the rank of the real engine under fake mode (``simulate.fake_ranks``: torch's ring attention with the CPU flash
 op on the fake process group, equal to the byte to gloo ranks, reports/spike-cp-ranks.md); alone in pure precision,
 the meta step at ``seq / cp`` tokens with torch's ring and the CUDA flash op (``simulate.context_parallel``),
-labelled "modelled" until the GPU suite measures it. Every input is checked before anything is built
-(``config.layout``); an error is one line naming the option and the fix. cp with pp is refused (the pipeline mesh
-has no cp dimension: docs/layouts.md).
+labelled "modelled" until the GPU suite measures it. Both: the stages' blocks run the ring over the cp ranks of
+their pipeline rank (reports/spike-cp-stages.md). Every input is checked before anything is built
+(``config.layout``); an error is one line naming the option and the fix.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ def check_args(args: argparse.Namespace):
     refusal = engine_cannot_run(args)
     if refusal is not None:
         raise InputError(f"{_where(args)}: {refusal}")
-    if args.pp != 1 and args.cp != 1:
-        raise InputError(f"{_where(args)}: pipeline and context parallel together are not built yet; choose --pp or --cp")
     try:
         layout = Layout.for_world(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp)
         layout.check_sequence(args.seq)
@@ -82,11 +80,13 @@ def _record(args: argparse.Namespace, card, layout: Layout, dtype: str) -> tuple
             how += (f"; {', '.join(map(str, counts))} microbatches simulated, the step's {args.microbatches} read off "
                     "their line")
         tensor_parallel = f", tensor parallel over {layout.tp} ranks inside it" if layout.tp > 1 else ""
+        tensor_parallel += f", context parallel over {layout.cp} ranks inside it" if layout.cp > 1 else ""
         ranks = " and ".join(f"rank {r}: {gib(b)}" for r, b in record["ranks"].items())
         stage = "the first stage" if record["rank"] == 0 else "the last stage"
         what = (f"{stage} of {layout.pp} ({args.schedule}, {args.microbatches} microbatches{tensor_parallel}; the "
                 f"larger of the first and the last pipeline rank, {ranks}), simulated "
-                f"by torch's pipelining schedule + {'parallelize_module + ' if layout.tp > 1 else ''}fully_shard under "
+                f"by torch's pipelining schedule + {'parallelize_module + ' if layout.tp > 1 else ''}"
+                f"{'ring attention + ' if layout.cp > 1 else ''}fully_shard under "
                 f"FakeTensorMode{how}")
         return record, what
     from pytest_flashckpt.simulate.context_parallel import simulate_cp_rank

@@ -73,10 +73,25 @@ def test_cp_with_fsdp_and_tp_prints_the_fake_rank_of_the_composed_layout(capsys)
     assert _peak(out) == record["peak_bytes"]
 
 
+@pytest.mark.slow
+def test_cp_inside_pipeline_stages_prints_the_larger_stage_rank(capsys) -> None:
+    from pytest_flashckpt.config.layout import PipelineSchedule
+    from pytest_flashckpt.simulate.pipeline import simulate_first_and_last
+
+    argv = ["simulate", "--model", "llama-tiny", "--seq", "256", "--batch", "4", "--strategy", "full", "--world-size",
+            "4", "--pp", "2", "--cp", "2", "--microbatches", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "context parallel over 2 ranks inside it" in out and "ring attention + fully_shard" in out
+    record = simulate_first_and_last(load_card("llama-tiny"), Layout(dp_shard=1, pp=2, cp=2), PipelineSchedule("1f1b", 2),
+                                     batch_size=4, seq_len=256, strategy="full", dtype=torch.bfloat16)
+    assert _peak(out) == record["peak_bytes"] and sorted(record["ranks"]) == [0, 2]  # the last pipeline rank: 2
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--world-size", "2", "--pp", "2", "--cp", "2"], "pipeline and context parallel together are not built yet"),
+        (["--world-size", "4", "--pp", "2", "--cp", "2", "--seq", "130"], "sequence 130 is not divisible by 2 x cp = 4"),
         (["--world-size", "4", "--cp", "2", "--tp", "4"], "world size 4 is not divisible by tp 4 x pp 1 x cp 2 = 8"),
         # tensor parallel inside stages: whole heads, no more stages than blocks, a sequence the stages can shard
         (["--world-size", "8", "--pp", "2", "--tp", "4"], "model card 'llama-tiny' has n_head 6, not divisible by tp"),
