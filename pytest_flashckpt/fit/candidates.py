@@ -14,7 +14,8 @@ reports/spike-hsdp-ranks.md) and FSDP2 keeps the gathered blocks over the microb
 pipelining) x context parallel: ``cp`` ranks sharing each sequence (``--cp``; by default searched from 32K tokens
 on), composed as torchtitan composes it (``distributed.context_parallel``): FSDP2 shards over ``dp_shard x cp``
 (every rank of a cp group holds a shard of the state), tensor parallel inside, HSDP replicas over whole nodes, in
-either precision; not with pipeline stages (the pipeline mesh has no cp dimension).
+either precision, and inside pipeline stages (the ``(pp, dp_shard, cp, tp)`` mesh: each stage's blocks run the ring,
+FSDP2 over each stage group's ``dp_shard x cp``; reports/spike-cp-stages.md), Llama 3's own 128K layout.
 
 The first prune is exact and needs no simulation: the training state a rank must hold (parameters, gradients, the
 two AdamW moments), with the parameters split evenly over ``dp_shard x cp x tp x pp`` ranks, is a lower bound of its peak
@@ -175,7 +176,7 @@ def enumerate_candidates(
                                                            reshard, replicate, pp=p, k=k, schedule=schedule,
                                                            stages_per_rank=virtual))
     found += _context_parallel(card, gpus, sequences, seq_len, cp, degrees, strategies, precisions, max_microbatch, k,
-                               hsdp, gpus_per_node)
+                               hsdp, gpus_per_node, pp, schedules)
     if not found:
         smallest_dp = gpus // max(degrees) // max(pp)
         raise InputError(
@@ -214,22 +215,32 @@ def cp_degrees(card, gpus: int, seq_len: int, requested: tuple[int, ...] | None 
 
 def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[int, ...], degrees: list[int],
                       strategies, precisions, max_microbatch: int, k: int, hsdp: bool,
-                      gpus_per_node: int) -> list[Candidate]:
-    """The cp candidates (see the module doc): ``gpus / (cp x tp)`` data-parallel ranks, each a cp group of ``cp x
-    tp`` GPUs, FSDP2 sharding over ``dp_shard x cp``; HSDP replicas over whole nodes."""
+                      gpus_per_node: int, pp: tuple[int, ...] = (1,),
+                      schedules: tuple[str, ...] = DEFAULT_SCHEDULES) -> list[Candidate]:
+    """The cp candidates (see the module doc): ``gpus / (cp x tp x pp)`` data-parallel ranks, each a cp group of
+    ``cp x tp`` GPUs per stage, FSDP2 sharding over ``dp_shard x cp``; HSDP replicas over whole nodes; with stages,
+    each schedule the pipeline candidates take."""
     found = []
     for c in cp:
-        for t in degrees:
-            if gpus % (c * t) or (seq_len // c) % t:  # sequence parallel splits a rank's share of the sequence
-                continue
-            for replicate, shard, per_rank in _data_parallel(gpus // (c * t), sequences, c * t, hsdp, gpus_per_node):
-                for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
-                    for strategy in strategies:
-                        for precision in precisions:
-                            reshards = (True, False) if shard * c > 1 else (True,)
-                            for reshard in reshards:
-                                found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision,
-                                                       reshard, replicate, cp=c, k=k))
+        for p in pp:
+            for t in degrees:
+                if gpus % (c * t * p) or (seq_len // c) % t:  # sequence parallel splits a rank's share of the sequence
+                    continue
+                if p > 1 and stage_shard_refusal(t, seq_len // c, card.vocab_size) is not None:
+                    continue
+                for replicate, shard, per_rank in _data_parallel(gpus // (c * t * p), sequences, c * t, hsdp, gpus_per_node):
+                    for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
+                        for schedule in schedules if p > 1 else ("1f1b",):
+                            virtual = PIPELINE_SCHEDULES[schedule] if p > 1 else 1
+                            if p > 1 and not _schedulable(schedule, p, virtual, per_rank // mb, card.n_layer):
+                                continue
+                            for strategy in strategies:
+                                for precision in precisions:
+                                    reshards = (False,) if p > 1 else (True, False) if shard * c > 1 else (True,)
+                                    for reshard in reshards:
+                                        found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision,
+                                                               reshard, replicate, pp=p, cp=c, k=k, schedule=schedule,
+                                                               stages_per_rank=virtual))
     return found
 
 

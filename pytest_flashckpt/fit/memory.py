@@ -12,7 +12,8 @@ in-flight microbatches under 1F1B and the embedding, the last the head, its logi
 hold neither and fewer in flight, and are not simulated). ``cp`` is simulated by the same engine as ``dp_shard``
 and ``tp``: ``simulate_rank`` of the ``dp_shard x cp x tp`` layout runs torch's ring attention on the fake process
 group (``distributed.context_parallel``, with the CPU flash op as every fake rank here runs; equal to the byte to
-gloo ranks, reports/spike-cp-ranks.md), FSDP2 sharding over ``dp_shard x cp``.
+gloo ranks, reports/spike-cp-ranks.md), FSDP2 sharding over ``dp_shard x cp``; inside pipeline stages by the
+pipeline's simulation with the ring in every stage's blocks (reports/spike-cp-stages.md).
 
 On top of the simulated step, two things the step does not contain are modelled and labelled so:
 
@@ -124,7 +125,7 @@ class RankMemoryModel:
             return RankInputs(c.dp_shard, c.tp, c.microbatch * c.dp_shard, self.seq_len, c.strategy, c.k, c.precision,
                               cp=c.cp)
         return RankInputs(c.dp_shard, c.tp, c.microbatch * c.accumulation * c.dp_shard, self.seq_len, c.strategy, c.k,
-                          c.precision, c.pp, c.schedule, c.accumulation, c.stages_per_rank)
+                          c.precision, c.pp, c.schedule, c.accumulation, c.stages_per_rank, cp=c.cp)
 
     def is_cached(self, candidate: Candidate) -> bool:
         return self.inputs(candidate) in self.records
@@ -136,7 +137,7 @@ class RankMemoryModel:
             try:
                 if key.pp > 1:
                     self.records[key] = self.simulate_stage(
-                        self.card, Layout(dp_shard=key.dp_shard, tp=key.tp, pp=key.pp),
+                        self.card, Layout(dp_shard=key.dp_shard, tp=key.tp, pp=key.pp, cp=key.cp),
                         PipelineSchedule(key.schedule, key.microbatches, key.stages_per_rank), batch_size=key.batch_size,
                         seq_len=key.seq_len, strategy=key.strategy, k=key.k, dtype=torch.bfloat16,
                         precision=key.precision)

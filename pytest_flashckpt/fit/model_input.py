@@ -134,11 +134,6 @@ def read_torchtitan_toml(path: Path) -> ModelInput:
     if degrees["tensor_parallel_degree"] > 1:
         settings["tp"] = degrees["tensor_parallel_degree"]
     if degrees["context_parallel_degree"] > 1:
-        if degrees["pipeline_parallel_degree"] > 1:
-            raise InputError(f"{where}: [parallelism] context_parallel_degree = {degrees['context_parallel_degree']} "
-                             f"with pipeline_parallel_degree = {degrees['pipeline_parallel_degree']}: fit composes "
-                             "context parallel with FSDP, HSDP and tensor parallel, not inside pipeline stages; set "
-                             "one of them to 1")
         settings["cp"] = degrees["context_parallel_degree"]
     if degrees["pipeline_parallel_degree"] > 1:
         settings["pp"] = degrees["pipeline_parallel_degree"]

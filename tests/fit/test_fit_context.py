@@ -57,6 +57,28 @@ def test_cp_candidates_shard_over_dp_shard_x_cp_with_tp_inside_in_either_precisi
     assert state_lower_bound(SMALL.num_params(), one) == -(-SMALL.num_params() // 8) * 8
 
 
+def test_cp_inside_pipeline_stages_is_searched_and_simulated_as_a_stage_rank_with_the_ring() -> None:
+    """Llama 3's 128K layout (tp x cp x pp x dp): cp candidates with stages, each schedule the pipeline takes, the
+    stage rank simulated with cp in its layout (simulate.pipeline runs the ring inside the stages)."""
+    found = enumerate_candidates(SMALL, 16, seq_len=131072, global_batch_tokens=8 * 131072, gpus_per_node=8,
+                                 precisions=("mixed",), cp=(2,), pp=(1, 2), strategies=("full",))
+    staged = [c for c in found if c.cp > 1 and c.pp > 1]
+    assert staged and all(c.dp * c.cp * c.tp * c.pp == 16 and not c.reshard_after_forward for c in staged)
+    assert {c.schedule for c in staged} == {"1f1b", "interleaved_1f1b"}
+    assert all(c.microbatch * c.accumulation * c.dp == 8 for c in staged)
+    assert "fsdp 2 x tp 2 x pp 2 (1f1b) x cp 2" in {c.describe() for c in staged}
+    calls = []
+
+    def stage(card, layout, pipeline, **kwargs):
+        calls.append((layout.dp_shard, layout.tp, layout.pp, layout.cp, pipeline.microbatches, kwargs["batch_size"]))
+        return {"fwd_bwd_start_bytes": 10, "fwd_bwd_peak_bytes": 40, "optimizer_start_bytes": 20,
+                "optimizer_peak_bytes": 30, "peak_bytes": 40}
+
+    one = next(c for c in staged if c.describe() == "fsdp 2 x tp 2 x pp 2 (1f1b) x cp 2")
+    RankMemoryModel(SMALL, 131072, simulate_stage=stage).memory(one)
+    assert calls == [(2, 2, 2, 2, one.accumulation, one.microbatch * one.accumulation * 2)]
+
+
 def test_a_cp_rank_is_the_fake_rank_of_its_dp_shard_x_cp_x_tp_layout() -> None:
     calls: list = []
     memory = RankMemoryModel(SMALL, 131072, simulate=rank_stand_in(calls))

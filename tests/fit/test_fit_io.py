@@ -137,11 +137,12 @@ def test_a_torchtitan_toml_is_mapped_where_it_can_be_and_refused_where_not(tmp_p
                                   'pipeline_parallel_schedule = "Interleaved1F1B"'), encoding="utf-8")
     piped = read_model(str(path)).settings
     assert (piped["pp"], piped["schedule"], piped["gpus"]) == (4, "interleaved_1f1b", 32)
+    path.write_text(TITAN.replace("tensor_parallel_degree = 8", "context_parallel_degree = 4\npipeline_parallel_degree = 2"),
+                    encoding="utf-8")  # cp inside pipeline stages (Llama 3's 128K layout): fit searches it
+    both = read_model(str(path)).settings
+    assert (both["cp"], both["pp"], both["gpus"]) == (4, 2, 64)
     for bad, match in (
         (TITAN.replace('"70B"', '"debugmodel"'), r"\[model\] name 'llama3' flavor 'debugmodel' has no card here"),
-        (TITAN.replace("tensor_parallel_degree = 8", "context_parallel_degree = 4\npipeline_parallel_degree = 2"),
-         r"context_parallel_degree = 4 with pipeline_parallel_degree = 2: fit composes context parallel with FSDP, HSDP "
-         r"and tensor parallel, not inside pipeline stages"),
         (TITAN.replace("tensor_parallel_degree = 8", 'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "ZeroBubble"'),
          r"pipeline_parallel_schedule = 'ZeroBubble': fit simulates 1F1B"),
         (TITAN.replace('flavor = "70B"', 'flavor = "70B"\nconverters = ["float8"]'), r"converters \['float8'\]: float8"),
