@@ -48,6 +48,43 @@ def byte_range(values: list[int]) -> str:
     return f"{low:,}" if low == high else f"{low:,}-{high:,}"
 
 
+TWIN_WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
+
+
+def error_record(exc: BaseException) -> dict:
+    """What a configuration failed with, in one line (recorded, not raised: the failure is the finding)."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return {"error": f"{type(exc).__name__}: {first}"[:300]}
+
+
+def twin_cells(record: dict, keys: tuple[str, ...] = TWIN_WINDOWS) -> tuple[bool | None, list[str]]:
+    """A gloo rank's repeats (``record["windows"]``) against its simulated twin (``record["simulated"]``): whether
+    every window of the twin equals the measured lowest repeat (None where the twin failed), and the row's cells:
+    forward+backward start -> peak measured and simulated, the optimizer's, and the gap (``equal to the byte``, or
+    simulated - measured per window that differs)."""
+    ws, sim = record["windows"], record.get("simulated", {"error": "not simulated"})
+
+    def measured(start: str, peak: str) -> str:
+        return f"{byte_range([w[start] for w in ws])} -> {byte_range([w[peak] for w in ws])}"
+
+    cells = [measured("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes"), "error",
+             measured("optimizer_start_bytes", "optimizer_peak_bytes"), "error", "error"]
+    if "error" in sim:
+        return None, cells
+    low = {k: min(w[k] for w in ws) for k in keys}
+    same = all(sim[k] == low[k] for k in keys)
+    cells[1] = f"{sim['fwd_bwd_start_bytes']:,} -> {sim['fwd_bwd_peak_bytes']:,}"
+    cells[3] = f"{sim['optimizer_start_bytes']:,} -> {sim['optimizer_peak_bytes']:,}"
+    cells[4] = "equal to the byte" if same else ", ".join(
+        f"{k.replace('_bytes', '')} {sim[k] - low[k]:+,} B" for k in keys if sim[k] != low[k])
+    return same, cells
+
+
+def report_text(lines: list[str], errors: list[str]) -> str:
+    """A spike's report: its lines, then the cases that failed (each ``- case: `error```), if any."""
+    return "\n".join([*lines, *(["", "Failed:", *errors] if errors else [])]) + "\n"
+
+
 def gloo_spike_ranks(script: str, world: int, timeout_s: float = 900.0) -> list[dict]:
     """One torchrun launch of ``script --gloo OUT`` on ``world`` gloo ranks (``distributed.launcher``); each rank
     writes ``OUT/rank-<r>.json``, returned in rank order."""
@@ -100,7 +137,7 @@ def gloo_rank_records(out: Path, field: str, runs: dict) -> None:
         try:
             record[field][key] = run()
         except Exception as exc:  # noqa: BLE001 (recorded, not raised)
-            record[field][key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+            record[field][key] = error_record(exc)
         dist.barrier()
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(record), encoding="utf-8")
     dist.destroy_process_group()

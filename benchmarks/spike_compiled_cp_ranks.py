@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report_output import gloo_rank_records, gloo_spike_main, gloo_spike_ranks  # noqa: E402 (benchmarks/ on the path first)
+from report_output import error_record, gloo_rank_records, gloo_spike_main, gloo_spike_ranks, report_text  # noqa: E402 (benchmarks/ on the path first)
 
 WORLD = 4
 BATCH, SEQ = 4, 64
@@ -141,7 +141,7 @@ def simulate(ranks: list[dict]) -> None:
                                          "optimizer_peak_bytes": record["optimizer_peak_bytes"],
                                          "seconds": sum(record[k] for k in ("layout_s", "warm_step_s", "measured_step_s"))}
             except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
-                measured["simulated"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+                measured["simulated"] = error_record(exc)
 
 
 def measured_and_simulated() -> list[dict]:
@@ -190,9 +190,7 @@ def render(ranks: list[dict], produced: str) -> str:
               "of the eager rank's (absolute).",
               f"- Memory: in {equal} of {total} rank x case pairs the simulated compiled rank's state, forward+backward "
               "peak and optimizer peak equal the measured rank's probe to the byte."]
-    if errors:
-        lines += ["", "Failed:", *errors]
-    return "\n".join(lines) + "\n"
+    return report_text(lines, errors)
 
 
 def main() -> None:

@@ -34,10 +34,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report_output import byte_range, gloo_rank_records, gloo_spike_main, gloo_spike_ranks  # noqa: E402 (benchmarks/ on the path first)
+from report_output import (  # noqa: E402 (benchmarks/ on the path first)
+    error_record,
+    gloo_rank_records,
+    gloo_spike_main,
+    gloo_spike_ranks,
+    report_text,
+    twin_cells,
+    TWIN_WINDOWS,
+)
 
 WORLD = 4
-WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
+WINDOWS = TWIN_WINDOWS  # (the test reads them here)
 LLAMA = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256,
          "block_size": 64}
 GPT = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "block_size": 64}
@@ -136,8 +144,8 @@ def simulate(ranks: list[dict]) -> None:
                     measured["simulated"] = simulate_rank(_card(case), _layout(case), batch_size=BATCH, seq_len=SEQ,
                                                           strategy=strategy, rank=rank["rank"], seed=SEED,
                                                           extrapolate=False, warmup="step")
-                except Exception as exc:
-                    measured["simulated"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+                except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
+                    measured["simulated"] = error_record(exc)
 
 
 def render(ranks: list[dict], produced: str) -> str:
@@ -161,38 +169,20 @@ def render(ranks: list[dict], produced: str) -> str:
                 if "error" in r:
                     errors.append(f"- {case}, {strategy}, rank {rank['rank']}: `{r['error']}`")
                     continue
-                sim = r.get("simulated", {"error": "not simulated"})
-                ws = r["windows"]
-
-                def window(start: str, peak: str) -> str:
-                    return f"{byte_range([w[start] for w in ws])} -> {byte_range([w[peak] for w in ws])}"
-
-                if "error" in sim:
-                    errors.append(f"- {case}, {strategy}, rank {rank['rank']} (simulated): `{sim['error']}`")
-                    simulated, gap = ("error",) * 2, "error"
-                else:
-                    total += 1
-                    same = all(sim[k] == min(w[k] for w in ws) for k in WINDOWS)
-                    equal += same
-                    simulated = (f"{sim['fwd_bwd_start_bytes']:,} -> {sim['fwd_bwd_peak_bytes']:,}",
-                                 f"{sim['optimizer_start_bytes']:,} -> {sim['optimizer_peak_bytes']:,}")
-                    gap = "equal to the byte" if same else ", ".join(
-                        f"{k.replace('_bytes', '')} {sim[k] - min(w[k] for w in ws):+,} B" for k in WINDOWS
-                        if sim[k] != min(w[k] for w in ws))
+                same, cells = twin_cells(r)
+                if same is None:
+                    errors.append(f"- {case}, {strategy}, rank {rank['rank']} (simulated): `{r['simulated']['error']}`")
+                total, equal = total + (same is not None), equal + bool(same)
                 worst_grad = max(worst_grad, r["grad_max_abs"])
                 worst_loss = max(worst_loss, abs(r["loss"] - r["reference_loss"]))
                 lines.append(f"| {case} | {strategy} | {rank['rank']} | {r['loss']:.7f} / {r['reference_loss']:.7f} | "
-                             f"{r['grad_max_abs']:.1e} ({r['grad_max_rel']:.1e}) | "
-                             f"{window('fwd_bwd_start_bytes', 'fwd_bwd_peak_bytes')} | {simulated[0]} | "
-                             f"{window('optimizer_start_bytes', 'optimizer_peak_bytes')} | {simulated[1]} | {gap} |")
+                             f"{r['grad_max_abs']:.1e} ({r['grad_max_rel']:.1e}) | {' | '.join(cells)} |")
     lines += ["", "## What it says", "",
               f"- Training: the loss is within {worst_loss:.1e} of one process's and every gradient within "
               f"{worst_grad:.1e} (absolute), over every layout, strategy and rank that ran.",
               f"- Memory: in {equal} of {total} rank x layout x strategy cases every window of the simulated rank "
               "(start and peak, forward+backward and optimizer) equals the measured rank's lowest repeat to the byte."]
-    if errors:
-        lines += ["", "Failed:", *errors]
-    return "\n".join(lines) + "\n"
+    return report_text(lines, errors)
 
 
 def main() -> None:

@@ -36,7 +36,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report_output import byte_range, gloo_rank_records, gloo_spike_main, gloo_spike_ranks  # noqa: E402 (benchmarks/ on the path first)
+from report_output import (  # noqa: E402 (benchmarks/ on the path first)
+    byte_range,
+    error_record,
+    gloo_rank_records,
+    gloo_spike_main,
+    gloo_spike_ranks,
+    report_text,
+)
 
 WINDOWS = ("fwd_bwd_start_bytes", "fwd_bwd_peak_bytes", "optimizer_start_bytes", "optimizer_peak_bytes")
 CARD = {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 88, "vocab_size": 256, "block_size": 64}
@@ -143,7 +150,7 @@ def simulate(ranks: list[dict]) -> None:
                         simulate_rank(card, layout, **common) if layout.pp == 1 else
                         simulate_pipeline_rank(card, layout, PIPELINE, dtype=torch.bfloat16, precision="mixed", **common))
                 except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
-                    measured["simulated"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+                    measured["simulated"] = error_record(exc)
 
 
 def measured_and_simulated() -> list[dict]:
@@ -224,9 +231,7 @@ def render(ranks: list[dict], produced: str) -> str:
               "thread holding a finished collective a moment longer).", "",
               f"The HSDP rank simulated by the real engine under fake mode (the same builder, a real warm step): every "
               f"window equal to the measured HSDP rank's lowest repeat to the byte in {twins_equal} of {twins} cases."]
-    if errors:
-        lines += ["", "Failed:", *errors]
-    return "\n".join(lines) + "\n"
+    return report_text(lines, errors)
 
 
 def main() -> None:

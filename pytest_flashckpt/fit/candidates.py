@@ -158,25 +158,14 @@ def enumerate_candidates(
                          f"{card.name!r}'s heads (n_head {card.n_head}, n_kv_head {getattr(card, 'n_kv_head', card.n_head)}) "
                          f"within a node of {gpus_per_node}; use a GPU count that is a multiple of one")
     found: list[Candidate] = []
+    options = _Options(strategies, precisions, schedules, max_microbatch, k)
     for p in pp:
         for t in degrees:
             if gpus % (t * p) or (p > 1 and stage_shard_refusal(t, seq_len, card.vocab_size) is not None):
                 continue
             for replicate, shard, per_rank in _data_parallel(gpus // (t * p), sequences, t, hsdp, gpus_per_node):
-                for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
-                    for schedule in schedules if p > 1 else ("1f1b",):
-                        virtual = PIPELINE_SCHEDULES[schedule] if p > 1 else 1
-                        if p > 1 and not _schedulable(schedule, p, virtual, per_rank // mb, card.n_layer):
-                            continue
-                        for strategy in strategies:
-                            for precision in precisions:
-                                reshards = (False,) if p > 1 else (True, False) if shard > 1 else (True,)
-                                for reshard in reshards:
-                                    found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision,
-                                                           reshard, replicate, pp=p, k=k, schedule=schedule,
-                                                           stages_per_rank=virtual))
-    found += _context_parallel(card, gpus, sequences, seq_len, cp, degrees, strategies, precisions, max_microbatch, k,
-                               hsdp, gpus_per_node, pp, schedules)
+                found += _variants(card, gpus, replicate, shard, t, p, 1, per_rank, options)
+    found += _context_parallel(card, gpus, sequences, seq_len, cp, degrees, hsdp, gpus_per_node, pp, options)
     if not found:
         smallest_dp = gpus // max(degrees) // max(pp)
         raise InputError(
@@ -213,10 +202,39 @@ def cp_degrees(card, gpus: int, seq_len: int, requested: tuple[int, ...] | None 
     return [c for c in options if c > 1 and gpus % c == 0 and seq_len % (2 * c) == 0]
 
 
+@dataclass(frozen=True)
+class _Options:
+    """The choices every layout of the search is crossed with."""
+
+    strategies: tuple[str, ...]
+    precisions: tuple[str, ...]
+    schedules: tuple[str, ...]
+    max_microbatch: int
+    k: int
+
+
+def _variants(card, gpus: int, replicate: int, shard: int, t: int, p: int, c: int, per_rank: int,
+              options: _Options) -> list[Candidate]:
+    """One layout's candidates: each microbatch dividing a data-parallel rank's sequences, each schedule that runs
+    (with stages), strategy, precision and ``reshard_after_forward`` (kept gathered under pipelining, torchtitan's
+    default; both where FSDP2 shards over more than one rank)."""
+    found = []
+    for mb in (m for m in divisors(per_rank) if m <= options.max_microbatch):
+        for schedule in options.schedules if p > 1 else ("1f1b",):
+            virtual = PIPELINE_SCHEDULES[schedule] if p > 1 else 1
+            if p > 1 and not _schedulable(schedule, p, virtual, per_rank // mb, card.n_layer):
+                continue
+            for strategy in options.strategies:
+                for precision in options.precisions:
+                    for reshard in (False,) if p > 1 else (True, False) if shard * c > 1 else (True,):
+                        found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision, reshard,
+                                               replicate, pp=p, cp=c, k=options.k, schedule=schedule,
+                                               stages_per_rank=virtual))
+    return found
+
+
 def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[int, ...], degrees: list[int],
-                      strategies, precisions, max_microbatch: int, k: int, hsdp: bool,
-                      gpus_per_node: int, pp: tuple[int, ...] = (1,),
-                      schedules: tuple[str, ...] = DEFAULT_SCHEDULES) -> list[Candidate]:
+                      hsdp: bool, gpus_per_node: int, pp: tuple[int, ...], options: _Options) -> list[Candidate]:
     """The cp candidates (see the module doc): ``gpus / (cp x tp x pp)`` data-parallel ranks, each a cp group of
     ``cp x tp`` GPUs per stage, FSDP2 sharding over ``dp_shard x cp``; HSDP replicas over whole nodes; with stages,
     each schedule the pipeline candidates take."""
@@ -229,18 +247,7 @@ def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[i
                 if p > 1 and stage_shard_refusal(t, seq_len // c, card.vocab_size) is not None:
                     continue
                 for replicate, shard, per_rank in _data_parallel(gpus // (c * t * p), sequences, c * t, hsdp, gpus_per_node):
-                    for mb in (m for m in divisors(per_rank) if m <= max_microbatch):
-                        for schedule in schedules if p > 1 else ("1f1b",):
-                            virtual = PIPELINE_SCHEDULES[schedule] if p > 1 else 1
-                            if p > 1 and not _schedulable(schedule, p, virtual, per_rank // mb, card.n_layer):
-                                continue
-                            for strategy in strategies:
-                                for precision in precisions:
-                                    reshards = (False,) if p > 1 else (True, False) if shard * c > 1 else (True,)
-                                    for reshard in reshards:
-                                        found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision,
-                                                               reshard, replicate, pp=p, cp=c, k=k, schedule=schedule,
-                                                               stages_per_rank=virtual))
+                    found += _variants(card, gpus, replicate, shard, t, p, c, per_rank, options)
     return found
 
 
