@@ -80,6 +80,47 @@ def twin_cells(record: dict, keys: tuple[str, ...] = TWIN_WINDOWS) -> tuple[bool
     return same, cells
 
 
+def one_process_step(card, batch: int, seq: int, seed: int) -> tuple[float, dict]:
+    """One process, the whole batch and sequence (``make_batch``'s first): the loss and every gradient of the first
+    step, what a layout's ranks are checked against."""
+    import torch
+
+    from pytest_flashckpt.models.cards import build_model
+    from pytest_flashckpt.training import make_batch
+
+    model = build_model(card, "sdpa", "cpu", torch.float32, seed=seed)
+    x, y = make_batch(card.vocab_size, batch, seq, seed, 0)
+    loss = model(x, y)
+    loss.backward()
+    return float(loss), {name: p.grad for name, p in model.named_parameters()}
+
+
+def gradient_gaps(model, reference: dict) -> tuple[float, float]:
+    """The largest absolute and relative (norm) difference of ``model``'s gradients (DTensor shards gathered) from
+    ``reference``'s, by parameter name."""
+    from torch.distributed.tensor import DTensor
+
+    worst_abs, worst_rel = 0.0, 0.0
+    for name, param in model.named_parameters():
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        ref = reference[name]
+        worst_abs = max(worst_abs, float((grad - ref).abs().max()))
+        worst_rel = max(worst_rel, float((grad - ref).norm() / ref.norm().clamp_min(1e-30)))
+    return worst_abs, worst_rel
+
+
+def add_twins(pairs) -> None:
+    """For each ``(measured record, simulate)`` of ``pairs``: ``record["simulated"] = simulate()``, or what it failed
+    with (``error_record``); a record whose measurement failed is left as it is."""
+    for record, simulate in pairs:
+        if "error" in record:
+            continue
+        try:
+            record["simulated"] = simulate()
+        except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
+            record["simulated"] = error_record(exc)
+
+
 def report_text(lines: list[str], errors: list[str]) -> str:
     """A spike's report: its lines, then the cases that failed (each ``- case: `error```), if any."""
     return "\n".join([*lines, *(["", "Failed:", *errors] if errors else [])]) + "\n"

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report_output import error_record, gloo_rank_records, gloo_spike_main, gloo_spike_ranks, report_text  # noqa: E402 (benchmarks/ on the path first)
+from report_output import add_twins, gloo_rank_records, gloo_spike_main, gloo_spike_ranks, report_text  # noqa: E402 (benchmarks/ on the path first)
 
 WORLD = 4
 BATCH, SEQ = 4, 64
@@ -119,29 +119,26 @@ def measure() -> list[dict]:
     return gloo_spike_ranks(__file__, WORLD)
 
 
-def simulate(ranks: list[dict]) -> None:
-    """Each measured rank's compiled twin (``simulate.fake_ranks.simulate_rank`` with the scenario's compile)."""
+def compiled_twin(case: str, rank: int) -> dict:
+    """Rank ``rank`` of ``case`` simulated compiled (``simulate.fake_ranks.simulate_rank`` with the scenario's
+    compile): its windows under the names the scenario's rank records."""
     import torch
 
     from pytest_flashckpt.models.cards import load_card
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank
 
-    for case in CASES:
-        scenario = scenario_of(case)
-        for rank in ranks:
-            measured = rank["cases"][case]
-            if "error" in measured:
-                continue
-            try:
-                record = simulate_rank(load_card(scenario.card), scenario.parallel_layout, batch_size=BATCH,
-                                       seq_len=SEQ, strategy=scenario.activation.strategy, dtype=torch.float32,
-                                       seed=scenario.seed, rank=rank["rank"], compile=scenario.compile)
-                measured["simulated"] = {"state_bytes": record["fwd_bwd_start_bytes"],
-                                         "fwd_bwd_peak_bytes": record["fwd_bwd_peak_bytes"],
-                                         "optimizer_peak_bytes": record["optimizer_peak_bytes"],
-                                         "seconds": sum(record[k] for k in ("layout_s", "warm_step_s", "measured_step_s"))}
-            except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
-                measured["simulated"] = error_record(exc)
+    scenario = scenario_of(case)
+    record = simulate_rank(load_card(scenario.card), scenario.parallel_layout, batch_size=BATCH, seq_len=SEQ,
+                           strategy=scenario.activation.strategy, dtype=torch.float32, seed=scenario.seed, rank=rank,
+                           compile=scenario.compile)
+    return {"state_bytes": record["fwd_bwd_start_bytes"], "fwd_bwd_peak_bytes": record["fwd_bwd_peak_bytes"],
+            "optimizer_peak_bytes": record["optimizer_peak_bytes"],
+            "seconds": sum(record[k] for k in ("layout_s", "warm_step_s", "measured_step_s"))}
+
+
+def simulate(ranks: list[dict]) -> None:
+    """Each measured rank's compiled twin (``compiled_twin``), added to its record."""
+    add_twins((rank["cases"][case], functools.partial(compiled_twin, case, rank["rank"])) for case in CASES for rank in ranks)
 
 
 def measured_and_simulated() -> list[dict]:

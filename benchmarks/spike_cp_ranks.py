@@ -35,8 +35,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from report_output import (  # noqa: E402 (benchmarks/ on the path first)
-    error_record,
+    add_twins,
     gloo_rank_records,
+    gradient_gaps,
+    one_process_step,
     gloo_spike_main,
     gloo_spike_ranks,
     report_text,
@@ -75,20 +77,6 @@ def _card(case: str):
     return load_card(name, **overrides)
 
 
-def _reference(card) -> tuple[float, dict]:
-    """One process, the whole batch and sequence: the loss and every gradient of the first step."""
-    import torch
-
-    from pytest_flashckpt.models.cards import build_model
-    from pytest_flashckpt.training import make_batch
-
-    model = build_model(card, "sdpa", "cpu", torch.float32, seed=SEED)
-    x, y = make_batch(card.vocab_size, BATCH, SEQ, SEED, 0)
-    loss = model(x, y)
-    loss.backward()
-    return float(loss), {name: p.grad for name, p in model.named_parameters()}
-
-
 def run_case(case: str, strategy: str) -> dict:
     import torch
     import torch.distributed as dist
@@ -98,19 +86,14 @@ def run_case(case: str, strategy: str) -> dict:
     from pytest_flashckpt.distributed import tensor_parallel as tp
 
     card, layout = _card(case), _layout(case)
-    ref_loss, ref_grads = _reference(card)
+    ref_loss, ref_grads = one_process_step(card, BATCH, SEQ, SEED)
     mesh = tp.make_mesh(layout)
     trainer, _ = tp.build_trainer(card, layout, mesh, batch_size=BATCH, seq_len=SEQ, seed=SEED,
                                   activation=ActivationConfig(strategy))
     loss = tp.forward_backward(trainer)
     loss = (loss.full_tensor() if isinstance(loss, DTensor) else loss).clone()  # tp: loss_parallel's replicated loss
     dist.all_reduce(loss)
-    worst_abs, worst_rel = 0.0, 0.0
-    for name, param in trainer.model.named_parameters():
-        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
-        ref = ref_grads[name]
-        worst_abs = max(worst_abs, float((grad - ref).abs().max()))
-        worst_rel = max(worst_rel, float((grad - ref).norm() / ref.norm().clamp_min(1e-30)))
+    worst_abs, worst_rel = gradient_gaps(trainer.model, ref_grads)
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer.train_step()  # the warm step: AdamW's state made
     windows = [tp.memory_step(trainer) for _ in range(REPEATS)]
@@ -134,18 +117,10 @@ def simulate(ranks: list[dict]) -> None:
     from pytest_flashckpt.config.scenario import ActivationConfig  # noqa: F401 (the builder's config, imported early)
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank
 
-    for case in CASES:
-        for strategy in STRATEGIES:
-            for rank in ranks:
-                measured = rank["cases"][f"{case} | {strategy}"]
-                if "error" in measured:
-                    continue
-                try:
-                    measured["simulated"] = simulate_rank(_card(case), _layout(case), batch_size=BATCH, seq_len=SEQ,
-                                                          strategy=strategy, rank=rank["rank"], seed=SEED,
-                                                          extrapolate=False, warmup="step")
-                except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
-                    measured["simulated"] = error_record(exc)
+    add_twins((rank["cases"][f"{case} | {strategy}"],
+               functools.partial(simulate_rank, _card(case), _layout(case), batch_size=BATCH, seq_len=SEQ,
+                                 strategy=strategy, rank=rank["rank"], seed=SEED, extrapolate=False, warmup="step"))
+              for case in CASES for strategy in STRATEGIES for rank in ranks)
 
 
 def render(ranks: list[dict], produced: str) -> str:

@@ -35,8 +35,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from report_output import (  # noqa: E402 (benchmarks/ on the path first)
     TWIN_WINDOWS,
-    error_record,
+    add_twins,
     gloo_rank_records,
+    gradient_gaps,
+    one_process_step,
     gloo_spike_main,
     gloo_spike_ranks,
     report_text,
@@ -72,24 +74,9 @@ def _pipeline(schedule: str):
     return PipelineSchedule(schedule, microbatches, per_rank)
 
 
-def _reference(card) -> tuple[float, dict]:
-    """One process, the whole batch and sequence: the loss and every gradient of the first step."""
-    import torch
-
-    from pytest_flashckpt.models.cards import build_model
-    from pytest_flashckpt.training import make_batch
-
-    model = build_model(card, "sdpa", "cpu", torch.float32, seed=SEED)
-    x, y = make_batch(card.vocab_size, BATCH, SEQ, SEED, 0)
-    loss = model(x, y)
-    loss.backward()
-    return float(loss), {name: p.grad for name, p in model.named_parameters()}
-
-
 def run_case(schedule: str, strategy: str) -> dict:
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
 
     from pytest_flashckpt.config.scenario import ActivationConfig
     from pytest_flashckpt.distributed import context_parallel
@@ -97,7 +84,7 @@ def run_case(schedule: str, strategy: str) -> dict:
     from pytest_flashckpt.models.cards import build_model
 
     card, layout = _card(), _layout()
-    ref_loss, ref_grads = _reference(card)
+    ref_loss, ref_grads = one_process_step(card, BATCH, SEQ, SEED)
     mesh = pp.make_mesh(layout)
 
     def build():
@@ -109,12 +96,7 @@ def run_case(schedule: str, strategy: str) -> dict:
     loss = trainer.forward_backward()
     total = torch.tensor([0.0 if loss is None else float(loss), 0.0 if loss is None else 1.0])
     dist.all_reduce(total)  # the last stage's cp ranks: the mean of their local means (equal token counts)
-    worst_abs, worst_rel = 0.0, 0.0
-    for name, param in trainer.model.named_parameters():
-        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
-        ref = ref_grads[name]
-        worst_abs = max(worst_abs, float((grad - ref).abs().max()))
-        worst_rel = max(worst_rel, float((grad - ref).norm() / ref.norm().clamp_min(1e-30)))
+    worst_abs, worst_rel = gradient_gaps(trainer.model, ref_grads)
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer.train_step()  # the warm step: AdamW's state made
     windows = [pp.memory_step(trainer) for _ in range(REPEATS)]
@@ -135,18 +117,11 @@ def simulate(ranks: list[dict]) -> None:
     """Each measured rank's simulated twin (``simulate.pipeline.simulate_pipeline_rank``), added to its record."""
     from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
 
-    for schedule in SCHEDULES:
-        for strategy in STRATEGIES:
-            for rank in ranks:
-                measured = rank["cases"][f"{schedule} | {strategy}"]
-                if "error" in measured:
-                    continue
-                try:
-                    measured["simulated"] = simulate_pipeline_rank(
-                        _card(), _layout(), _pipeline(schedule), batch_size=BATCH, seq_len=SEQ, strategy=strategy,
-                        rank=rank["rank"], seed=SEED, extrapolate=False, warmup="step")
-                except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
-                    measured["simulated"] = error_record(exc)
+    add_twins((rank["cases"][f"{schedule} | {strategy}"],
+               functools.partial(simulate_pipeline_rank, _card(), _layout(), _pipeline(schedule), batch_size=BATCH,
+                                 seq_len=SEQ, strategy=strategy, rank=rank["rank"], seed=SEED, extrapolate=False,
+                                 warmup="step"))
+              for schedule in SCHEDULES for strategy in STRATEGIES for rank in ranks)
 
 
 def measured_and_simulated() -> list[dict]:

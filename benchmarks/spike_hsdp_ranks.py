@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from report_output import (  # noqa: E402 (benchmarks/ on the path first)
+    add_twins,
     byte_range,
-    error_record,
     gloo_rank_records,
     gloo_spike_main,
     gloo_spike_ranks,
@@ -127,30 +127,27 @@ def pipeline_layout(strategy: str, hsdp: bool) -> dict:
     return {**record, "loss": None if loss is None else float(loss)}
 
 
-def simulate(ranks: list[dict]) -> None:
-    """Each HSDP rank's simulated twin (``simulate.fake_ranks.simulate_rank``, ``simulate.pipeline``: the same
-    builders under fake mode, warmed up by a real step as the gloo rank was), added to its record."""
+def hsdp_twin(name: str, strategy: str, rank: int) -> dict:
+    """The HSDP rank ``rank`` of layout ``name`` simulated (``simulate.fake_ranks.simulate_rank``,
+    ``simulate.pipeline``: the same builders under fake mode, warmed up by a real step as the gloo rank was)."""
     import torch
 
     from pytest_flashckpt.models.cards import load_card
     from pytest_flashckpt.simulate.fake_ranks import simulate_rank
     from pytest_flashckpt.simulate.pipeline import simulate_pipeline_rank
 
-    card = load_card("llama-tiny", **CARD)
-    for name, layout in LAYOUT_OF.items():
-        for strategy in STRATEGIES:
-            for rank in ranks:
-                measured = rank["layouts"][f"{name} | {strategy} | hsdp"]
-                if "error" in measured:
-                    continue
-                common = {"batch_size": BATCH, "seq_len": SEQ, "strategy": strategy, "rank": rank["rank"], "seed": SEED,
-                          "extrapolate": False, "warmup": "step"}
-                try:
-                    measured["simulated"] = (
-                        simulate_rank(card, layout, **common) if layout.pp == 1 else
-                        simulate_pipeline_rank(card, layout, PIPELINE, dtype=torch.bfloat16, precision="mixed", **common))
-                except Exception as exc:  # noqa: BLE001 (recorded: what a configuration fails with is the finding)
-                    measured["simulated"] = error_record(exc)
+    card, layout = load_card("llama-tiny", **CARD), LAYOUT_OF[name]
+    common = {"batch_size": BATCH, "seq_len": SEQ, "strategy": strategy, "rank": rank, "seed": SEED,
+              "extrapolate": False, "warmup": "step"}
+    if layout.pp == 1:
+        return simulate_rank(card, layout, **common)
+    return simulate_pipeline_rank(card, layout, PIPELINE, dtype=torch.bfloat16, precision="mixed", **common)
+
+
+def simulate(ranks: list[dict]) -> None:
+    """Each HSDP rank's simulated twin (``hsdp_twin``), added to its record."""
+    add_twins((rank["layouts"][f"{name} | {strategy} | hsdp"], functools.partial(hsdp_twin, name, strategy, rank["rank"]))
+              for name in LAYOUT_OF for strategy in STRATEGIES for rank in ranks)
 
 
 def measured_and_simulated() -> list[dict]:

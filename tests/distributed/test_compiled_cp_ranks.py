@@ -6,12 +6,8 @@ measurement (``benchmarks/spike_compiled_cp_ranks.py``, reports/spike-compiled-c
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_modules import import_benchmark
 
 
 @pytest.mark.distributed
@@ -23,11 +19,7 @@ def test_compiled_cp_ranks_train_as_eager_ones_and_hold_what_their_compiled_twin
 
     if compiler_missing():
         pytest.skip(compiler_missing())
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import spike_compiled_cp_ranks as spike
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    spike = import_benchmark("spike_compiled_cp_ranks")
     ranks = spike.measured_and_simulated()
     assert len(ranks) == spike.WORLD
     blocks = len(get_blocks(build_model(load_card("llama-tiny"), "sdpa", "meta")))
