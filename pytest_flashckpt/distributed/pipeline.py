@@ -66,7 +66,6 @@ from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
 from pytest_flashckpt.training import _warmup, make_batch, make_optimizer, rank_rows
 
-MESH_DIMS = ("pp", "dp_shard", "tp")  # and dp_replicate before dp_shard, cp after it, where they are above 1
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
