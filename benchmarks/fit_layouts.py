@@ -36,7 +36,7 @@ CASES = {
     # 128K tokens: context parallel (with FSDP over dp_shard x cp and tp) against pipeline and plain FSDP layouts
     "llama3.1-405b-128k": ["--model", "llama3.1-405b", "--global-batch-tokens", "2097152", "--gpus", "64,128,256",
                            "--seq", "131072", "--device", "h100-sxm", "--device-memory", "80GiB", "--precision",
-                           "both", "--strategies", "full", "--top", "3", "--max-simulations", "24"],
+                           "both", "--strategies", "full", "--top", "3", "--max-simulations", "32"],
     # one GPU count, one strategy, two simulations: the short run for a loaded machine
     "llama3-70b-64gpu": ["--model", "llama3-70b", "--global-batch-tokens", "1048576", "--gpus", "64", "--seq", "8192",
                          "--device", "h100-sxm", "--device-memory", "80GiB", "--strategies", "full", "--top", "1",

@@ -196,7 +196,7 @@ def describe(request, model, results) -> list[str]:
         f"searched: FSDP / HSDP x tp x pp {','.join(map(str, request.pp))}"
         f"{schedules} x "
         f"microbatch x reshard_after_forward x strategy x precision; cp {','.join(map(str, request.cp)) or 'none'} "
-        "(with FSDP over dp_shard x cp and tp, not inside pipeline stages); a pipeline's peak is the larger of its "
+        "(with FSDP over dp_shard x cp, tp and inside pipeline stages); a pipeline's peak is the larger of its "
         "first and last rank's",
         "", TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1),
     ]
