@@ -148,7 +148,7 @@ def test_the_command_on_the_real_simulated_rank_writes_a_loadable_scenario(tmp_p
                  "--tp", "1", "--pp", "1", "--strategies", "full", "--top", "1", "--max-simulations", "1",
                  "--device-memory", "64MiB", "--write-scenario", str(scenario), "--write-torchtitan", str(titan)]) == 0
     out = capsys.readouterr().out
-    assert "margin of 10%" in out and "not measured yet" in out and "cp none (with FSDP over dp_shard x cp and tp" in out
+    assert "margin of 10%" in out and "not measured yet" in out and "cp none (with FSDP over dp_shard x cp, tp and inside pipeline stages)" in out
     assert "| 1 | 2 | " in out and "(simulated" in out
     (loaded,) = load_suite(str(scenario)).scenarios
     assert loaded.simulate.world_size == 2 and loaded.seq_len == 32
