@@ -51,11 +51,11 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+from torch.distributed.tensor.parallel import parallelize_module
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.config.layout import Layout, PipelineSchedule
@@ -74,11 +74,8 @@ def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
     torchtitan; a size-1 axis is kept so the stage build is one shape. Rank ``r`` is pipeline rank
     ``r // (dp_replicate * dp_shard * cp * tp)``. With HSDP replicas, (pp, dp_replicate, dp_shard, tp): FSDP2 over the
     stage's 2D ``(dp_replicate, dp_shard)`` submesh; with context parallel, (pp, dp_shard, cp, tp): FSDP2 over the
-    stage group's flattened ``dp_shard_cp`` (``tensor_parallel.keep_fsdp_mesh``, ``fsdp_mesh``)."""
-    replicas = layout.dp_replicate > 1
-    names = ("pp", *(("dp_replicate",) if replicas else ()), "dp_shard", *(("cp",) if layout.cp > 1 else ()), "tp")
-    mesh = init_device_mesh(device_type, tuple(getattr(layout, name) for name in names), mesh_dim_names=names)
-    return tp.keep_fsdp_mesh(mesh) if layout.cp > 1 else mesh
+    stage group's flattened ``dp_shard_cp`` (``tensor_parallel.layout_mesh``, ``fsdp_mesh``)."""
+    return tp.layout_mesh(layout, device_type, outer=("pp",))
 
 
 def stage_ranges(n_blocks: int, n_stages: int) -> list[range]:
@@ -363,11 +360,8 @@ class PipelineTrainer:
         """Around the schedule's step: ``loss_parallel`` under tensor parallel; under context parallel torch's ring
         attention and every stage given this cp rank's token positions (made here, in the step, as a one-process
         cp rank makes them in its loss)."""
-        with contextlib.ExitStack() as stack:
-            if self.tensor_parallel:
-                stack.enter_context(loss_parallel())
+        with tp.step_context(self.tensor_parallel, self.context_mesh) as stack:
             if self.context_mesh is not None:
-                stack.enter_context(context_parallel.ring_attention(self.context_mesh))
                 device = next(self.stages[0].parameters()).device
                 positions = context_parallel.local_positions(self.context_mesh, self.seq_len, device)
                 for stage in self.stages:

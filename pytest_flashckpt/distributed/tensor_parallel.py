@@ -45,10 +45,6 @@ from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe
 from pytest_flashckpt.models.anatomy import ModelAnatomy, get_anatomy, get_blocks
 from pytest_flashckpt.models.cards import build_model
 
-MESH_DIMS = ("dp_shard", "tp")
-CP_MESH_DIMS = ("dp_shard", "cp", "tp")
-HSDP_MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
-HSDP_CP_MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
 COLUMN_ROLES = ("q", "k", "v", "gate", "up")  # output features sharded: whole heads / MLP columns per rank
 ROW_ROLES = ("o", "down")  # input features sharded: partial sums reduce-scattered to sequence shards
 
@@ -63,20 +59,20 @@ def make_mesh(layout: Layout, device_type: str = "cpu") -> DeviceMesh:
     if layout.pp > 1:
         raise ValueError(f"layout {layout.describe()}: tensor parallel is composed with dp_shard and cp here; pipeline "
                          "stages are distributed.pipeline's")
-    if layout.cp == 1:
-        if layout.dp_replicate > 1:
-            return init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.tp),
-                                    mesh_dim_names=HSDP_MESH_DIMS)
-        return init_device_mesh(device_type, (layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS)
-    if layout.dp_replicate == 1:
-        mesh = init_device_mesh(device_type, (layout.dp_shard, layout.cp, layout.tp), mesh_dim_names=CP_MESH_DIMS)
-    else:
-        mesh = init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp),
-                                mesh_dim_names=HSDP_CP_MESH_DIMS)
-    return keep_fsdp_mesh(mesh)
+    return layout_mesh(layout, device_type)
 
 
-def keep_fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+def layout_mesh(layout: Layout, device_type: str = "cpu", outer: tuple[str, ...] = ()) -> DeviceMesh:
+    """The mesh of ``layout``'s axes, outermost first: ``outer`` (a pipeline's ``pp``), ``dp_replicate`` and ``cp``
+    where above 1, ``dp_shard`` and ``tp`` always; with ``cp``, holding the mesh FSDP2 shards over
+    (``_keep_fsdp_mesh``). ``make_mesh`` and ``distributed.pipeline.make_mesh`` build theirs here."""
+    names = (*outer, *(("dp_replicate",) if layout.dp_replicate > 1 else ()), "dp_shard",
+             *(("cp",) if layout.cp > 1 else ()), "tp")
+    mesh = init_device_mesh(device_type, tuple(getattr(layout, name) for name in names), mesh_dim_names=names)
+    return _keep_fsdp_mesh(mesh) if layout.cp > 1 else mesh
+
+
+def _keep_fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """``mesh`` (with a ``cp`` dimension, and ``dp_replicate`` or not) holding the mesh FSDP2 shards over, which
     ``fsdp_mesh`` returns: the flattened ``dp_shard_cp`` (torch asks callers to keep a flattened mesh themselves:
     slicing it from the root is deprecated), beside the replicas as one 2D view of the same ranks with HSDP (torch's
@@ -268,18 +264,24 @@ class ParallelTrainer(ShardedTrainer):
         return self.model(x, y, positions=positions)
 
     def loss_context(self):
-        """``loss_parallel()`` under TP (the head leaves the logits sharded) and torch's ring attention under context
-        parallel, else nothing."""
-        stack = contextlib.ExitStack()
-        if self.tensor_parallel:
-            stack.enter_context(loss_parallel())
-        if self.context_mesh is not None:
-            stack.enter_context(context_parallel.ring_attention(self.context_mesh))
-        return stack
+        """``step_context`` of this trainer's layout."""
+        return step_context(self.tensor_parallel, self.context_mesh)
 
     def train_step(self) -> torch.Tensor:
         with self.loss_context():
             return super().train_step()
+
+
+def step_context(tensor_parallel: bool, context_mesh: DeviceMesh | None) -> contextlib.ExitStack:
+    """What a laid-out step's forward and backward run under: ``loss_parallel()`` under TP (the head leaves the
+    logits sharded) and torch's ring attention over ``context_mesh`` under context parallel, else nothing. The
+    one-process rank (``ParallelTrainer``) and the pipeline's stages (``distributed.pipeline``) enter the same."""
+    stack = contextlib.ExitStack()
+    if tensor_parallel:
+        stack.enter_context(loss_parallel())
+    if context_mesh is not None:
+        stack.enter_context(context_parallel.ring_attention(context_mesh))
+    return stack
 
 
 def build_trainer(

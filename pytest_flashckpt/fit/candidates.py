@@ -159,13 +159,15 @@ def enumerate_candidates(
                          f"within a node of {gpus_per_node}; use a GPU count that is a multiple of one")
     found: list[Candidate] = []
     options = _Options(strategies, precisions, schedules, max_microbatch, k)
-    for p in pp:
-        for t in degrees:
-            if gpus % (t * p) or (p > 1 and stage_shard_refusal(t, seq_len, card.vocab_size) is not None):
-                continue
-            for replicate, shard, per_rank in _data_parallel(gpus // (t * p), sequences, t, hsdp, gpus_per_node):
-                found += _variants(card, gpus, replicate, shard, t, p, 1, per_rank, options)
-    found += _context_parallel(card, gpus, sequences, seq_len, cp, degrees, hsdp, gpus_per_node, pp, options)
+    for c in (1, *cp):  # cp 1 first: FSDP / HSDP x tp x pp, then each cp degree composed with them
+        for p in pp:
+            for t in degrees:
+                if gpus % (c * t * p) or (c > 1 and (seq_len // c) % t):  # sp splits a cp rank's share of the sequence
+                    continue
+                if p > 1 and stage_shard_refusal(t, seq_len // c, card.vocab_size) is not None:
+                    continue
+                for replicate, shard, per_rank in _data_parallel(gpus // (c * t * p), sequences, c * t, hsdp, gpus_per_node):
+                    found += _variants(card, gpus, replicate, shard, t, p, c, per_rank, options)
     if not found:
         smallest_dp = gpus // max(degrees) // max(pp)
         raise InputError(
@@ -230,24 +232,6 @@ def _variants(card, gpus: int, replicate: int, shard: int, t: int, p: int, c: in
                         found.append(Candidate(gpus, shard, t, mb, per_rank // mb, strategy, precision, reshard,
                                                replicate, pp=p, cp=c, k=options.k, schedule=schedule,
                                                stages_per_rank=virtual))
-    return found
-
-
-def _context_parallel(card, gpus: int, sequences: int, seq_len: int, cp: tuple[int, ...], degrees: list[int],
-                      hsdp: bool, gpus_per_node: int, pp: tuple[int, ...], options: _Options) -> list[Candidate]:
-    """The cp candidates (see the module doc): ``gpus / (cp x tp x pp)`` data-parallel ranks, each a cp group of
-    ``cp x tp`` GPUs per stage, FSDP2 sharding over ``dp_shard x cp``; HSDP replicas over whole nodes; with stages,
-    each schedule the pipeline candidates take."""
-    found = []
-    for c in cp:
-        for p in pp:
-            for t in degrees:
-                if gpus % (c * t * p) or (seq_len // c) % t:  # sequence parallel splits a rank's share of the sequence
-                    continue
-                if p > 1 and stage_shard_refusal(t, seq_len // c, card.vocab_size) is not None:
-                    continue
-                for replicate, shard, per_rank in _data_parallel(gpus // (c * t * p), sequences, c * t, hsdp, gpus_per_node):
-                    found += _variants(card, gpus, replicate, shard, t, p, c, per_rank, options)
     return found
 
 

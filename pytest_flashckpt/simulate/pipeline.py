@@ -131,10 +131,11 @@ def simulate_pipeline_rank(
     warmup: str = "primed",
     compile: CompileConfig | None = None,
 ) -> dict:
-    """Rank ``rank`` of a ``pp x [dp_replicate x] dp_shard x tp`` layout (rank ``r`` holds pipeline rank
-    ``r // (dp_replicate * dp_shard * tp)``'s stages, tensor parallel over the ``tp`` ranks of its group when
-    ``layout.tp`` > 1, FSDP2 over ``(dp_replicate, dp_shard)`` with HSDP replicas): one warm step, then one step
-    measured in the two windows of a real rank (``pipeline.memory_step``).
+    """Rank ``rank`` of a ``pp x [dp_replicate x] dp_shard x [cp x] tp`` layout (rank ``r`` holds pipeline rank
+    ``r // (dp_replicate * dp_shard * cp * tp)``'s stages, tensor parallel over the ``tp`` ranks of its group when
+    ``layout.tp`` > 1, FSDP2 over ``(dp_replicate, dp_shard)`` with HSDP replicas, torch's ring over the ``cp`` ranks
+    with context parallel): one warm step, then one step measured in the two windows of a real rank
+    (``pipeline.memory_step``).
 
     ``extrapolate`` (default) reads the record off lines where the samples cost less than the step itself:
 
