@@ -68,7 +68,7 @@ def _eager_collectives():
     for m in modules:
         m._are_we_tracing = _eager_are_we_tracing
     _functional_collectives._wrap_tensor_autograd = functools.partial(_wrap_as_a_real_rank, wrap)
-    _functional_collectives.wait_tensor = _waited_as_a_real_rank
+    _functional_collectives.wait_tensor = functools.partial(_waited_as_a_real_rank, wait)
     try:
         yield
     finally:
@@ -89,10 +89,15 @@ def _wrap_as_a_real_rank(wrap, result: torch.Tensor) -> torch.Tensor:
     return _functional_collectives.AsyncCollectiveTensor(result)
 
 
-def _waited_as_a_real_rank(result: torch.Tensor) -> torch.Tensor:
+def _waited_as_a_real_rank(wait, result: torch.Tensor) -> torch.Tensor:
     """An ``AsyncCollectiveTensor``'s wait as on a real rank, where ``wait_tensor`` returns the result itself (the
     fake process group's collectives are complete when issued); torch's meta kernel of the op returns
-    ``empty_like(result)``, a second buffer the gloo rank never holds."""
+    ``empty_like(result)``, a second buffer the gloo rank never holds. Traced by Dynamo (a compiled block), torch's
+    ``wait`` itself: its ``wait_tensor`` node is in the graph a real rank compiles, and Inductor schedules the
+    collectives around it (without it the ring's all-gather in a recomputed backward moved earlier and a compiled
+    stage's simulated peak read up to 467,584 B under the gloo rank's, reports/spike-compiled-cp-stages.md)."""
+    if torch.compiler.is_compiling():
+        return wait(result)
     return result
 
 

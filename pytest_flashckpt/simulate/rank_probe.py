@@ -84,7 +84,14 @@ class ResizeTrackingRankProbe(ShardedLiveTensorProbe):
 
 class _CompiledRankStorages(_ResizeTrackingStorages, _CompiledSharded):
     """``_ResizeTrackingStorages`` under compiled code (``distributed.memory._CompiledRankStorages``: Dynamo runs
-    compiled regions under it)."""
+    compiled regions under it). A compiled region calls ``_c10d_functional.wait_tensor`` on a collective's result
+    and drops what it returns; on a real rank the op returns its input, under fake mode a new buffer of its size
+    (the op's fake kernel). The fake rank is handed the input back, as a real rank is, so nothing is counted."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops._c10d_functional.wait_tensor.default:
+            return args[0]  # (a fake process group's collective is complete when issued: nothing to wait for)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 class CompiledRankProbe(ResizeTrackingRankProbe):

@@ -99,3 +99,53 @@ def test_a_fake_ranks_gather_holds_one_result_as_a_real_rank_does() -> None:
 
     assert peak(as_a_real_rank=True) == 1024 + 4096
     assert peak(as_a_real_rank=False) == 1024 + 2 * 4096  # the control: torch's fake kernels copy the result
+
+
+def test_a_compiled_block_of_the_fake_rank_keeps_the_wait_a_real_rank_compiles() -> None:
+    """Traced by Dynamo, the fake rank's wait is torch's: the graph a real rank compiles has a ``wait_tensor``
+    after each collective, and Inductor schedules the collectives around it (without it the ring's all-gather of a
+    recomputed backward moved earlier, reports/spike-compiled-cp-stages.md). Eager, the wait still returns the
+    result itself (the test above)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pytest_flashckpt.simulate.fake_ranks import _eager_collectives
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def gather(local):
+        return all_gather_single(local, 0, dist.group.WORLD) * 2
+
+    torch._dynamo.reset()
+    try:
+        with fake_group(0, 2), FakeTensorMode(allow_non_fake_inputs=True), _eager_collectives():
+            torch.compile(gather, backend=capture, fullgraph=True)(torch.empty(8))
+    finally:
+        torch._dynamo.reset()
+    targets = [str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert any("wait_tensor" in t for t in targets), targets
+
+
+def test_the_compiled_fake_ranks_wait_hands_back_its_input_as_a_real_ranks_does() -> None:
+    """A compiled region calls ``wait_tensor`` on a collective's result and drops what it returns: torch's fake
+    kernel returns a new buffer of the result's size, a real rank the result itself; the fake rank's probe hands
+    the input back, so the wait costs nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pytest_flashckpt.distributed.memory import CompiledShardedProbe
+    from pytest_flashckpt.simulate.rank_probe import CompiledRankProbe
+
+    def peak(probe_class) -> tuple[int, bool]:
+        with FakeTensorMode():
+            result = torch.empty(256)  # 1 KiB
+            with probe_class("cpu").track(resident=[result]) as reading:
+                waited = torch.ops._c10d_functional.wait_tensor.default(result)
+                same = waited is result
+                del waited
+        return reading.peak_bytes, same
+
+    assert peak(CompiledRankProbe) == (1024, True)
+    assert peak(CompiledShardedProbe) == (2048, False)  # the control: torch's fake kernel, a second buffer
