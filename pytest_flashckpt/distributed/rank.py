@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import time
 import traceback
@@ -179,6 +180,20 @@ def _save_and_load_back(scenario: Scenario, trainer, fresh_trainer, ckpt_root: P
         out["roundtrip_differences"], out["roundtrip_tensors"] = int(counts[0]), int(counts[1])
 
 
+def build_stages(scenario: Scenario, device: torch.device, backend: str, mesh,
+                 before_shard=None) -> pipeline.PipelineTrainer:
+    """This rank's pipeline stages of ``scenario`` on ``mesh`` (``pipeline.make_mesh``), ``before_shard`` (a
+    compiled scenario's block compile) called on each stage's part before ``fully_shard``."""
+    mixed = scenario.precision == "mixed"
+    dtype = DTYPES[scenario.dtype]  # (a layout's model is a card's: config.scenario refuses model.hf)
+    model = build_model(_card(scenario), backend, device, torch.float32 if mixed else dtype, seed=scenario.seed)
+    return pipeline.build_pipeline(
+        model, scenario.parallel_layout, mesh, scenario.layout.pipeline_schedule(), batch_size=scenario.batch_size,
+        seq_len=scenario.seq_len, seed=scenario.seed, activation=scenario.activation,
+        mp_policy=fsdp.mixed_precision_policy(dtype) if mixed else None, device=device, before_shard=before_shard,
+    )  # fmt: skip
+
+
 def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, probe_name: str, ckpt_root: Path,
                       out: dict[str, Any]) -> dict[str, Any]:
     """A rank of pipeline stages (``distributed.pipeline``: the model built whole, split into stages, TP and FSDP2
@@ -191,19 +206,7 @@ def _measure_pipeline(scenario: Scenario, device: torch.device, backend: str, pr
         raise StrategyUnavailable(f"pipeline stages under the {probe_name} probe: a stage's two windows are counted by "
                                   "the rank probe (cpu) only; the device probes are not wired yet (issue 32 item 8)")
     layout, schedule = scenario.parallel_layout, scenario.layout.pipeline_schedule()
-    mesh = pipeline.make_mesh(layout, device.type)
-
-    def stages(before_shard=None) -> pipeline.PipelineTrainer:
-        mixed = scenario.precision == "mixed"
-        dtype = DTYPES[scenario.dtype]  # (a layout's model is a card's: config.scenario refuses model.hf)
-        model = build_model(_card(scenario), backend, device, torch.float32 if mixed else dtype, seed=scenario.seed)
-        return pipeline.build_pipeline(
-            model, layout, mesh, schedule, batch_size=scenario.batch_size,
-            seq_len=scenario.seq_len, seed=scenario.seed, activation=scenario.activation,
-            mp_policy=fsdp.mixed_precision_policy(dtype) if mixed else None, device=device,
-            before_shard=before_shard,
-        )  # fmt: skip
-
+    stages = functools.partial(build_stages, scenario, device, backend, pipeline.make_mesh(layout, device.type))
     if scenario.compile.enabled:
         return _measure_compiled_stages(scenario, device, backend, stages, out)
     trainer = stages()
