@@ -42,7 +42,7 @@ class LayoutMesh:
 
     Built: ``dp_replicate`` x ``dp_shard`` x ``cp`` x ``tp`` measured on the ranks of a run (eager, or compiled per
     block) and simulated by the engine; ``pp`` simulated, and measured on ranks eager or compiled per block
-    (``config.scenario.MEASURED_PIPELINE_STRATEGIES``), tensor parallel inside the stages or not. A simulated ``cp``
+    (``config.scenario.MEASURED_PIPELINE_STRATEGIES``), tensor or context parallel inside the stages or not. A simulated ``cp``
     rank alone in pure precision is the CUDA-op ring on meta, labelled modelled (``simulate.context_parallel``).
     The pipeline keys apply with ``pp`` > 1 only; ``microbatches`` None means one per stage, the fewest torch's
     1F1B schedules run."""

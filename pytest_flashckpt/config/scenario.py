@@ -355,15 +355,11 @@ class Scenario:
     def _check_measured_stages(self) -> None:
         """Pipeline stages on the ranks of a measured scenario: a strategy the stages run with (saves: dcp, as every
         sharded scenario, ``_check_ranks``); compiled per block as reports/spike-compiled-stages.md and, with tensor
-        parallel inside the stages, reports/spike-compiled-tp-stages.md measured them (what compiles under tensor
-        parallel: ``CompileConfig.check_scenario``)."""
-        pp = f"layout.pp {self.layout.pp}"
-        if self.layout.cp > 1 and self.compile.enabled:
-            raise NotBuiltYet(f"layout.cp {self.layout.cp} with {pp} and compile: compiled pipeline stages with context "
-                              "parallel inside are not built yet (issue 32: cp inside stages is measured eager); drop "
-                              "compile, layout.cp or layout.pp")
+        parallel inside the stages, reports/spike-compiled-tp-stages.md, with context parallel inside,
+        reports/spike-compiled-cp-stages.md measured them (what compiles under tensor parallel:
+        ``CompileConfig.check_scenario``)."""
         if self.activation.strategy not in MEASURED_PIPELINE_STRATEGIES:
-            raise NotBuiltYet(f"{pp} with activation.strategy {self.activation.strategy}: pipeline stages run "
+            raise NotBuiltYet(f"layout.pp {self.layout.pp} with activation.strategy {self.activation.strategy}: pipeline stages run "
                               f"{', '.join(MEASURED_PIPELINE_STRATEGIES)} on measured ranks; pick one of them")
 
     def _check_measure(self) -> None:

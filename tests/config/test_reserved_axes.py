@@ -12,9 +12,6 @@ from pytest_flashckpt.config.typed import build
 
 
 @pytest.mark.parametrize("key, value, issue, others", [
-    ("layout", {"cp": 2, "pp": 2}, "issue 32", {"world_size": 4, "batch_size": 4, "model": "llama-tiny",
-                                                "compile": {"scope": "block"}, "checkpoint": {"strategy": "none"},
-                                                "activation": {"strategy": "full"}}),  # compiled cp inside stages
     ("compile", {"mode": "reduce-overhead"}, "issue 33", {}),
 ])
 def test_a_value_beyond_today_is_refused_naming_the_key_and_the_issue(key, value, issue, others):
@@ -22,6 +19,15 @@ def test_a_value_beyond_today_is_refused_naming_the_key_and_the_issue(key, value
         build(Scenario, {"name": "s", key: value, **others}, "suite.yaml")
     text = str(info.value)
     assert text.startswith("suite.yaml: ") and f"{key}.{next(iter(value))}" in text and issue in text and "not built yet" in text
+
+
+def test_the_layout_axis_reserves_nothing_now_that_every_composition_is_built():
+    """The last layout issue 32 refused (compiled pipeline stages with context parallel inside,
+    reports/spike-compiled-cp-stages.md) builds."""
+    built = build(Scenario, {"name": "s", "layout": {"cp": 2, "pp": 2}, "world_size": 4, "batch_size": 4,
+                             "model": "llama-tiny", "compile": {"scope": "block"}, "checkpoint": {"strategy": "none"},
+                             "activation": {"strategy": "full"}}, "suite.yaml")
+    assert built.compile.enabled and built.parallel_layout.describe() == "dp_shard 1 x tp 1 x pp 2 x cp 2"
 
 
 def test_todays_values_are_accepted_and_leave_the_fingerprint_as_it_was():

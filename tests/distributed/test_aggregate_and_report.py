@@ -94,7 +94,8 @@ def test_the_distributed_suite_runs_fsdp_and_tensor_parallel_ranks_with_dcp_save
                       "dp2xtp2xpp2-selective-dcp-sync": "dp_shard 2 x tp 2 x pp 2", "pp2-full-compiled": "dp_shard 1 x tp 1 x pp 2",
                       "pp2xtp2-full-compiled-outside": "dp_shard 1 x tp 2 x pp 2",  # (and tp inside compiled stages)
                       "pp2xhsdp2-full-dcp-sync": "dp_replicate 2 x dp_shard 1 x tp 1 x pp 2",  # HSDP inside stages
-                      "pp2xcp2-full-dcp-sync": "dp_shard 1 x tp 1 x pp 2 x cp 2"}  # and cp inside stages
+                      "pp2xcp2-full-dcp-sync": "dp_shard 1 x tp 1 x pp 2 x cp 2",  # and cp inside stages
+                      "pp2xcp2-full-compiled": "dp_shard 1 x tp 1 x pp 2 x cp 2"}  # (compiled too)
     assert any(s.save.async_save for s in suite.scenarios)
     fsdp = [s for s in suite.scenarios if not s.layout.tensor_parallel and s.layout.cp == 1 and s.layout.dp_replicate == 1]
     assert {s.name: s.parallel_layout.describe() for s in suite.scenarios if s.layout.dp_replicate > 1} == {
@@ -107,6 +108,7 @@ def test_the_distributed_suite_runs_fsdp_and_tensor_parallel_ranks_with_dcp_save
                         "dp2xcp2-selective-dcp-async": "dp_shard 2 x tp 1 x cp 2",  # cp alone and with FSDP
                         "hsdp2xcp2-selective-dcp-sync": "dp_replicate 2 x dp_shard 1 x tp 1 x cp 2",  # and HSDP
                         "cp2-full-compiled": "dp_shard 1 x tp 1 x cp 2",  # and compiled
-                        "pp2xcp2-full-dcp-sync": "dp_shard 1 x tp 1 x pp 2 x cp 2"}  # and inside stages
+                        "pp2xcp2-full-dcp-sync": "dp_shard 1 x tp 1 x pp 2 x cp 2",  # and inside stages
+                        "pp2xcp2-full-compiled": "dp_shard 1 x tp 1 x pp 2 x cp 2"}  # (compiled too)
     layouts = {s.layout.ranks(s.world_size) for s in suite.scenarios if s.layout.tensor_parallel and s.layout.pp == 1}
     assert layouts == {(1, 2), (2, 2)}  # tp 2 alone and torchtitan's 2D, as issue 32 item 1 asks

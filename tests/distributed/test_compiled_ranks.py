@@ -46,11 +46,13 @@ def test_fsdp_ranks_compile_per_block_with_a_fixed_strategy_or_compile_budget() 
     assert _ranks(activation=ActivationConfig("compile_budget", budget=0.5)).compile == BLOCK
     compiled = [s for s in load_suite("distributed").scenarios if s.compile.enabled]
     assert [s.name for s in compiled] == ["fsdp2-full-compiled", "tp2-selective-compiled", "tp2-full-compiled-outside",
-                                          "cp2-full-compiled", "pp2-full-compiled", "pp2xtp2-full-compiled-outside"]
+                                          "cp2-full-compiled", "pp2-full-compiled", "pp2xtp2-full-compiled-outside",
+                                          "pp2xcp2-full-compiled"]
     assert all(s.save.strategy == "none" for s in compiled) and compiled[1].layout.tensor_parallel
     assert compiled[2].compile.ac_wrapper == "outside" and compiled[2].layout.tensor_parallel
     assert compiled[3].layout.cp == 2
     assert compiled[5].layout.pp == 2 and compiled[5].layout.tensor_parallel and compiled[5].world_size == 4
+    assert compiled[6].layout.pp == 2 and compiled[6].layout.cp == 2 and compiled[6].world_size == 4
 
 
 def test_the_registry_names_what_trains_compiled_under_tensor_parallel() -> None:

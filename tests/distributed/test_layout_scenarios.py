@@ -108,12 +108,14 @@ def test_context_parallel_runs_on_measured_ranks_eager_or_compiled_and_refuses_t
     with pytest.raises(NotBuiltYet, match=r"layout.tp > 1 and activation.strategy full is not built"):  # as under tp
         _scenario(world_size=4, batch_size=4, layout=LayoutMesh(cp=2, tp=2), activation=ActivationConfig("full"),
                   compile=CompileConfig(scope="block"), save=SaveConfig())
-    # inside pipeline stages (each stage's blocks run the ring), eager; compiled stages with cp are not built yet
+    # inside pipeline stages (each stage's blocks run the ring), eager or compiled (reports/spike-compiled-cp-stages.md)
     staged = _scenario(world_size=4, batch_size=4, layout=LayoutMesh(cp=2, pp=2, microbatches=2), save=SaveConfig())
     assert staged.parallel_layout.describe() == "dp_shard 1 x tp 1 x pp 2 x cp 2"
-    with pytest.raises(NotBuiltYet, match=r"layout.cp 2 with layout.pp 2 and compile: compiled pipeline stages with "
-                                          r"context parallel inside are not built yet \(issue 32"):
-        _scenario(world_size=4, batch_size=4, layout=LayoutMesh(cp=2, pp=2, microbatches=2), save=SaveConfig(),
+    compiled_stages = _scenario(world_size=4, batch_size=4, layout=LayoutMesh(cp=2, pp=2, microbatches=2),
+                                save=SaveConfig(), activation=ActivationConfig("full"), compile=CompileConfig(scope="block"))
+    assert compiled_stages.compile.enabled and compiled_stages.parallel_layout == staged.parallel_layout
+    with pytest.raises(NotBuiltYet, match=r"compile.scope with a checkpoint pass is not built yet"):  # as every compiled rank
+        _scenario(world_size=4, batch_size=4, layout=LayoutMesh(cp=2, pp=2, microbatches=2), save=DCP,
                   activation=ActivationConfig("full"), compile=CompileConfig(scope="block"))
     with pytest.raises(ValueError, match=r"layout.dp_shard 1 x tp 1 x cp 2 = 2 ranks, but world_size is 4"):
         _scenario(world_size=4, batch_size=4, layout=LayoutMesh(cp=2, dp_shard=1))
