@@ -16,6 +16,7 @@ import contextlib
 import functools
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from pytest_flashckpt.distributed.memory import ShardedLiveTensorProbe, _RankStorages
 from pytest_flashckpt.distributed.memory import _CompiledRankStorages as _CompiledSharded
@@ -86,10 +87,12 @@ class _CompiledRankStorages(_ResizeTrackingStorages, _CompiledSharded):
     """``_ResizeTrackingStorages`` under compiled code (``distributed.memory._CompiledRankStorages``: Dynamo runs
     compiled regions under it). A compiled region calls ``_c10d_functional.wait_tensor`` on a collective's result
     and drops what it returns; on a real rank the op returns its input, under fake mode a new buffer of its size
-    (the op's fake kernel). The fake rank is handed the input back, as a real rank is, so nothing is counted."""
+    (the op's fake kernel). The fake rank is handed the input back, as a real rank is, so nothing is counted. A
+    real tensor's wait runs (a gloo rank measured with this probe, ``benchmarks/spike_compiled_fake_ranks.py``:
+    skipped, the rank read a collective's result before it was complete and crashed)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops._c10d_functional.wait_tensor.default:
+        if func is torch.ops._c10d_functional.wait_tensor.default and is_fake(args[0]):
             return args[0]  # (a fake process group's collective is complete when issued: nothing to wait for)
         return super().__torch_dispatch__(func, types, args, kwargs)
 

@@ -149,3 +149,23 @@ def test_the_compiled_fake_ranks_wait_hands_back_its_input_as_a_real_ranks_does(
 
     assert peak(CompiledRankProbe) == (1024, True)
     assert peak(CompiledShardedProbe) == (2048, False)  # the control: torch's fake kernel, a second buffer
+
+
+def test_a_real_tensors_wait_runs_under_the_compiled_fake_ranks_probe() -> None:
+    """The same probe measures gloo ranks (benchmarks/spike_compiled_fake_ranks.py): a real collective's wait must
+    run there (skipped, a rank read an all-gather's result before it was complete and crashed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pytest_flashckpt.simulate.rank_probe import _CompiledRankStorages
+
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    real = _CompiledRankStorages("cpu")
+    with real:
+        wait(torch.empty(4))
+    assert real._op is wait  # dispatched to torch's op
+    fake = _CompiledRankStorages("cpu")
+    with FakeTensorMode():
+        result = torch.empty(4)
+        with fake:
+            assert wait(result) is result
+    assert fake._op is None  # handed back, never dispatched
