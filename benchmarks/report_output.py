@@ -121,6 +121,37 @@ def add_twins(pairs) -> None:
             record["simulated"] = error_record(exc)
 
 
+SCENARIO_WINDOWS = ("state_bytes", "fwd_bwd_peak_bytes", "optimizer_peak_bytes")
+
+
+def scenario_windows(record: dict) -> dict:
+    """A simulated rank's record under the names a scenario's rank (``distributed.rank.measure``) records."""
+    return {"state_bytes": record["fwd_bwd_start_bytes"], "fwd_bwd_peak_bytes": record["fwd_bwd_peak_bytes"],
+            "optimizer_peak_bytes": record["optimizer_peak_bytes"]}
+
+
+def with_scenario_twins(ranks: list[dict], cases, twin) -> list[dict]:
+    """``ranks`` (a gloo spike's records, ``rank["cases"][case]``) with each case's ``twin(case, rank)`` added
+    (``add_twins``)."""
+    import functools
+
+    add_twins((rank["cases"][case], functools.partial(twin, case, rank["rank"])) for case in cases for rank in ranks)
+    return ranks
+
+
+def scenario_twin_cells(record: dict) -> tuple[bool | None, str, list[str]]:
+    """A scenario rank's one measured step against its twin (``record["simulated"]``): whether every window is
+    equal (None where the twin failed), the gap (``equal to the byte``, or simulated - measured per window that
+    differs) and the ``measured / simulated`` cell of each window."""
+    sim = record.get("simulated", {"error": "not simulated"})
+    if "error" in sim:
+        return None, "error", ["error"] * len(SCENARIO_WINDOWS)
+    same = all(sim[k] == record[k] for k in SCENARIO_WINDOWS)
+    gap = "equal to the byte" if same else ", ".join(
+        f"{k.replace('_bytes', '')} {sim[k] - record[k]:+,} B" for k in SCENARIO_WINDOWS if sim[k] != record[k])
+    return same, gap, [f"{record[k]:,} / {sim[k]:,}" for k in SCENARIO_WINDOWS]
+
+
 def report_text(lines: list[str], errors: list[str]) -> str:
     """A spike's report: its lines, then the cases that failed (each ``- case: `error```), if any."""
     return "\n".join([*lines, *(["", "Failed:", *errors] if errors else [])]) + "\n"

@@ -35,11 +35,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report_output import add_twins, gloo_rank_records, gloo_spike_main, gloo_spike_ranks, report_text  # noqa: E402 (benchmarks/ on the path first)
+from report_output import (  # noqa: E402 (benchmarks/ on the path first)
+    SCENARIO_WINDOWS,
+    gloo_rank_records,
+    gloo_spike_main,
+    gloo_spike_ranks,
+    report_text,
+    scenario_twin_cells,
+    scenario_windows,
+    with_scenario_twins,
+)
 
 WORLD = 4
 BATCH, SEQ = 4, 64
-WINDOWS = ("state_bytes", "fwd_bwd_peak_bytes", "optimizer_peak_bytes")
+WINDOWS = SCENARIO_WINDOWS  # (the test reads them here)
 CASES = {  # name -> (dp_shard, cp, tp, dp_replicate, strategy, ac_wrapper)
     "cp 4 | none": (1, 4, 1, 1, "none", "inside"),
     "cp 4 | full": (1, 4, 1, 1, "full", "inside"),
@@ -131,20 +140,12 @@ def compiled_twin(case: str, rank: int) -> dict:
     record = simulate_rank(load_card(scenario.card), scenario.parallel_layout, batch_size=BATCH, seq_len=SEQ,
                            strategy=scenario.activation.strategy, dtype=torch.float32, seed=scenario.seed, rank=rank,
                            compile=scenario.compile)
-    return {"state_bytes": record["fwd_bwd_start_bytes"], "fwd_bwd_peak_bytes": record["fwd_bwd_peak_bytes"],
-            "optimizer_peak_bytes": record["optimizer_peak_bytes"],
-            "seconds": sum(record[k] for k in ("layout_s", "warm_step_s", "measured_step_s"))}
-
-
-def simulate(ranks: list[dict]) -> None:
-    """Each measured rank's compiled twin (``compiled_twin``), added to its record."""
-    add_twins((rank["cases"][case], functools.partial(compiled_twin, case, rank["rank"])) for case in CASES for rank in ranks)
+    return {**scenario_windows(record), "seconds": sum(record[k] for k in ("layout_s", "warm_step_s", "measured_step_s"))}
 
 
 def measured_and_simulated() -> list[dict]:
-    ranks = measure()
-    simulate(ranks)
-    return ranks
+    """Each measured rank with its compiled twin (``compiled_twin``) added to its record."""
+    return with_scenario_twins(measure(), CASES, compiled_twin)
 
 
 def render(ranks: list[dict], produced: str) -> str:
@@ -166,19 +167,12 @@ def render(ranks: list[dict], produced: str) -> str:
             if "error" in r:
                 errors.append(f"- {case}, rank {rank['rank']}: `{r['error']}`")
                 continue
-            sim = r.get("simulated", {"error": "not simulated"})
             worst = max(worst, r["grad_max_abs_vs_eager"])
             breaks += r["first_step_breaks"]
-            if "error" in sim:
-                errors.append(f"- {case}, rank {rank['rank']} (simulated): `{sim['error']}`")
-                gap, pairs = "error", ["error"] * 3
-            else:
-                total += 1
-                same = all(sim[k] == r[k] for k in WINDOWS)
-                equal += same
-                gap = "equal to the byte" if same else ", ".join(
-                    f"{k.replace('_bytes', '')} {sim[k] - r[k]:+,} B" for k in WINDOWS if sim[k] != r[k])
-                pairs = [f"{r[k]:,} / {sim[k]:,}" for k in WINDOWS]
+            same, gap, pairs = scenario_twin_cells(r)
+            if same is None:
+                errors.append(f"- {case}, rank {rank['rank']} (simulated): `{r['simulated']['error']}`")
+            total, equal = total + (same is not None), equal + bool(same)
             lines.append(f"| {case} | {rank['rank']} | {r['compiled_loss']:.7f} / {r['eager_loss']:.7f} | "
                          f"{r['grad_max_abs_vs_eager']:.1e} | {r['first_step_breaks']} | {r['compiled_regions']} | "
                          f"{' | '.join(pairs)} | {r['largest_allgather_bytes']:,} | {r['peak_bytes']:,} | {gap} |")

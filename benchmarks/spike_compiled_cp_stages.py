@@ -44,18 +44,21 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from report_output import (  # noqa: E402 (benchmarks/ on the path first)
-    add_twins,
+    SCENARIO_WINDOWS,
     gloo_rank_records,
     gloo_spike_main,
     gloo_spike_ranks,
     gradient_gaps,
     one_process_step,
     report_text,
+    scenario_twin_cells,
+    scenario_windows,
+    with_scenario_twins,
 )
 
 WORLD = 4
 BATCH, SEQ = 4, 64
-WINDOWS = ("state_bytes", "fwd_bwd_peak_bytes", "optimizer_peak_bytes")
+WINDOWS = SCENARIO_WINDOWS
 CASES = {  # name -> (schedule, microbatches, strategy)
     "1f1b x 2 | none": ("1f1b", 2, "none"),
     "1f1b x 2 | full": ("1f1b", 2, "full"),
@@ -141,19 +144,12 @@ def compiled_twin(case: str, rank: int) -> dict:
                                     scenario.layout.pipeline_schedule(), batch_size=BATCH, seq_len=SEQ,
                                     strategy=scenario.activation.strategy, dtype=torch.float32, seed=scenario.seed,
                                     rank=rank, compile=scenario.compile)
-    return {"state_bytes": record["fwd_bwd_start_bytes"], "fwd_bwd_peak_bytes": record["fwd_bwd_peak_bytes"],
-            "optimizer_peak_bytes": record["optimizer_peak_bytes"]}
-
-
-def simulate(ranks: list[dict]) -> None:
-    """Each measured rank's compiled twin (``compiled_twin``), added to its record."""
-    add_twins((rank["cases"][case], functools.partial(compiled_twin, case, rank["rank"])) for case in CASES for rank in ranks)
+    return scenario_windows(record)
 
 
 def measured_and_simulated() -> list[dict]:
-    ranks = measure()
-    simulate(ranks)
-    return ranks
+    """Each measured rank with its compiled twin (``compiled_twin``) added to its record."""
+    return with_scenario_twins(measure(), CASES, compiled_twin)
 
 
 def render(ranks: list[dict], produced: str) -> str:
@@ -177,23 +173,16 @@ def render(ranks: list[dict], produced: str) -> str:
             if "error" in r:
                 errors.append(f"- {case}, rank {rank['rank']}: `{r['error']}`")
                 continue
-            sim = r.get("simulated", {"error": "not simulated"})
             compiled, eager = r["compiled"], r["eager"]
             worst = max(worst, compiled["grad_max_abs"])
             worst_loss = max(worst_loss, abs(compiled["loss"] - r["reference_loss"]))
             breaks += compiled["breaks"]
-            if "error" in sim:
-                errors.append(f"- {case}, rank {rank['rank']} (simulated): `{sim['error']}`")
-                gap, pairs = "error", ["error"] * 3
-            else:
-                total += 1
-                same = all(sim[k] == r[k] for k in WINDOWS)
-                equal += same
-                gap = "equal to the byte" if same else ", ".join(
-                    f"{k.replace('_bytes', '')} {sim[k] - r[k]:+,} B" for k in WINDOWS if sim[k] != r[k])
-                pairs = [f"{r[k]:,} / {sim[k]:,}" for k in WINDOWS]
-            if gap != "equal to the byte" and gap != "error":
-                gaps.append(r["fwd_bwd_peak_bytes"] - sim["fwd_bwd_peak_bytes"])
+            same, gap, pairs = scenario_twin_cells(r)
+            if same is None:
+                errors.append(f"- {case}, rank {rank['rank']} (simulated): `{r['simulated']['error']}`")
+            elif not same:
+                gaps.append(r["fwd_bwd_peak_bytes"] - r["simulated"]["fwd_bwd_peak_bytes"])
+            total, equal = total + (same is not None), equal + bool(same)
             lines.append(f"| {case} | {rank['rank']} ({rank['rank'] // (WORLD // 2)}) | {compiled['loss']:.7f} / {eager['loss']:.7f} / "
                          f"{r['reference_loss']:.7f} | {compiled['grad_max_abs']:.1e} ({eager['grad_max_abs']:.1e}) | "
                          f"{compiled['breaks']} | {r['compiled_regions']} | {' | '.join(pairs)} | "
