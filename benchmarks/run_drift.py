@@ -18,6 +18,7 @@ Writes ``reports/run-drift.md`` and ``.json`` (``--out``):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -53,11 +54,12 @@ def collect(baseline: Baseline, records: list, metric: str) -> dict[str, list[tu
     return runs
 
 
-def sweep(runs: list[list[float]], metric: str, inject: float) -> dict[float, dict[str, int]]:
+def sweep(runs: list[list[float]], metric: str, inject: float,
+          tolerances: tuple[float, ...] = TOLERANCES) -> dict[float, dict[str, int]]:
     """False alarms and detections over every (two-run baseline, third run) choice, per tolerance."""
     out = {}
     alpha, base_spread = Thresholds.alpha, Thresholds.max_spread
-    for tol in TOLERANCES:
+    for tol in tolerances:
         counts = {"trials": 0, "false_alarms": 0, "unstable": 0, "detected": 0}
         spread_limit = max(base_spread, tol)  # as sampled_limits widens it for a metric whose run_drift is tol
         for i, j in itertools.combinations(range(len(runs)), 2):
@@ -88,6 +90,13 @@ def main() -> None:
                         help="leave one scenario of one run out (a run made while that scenario measured something "
                              "else before its saves, e.g. time lost); repeat; listed in the report")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "run-drift.md")
+    parser.add_argument("--injected", type=Path, action="append", default=[], metavar="RESULTS.json",
+                        help="(repeat) a run made with a real injected slowdown (--flashckpt-inject): judged at the shipped "
+                             "settings, each run's regressed rows listed (the gate's real detection, beside the "
+                             "scaled samples)")
+    parser.add_argument("--tolerances", type=lambda text: tuple(float(t) for t in text.split(",")), default=TOLERANCES,
+                        help="the tolerances the sweep tries, comma-separated fractions (default: "
+                             + ",".join(f"{t:g}" for t in TOLERANCES) + ")")
     args = parser.parse_args()
     baseline = Baseline.read(args.baseline)
     records = [(shown(p.parent), read_record(p)) for p in args.results]
@@ -109,7 +118,10 @@ def main() -> None:
     tolerance, spread_limit = sampled_limits(args.metric, Thresholds())
     default_out = args.out.resolve() == (ROOT / "reports" / "run-drift.md").resolve()
     cmd = (f"python benchmarks/run_drift.py --baseline {shown(args.baseline)} --metric {args.metric} --inject {args.inject} "
-           + (f"--first {args.first} " if args.first else "") + ("" if default_out else f"--out {shown(args.out)} ")
+           + (f"--first {args.first} " if args.first else "")
+           + (f"--tolerances {','.join(f'{t:g}' for t in args.tolerances)} " if args.tolerances != TOLERANCES else "")
+           + "".join(f"--injected {shown(p)} " for p in args.injected)
+           + ("" if default_out else f"--out {shown(args.out)} ")
            + "".join(f"--exclude {shown(Path(i.partition('.json:')[0] + '.json'))}:{i.partition('.json:')[2]} "
                      for i in args.exclude)
            + " ".join(shown(p) for p in args.results))
@@ -156,11 +168,11 @@ def main() -> None:
     lines += ["## Tolerance sweep (every two-run baseline from the runs, every third run judged)", "",
               f"| scenario | tolerance | choices | false alarms | unstable | detected at +{args.inject:.0%} |",
               "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    totals = {tol: {"trials": 0, "false_alarms": 0, "unstable": 0, "detected": 0} for tol in TOLERANCES}
+    totals = {tol: {"trials": 0, "false_alarms": 0, "unstable": 0, "detected": 0} for tol in args.tolerances}
     for name, runs in sorted(by_scenario.items()):
         if len(runs) < 3:
             continue
-        result = sweep([s for _, s in runs], args.metric, args.inject)
+        result = sweep([s for _, s in runs], args.metric, args.inject, args.tolerances)
         data["scenarios"][name]["sweep"] = {str(t): c for t, c in result.items()}
         for tol, c in result.items():
             for key in c:
@@ -173,6 +185,76 @@ def main() -> None:
         lines.append(f"| | {tol:.0%} | {c['trials']} | {c['false_alarms'] / n:.1%} | {c['unstable'] / n:.1%} | "
                      f"{c['detected'] / n:.1%} |")
     data["sweep_totals"] = {str(t): c for t, c in totals.items()}
+    lines += ["", f"## The committed baseline's gate per tolerance (each run as it is, and its samples x {1 + args.inject:g})",
+              "", "The real gate (`compare_scenario`, the committed baseline's runs) at each tolerance of the sweep for "
+              f"`{args.metric}` (the spread limit widened with it, as `sampled_limits` does). A run's injected copy keeps "
+              "the rounds it measured: a real slower run adds confirmation rounds more often, so the detection here is "
+              "a lower bound.", "",
+              "| tolerance | runs | runs with a false alarm | rows judged | false alarms | injected rows regressed | "
+              "injected runs failed |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    data["against_baseline_per_tolerance"] = {}
+    shipped = vocabulary.METRICS[args.metric]
+    for tol in args.tolerances:
+        # the metric judged as if its measured run drift were ``tol`` (sampled_limits reads Metric.run_drift)
+        vocabulary.METRICS[args.metric] = dataclasses.replace(shipped, run_drift=tol)
+        thresholds = Thresholds()
+        row_count = alarm_rows = alarm_runs = caught = failed_runs = 0
+        for label, record in records:
+            alarmed = failed = False
+            for result in record.results:
+                stored = baseline.scenarios.get(result.id)
+                if result.status != "measured" or stored is None or not result.samples.get(args.metric):
+                    continue
+                slower_samples = dict(result.samples)
+                slower_samples[args.metric] = [v * (1 + args.inject) for v in result.samples[args.metric]]
+                slower_metrics = dict(result.metrics)
+                slower_metrics[args.metric] = result.metrics[args.metric] * (1 + args.inject)
+                for samples, metrics, slower in ((result.samples, result.metrics, False),
+                                                 (slower_samples, slower_metrics, True)):
+                    rows, _ = compare_scenario(result.id, stored, metrics, samples, result.probe, thresholds)
+                    verdict = next((r.verdict for r in rows if r.metric == args.metric), None)
+                    if verdict is None:
+                        continue
+                    if slower:
+                        caught += verdict == "regressed"
+                        failed |= verdict == "regressed"
+                    else:
+                        row_count += 1
+                        alarm_rows += verdict == "regressed"
+                        alarmed |= verdict == "regressed"
+            alarm_runs += alarmed
+            failed_runs += failed
+        vocabulary.METRICS[args.metric] = shipped
+        lines.append(f"| {tol:.0%} | {len(records)} | {alarm_runs} | {row_count} | {alarm_rows} | {caught} of {row_count} | "
+                     f"{failed_runs} of {len(records)} |")
+        data["against_baseline_per_tolerance"][str(tol)] = {"runs": len(records), "runs_with_false_alarm": alarm_runs,
+                                                             "rows": row_count, "false_alarms": alarm_rows,
+                                                             "injected_regressed": caught,
+                                                             "injected_runs_failed": failed_runs}
+    if args.injected:
+        lines += ["", "## Runs with a real injected slowdown, judged as shipped", "",
+                  "Each run made with `--flashckpt-inject` (the injection is in each result's notes), judged by the real "
+                  "gate against the committed baseline at the shipped settings.", "",
+                  "| run | injection | rows judged | regressed | ~ | ok | run fails |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+        data["injected"] = []
+        for path in args.injected:
+            record = read_record(path)
+            verdicts = []
+            injection = sorted({n for r in record.results for n in r.notes if "inject" in n.lower()})
+            for result in record.results:
+                stored = baseline.scenarios.get(result.id)
+                if result.status != "measured" or stored is None or not result.samples.get(args.metric):
+                    continue
+                rows, _ = compare_scenario(result.id, stored, result.metrics, result.samples, result.probe, Thresholds())
+                verdicts += [r.verdict for r in rows if r.metric == args.metric]
+            failed = "regressed" in verdicts
+            lines.append(f"| `{shown(path.parent)}` | {injection[0] if injection else '(none recorded)'} | {len(verdicts)} | "
+                         f"{verdicts.count('regressed')} | {verdicts.count('~')} | {verdicts.count('ok')} | "
+                         f"{'yes' if failed else 'no'} |")
+            data["injected"].append({"run": shown(path.parent), "rows": len(verdicts), "failed": failed,
+                                     "regressed": verdicts.count("regressed")})
+        caught = sum(d["failed"] for d in data["injected"])
+        lines += ["", f"Injected runs that fail: {caught} of {len(args.injected)}."]
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     print("\n".join(lines))

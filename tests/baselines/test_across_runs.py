@@ -1,6 +1,7 @@
 """Multi-run (host-robust) baselines: the gate judges against the spread between runs, ``unstable`` where that
 spread is too wide, and ``flashckpt pool-baseline`` pools results files into one baseline."""
 
+import dataclasses
 import json
 
 import pytest
@@ -28,6 +29,7 @@ def judge(current, runs=(HOST_A, HOST_B), spread=0.10):
 def test_a_host_inside_the_envelope_passes_where_one_run_would_flag_it():
     current = [v * 1.09 for v in HOST_A[:5]]  # a third host, 9% above host A: inside B's level + tolerance
     assert judge(current).verdict == "ok"
+    current = [v * 1.14 for v in HOST_A[:5]]  # 14%: inside B's level + overhead's tolerance (its run drift, 10%)
     rows, _ = compare_scenario("s::a", {"metrics": {"overhead": 1.10}, "samples": {"overhead": HOST_A}},
                                {"overhead": 1.2}, {"overhead": current}, "cpu", Thresholds())
     assert rows[0].verdict == "regressed"  # the same run against host A's run alone: the false alarm this fixes
@@ -77,33 +79,53 @@ def test_compare_scenario_uses_the_runs_when_the_entry_has_two():
     current = [v * 1.09 for v in HOST_A[:5]]
     rows, _ = compare_scenario("s::a", entry, {"overhead": 1.2}, {"overhead": current}, "cpu", Thresholds())
     assert rows[0].verdict == "ok"
+    wide = [v * 1.12 for v in HOST_A]  # runs 12% apart: wider than overhead's spread limit (its run drift, 10%)
+    entry["runs"][1]["samples"]["overhead"] = wide
     rows, notes = compare_scenario("s::a", entry, {"overhead": 1.2}, {"overhead": current}, "cpu", Thresholds(max_spread=0.02))
     assert rows[0].verdict == "unstable" and [n.kind for n in notes] == ["unstable"]
 
 
-def test_stall_vs_copy_is_judged_at_its_measured_run_drift_and_overhead_is_not():
+def test_stall_vs_copy_is_judged_at_its_measured_run_drift(monkeypatch):
     """stall_vs_copy's run medians move 3-6% (sd) between clean runs of one host (reports/run-drift.md): a clean run
     8.8% above the higher of two pooled runs failed README's first command at the 5% tolerance. At its run_drift
-    (15%) that run is ok, a 25% higher stall still regresses, and overhead keeps the timing tolerance."""
+    (15%) that run is ok, a 25% higher stall still regresses; at the thresholds' own 5% (control) it regresses."""
     from pytest_flashckpt.core.metrics import METRICS
     drift = METRICS["stall_vs_copy"].run_drift
-    assert drift == pytest.approx(0.15) and METRICS["overhead"].run_drift == 0.0
+    assert drift == pytest.approx(0.15)
     assert regression_verdicts.sampled_limits("stall_vs_copy", Thresholds()) == (drift, drift)
-    assert regression_verdicts.sampled_limits("overhead", Thresholds()) == (0.05, 0.10)
     assert regression_verdicts.sampled_limits("stall_vs_copy", Thresholds(timing_tolerance=0.3)) == (0.3, drift)
-    low, high = [1.30, 1.31, 1.29, 1.32, 1.30, 1.28], [1.31, 1.32, 1.30, 1.33, 1.31, 1.29]
-
-    def verdict(metric, level):
-        entry = {"metrics": {metric: 1.3}, "samples": {metric: low + high},
-                 "runs": [{"label": "a", "samples": {metric: low}}, {"label": "b", "samples": {metric: high}}]}
-        current = [level * v for v in (1.0, 1.01, 0.99, 1.02, 0.98)]
-        rows, _ = compare_scenario("s::a", entry, {metric: level}, {metric: current}, "cpu", Thresholds())
-        return rows[0].verdict
-
     clean = 1.31 * 1.088  # the clean Xeon run: +8.8% beyond the higher run
-    assert verdict("stall_vs_copy", clean) == "ok"
-    assert verdict("overhead", clean) == "regressed"  # control: the same samples at the timing tolerance
-    assert verdict("stall_vs_copy", 1.31 * 1.25) == "regressed"  # the +25% stall still fails
+    assert _two_run_verdict("stall_vs_copy", clean) == "ok"
+    assert _two_run_verdict("stall_vs_copy", 1.31 * 1.25) == "regressed"  # the +25% stall still fails
+    monkeypatch.setitem(METRICS, "stall_vs_copy", dataclasses.replace(METRICS["stall_vs_copy"], run_drift=0.0))
+    assert _two_run_verdict("stall_vs_copy", clean) == "regressed"  # control: the same samples at the 5% tolerance
+
+
+def test_overhead_is_judged_at_its_measured_run_drift(monkeypatch):
+    """overhead's 3-round run medians move 3-6% (sd) between clean runs of README's first command on one AMD host
+    (reports/run-drift-overhead.md): three of seven clean runs there read a row 6.5-7.7% above the baseline's highest
+    run with p < 0.01 and failed at the 5% tolerance. At its run_drift (10%) such a run is ok, a 15% slower step
+    regresses; at the thresholds' own 5% (control) the same samples regress."""
+    from pytest_flashckpt.core.metrics import METRICS
+    drift = METRICS["overhead"].run_drift
+    assert drift == pytest.approx(0.10)
+    assert regression_verdicts.sampled_limits("overhead", Thresholds()) == (drift, 0.10)
+    clean = 1.31 * 1.077  # selective_op-sdpa-s512's clean run: +7.7% beyond the highest run, p < 0.001
+    assert _two_run_verdict("overhead", clean) == "ok"
+    assert _two_run_verdict("overhead", 1.31 * 1.15) == "regressed"
+    monkeypatch.setitem(METRICS, "overhead", dataclasses.replace(METRICS["overhead"], run_drift=0.0))
+    assert _two_run_verdict("overhead", clean) == "regressed"  # control: the same samples at the 5% tolerance
+
+
+def _two_run_verdict(metric: str, level: float) -> str:
+    """``metric`` judged at ``level`` (five samples around it) against a baseline of two runs with medians 1.30 and
+    1.31."""
+    low, high = [1.30, 1.31, 1.29, 1.32, 1.30, 1.28], [1.31, 1.32, 1.30, 1.33, 1.31, 1.29]
+    entry = {"metrics": {metric: 1.3}, "samples": {metric: low + high},
+             "runs": [{"label": "a", "samples": {metric: low}}, {"label": "b", "samples": {metric: high}}]}
+    current = [level * v for v in (1.0, 1.01, 0.99, 1.02, 0.98)]
+    rows, _ = compare_scenario("s::a", entry, {metric: level}, {metric: current}, "cpu", Thresholds())
+    return rows[0].verdict
 
 
 def test_an_ungated_time_absent_from_the_run_is_not_missing():
@@ -117,11 +139,13 @@ def test_an_ungated_time_absent_from_the_run_is_not_missing():
     assert ("time_lost_s", "missing") in [(r.metric, r.verdict) for r in rows]
 
 
-def test_the_run_drift_report_is_about_the_shipped_tolerance():
-    """reports/run-drift.md sizes Metric.run_drift: it must have been written at the tolerance that ships, and the
-    clean runs it read must pass the committed baseline there (regenerate it when either changes)."""
+@pytest.mark.parametrize("report_name", ["run-drift", "run-drift-overhead"])
+def test_the_run_drift_report_is_about_the_shipped_tolerance(report_name):
+    """reports/run-drift.md (stall_vs_copy) and reports/run-drift-overhead.md (overhead) size Metric.run_drift: each
+    must have been written at the tolerance that ships, and the clean runs it read must pass the committed baseline
+    there (regenerate it when either changes); at the thresholds' own 5% the same runs meet more false alarms."""
     from pathlib import Path
-    report = json.loads((Path(__file__).resolve().parents[2] / "reports" / "run-drift.json").read_text())
+    report = json.loads((Path(__file__).resolve().parents[2] / "reports" / f"{report_name}.json").read_text())
     assert (report["shipped_tolerance"], report["shipped_spread_limit"]) == regression_verdicts.sampled_limits(
         report["metric"], Thresholds())
     assert report["against_baseline"]["judged"] >= 20 and report["against_baseline"]["regressed"] == 0

@@ -98,14 +98,16 @@ def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_rec
     """A sample results.json (schema 1 through the upgrade, and today's) gated against the baselines of its day
     (schema 1 through the upgrade, and today's baselines/): the gate's verdict per scenario and metric is the one
     the sample recorded when it was made (entries without fingerprints: compared as before). The schema-1 sample
-    predates stall_vs_copy's own tolerance (Metric.run_drift), so it is gated with the timing tolerance it had."""
+    predates stall_vs_copy's and overhead's own tolerances (Metric.run_drift), so it is gated with the timing
+    tolerance it had."""
     import dataclasses
 
     from pytest_flashckpt.config.record_file import read_record
     from pytest_flashckpt.core.metrics import METRICS
 
     if schema == 1:
-        monkeypatch.setitem(METRICS, "stall_vs_copy", dataclasses.replace(METRICS["stall_vs_copy"], run_drift=0.0))
+        for name in ("stall_vs_copy", "overhead"):
+            monkeypatch.setitem(METRICS, name, dataclasses.replace(METRICS[name], run_drift=0.0))
 
     sample = ROOT / sample
     assert json.loads(sample.read_text())["schema_version"] == schema

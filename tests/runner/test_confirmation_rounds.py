@@ -40,9 +40,9 @@ def _now(scenario: Scenario = SCENARIO) -> Result:
 def test_a_first_look_slower_than_the_baseline_asks_for_confirmation(tmp_path):
     gate = _gate(tmp_path)
     row = gate.first_look(_now(), "overhead", [1.30, 1.28, 1.32])
-    assert row is not None and row.metric == "overhead" and row.change > 0.05
+    assert row is not None and row.metric == "overhead" and row.change > 0.10  # overhead's tolerance: its run drift
     # one slower round of three is a burst, not a slower first look... but a median beyond the tolerance is
-    assert gate.first_look(_now(), "overhead", [1.10, 1.60, 1.21]) is not None
+    assert gate.first_look(_now(), "overhead", [1.10, 1.60, 1.25]) is not None
     assert gate.verdicts == [] and gate.notes == []  # nothing recorded: the scenario is judged once, later
 
 
@@ -131,8 +131,8 @@ def test_a_pooled_baseline_is_looked_at_against_its_envelope():
         "metrics": {"overhead": 1.13}, "samples": {"overhead": low + high}, "probe": "cpu",
         "runs": [{"label": "a", "created": "t", "commit": None, "samples": {"overhead": low}},
                  {"label": "b", "created": "t", "commit": None, "samples": {"overhead": high}}]})
-    assert first_look(stored, _now(), "overhead", [1.18, 1.17, 1.19], Thresholds()) is None  # inside: one run would flag it
+    assert first_look(stored, _now(), "overhead", [1.24, 1.23, 1.25], Thresholds()) is None  # inside: one run would flag it
     one_run = BaselineEntry.from_dict({"metrics": {"overhead": 1.10}, "samples": {"overhead": low}, "probe": "cpu"})
-    assert first_look(one_run, _now(), "overhead", [1.18, 1.17, 1.19], Thresholds()) is not None  # control
+    assert first_look(one_run, _now(), "overhead", [1.24, 1.23, 1.25], Thresholds()) is not None  # control
     row = first_look(stored, _now(), "overhead", [1.40, 1.38, 1.42], Thresholds())  # beyond the higher run
     assert row is not None and row.verdict in ("regressed", "~")
