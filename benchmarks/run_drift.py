@@ -77,6 +77,74 @@ def sweep(runs: list[list[float]], metric: str, inject: float,
     return out
 
 
+def _verdicts(baseline: Baseline, record, metric: str, thresholds: Thresholds, scale: float = 1.0) -> list[str]:
+    """The gate's verdict on ``metric`` for every scenario of ``record`` the baseline holds, the run's samples (and
+    median) multiplied by ``scale`` (1: as measured)."""
+    verdicts = []
+    for result in record.results:
+        stored = baseline.scenarios.get(result.id)
+        if result.status != "measured" or stored is None or not result.samples.get(metric):
+            continue
+        samples = {**result.samples, metric: [v * scale for v in result.samples[metric]]}
+        metrics = {**result.metrics, metric: result.metrics[metric] * scale}
+        rows, _ = compare_scenario(result.id, stored, metrics, samples, result.probe, thresholds)
+        verdicts += [r.verdict for r in rows if r.metric == metric]
+    return verdicts
+
+
+def gate_per_tolerance(baseline: Baseline, records: list, metric: str, inject: float, tolerances: tuple[float, ...],
+                       data: dict) -> list[str]:
+    """The committed baseline's real gate with ``metric`` judged at each tolerance (as if its run drift were that):
+    each run's false alarms, and the same run's samples scaled by ``1 + inject``."""
+    lines = ["", f"## The committed baseline's gate per tolerance (each run as it is, and its samples x {1 + inject:g})",
+             "", "The real gate (`compare_scenario`, the committed baseline's runs) at each tolerance of the sweep for "
+             f"`{metric}` (the spread limit widened with it, as `sampled_limits` does). A run's injected copy keeps "
+             "the rounds it measured: a real slower run adds confirmation rounds more often, so the detection here is "
+             "a lower bound.", "",
+             "| tolerance | runs | runs with a false alarm | rows judged | false alarms | injected rows regressed | "
+             "injected runs failed |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    data["against_baseline_per_tolerance"] = {}
+    shipped = vocabulary.METRICS[metric]
+    for tol in tolerances:
+        vocabulary.METRICS[metric] = dataclasses.replace(shipped, run_drift=tol)  # sampled_limits reads it
+        try:
+            clean = [_verdicts(baseline, record, metric, Thresholds()) for _, record in records]
+            slower = [_verdicts(baseline, record, metric, Thresholds(), 1 + inject) for _, record in records]
+        finally:
+            vocabulary.METRICS[metric] = shipped
+        rows = sum(len(v) for v in clean)
+        counts = {"runs": len(records), "runs_with_false_alarm": sum("regressed" in v for v in clean), "rows": rows,
+                  "false_alarms": sum(v.count("regressed") for v in clean),
+                  "injected_regressed": sum(v.count("regressed") for v in slower),
+                  "injected_runs_failed": sum("regressed" in v for v in slower)}
+        lines.append(f"| {tol:.0%} | {len(records)} | {counts['runs_with_false_alarm']} | {rows} | "
+                     f"{counts['false_alarms']} | {counts['injected_regressed']} of {rows} | "
+                     f"{counts['injected_runs_failed']} of {len(records)} |")
+        data["against_baseline_per_tolerance"][str(tol)] = counts
+    return lines
+
+
+def injected_runs(baseline: Baseline, paths: list[Path], metric: str, data: dict) -> list[str]:
+    """Runs made with a real ``--flashckpt-inject``, each judged by the real gate at the shipped settings."""
+    lines = ["", "## Runs with a real injected slowdown, judged as shipped", "",
+             "Each run made with `--flashckpt-inject` (the injection is in each result's notes), judged by the real "
+             "gate against the committed baseline at the shipped settings.", "",
+             "| run | injection | rows judged | regressed | ~ | ok | run fails |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    data["injected"] = []
+    for path in paths:
+        record = read_record(path)
+        verdicts = _verdicts(baseline, record, metric, Thresholds())
+        injection = sorted({n for r in record.results for n in r.notes if "inject" in n.lower()})
+        failed = "regressed" in verdicts
+        lines.append(f"| `{shown(path.parent)}` | {injection[0] if injection else '(none recorded)'} | {len(verdicts)} | "
+                     f"{verdicts.count('regressed')} | {verdicts.count('~')} | {verdicts.count('ok')} | "
+                     f"{'yes' if failed else 'no'} |")
+        data["injected"].append({"run": shown(path.parent), "rows": len(verdicts), "failed": failed,
+                                 "regressed": verdicts.count("regressed")})
+    caught = sum(d["failed"] for d in data["injected"])
+    return lines + ["", f"Injected runs that fail: {caught} of {len(paths)}."]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
@@ -185,76 +253,9 @@ def main() -> None:
         lines.append(f"| | {tol:.0%} | {c['trials']} | {c['false_alarms'] / n:.1%} | {c['unstable'] / n:.1%} | "
                      f"{c['detected'] / n:.1%} |")
     data["sweep_totals"] = {str(t): c for t, c in totals.items()}
-    lines += ["", f"## The committed baseline's gate per tolerance (each run as it is, and its samples x {1 + args.inject:g})",
-              "", "The real gate (`compare_scenario`, the committed baseline's runs) at each tolerance of the sweep for "
-              f"`{args.metric}` (the spread limit widened with it, as `sampled_limits` does). A run's injected copy keeps "
-              "the rounds it measured: a real slower run adds confirmation rounds more often, so the detection here is "
-              "a lower bound.", "",
-              "| tolerance | runs | runs with a false alarm | rows judged | false alarms | injected rows regressed | "
-              "injected runs failed |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    data["against_baseline_per_tolerance"] = {}
-    shipped = vocabulary.METRICS[args.metric]
-    for tol in args.tolerances:
-        # the metric judged as if its measured run drift were ``tol`` (sampled_limits reads Metric.run_drift)
-        vocabulary.METRICS[args.metric] = dataclasses.replace(shipped, run_drift=tol)
-        thresholds = Thresholds()
-        row_count = alarm_rows = alarm_runs = caught = failed_runs = 0
-        for label, record in records:
-            alarmed = failed = False
-            for result in record.results:
-                stored = baseline.scenarios.get(result.id)
-                if result.status != "measured" or stored is None or not result.samples.get(args.metric):
-                    continue
-                slower_samples = dict(result.samples)
-                slower_samples[args.metric] = [v * (1 + args.inject) for v in result.samples[args.metric]]
-                slower_metrics = dict(result.metrics)
-                slower_metrics[args.metric] = result.metrics[args.metric] * (1 + args.inject)
-                for samples, metrics, slower in ((result.samples, result.metrics, False),
-                                                 (slower_samples, slower_metrics, True)):
-                    rows, _ = compare_scenario(result.id, stored, metrics, samples, result.probe, thresholds)
-                    verdict = next((r.verdict for r in rows if r.metric == args.metric), None)
-                    if verdict is None:
-                        continue
-                    if slower:
-                        caught += verdict == "regressed"
-                        failed |= verdict == "regressed"
-                    else:
-                        row_count += 1
-                        alarm_rows += verdict == "regressed"
-                        alarmed |= verdict == "regressed"
-            alarm_runs += alarmed
-            failed_runs += failed
-        vocabulary.METRICS[args.metric] = shipped
-        lines.append(f"| {tol:.0%} | {len(records)} | {alarm_runs} | {row_count} | {alarm_rows} | {caught} of {row_count} | "
-                     f"{failed_runs} of {len(records)} |")
-        data["against_baseline_per_tolerance"][str(tol)] = {"runs": len(records), "runs_with_false_alarm": alarm_runs,
-                                                             "rows": row_count, "false_alarms": alarm_rows,
-                                                             "injected_regressed": caught,
-                                                             "injected_runs_failed": failed_runs}
+    lines += gate_per_tolerance(baseline, records, args.metric, args.inject, args.tolerances, data)
     if args.injected:
-        lines += ["", "## Runs with a real injected slowdown, judged as shipped", "",
-                  "Each run made with `--flashckpt-inject` (the injection is in each result's notes), judged by the real "
-                  "gate against the committed baseline at the shipped settings.", "",
-                  "| run | injection | rows judged | regressed | ~ | ok | run fails |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
-        data["injected"] = []
-        for path in args.injected:
-            record = read_record(path)
-            verdicts = []
-            injection = sorted({n for r in record.results for n in r.notes if "inject" in n.lower()})
-            for result in record.results:
-                stored = baseline.scenarios.get(result.id)
-                if result.status != "measured" or stored is None or not result.samples.get(args.metric):
-                    continue
-                rows, _ = compare_scenario(result.id, stored, result.metrics, result.samples, result.probe, Thresholds())
-                verdicts += [r.verdict for r in rows if r.metric == args.metric]
-            failed = "regressed" in verdicts
-            lines.append(f"| `{shown(path.parent)}` | {injection[0] if injection else '(none recorded)'} | {len(verdicts)} | "
-                         f"{verdicts.count('regressed')} | {verdicts.count('~')} | {verdicts.count('ok')} | "
-                         f"{'yes' if failed else 'no'} |")
-            data["injected"].append({"run": shown(path.parent), "rows": len(verdicts), "failed": failed,
-                                     "regressed": verdicts.count("regressed")})
-        caught = sum(d["failed"] for d in data["injected"])
-        lines += ["", f"Injected runs that fail: {caught} of {len(args.injected)}."]
+        lines += injected_runs(baseline, args.injected, args.metric, data)
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     print("\n".join(lines))
