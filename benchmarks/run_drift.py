@@ -77,19 +77,23 @@ def sweep(runs: list[list[float]], metric: str, inject: float,
     return out
 
 
-def _verdicts(baseline: Baseline, record, metric: str, thresholds: Thresholds, scale: float = 1.0) -> list[str]:
-    """The gate's verdict on ``metric`` for every scenario of ``record`` the baseline holds, the run's samples (and
+def _rows(baseline: Baseline, record, metric: str, thresholds: Thresholds, scale: float = 1.0) -> list:
+    """The gate's rows on ``metric`` for every scenario of ``record`` the baseline holds, the run's samples (and
     median) multiplied by ``scale`` (1: as measured)."""
-    verdicts = []
+    rows = []
     for result in record.results:
         stored = baseline.scenarios.get(result.id)
         if result.status != "measured" or stored is None or not result.samples.get(metric):
             continue
         samples = {**result.samples, metric: [v * scale for v in result.samples[metric]]}
         metrics = {**result.metrics, metric: result.metrics[metric] * scale}
-        rows, _ = compare_scenario(result.id, stored, metrics, samples, result.probe, thresholds)
-        verdicts += [r.verdict for r in rows if r.metric == metric]
-    return verdicts
+        judged, _ = compare_scenario(result.id, stored, metrics, samples, result.probe, thresholds)
+        rows += [r for r in judged if r.metric == metric]
+    return rows
+
+
+def _verdicts(baseline: Baseline, record, metric: str, thresholds: Thresholds, scale: float = 1.0) -> list[str]:
+    return [r.verdict for r in _rows(baseline, record, metric, thresholds, scale)]
 
 
 def gate_per_tolerance(baseline: Baseline, records: list, metric: str, inject: float, tolerances: tuple[float, ...],
@@ -220,17 +224,11 @@ def main() -> None:
               "| run | scenario | change vs pooled median | verdict |", "| --- | --- | ---: | --- |"]
     alarms = judged = 0
     for label, record in records:
-        for result in record.results:
-            stored = baseline.scenarios.get(result.id)
-            if result.status != "measured" or stored is None or not result.samples.get(args.metric):
-                continue
-            rows, _ = compare_scenario(result.id, stored, result.metrics, result.samples, result.probe, Thresholds())
-            for row in rows:
-                if row.metric == args.metric:
-                    judged += 1
-                    alarms += row.verdict == "regressed"
-                    change = f"{row.change:+.1%}" if row.change is not None else "-"
-                    lines.append(f"| `{label}` | `{row.scenario}` | {change} | {row.verdict} |")
+        for row in _rows(baseline, record, args.metric, Thresholds()):
+            judged += 1
+            alarms += row.verdict == "regressed"
+            change = f"{row.change:+.1%}" if row.change is not None else "-"
+            lines.append(f"| `{label}` | `{row.scenario}` | {change} | {row.verdict} |")
     lines += ["", f"Clean runs judged regressed: {alarms} of {judged}.", ""]
     data["against_baseline"] = {"judged": judged, "regressed": alarms}
     lines += ["## Tolerance sweep (every two-run baseline from the runs, every third run judged)", "",
