@@ -160,6 +160,21 @@ def _commit() -> str:
     return head + (" (with uncommitted changes)" if dirty else "")
 
 
+def _cpu() -> str:
+    """The first CPU's model, family/model numbers and clock as /proc/cpuinfo gives them (Linux; else the
+    platform's processor name): hosts of one profile id (``cpu-2t-torch...``) can differ, and the report says which
+    one ran it."""
+    try:
+        text = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    get = {key.strip(): value.strip() for key, value in fields.items()}.get
+    mhz = get("cpu MHz")
+    return (f"{get('model name', platform.machine())} (family {get('cpu family', '?')}, model {get('model', '?')}"
+            + (f", {float(mhz):.0f} MHz" if mhz else "") + ")")
+
+
 def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
 
@@ -169,6 +184,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="plain pytest runs (default 2)")
     parser.add_argument("--one-process", action="store_true", help="also run pytest -n 0 once, for the comparison")
     parser.add_argument("--suite", action="store_true", help="also run README's first command, pytest --flashckpt-suite, once")
+    parser.add_argument("--suite-runs", type=int, default=1, metavar="N",
+                        help="with --suite: run README's first command N times (default 1; the breakdown is the first's)")
     parser.add_argument("--load", type=int, default=0, metavar="N",
                         help="N busy processes beside every run (1 on 2 cores: the 1.5x slower host of issue 31)")
     parser.add_argument("--omp-wait-policy", choices=("as-set", "libgomp-default"), default="as-set",
@@ -178,8 +195,9 @@ def main() -> None:
                         "names on stderr)")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "test-run-time.md")
     args = parser.parse_args()
-    if args.runs < 0 or args.load < 0:
-        parser.error(f"--runs and --load must be 0 or more, got --runs {args.runs} --load {args.load}")
+    if args.runs < 0 or args.load < 0 or args.suite_runs < 1:
+        parser.error(f"--runs and --load must be 0 or more and --suite-runs 1 or more, got --runs {args.runs} "
+                     f"--load {args.load} --suite-runs {args.suite_runs}")
     env = dict(os.environ)
     if args.omp_wait_policy == "libgomp-default":
         env["OMP_WAIT_POLICY"] = "libgomp-default"
@@ -190,12 +208,12 @@ def main() -> None:
         breakdown = _breakdown(junit, runs[0]["wall_s"]) if runs and junit.exists() else []
     if args.one_process:
         runs.append(_run(["-n", "0"], ["-n", "0"], args.load, env))
-    if args.suite:
+    for i in range(args.suite_runs if args.suite else 0):
         with tempfile.TemporaryDirectory(prefix="flashckpt-suite-timing-") as report:
             suite_junit = Path(report) / "junit.xml"
             runs.append(_run(["--flashckpt-suite", f"--flashckpt-report={report}", f"--junitxml={suite_junit}"],
                              ["--flashckpt-suite"], args.load, env))
-            if suite_junit.exists():
+            if i == 0 and suite_junit.exists():
                 breakdown += _suite_breakdown(suite_junit, runs[-1]["wall_s"])
     if not runs:
         parser.error("nothing to time: give --runs 1 or more, --one-process or --suite")
@@ -208,7 +226,7 @@ def main() -> None:
         "",
         f"Written by `python benchmarks/time_test_run.py {' '.join(sys.argv[1:])}`".rstrip() + " on "
         f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, commit {_commit()}.",
-        f"Machine: {cores} cores ({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
+        f"Machine: {cores} cores, {_cpu()}, {platform.machine()}, Python {platform.python_version()}, "
         f"torch {torch.__version__}. CPU time is pytest's and every process it waited for (user + sys).{beside}",
         f"OpenMP wait policy: {policy}.",
         "",

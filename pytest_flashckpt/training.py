@@ -9,7 +9,7 @@ The step's optimizer and loss are the scenario's ``config.step_impl.StepImpl`` (
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -76,13 +76,16 @@ class Trainer:
         vocab = self.model.config.vocab_size
         return make_batch(vocab, self.batch_size, self.seq_len, self.seed, self.step if position is None else position, device)
 
-    def train_step(self) -> torch.Tensor:
-        """Forward, backward, optimizer and scheduler step on the next batch; returns the (detached) loss."""
+    def train_step(self, around: AbstractContextManager | None = None) -> torch.Tensor:
+        """Forward, backward, optimizer and scheduler step on the next batch; returns the (detached) loss.
+        ``around``: a context held around the forward and backward only (the runner counts the FLOPs of a
+        trainer's first warm-up step in it: ``activation.flops.StepCount``)."""
         self.model.train()
         x, y = self.batch()
-        with self.autocast_context():
-            loss = self.loss(x, y)
-        loss.backward()
+        with around if around is not None else nullcontext():
+            with self.autocast_context():
+                loss = self.loss(x, y)
+            loss.backward()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -21,6 +21,7 @@ which puts it a little under the textbook 4/3.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -118,19 +119,51 @@ class _OpCounter(TorchDispatchMode):
         return out
 
 
+class StepCount:
+    """FlopCounterMode (with the CPU flash and flash-attn formulas) and the op counter as one context, held around
+    a forward + backward; ``flops()`` reads the count afterwards. The op counter sits inside FlopCounterMode, so
+    ops that selective checkpointing serves from its cache during recomputation are (correctly) counted by
+    neither. ``measure_step_flops`` runs a step in it; the runner holds it around the forward and backward of a
+    trainer's first warm-up step (``Trainer.train_step``'s ``around``, when ``counts_as_measured`` says that step
+    is the one ``count_step`` counts), which saves a forward + backward per trainer."""
+
+    def __init__(self) -> None:
+        self._counter = FlopCounterMode(display=False, custom_mapping={**CPU_FLASH_FORMULAS, **flash_attn_formulas()})
+        self._ops = _OpCounter()
+        self._held = contextlib.ExitStack()
+
+    def __enter__(self) -> "StepCount":
+        self._held.enter_context(self._counter)
+        self._held.enter_context(self._ops)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._held.close()
+
+    def flops(self) -> StepFlops:
+        ops = self._ops
+        return StepFlops(self._counter.get_total_flops(), ops.pointwise_elements, ops.calls, ops.gemm_shapes)
+
+
 def measure_step_flops(model: nn.Module, batch_size: int, seq_len: int, seed: int = 0) -> StepFlops:
     """Count one training forward + backward of ``model`` (a GPT, strategy already applied) on batch 0 of
-    ``seed``; gradients are left in ``model``. The op counter sits inside FlopCounterMode, so ops that selective
-    checkpointing serves from its cache during recomputation are (correctly) counted by neither."""
+    ``seed``; gradients are left in ``model``."""
     model.train()
     device = next(model.parameters()).device
     x, y = make_batch(model.config.vocab_size, batch_size, seq_len, seed, 0, device)
-    counter = FlopCounterMode(display=False, custom_mapping={**CPU_FLASH_FORMULAS, **flash_attn_formulas()})
-    ops = _OpCounter()
-    with counter, ops:
+    with StepCount() as count:
         torch.manual_seed(seed)
         model(x, y).backward()
-    return StepFlops(counter.get_total_flops(), ops.pointwise_elements, ops.calls, ops.gemm_shapes)
+    return count.flops()
+
+
+def counts_as_measured(trainer: Trainer) -> bool:
+    """Whether the forward + backward of ``trainer``'s next ``train_step()`` is the step ``count_step`` counts: a
+    plain ``Trainer`` (no user's step or layout's), at data position 0 (a fresh trainer's first step), without
+    autocast and with the plain loss (``model(x, y)``). Its counts are then ``count_step``'s, every field (the
+    global RNG, which only dropout reads, picks values, not ops; tests/activation/test_flops.py checks it)."""
+    return (type(trainer) is Trainer and trainer.step == 0 and trainer.autocast is None
+            and trainer.impl.loss == "plain")
 
 
 def count_step(trainer: Trainer) -> StepFlops:

@@ -168,20 +168,34 @@ class _Warm:
     notes: tuple[str, ...] = ()  # what applying the activation strategy noted on the result of the scenario that built it
 
 
-def _reference_warm(reference: Scenario, ctx: RunContext, backend: str) -> _Warm:
+def _counts_flops(scenario: Scenario) -> bool:
+    """Whether ``scenario`` reads FLOP counts (its own and its reference's): ``_flops_and_throughput`` runs."""
+    return "flops" in scenario.measure or "timing" in scenario.measure
+
+
+def _warm(trainer: Trainer, scenario: Scenario, ctx: RunContext, count: bool, notes: tuple[str, ...] = ()) -> _Warm:
+    """``trainer`` warmed up (``_warmup``). With ``count``, the forward and backward of its first step are
+    FLOP-counted when that step is the one ``count_step`` counts (``activation.flops.counts_as_measured``), and the
+    count is the run's ``flop count`` of ``scenario``: no separate counted forward + backward later."""
+    from pytest_flashckpt.activation.flops import StepCount, counts_as_measured
+
+    counting = StepCount() if count and counts_as_measured(trainer) else None
+    warm = _Warm(trainer, frozenset(_warmup(trainer, max(scenario.warmup, 1), counting)), notes)
+    if counting is not None:
+        ctx.cached("flop count", scenario, counting.flops)
+    return warm
+
+
+def _reference_warm(reference: Scenario, ctx: RunContext, backend: str, count: bool = False) -> _Warm:
     """The trainer of ``reference`` (a scenario's ``reference()``), built and warmed once per run and shared by
     every scenario with that reference, and by the scenarios whose step is the reference's (``_steps_as_reference``);
-    its weights move on as it is timed and saved: a step's time and memory do not depend on the weights' values."""
-
-    def build() -> _Warm:
-        trainer = _build_trainer(reference, ctx, backend)
-        return _Warm(trainer, frozenset(_warmup(trainer, max(reference.warmup, 1))))
-
-    return ctx.cached("trainer", reference, build)
+    its weights move on as it is timed and saved: a step's time and memory do not depend on the weights' values.
+    ``count``: the caller reads FLOP counts (``_warm``; the first caller builds it)."""
+    return ctx.cached("trainer", reference, lambda: _warm(_build_trainer(reference, ctx, backend), reference, ctx, count))
 
 
-def _reference_trainer(reference: Scenario, ctx: RunContext, backend: str) -> Trainer:
-    return _reference_warm(reference, ctx, backend).trainer
+def _reference_trainer(reference: Scenario, ctx: RunContext, backend: str, count: bool = False) -> Trainer:
+    return _reference_warm(reference, ctx, backend, count).trainer
 
 
 def _steps_as_reference(scenario: Scenario, ctx: RunContext) -> bool:
@@ -192,10 +206,11 @@ def _steps_as_reference(scenario: Scenario, ctx: RunContext) -> bool:
     return scenario.is_reference and ctx.inject is None and scenario.world_size == 1 and not scenario.compile.enabled
 
 
-def _warmup(trainer: Trainer, steps: int) -> set[str]:
-    """Untimed steps (AdamW state exists afterwards); returns the op names of the first one."""
+def _warmup(trainer: Trainer, steps: int, counting=None) -> set[str]:
+    """Untimed steps (AdamW state exists afterwards); returns the op names of the first one. ``counting`` (an
+    ``activation.flops.StepCount``) is held around the first step's forward and backward."""
     with OpNameRecorder() as recorder:
-        trainer.train_step()
+        trainer.train_step(counting)
     for _ in range(steps - 1):
         trainer.train_step()
     return recorder.op_names
@@ -256,7 +271,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
     ref_scenario = scenario.reference()
     trainer = _prepared_trainer(scenario, ref_scenario, ctx, result)
     reference = None if scenario.is_reference else _Reference(
-        ref_scenario, _reference_trainer(ref_scenario, ctx, result.backend))
+        ref_scenario, _reference_trainer(ref_scenario, ctx, result.backend, count=_counts_flops(scenario)))
     shared = _shared_in_run(scenario, ctx, result)
     if "memory" in scenario.measure:
         _memory_pass(scenario, ctx, result, trainer, reference, shared)
@@ -337,7 +352,7 @@ def _prepared_trainer(scenario: Scenario, ref_scenario: Scenario, ctx: RunContex
     ctx.phase("build and warm-up")
     backend = result.backend or "sdpa"
     if _steps_as_reference(scenario, ctx):
-        warm = _reference_warm(ref_scenario, ctx, backend)
+        warm = _reference_warm(ref_scenario, ctx, backend, count=_counts_flops(scenario))
         result.kernel = detect_kernel(warm.op_names, backend)
         return warm.trainer
 
@@ -345,7 +360,7 @@ def _prepared_trainer(scenario: Scenario, ref_scenario: Scenario, ctx: RunContex
         trainer = _build_trainer(scenario, ctx, backend)
         noted = Result(scenario.suite, scenario.name, "measured", scenario)  # what the strategy notes, kept with it
         _apply_activation(trainer, scenario, noted)
-        return _Warm(trainer, frozenset(_warmup(trainer, max(scenario.warmup, 1))), tuple(noted.notes))
+        return _warm(trainer, scenario, ctx, _counts_flops(scenario), tuple(noted.notes))
 
     # one trainer per run for every scenario that trains the same step (``CacheKey``: the article's rows and their
     # activation-suite twins differ only in their save), as the reference's is shared (``_reference_warm``): a step's

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from pytest_flashckpt.activation import apply_ac
 from pytest_flashckpt.activation.expected_flops import expected_matmul_flops
-from pytest_flashckpt.activation.flops import measure_step_flops
+from pytest_flashckpt.activation.flops import StepCount, count_step, counts_as_measured, measure_step_flops
 from pytest_flashckpt.config.scenario import ActivationConfig
+from pytest_flashckpt.config.step_impl import StepImpl
 from pytest_flashckpt.models import GPTConfig, build_model
-from pytest_flashckpt.training import make_batch
+from pytest_flashckpt.training import Trainer, make_batch
 
 B, T = 2, 32
 STRATEGIES = ("none", "full", "every_k", "selective_op")
@@ -72,3 +74,44 @@ def test_cpu_flash_kernel_is_counted():
     ours = measure_step_flops(build_model(config(), "sdpa"), B, T)
     attention_fwd = 4 * B * T * T * config().n_embd
     assert ours.matmul_flops - plain.get_total_flops() == config().n_layer * attention_fwd * 7 // 2
+
+
+def _fresh_trainer(strategy: str, backend: str, dropout: float = 0.0, **create) -> Trainer:
+    model = build_model(config(dropout), backend)
+    apply_ac(model, ActivationConfig(strategy=strategy, k=2))
+    return Trainer.create(model, B, T, **create)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_warm_up_steps_count_is_count_steps(strategy, backend, dropout):
+    """The runner counts FLOPs around a fresh trainer's first step (runner.run._warm) instead of a forward + backward
+    of its own: every field of that count is count_step's, which the closed form above checks."""
+    warm = _fresh_trainer(strategy, backend, dropout)
+    assert counts_as_measured(warm)
+    warm.model.train()
+    batch = warm.batch()
+    with StepCount() as counting:  # entered by hand around a forward and backward, as Trainer.train_step holds it
+        torch.manual_seed(123)  # another RNG state than count_step's: dropout picks values, not ops
+        warm.model(*batch).backward()
+    assert counting.flops() == count_step(_fresh_trainer(strategy, backend, dropout))
+    first = _fresh_trainer(strategy, backend, dropout)
+    in_step = StepCount()
+    first.train_step(in_step)  # held around the forward and backward: no batch or AdamW op is counted
+    assert in_step.flops() == counting.flops()
+
+
+def test_a_step_unlike_count_steps_is_counted_on_its_own():
+    """Autocast, the chunked loss, a later data position or another trainer's step: count_step counts separately."""
+    assert not counts_as_measured(_fresh_trainer("none", "sdpa", autocast=torch.bfloat16))
+    assert not counts_as_measured(_fresh_trainer("none", "sdpa", impl=StepImpl(loss="chunked")))
+    stepped = _fresh_trainer("none", "sdpa")
+    stepped.train_step()
+    assert not counts_as_measured(stepped)
+
+    class OwnStep(Trainer):
+        pass
+
+    model = build_model(config(), "sdpa")
+    assert not counts_as_measured(OwnStep.create(model, B, T))

@@ -91,18 +91,18 @@ def test_a_workloads_reference_is_measured_once_whatever_its_steps(monkeypatch, 
     from pytest_flashckpt.runner import run
 
     counts = {"peak": 0, "flops": 0}
-    peak_pass, count_step = run.peak_pass, flops.count_step
+    peak_pass, enter = run.peak_pass, flops.StepCount.__enter__
 
     def counted_peak(*args, **kwargs):
         counts["peak"] += 1
         return peak_pass(*args, **kwargs)
 
-    def counted_flops(*args, **kwargs):
+    def counted_flops(self):  # every FLOP count, in a warm-up step or a count_step of its own
         counts["flops"] += 1
-        return count_step(*args, **kwargs)
+        return enter(self)
 
     monkeypatch.setattr(run, "peak_pass", counted_peak)
-    monkeypatch.setattr(flops, "count_step", counted_flops)
+    monkeypatch.setattr(flops.StepCount, "__enter__", counted_flops)
     (tmp_path / "micro.yaml").write_text(MICRO_CARD, encoding="utf-8")
     plain = Scenario("none", model=str(tmp_path / "micro.yaml"), batch_size=1, seq_len=32, rounds=1, attention="eager",
                      activation=ActivationConfig("none", k=2), measure=("memory", "flops"))
