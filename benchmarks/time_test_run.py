@@ -160,6 +160,21 @@ def _commit() -> str:
     return head + (" (with uncommitted changes)" if dirty else "")
 
 
+TARGETS_S = {"pytest": 120.0, "pytest --flashckpt-suite": 180.0}  # README's two commands: 2 and 3 minutes
+
+
+def _within_targets(runs: list[dict]) -> list[str]:
+    """Per command with a target: how many of its runs finished within it, and the range of their wall times."""
+    lines = []
+    for command, target in TARGETS_S.items():
+        walls = sorted(run["wall_s"] for run in runs if run["command"] == command)
+        if walls:
+            within = sum(wall <= target for wall in walls)
+            lines.append(f"`{command}`: {within} of {len(walls)} run(s) within {target:.0f} s "
+                         f"(wall {walls[0]:.1f}-{walls[-1]:.1f} s).")
+    return lines + [""] if lines else []
+
+
 def _cpu() -> str:
     """The first CPU's model, family/model numbers and clock as /proc/cpuinfo gives them (Linux; else the
     platform's processor name): hosts of one profile id (``cpu-2t-torch...``) can differ, and the report says which
@@ -242,6 +257,7 @@ def main() -> None:
               "first command (the default suite on a CPU), target 3 minutes. *CPU stolen*: what the hypervisor gave other "
               "guests during the run (`/proc/stat` steal, all cores): the same tests take more CPU time on a "
               "virtual machine whose neighbours are busy, which the load average does not show.", ""]
+    lines += _within_targets(runs)
     args.out.write_text("\n".join(lines + breakdown))
     print("\n".join(lines + breakdown))
     sys.exit(max(run["rc"] for run in runs))

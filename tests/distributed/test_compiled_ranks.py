@@ -152,13 +152,17 @@ def test_the_suites_compiled_scenarios_run_compiled_on_every_rank(scenario, tmp_
     assert report._exact_windows(result).startswith("equal to the byte"), report._exact_windows(result)
     # and each rank's probed peak is never under the simulated one (Inductor's buffers allocated where the probe sees
     # them: probes.compiled.inductor_buffers_dispatched), above it only by what gloo's thread holds of finished
-    # collectives; a pipeline rank without tensor parallel stages none, and equals it to the byte
+    # collectives; a pipeline rank with neither tensor nor context parallel stages none, and equals it to the byte.
+    # With cp, the ring's collectives on gloo stage up to one all-gather, as in test_compiled_cp_stages.py (there
+    # 6 of 16 cases above the twin in the spike's runs; here rank 0 read 120,960 B above in one of two slow runs)
     records, _ = report.engine_ranks(result)
     probed = [max(w) for w in zip(result.per_rank["fwd_bwd_peak_bytes"], result.per_rank["optimizer_peak_bytes"])]
+    staged = result.per_rank.get("largest_allgather_bytes") or [m["largest_allgather_bytes"]] * len(probed)
     for rank, (peak, (sim, _, _)) in enumerate(zip(probed, records)):
         assert peak >= sim, (rank, peak, sim)
         if scenario.layout.pp > 1 and not scenario.layout.tensor_parallel:
-            assert peak == sim, (rank, peak, sim)
+            bound = staged[rank] if scenario.layout.cp > 1 else 0
+            assert peak - sim <= bound, (rank, peak, sim, bound)
 
 
 def test_compiled_pipeline_stages_are_built_with_tensor_parallel_inside_or_not() -> None:
