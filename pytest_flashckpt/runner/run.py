@@ -15,6 +15,7 @@ import dataclasses
 import shutil
 import statistics
 import tempfile
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,7 +207,7 @@ def _steps_as_reference(scenario: Scenario, ctx: RunContext) -> bool:
     return scenario.is_reference and ctx.inject is None and scenario.world_size == 1 and not scenario.compile.enabled
 
 
-def _warmup(trainer: Trainer, steps: int, counting=None) -> set[str]:
+def _warmup(trainer: Trainer, steps: int, counting: AbstractContextManager | None = None) -> set[str]:
     """Untimed steps (AdamW state exists afterwards); returns the op names of the first one. ``counting`` (an
     ``activation.flops.StepCount``) is held around the first step's forward and backward."""
     with OpNameRecorder() as recorder:
@@ -282,7 +283,7 @@ def _measure(scenario: Scenario, ctx: RunContext, result: Result) -> None:
             more_rounds=confirmation(ctx, result)))
         result.absorb(timing.measurements())
         note_confirmation(result, scenario.rounds, timing)
-    if "flops" in scenario.measure or "timing" in scenario.measure:  # timed steps get their throughput too
+    if _counts_flops(scenario):  # timed steps get their throughput too
         _flops_and_throughput(scenario, ctx, result, trainer, reference)
     if "checkpoint" in scenario.measure:
         _checkpoint_pass(scenario, ref_scenario, ctx, trainer, result, reference, shared)
@@ -309,7 +310,7 @@ def _measure_compiled(scenario: Scenario, ctx: RunContext, result: Result) -> No
         twin.train_step()
     result.kernel = detect_kernel(recorder.op_names, backend)
     measure_compiled(scenario, ctx, result, lambda which: build(which, result if which is scenario else None))
-    if ("flops" in scenario.measure or "timing" in scenario.measure) and scenario.activation.strategy != "compile_budget":
+    if _counts_flops(scenario) and scenario.activation.strategy != "compile_budget":
         reference = None if scenario.is_reference else _Reference(scenario.reference(), build(scenario.reference()))
         _flops_and_throughput(scenario, ctx, result, twin, reference)
     elif scenario.activation.strategy == "compile_budget":

@@ -88,18 +88,12 @@ def _fresh_trainer(strategy: str, backend: str, dropout: float = 0.0, **create) 
 def test_a_warm_up_steps_count_is_count_steps(strategy, backend, dropout):
     """The runner counts FLOPs around a fresh trainer's first step (runner.run._warm) instead of a forward + backward
     of its own: every field of that count is count_step's, which the closed form above checks."""
-    warm = _fresh_trainer(strategy, backend, dropout)
-    assert counts_as_measured(warm)
-    warm.model.train()
-    batch = warm.batch()
-    with StepCount() as counting:  # entered by hand around a forward and backward, as Trainer.train_step holds it
-        torch.manual_seed(123)  # another RNG state than count_step's: dropout picks values, not ops
-        warm.model(*batch).backward()
-    assert counting.flops() == count_step(_fresh_trainer(strategy, backend, dropout))
     first = _fresh_trainer(strategy, backend, dropout)
-    in_step = StepCount()
-    first.train_step(in_step)  # held around the forward and backward: no batch or AdamW op is counted
-    assert in_step.flops() == counting.flops()
+    assert counts_as_measured(first)
+    counting = StepCount()
+    torch.manual_seed(123)  # another RNG state than count_step's: dropout picks values, not ops
+    first.train_step(counting)  # held around the forward and backward: no batch or AdamW op is counted
+    assert counting.flops() == count_step(_fresh_trainer(strategy, backend, dropout))
 
 
 def test_a_step_unlike_count_steps_is_counted_on_its_own():
