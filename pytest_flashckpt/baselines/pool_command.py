@@ -22,7 +22,10 @@ def run(args: argparse.Namespace) -> int:
         inputs = read_runs(args.results, args.label, out)
         if not inputs.runs:
             raise BaselineError("no runs to pool: every file given is the baseline being added to; name a results.json")
-        saved = save_pooled(out, inputs.runs, replace=args.replace)
+        if args.replace and args.restart:
+            raise BaselineError("--replace starts the whole baseline afresh and --restart only the scenarios it names; "
+                                "give one of them")
+        saved = save_pooled(out, inputs.runs, replace=args.replace, restart=args.restart or ())
     except (BaselineError, ConfigError) as exc:
         raise InputError(str(exc)) from None
     for line in inputs.skipped:
@@ -47,4 +50,8 @@ def add_parser(sub) -> None:
     pool.add_argument("--out", default="baselines", metavar="DIR", help="baseline folder (default: baselines)")
     pool.add_argument("--replace", action="store_true",
                       help="start the profile's baseline afresh from these runs (the old file is kept as .bak)")
+    pool.add_argument("--restart", action="append", metavar="SCENARIO",
+                      help="take only this scenario (suite::name, repeatable) from the runs and start its entry afresh "
+                           "from them, dropping the runs the file held for it: a scenario whose configuration changed "
+                           "(its old runs cannot be pooled with new ones); every other entry stays as it was")
     pool.set_defaults(run=run)

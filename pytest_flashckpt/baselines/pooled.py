@@ -92,6 +92,7 @@ class Changes:
     added: tuple[str, ...]
     grown: tuple[str, ...]
     unchanged: int
+    restarted: tuple[str, ...] = ()
 
     def describe(self) -> str:
         def some(names: Sequence[str]) -> str:
@@ -101,15 +102,23 @@ class Changes:
                  f"{len(self.added)} scenario(s) added" + (f" ({some(self.added)})" if self.added else ""),
                  f"{len(self.grown)} scenario(s) gained runs" + (f" ({some(self.grown)})" if self.grown else ""),
                  f"{self.unchanged} unchanged"]
+        if self.restarted:
+            parts.insert(1, f"{len(self.restarted)} scenario(s) restarted from these runs alone ({some(self.restarted)})")
         return "; ".join(parts)
 
 
-def add_runs(base: Baseline, runs: Sequence[LabelledRun], base_source: str) -> tuple[Baseline, Changes]:
+def add_runs(base: Baseline, runs: Sequence[LabelledRun], base_source: str,
+             restart: Sequence[str] = ()) -> tuple[Baseline, Changes]:
     """``base`` with ``runs`` pooled in: every scenario of the runs is pooled with the runs ``base`` already holds
     for it, every other scenario of ``base`` is kept as it was (a run never drops what it did not measure).
+    With ``restart`` (scenario ids), only those scenarios are taken from ``runs``, and the runs ``base`` held for
+    them are dropped: their entries start afresh from ``runs`` (a scenario whose configuration changed, whose old
+    runs can no longer be pooled with new ones); every other scenario is kept as it was.
     BaselineError naming the file when a run is of another profile, is already in ``base`` or given twice, or
-    reuses a label of another run (the gate's messages name runs by label)."""
+    reuses a label of another run (the gate's messages name runs by label), or a scenario to restart is in no run."""
     held = from_baseline(Path(base_source).stem, base, base_source) if base.scenarios else []
+    if restart:
+        runs, held = _restarting(restart, runs, held)
     for run in runs:
         if run.profile_id != base.profile_id:
             raise BaselineError(
@@ -140,8 +149,25 @@ def add_runs(base: Baseline, runs: Sequence[LabelledRun], base_source: str) -> t
         merged.scenarios[scenario_id] = pooled_entry(scenario_id, entries)
     merged.scenarios = dict(sorted(merged.scenarios.items()))
     added = tuple(sorted(k for k in touched if k not in base.scenarios))
-    grown = tuple(sorted(k for k in touched if k in base.scenarios))
-    return merged, Changes(tuple(r.label for r in runs), added, grown, len(base.scenarios) - len(grown))
+    restarted = tuple(sorted(k for k in touched if k in base.scenarios and k in restart))
+    grown = tuple(sorted(k for k in touched if k in base.scenarios and k not in restart))
+    return merged, Changes(tuple(r.label for r in runs), added, grown, len(base.scenarios) - len(grown) - len(restarted),
+                           restarted)
+
+
+def _restarting(restart: Sequence[str], runs: Sequence[LabelledRun],
+                held: list[LabelledRun]) -> tuple[list[LabelledRun], list[LabelledRun]]:
+    """``runs`` cut down to the scenarios in ``restart``, and ``held`` without them (a held run left with no
+    scenario is dropped)."""
+    names = set(restart)
+    measured = {k for run in runs for k in run.entries}
+    missing = sorted(names - measured)
+    if missing:
+        raise BaselineError(f"--restart {missing[0]}: none of the runs given measured it; name a scenario id of "
+                            f"these runs (suite::scenario, e.g. {min(measured) if measured else 'checkpoint::save-async'})")
+    cut = [dataclasses.replace(run, entries={k: e for k, e in run.entries.items() if k in names}) for run in runs]
+    kept = [dataclasses.replace(run, entries={k: e for k, e in run.entries.items() if k not in names}) for run in held]
+    return cut, [run for run in kept if run.entries]
 
 
 def pooled_entry(scenario_id: str, entries: list[tuple[LabelledRun, BaselineEntry]]) -> BaselineEntry:
@@ -201,9 +227,10 @@ class Saved:
     changes: Changes
 
 
-def save_pooled(directory: Path, runs: Sequence[LabelledRun], *, replace: bool = False) -> Saved:
+def save_pooled(directory: Path, runs: Sequence[LabelledRun], *, replace: bool = False, restart: Sequence[str] = ()) -> Saved:
     """Pool ``runs`` into their profile's baseline in ``directory``: added to the runs the file holds (every
-    scenario they did not measure kept as it was), or, with ``replace``, a fresh baseline of ``runs`` only. The
+    scenario they did not measure kept as it was), or, with ``replace``, a fresh baseline of ``runs`` only; with
+    ``restart``, only the scenarios named, each started afresh from ``runs`` (``add_runs``). The
     file it replaces is kept as ``<profile>.json.bak``; a file that cannot be read as a baseline is never
     replaced without ``replace``. Read, merge and write hold the folder's lock, as ``store.save_run`` does."""
     if not runs:
@@ -220,6 +247,6 @@ def save_pooled(directory: Path, runs: Sequence[LabelledRun], *, replace: bool =
                                     "its name says; fix the file or rename it")
         else:
             base = Baseline(runs[0].profile_id, runs[0].profile)
-        merged, changes = add_runs(base, runs, str(lookup.path))
+        merged, changes = add_runs(base, runs, str(lookup.path), restart)
         backup = replace_keeping_previous(lookup.path, merged)
     return Saved(lookup.path, backup, changes)

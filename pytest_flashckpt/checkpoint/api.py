@@ -46,7 +46,7 @@ from pytest_flashckpt.checkpoint.lock import WriterLock
 from pytest_flashckpt.checkpoint.metrics import SaveRecord
 from pytest_flashckpt.checkpoint.roots import check_root
 from pytest_flashckpt.checkpoint.state import Stateful, check_stateful
-from pytest_flashckpt.config.scenario import SaveConfig
+from pytest_flashckpt.config.scenario import MEASUREMENT_ONLY_SAVE_KEYS, SaveConfig
 from pytest_flashckpt.core.registry import NO_SAVE, SAVE_PRESETS
 
 __all__ = ["CheckpointManager", "SelectiveResumeWarning", "Stateful", "resume", "save"]
@@ -71,11 +71,12 @@ class LoopState:
 
 
 def _config(strategy: str, options: Mapping[str, Any]) -> SaveConfig:
-    fields = {f.name for f in dataclasses.fields(SaveConfig) if f.init}
+    fields = {f.name for f in dataclasses.fields(SaveConfig) if f.init} - {"strategy", *MEASUREMENT_ONLY_SAVE_KEYS}
     unknown = sorted(set(options) - fields)
     if unknown:
-        valid = ", ".join(sorted(fields - {"strategy", "saves", "time_lost_rounds"}))
-        raise TypeError(f"unknown save option(s) {', '.join(unknown)}; valid: {valid}")
+        measuring = [k for k in unknown if k in MEASUREMENT_ONLY_SAVE_KEYS]
+        why = f" ({', '.join(measuring)}: how a suite's checkpoint pass measures saves, not a save option)" if measuring else ""
+        raise TypeError(f"unknown save option(s) {', '.join(unknown)}{why}; valid: {', '.join(sorted(fields))}")
     if strategy == NO_SAVE:
         raise ValueError(f"strategy 'none' saves nothing; name a save strategy ({', '.join(SAVE_PRESETS)})")
     return SaveConfig(strategy=strategy, **options)  # type: ignore[arg-type]

@@ -63,11 +63,13 @@ def _lengthen_stalls(ckpt: Checkpointer, fraction: float) -> None:
 @dataclass
 class _SaveLoop:
     """What the save loop leaves: the checkpointer (closed) with its records, the steps trained and, for staged
-    saves, the blocking copy of the same state timed just before each save."""
+    saves, the blocking copy of the same state timed just before each save and (``wait_for_write``) the untimed
+    wait for the previous write before it."""
 
     ckpt: Checkpointer
     steps: int
     copies: list[float]
+    waits: list[float]  # wait_for_write: seconds waited for the write in flight before each save
 
     @property
     def records(self) -> list[SaveRecord]:
@@ -110,6 +112,8 @@ def run_checkpoint_pass(
     out.record("load_s", load_s)
     _record_limits(out, loop.ckpt, raw_write, copy_gbps, state_device)
     _record_schedule(out, config, loop, peak_bytes)
+    if loop.waits:
+        out.record("write_wait_s", median(loop.waits), samples=loop.waits)
     out.record("verified", "bitwise")
     if lost is not None:
         out.absorb(lost)
@@ -146,13 +150,17 @@ def _save_loop(
     # a staged save's stall is a copy: time that copy of the same state just before each save (stall_vs_copy)
     copy_timer = SnapshotCopyTimer() if ckpt.background else None
     copies: list[float] = []
+    waits: list[float] = []
     try:
         while len(ckpt.records) < config.saves and steps < max_steps:
             with step_context():
                 trainer.train_step()
             steps += 1
             say(f"save {len(ckpt.records) + 1}/{config.saves}")
-            copy_s = copy_timer.time(capture(trainer).tensors) if copy_timer and ckpt.schedule.may_save(trainer.step) else None
+            due = ckpt.schedule.may_save(trainer.step)
+            if due and config.wait_for_write:
+                waits.append(_wait_for_write(ckpt))
+            copy_s = copy_timer.time(capture(trainer).tensors) if copy_timer and due else None
             if ckpt.maybe_save(trainer) is not None and copy_s is not None:
                 copies.append(copy_s)
     finally:
@@ -161,7 +169,16 @@ def _save_loop(
         ckpt.close()
     if not ckpt.records:
         raise CheckpointError(f"no save happened in {steps} steps with {config}")
-    return _SaveLoop(ckpt, steps, copies)
+    return _SaveLoop(ckpt, steps, copies, waits)
+
+
+def _wait_for_write(ckpt: Checkpointer) -> float:
+    """Wait for the background write in flight (none: returns at once); the seconds waited. Outside every timed
+    span: a save then stalls for its own snapshot only, never for the previous write (back-pressure), however slow
+    the disk or the host, and the save loop need not train steps just to give a write time to finish."""
+    started = time.perf_counter()
+    ckpt.wait()
+    return time.perf_counter() - started
 
 
 def _load_and_verify(trainer: Trainer, ckpt: Checkpointer) -> float:

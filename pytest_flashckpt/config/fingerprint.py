@@ -12,7 +12,7 @@ number's expected value:
   sizes on their own, ``unguarded``);
 - which passes run: ``measure`` (a metric a pass no longer measures is ``missing``, one it adds is not compared);
 - the reserved axes at today's values (``config.axes``), and the axes added since fingerprints exist
-  (``step_impl``) and keys added to an axis since (``compile.ac_wrapper``) at their defaults: a new axis or key
+  (``step_impl``) and keys added to an axis since (``compile.ac_wrapper``, ``save.wait_for_write``) at their defaults: a new axis or key
   changes no stored fingerprint until a scenario sets it; the
   layout's pipeline keys (``schedule``, ``microbatches``, ``stages_per_rank``) unless it has stages (``pp`` > 1).
 
@@ -41,7 +41,7 @@ PASSES = ("measure",)
 LEFT_OUT = (*LABELS, *SAMPLE_COUNTS, *PASSES)
 ADDED_AXES = ("step_impl",)  # axes added after fingerprints: left out while at their defaults
 # keys added to an axis after fingerprints: left out at these defaults
-ADDED_KEYS = {"compile.ac_wrapper": "inside", "layout.dp_replicate": 1}
+ADDED_KEYS = {"compile.ac_wrapper": "inside", "layout.dp_replicate": 1, "save.wait_for_write": False}
 
 
 def fingerprinted(scenario: Scenario, resolved: dict[str, Any] | None = None) -> dict[str, Any]:

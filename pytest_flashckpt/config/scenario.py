@@ -90,6 +90,10 @@ class ActivationConfig:
             )
 
 
+# keys of how the checkpoint pass measures a save, not of the save: refused by the checkpoint API (checkpoint.api)
+MEASUREMENT_ONLY_SAVE_KEYS = ("saves", "time_lost_rounds", "wait_for_write")
+
+
 @dataclass(frozen=True)
 class SaveConfig:
     """How training state is saved: three axes (``layout``, ``staging``, ``schedule``), set one by one or filled by
@@ -112,6 +116,7 @@ class SaveConfig:
     layer_checkpoint_dir: str | None = None  # layerwise: folder (relative to the checkpoint) for per-block files
     saves: int = 3  # how many saves the checkpoint pass measures
     time_lost_rounds: int = 3  # interleaved rounds of K steps with one save vs K without (K = save_interval); 0: not measured
+    wait_for_write: bool = False  # measured save loop only: wait, untimed, for the write in flight before a save falls due
     axes: SaveAxes = field(init=False, compare=False)  # resolved in __post_init__
 
     def __post_init__(self) -> None:
@@ -138,6 +143,10 @@ class SaveConfig:
             raise ValueError(f"time_lost_rounds must be >= 0 (0 skips the time-lost measurement), got {self.time_lost_rounds}")
         if self.saves <= 0:
             raise ValueError(f"saves must be positive, got {self.saves}")
+        if self.wait_for_write and not axes.background:
+            raise ValueError(
+                f"wait_for_write waits for a background write, but the {name} save writes in the save call (staging "
+                f"{axes.staging}); drop wait_for_write or use a background staging (async, dcp with async_save: true)")
         if self.layer_checkpoint_dir is not None:
             _check_inside_checkpoint("layer_checkpoint_dir", self.layer_checkpoint_dir)
 

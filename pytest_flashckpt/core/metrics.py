@@ -141,6 +141,7 @@ _NUMBERS = (
     Metric("snapshot_bytes", "B", "info", "bytes copied by a save's snapshot", fmt="mib"),
     Metric("first_save_stall_s", "s", "info", "the first staged save's stall (allocates the staging buffers, starts the writer; not in stall_vs_copy)", fmt="ms"),
     Metric("snapshot_copy_s", "s", "info", "a blocking staging copy of the state, timed just before each staged save", fmt="ms"),
+    Metric("write_wait_s", "s", "info", "wait_for_write: median seconds the save loop waited, untimed, for the write in flight before a staged save (0: it had finished)", fmt="ms"),
     Metric("copy_bound_s", "s", "info", "snapshot bytes / copy bandwidth: the least a snapshot can take", fmt="ms"),
     Metric("saves", "count", "info", "saves measured", fmt="count"),
     Metric("steps", "count", "info", "training steps of the checkpoint pass", fmt="count"),

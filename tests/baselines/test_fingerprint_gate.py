@@ -125,11 +125,20 @@ def test_the_committed_sample_gated_against_the_committed_baseline_gives_its_rec
     assert gate.without_fingerprint == [r.id for r in record.results if r.id in unfingerprinted and r.status == "measured"]
 
 
+# Entries of a profile whose host was not at hand when their scenario changed on purpose: they read "not comparable"
+# there, naming the changed keys, until that profile records them again (baselines/README.md, "Waiting for a new
+# recording"). The test below fails once one matches again, so this list cannot outlive its reason.
+AWAITING_RECORDING = {
+    ("cpu-2t-torch2.13.0-078d4d86.json", f"checkpoint::{name}")  # wait_for_write, save_interval 1 (docs/checkpoints.md)
+    for name in ("save-async", "save-async-overlapped", "save-dcp-async")
+}
+
+
 def test_every_fingerprint_stored_in_a_committed_baseline_matches_the_suite_today():
     """Each committed baseline's fingerprinted entries are today's scenarios, as the gate compares them (the hash, or
     the stored flat form less the keys left out today): an unintended change of a fingerprint (a new field, a
     resolved default) would turn a whole baseline "not comparable". Control: the selective_op entries stop matching
-    once its default changes (next test)."""
+    once its default changes (next test). The entries ``AWAITING_RECORDING`` names differ, and only those."""
     from pytest_flashckpt.baselines.fingerprints import fingerprinted as full_fingerprinted
     from pytest_flashckpt.config.fingerprint import same_configuration
     from pytest_flashckpt.config.suites import load_suite
@@ -140,9 +149,9 @@ def test_every_fingerprint_stored_in_a_committed_baseline_matches_the_suite_toda
         for scenario_id, entry in json.loads(path.read_text(encoding="utf-8"))["scenarios"].items():
             if entry.get("fingerprint") is None or scenario_id not in today:
                 continue
-            assert same_configuration(entry["fingerprint"], entry.get("config"), full_fingerprinted(today[scenario_id])), \
-                (path.name, scenario_id)
-            checked += 1
+            same = same_configuration(entry["fingerprint"], entry.get("config"), full_fingerprinted(today[scenario_id]))
+            assert same != ((path.name, scenario_id) in AWAITING_RECORDING), (path.name, scenario_id)
+            checked += same
     assert checked >= 30  # the default suite's measured scenarios of at least one fingerprinted baseline
 
 

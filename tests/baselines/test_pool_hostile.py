@@ -6,6 +6,7 @@ would have done the damage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -213,3 +214,39 @@ def test_json_nested_past_what_json_reads_is_one_line(tmp_path, capsys):
         json.loads(deep.read_text())
     assert _pool(deep, "--out", tmp_path / "b") == 2
     assert "deep.json: cannot read it as a results or baseline file (" in _one_error_line(capsys)
+
+
+# -- a scenario whose configuration changed starts afresh, alone ----------------------------------------------------
+def _changed_run(folder: Path, seed: int) -> Path:
+    """A run of the baseline's 34 scenarios in which ``mini::s0`` was measured in another configuration."""
+    path = _run(folder, 34, seed=seed)
+    record = read_record(path)
+    first = record.results[0]
+    first.config = dataclasses.replace(first.config, batch_size=first.config.batch_size + 1)
+    record.write_json(path)
+    return path
+
+
+def test_restart_takes_only_the_named_scenario_and_drops_its_old_runs(tmp_path, capsys, baseline):
+    before = json.loads(baseline.read_text())
+    changed = [_changed_run(tmp_path / f"new-{i}", seed=20 + i) for i in range(2)]
+    # control: pooled as before, the changed scenario cannot join the runs the file holds for it
+    assert _pool(*changed, "--out", baseline.parent) == 2
+    assert "mini::s0 was measured in another configuration" in _one_error_line(capsys)
+    assert _pool(*changed, "--out", baseline.parent, "--restart", "mini::s0") == 0
+    out = capsys.readouterr().out
+    assert "2 run(s) added (new-0, new-1); 1 scenario(s) restarted from these runs alone (mini::s0); 0 scenario(s) added; " \
+           "0 scenario(s) gained runs; 33 unchanged" in out
+    after = json.loads(baseline.read_text())
+    assert [r["label"] for r in after["scenarios"]["mini::s0"]["runs"]] == ["new-0", "new-1"]
+    assert after["scenarios"]["mini::s0"]["fingerprint"] != before["scenarios"]["mini::s0"]["fingerprint"]
+    assert all(after["scenarios"][k] == before["scenarios"][k] for k in before["scenarios"] if k != "mini::s0")
+
+
+def test_restart_of_a_scenario_no_run_measured_is_refused(tmp_path, capsys, baseline):
+    before = baseline.read_bytes()
+    assert _pool(_run(tmp_path / "host-e", 2, seed=6), "--out", baseline.parent, "--restart", "mini::s9") == 2
+    assert "--restart mini::s9: none of the runs given measured it" in _one_error_line(capsys)
+    assert _pool(_run(tmp_path / "host-f", 2, seed=7), "--out", baseline.parent, "--restart", "mini::s0", "--replace") == 2
+    assert "give one of them" in _one_error_line(capsys)
+    assert baseline.read_bytes() == before

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ckpt_helpers import make_trainer
@@ -101,3 +103,64 @@ def test_the_large_row_defers_saves_and_takes_none_above_its_threshold(tmp_path)
         m = result.metrics
         assert m["deferrals"] > 0 and m["forced_saves"] == 0, (scenario.name, m["deferrals"], m["forced_saves"])
         assert m["max_save_memory_fraction"] < scenario.save.mem_threshold
+
+
+def _slow_writes(monkeypatch, seconds: float) -> None:
+    """Every background write takes ``seconds`` longer (a slow disk), before it writes anything."""
+    from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
+
+    write = Checkpointer._background
+
+    def slow(self, *args):
+        time.sleep(seconds)
+        return write(self, *args)
+
+    monkeypatch.setattr(Checkpointer, "_background", slow)
+
+
+@pytest.mark.usefixtures("small_bandwidth_probes")
+@pytest.mark.parametrize("staging", ["background", "overlapped"])
+def test_wait_for_write_keeps_back_pressure_out_of_every_stall(monkeypatch, tmp_path, staging) -> None:
+    """A write that outlasts a step: with ``wait_for_write`` the loop waits for it outside the save (its wait is
+    ``write_wait_s``) and no save waits for the previous write; the control, saving every step without it, waits
+    inside saves 2..n (back-pressure in the stall)."""
+    from pytest_flashckpt.checkpoint import measure
+
+    _slow_writes(monkeypatch, 0.15)
+    records = {}
+    real_loop = measure._save_loop
+
+    def keep(*args, **kwargs):
+        loop = real_loop(*args, **kwargs)
+        records[args[1].wait_for_write] = loop.records
+        return loop
+
+    monkeypatch.setattr(measure, "_save_loop", keep)
+    for waits in (True, False):
+        config = SaveConfig(strategy="async", staging=staging, save_interval=1, saves=3, time_lost_rounds=0, wait_for_write=waits)
+        metrics = run_checkpoint_pass(make_trainer(), config, tmp_path / str(waits))
+        assert metrics["steps"] == 3 and metrics["saves"] == 3
+        if waits:
+            assert [r.wait_s for r in records[True]] == pytest.approx([0, 0, 0], abs=0.01)
+            assert len(metrics.samples["write_wait_s"]) == 3 and metrics.samples["write_wait_s"][0] < 0.01  # nothing in flight yet
+            assert min(metrics.samples["write_wait_s"][1:]) > 0.05
+        else:
+            assert min(r.wait_s for r in records[False][1:]) > 0.05
+            assert "write_wait_s" not in metrics.values
+
+
+def test_wait_for_write_is_refused_where_it_means_nothing() -> None:
+    with pytest.raises(ValueError, match="wait_for_write waits for a background write, but the sync save writes in the save call"):
+        SaveConfig(strategy="sync", wait_for_write=True)
+    from pytest_flashckpt.checkpoint.api import _config
+
+    with pytest.raises(TypeError, match=r"unknown save option\(s\) wait_for_write \(wait_for_write: how a suite's checkpoint pass"):
+        _config("async", {"wait_for_write": True})
+
+
+def test_the_staged_saves_of_the_checkpoint_suite_wait_for_each_write() -> None:
+    """Every staged save of the default checkpoint suite saves every step and waits for the write in flight, so its
+    stall never holds back-pressure; its blocking saves have nothing to wait for."""
+    for scenario in load_suite("checkpoint").scenarios:
+        assert scenario.save.wait_for_write == scenario.save.axes.background, scenario.name
+        assert scenario.save.save_interval == 1 or scenario.save.axes.schedule == "memory_aware", scenario.name
