@@ -163,8 +163,9 @@ class SaveConfig:
     def recorded(self) -> dict:
         """The configuration a checkpoint's manifest records: the seed's keys as the seed wrote them (``staging`` as
         written, ``blocking`` when unset), plus ``layout`` and ``schedule`` when the scenario set them, so a preset's
-        manifest is the bytes it always was."""
-        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        manifest is the bytes it always was. ``wait_for_write`` is left out: how the suite's pass measured, not how the
+        checkpoint was written."""
+        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init and f.name != "wait_for_write"}
         record.update(staging=self.staging or "blocking")
         for axis in ("layout", "schedule"):
             if record[axis] is None:
