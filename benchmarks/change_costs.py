@@ -121,7 +121,7 @@ PRESET = Recipe(
         Edit("suites/checkpoint.yaml", anchor="  - name: save-scheduled\n", before=True, text=(
             "  - name: save-layerwise-async\n"
             "    description: layer-wise files written by a background thread, six saves\n"
-            "    checkpoint: {strategy: layerwise_async, save_interval: 3, saves: 6}\n")),
+            "    checkpoint: {strategy: layerwise_async, save_interval: 1, wait_for_write: true, saves: 6}\n")),
     ),
     tests=("tests/config", "tests/checkpoint/test_ckpt_measure.py", "tests/checkpoint/test_ckpt_axes.py",
            "tests/baselines/test_fingerprint_gate.py", "tests/test_docs.py"),

@@ -305,6 +305,9 @@ class Scenario:
             raise ValueError(f"batch_size {self.batch_size} must be divisible by world_size {self.world_size} (each rank takes an equal share)")
         if "flops" in self.measure:
             raise ValueError(f"world_size {self.world_size}: 'flops' is counted in one process; drop it from measure")
+        if save.wait_for_write:
+            raise ValueError(f"world_size {self.world_size}: checkpoint.wait_for_write is a key of the one-process save "
+                             "loop; the ranks save every save_interval steps: drop it")
 
     @property
     def layout_ranks(self) -> int:

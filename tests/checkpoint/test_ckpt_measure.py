@@ -154,6 +154,11 @@ def test_wait_for_write_is_refused_where_it_means_nothing() -> None:
         SaveConfig(strategy="sync", wait_for_write=True)
     from pytest_flashckpt.checkpoint.api import _config
 
+    from pytest_flashckpt.config.scenario import Scenario
+
+    with pytest.raises(ValueError, match="world_size 2: checkpoint.wait_for_write is a key of the one-process save loop"):
+        Scenario("ranks", world_size=2, save=SaveConfig(strategy="dcp", async_save=True, wait_for_write=True))
+    Scenario("ranks", world_size=2, save=SaveConfig(strategy="dcp", async_save=True))  # control: without it, valid
     with pytest.raises(TypeError, match=r"unknown save option\(s\) wait_for_write \(wait_for_write: how a suite's checkpoint pass"):
         _config("async", {"wait_for_write": True})
 
