@@ -19,12 +19,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         out = Path(args.out)
         check_output_folder("--out", out)
-        inputs = read_runs(args.results, args.label, out)
-        if not inputs.runs:
-            raise BaselineError("no runs to pool: every file given is the baseline being added to; name a results.json")
         if args.replace and args.restart:
             raise BaselineError("--replace starts the whole baseline afresh and --restart only the scenarios it names; "
                                 "give one of them")
+        inputs = read_runs(args.results, args.label, out)
+        if not inputs.runs:
+            raise BaselineError("no runs to pool: every file given is the baseline being added to; name a results.json")
         saved = save_pooled(out, inputs.runs, replace=args.replace, restart=args.restart or ())
     except (BaselineError, ConfigError) as exc:
         raise InputError(str(exc)) from None

@@ -7,8 +7,10 @@ import time
 import pytest
 
 from ckpt_helpers import make_trainer
-from pytest_flashckpt.checkpoint import copy_bandwidth_GBps, run_checkpoint_pass, write_bandwidth_MBps
-from pytest_flashckpt.config.scenario import SaveConfig
+from pytest_flashckpt.checkpoint import copy_bandwidth_GBps, measure, run_checkpoint_pass, write_bandwidth_MBps
+from pytest_flashckpt.checkpoint.api import _config
+from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
+from pytest_flashckpt.config.scenario import SaveConfig, Scenario
 from pytest_flashckpt.config.suites import load_suite
 from pytest_flashckpt.core.metrics import PER_SAVE
 
@@ -107,8 +109,6 @@ def test_the_large_row_defers_saves_and_takes_none_above_its_threshold(tmp_path)
 
 def _slow_writes(monkeypatch, seconds: float) -> None:
     """Every background write takes ``seconds`` longer (a slow disk), before it writes anything."""
-    from pytest_flashckpt.checkpoint.checkpointer import Checkpointer
-
     write = Checkpointer._background
 
     def slow(self, *args):
@@ -124,8 +124,6 @@ def test_wait_for_write_keeps_back_pressure_out_of_every_stall(monkeypatch, tmp_
     """A write that outlasts a step: with ``wait_for_write`` the loop waits for it outside the save (its wait is
     ``write_wait_s``) and no save waits for the previous write; the control, saving every step without it, waits
     inside saves 2..n (back-pressure in the stall)."""
-    from pytest_flashckpt.checkpoint import measure
-
     _slow_writes(monkeypatch, 0.15)
     records = {}
     real_loop = measure._save_loop
@@ -152,10 +150,6 @@ def test_wait_for_write_keeps_back_pressure_out_of_every_stall(monkeypatch, tmp_
 def test_wait_for_write_is_refused_where_it_means_nothing() -> None:
     with pytest.raises(ValueError, match="wait_for_write waits for a background write, but the sync save writes in the save call"):
         SaveConfig(strategy="sync", wait_for_write=True)
-    from pytest_flashckpt.checkpoint.api import _config
-
-    from pytest_flashckpt.config.scenario import Scenario
-
     with pytest.raises(ValueError, match="world_size 2: checkpoint.wait_for_write is a key of the one-process save loop"):
         Scenario("ranks", world_size=2, save=SaveConfig(strategy="dcp", async_save=True, wait_for_write=True))
     Scenario("ranks", world_size=2, save=SaveConfig(strategy="dcp", async_save=True))  # control: without it, valid
@@ -168,4 +162,4 @@ def test_the_staged_saves_of_the_checkpoint_suite_wait_for_each_write() -> None:
     stall never holds back-pressure; its blocking saves have nothing to wait for."""
     for scenario in load_suite("checkpoint").scenarios:
         assert scenario.save.wait_for_write == scenario.save.axes.background, scenario.name
-        assert scenario.save.save_interval == 1 or scenario.save.axes.schedule == "memory_aware", scenario.name
+        assert scenario.save.save_interval == 1, scenario.name
